@@ -1,0 +1,116 @@
+"""Settings: keyword arguments first, then UCUDNN_* environment variables, then defaults."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, fields, replace
+from typing import Mapping
+
+from .errors import ConfigError
+
+POLICIES = ("all", "powerOfTwo", "undivided")
+OPTIMIZERS = ("wr", "wd")
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kb": 10**3, "kib": 2**10,
+    "m": 2**20, "mb": 10**6, "mib": 2**20,
+    "g": 2**30, "gb": 10**9, "gib": 2**30,
+    "t": 2**40, "tb": 10**12, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+SIZE_FORMS = 'a byte count ("67108864") or a number with a unit ("64MiB", "1.5GiB", "512KiB", "1GB")'
+
+
+def parse_size(value: str | int, name: str = "size") -> int:
+    """Bytes from an int or a string such as "64MiB", "1.5GiB", "1048576"."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} is not a size; use {SIZE_FORMS}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{name}={value} is negative; use {SIZE_FORMS}")
+        return value
+    match = _SIZE.match(str(value))
+    unit = match and match.group(2).lower()
+    if not match or unit not in _UNITS:
+        raise ConfigError(f"{name}={value!r} is not a size; use {SIZE_FORMS}")
+    size = float(match.group(1)) * _UNITS[unit]
+    if size != int(size):
+        raise ConfigError(f"{name}={value!r} is not a whole number of bytes; use {SIZE_FORMS}")
+    return int(size)
+
+
+def format_size(nbytes: int) -> str:
+    """A short human form: 67108864 -> '64.0 MiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def batch_sizes(policy: str, batch: int) -> tuple[int, ...]:
+    """The micro-batch sizes S a policy benchmarks for a mini-batch of `batch`, ascending."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch={batch!r} must be a positive integer")
+    if policy == "all":
+        return tuple(range(1, batch + 1))
+    if policy == "powerOfTwo":
+        powers = {1 << i for i in range(batch.bit_length()) if 1 << i <= batch}
+        return tuple(sorted(powers | {batch}))
+    if policy == "undivided":
+        return (batch,)
+    raise ConfigError(f"batch size policy {policy!r} is unknown; use one of {', '.join(POLICIES)}")
+
+
+def _choice(value: str, name: str, choices: tuple[str, ...]) -> str:
+    lowered = {c.lower(): c for c in choices}
+    if str(value).lower() not in lowered:
+        raise ConfigError(f"{name}={value!r} is unknown; use one of {', '.join(choices)}")
+    return lowered[str(value).lower()]
+
+
+def _flag(value: str | bool, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}={value!r} is not a flag; use 1/0, true/false, yes/no or on/off")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the handle and the optimizers are told to do. Build with `Settings.load(...)`."""
+
+    batch_size_policy: str = "powerOfTwo"
+    workspace_limit: int = 64 * 2**20  # per kernel, WR
+    total_workspace_limit: int | None = None  # whole network, WD; None: workspace_limit x kernels
+    optimizer: str = "wr"
+    verbose: bool = False
+    cache_path: str | None = None  # None: the default file under the user's cache directory
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
+        """Keyword arguments win over UCUDNN_* variables, which win over the defaults."""
+        env = os.environ if env is None else env
+        names = {f.name for f in fields(cls)}
+        unknown = set(overrides) - names
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}")
+        raw = {name: env[f"UCUDNN_{name.upper()}"] for name in names if f"UCUDNN_{name.upper()}" in env}
+        if "UCUDNN_CACHE" in env:
+            raw["cache_path"] = env["UCUDNN_CACHE"]
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **{k: _PARSERS[k](v, k) for k, v in raw.items()})
+
+
+_PARSERS = {
+    "batch_size_policy": lambda v, n: _choice(v, n, POLICIES),
+    "workspace_limit": parse_size,
+    "total_workspace_limit": parse_size,
+    "optimizer": lambda v, n: _choice(v, n, OPTIMIZERS),
+    "verbose": _flag,
+    "cache_path": lambda v, n: str(v),
+}

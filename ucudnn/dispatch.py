@@ -1,0 +1,94 @@
+"""Run a configuration: one cuDNN call per micro-batch, operands offset along N.
+
+The plan (which samples, which byte offsets, which alpha/beta) is pure and shared by every
+executor: the cuDNN executor on the GPU and the NumPy executor the CPU tests check it with.
+Operands are named after the forward convolution: x (input), w (filter), y (output). F reads x
+and w and writes y; BD reads y (dy) and w and writes x (dx); BF reads x and y (dy) and writes w (dw).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import reference
+from .errors import ConfigError
+from .optimizers.configuration import Configuration
+from .problem import ConvKind, ConvProblem
+
+
+@dataclass(frozen=True)
+class Step:
+    """One cuDNN call: algorithm `algo` on samples [first_sample, first_sample + problem.batch)."""
+
+    problem: ConvProblem  # the micro-batch kernel
+    algo: int
+    first_sample: int
+    x_offset: int  # bytes from the start of x (dx for BD)
+    y_offset: int  # bytes from the start of y (dy for BD and BF)
+    alpha: float
+    beta: float
+
+
+def plan(problem: ConvProblem, configuration: Configuration, alpha: float = 1.0,
+         beta: float = 0.0) -> list[Step]:
+    """The calls that run `configuration` on `problem`. F and BD apply alpha and beta to each
+    slice of their output; BF accumulates into the whole dw: beta first, then 1."""
+    if configuration.batch != problem.batch:
+        raise ConfigError(
+            f"configuration covers {configuration.batch} samples but the kernel has batch "
+            f"{problem.batch}; optimize it for this batch size"
+        )
+    steps, first = [], 0
+    for i, part in enumerate(configuration.micro):
+        accumulate = problem.kind is ConvKind.BACKWARD_FILTER and i > 0
+        steps.append(Step(
+            problem=problem.with_batch(part.batch), algo=part.algo, first_sample=first,
+            x_offset=first * problem.sample_bytes("x"), y_offset=first * problem.sample_bytes("y"),
+            alpha=alpha, beta=1.0 if accumulate else beta,
+        ))
+        first += part.batch
+    return steps
+
+
+class Executor(Protocol):
+    def __call__(self, step: Step, x: Any, w: Any, y: Any, workspace: Any, workspace_size: int) -> None:
+        """Run one step on operands x, w, y (device pointers, arrays: the executor's own kind)."""
+
+
+def dispatch(problem: ConvProblem, configuration: Configuration, executor: Executor, x: Any, w: Any,
+             y: Any, alpha: float = 1.0, beta: float = 0.0, workspace: Any = None,
+             workspace_size: int = 0) -> None:
+    for step in plan(problem, configuration, alpha, beta):
+        executor(step, x, w, y, workspace, workspace_size)
+
+
+class NumpyExecutor:
+    """Runs steps on flat NumPy arrays with the float64 reference, honouring byte offsets exactly
+    as the cuDNN executor does with pointers. Records the steps it ran."""
+
+    def __init__(self):
+        self.steps: list[Step] = []
+
+    def __call__(self, step: Step, x: np.ndarray, w: np.ndarray, y: np.ndarray, workspace=None,
+                 workspace_size: int = 0) -> None:
+        self.steps.append(step)
+        p = step.problem
+        views = {
+            "x": self._view(x, step.x_offset, p.x_shape, p),
+            "y": self._view(y, step.y_offset, p.y_shape, p),
+            "w": self._view(w, 0, p.w_shape, p),
+        }
+        out = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}[p.kind]
+        logical = {k: reference.to_logical(v, p.layout) for k, v in views.items()}
+        result = reference.convolve(p, logical["x"], logical["w"], logical["y"])
+        prior = logical[out].astype(np.float64)
+        blended = step.alpha * result + (step.beta * prior if step.beta else 0.0)
+        views[out][...] = reference.from_logical(blended, p.layout)
+
+    @staticmethod
+    def _view(flat: np.ndarray, offset: int, shape: tuple[int, ...], p: ConvProblem) -> np.ndarray:
+        start = offset // flat.itemsize
+        count = int(np.prod(shape))
+        return flat[start:start + count].reshape(reference.stored_shape(shape, p.layout))

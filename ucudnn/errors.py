@@ -1,0 +1,54 @@
+"""The exceptions ucudnn raises. Every message names the bad value and the way to fix it."""
+from __future__ import annotations
+
+
+class UcudnnError(Exception):
+    """Base of every error ucudnn raises on purpose."""
+
+
+class ConfigError(UcudnnError, ValueError):
+    """A setting (keyword argument or UCUDNN_* variable) has a value ucudnn cannot use."""
+
+
+class UnsupportedProblemError(UcudnnError, ValueError):
+    """A convolution ucudnn cannot split (e.g. a tensor whose batch is not its outermost dimension)."""
+
+
+class CudnnError(UcudnnError):
+    """A cuDNN call returned a status other than CUDNN_STATUS_SUCCESS."""
+
+    def __init__(self, call: str, status: int, status_name: str):
+        self.call, self.status, self.status_name = call, status, status_name
+        super().__init__(f"{call} failed with {status_name} ({status})")
+
+
+class LibraryNotFoundError(UcudnnError, OSError):
+    """libcudnn (or the CUDA runtime) could not be found or loaded."""
+
+
+class GpuUnavailableError(UcudnnError):
+    """A GPU is needed for this (benchmarking, dispatch) but none is usable."""
+
+
+class NoAlgorithmError(UcudnnError):
+    """No cuDNN algorithm can run a kernel within the given workspace limit."""
+
+
+class InfeasibleError(UcudnnError):
+    """No combination of configurations fits the total workspace limit."""
+
+    def __init__(self, limit: int, smallest_feasible: int):
+        self.limit, self.smallest_feasible = limit, smallest_feasible
+        super().__init__(
+            f"total workspace limit {limit} bytes ({limit / 2**20:.2f} MiB) is infeasible: "
+            f"the smallest total that fits every kernel is {smallest_feasible} bytes "
+            f"({smallest_feasible / 2**20:.2f} MiB); raise the limit to at least that"
+        )
+
+
+class MissingMeasurementsError(UcudnnError):
+    """The optimizer needs measurements that are neither cached nor measurable here."""
+
+
+class CacheError(UcudnnError):
+    """The benchmark database cannot be used (e.g. it was written by a newer ucudnn)."""

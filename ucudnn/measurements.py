@@ -1,0 +1,73 @@
+"""Measured time and workspace of cuDNN algorithms at micro-batch sizes: t(a, b) and ws(a, b)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+# Statuses of a measurement. Only OK ones are candidates for the optimizers.
+OK = "ok"
+UNSUPPORTED = "unsupported"  # cuDNN does not implement this algorithm for this kernel
+FAILED = "failed"  # cuDNN returned an error when running it
+OUT_OF_MEMORY = "out_of_memory"  # its workspace could not be allocated
+OVER_CAP = "over_cap"  # workspace larger than the benchmark's cap: not timed
+STATUSES = (OK, UNSUPPORTED, FAILED, OUT_OF_MEMORY, OVER_CAP)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Algorithm `algo` on a micro-batch of `batch` samples: median time and workspace bytes."""
+
+    algo: int
+    batch: int
+    time_ms: float | None
+    workspace: int
+    status: str = OK
+    repeats: int = 0
+
+    @property
+    def available(self) -> bool:
+        return self.status == OK
+
+
+class KernelTable:
+    """All measurements of one kernel, by micro-batch size."""
+
+    def __init__(self, measurements: Iterable[Measurement] = ()):
+        self._by_batch: dict[int, dict[int, Measurement]] = {}
+        for m in measurements:
+            self.add(m)
+
+    def add(self, m: Measurement) -> None:
+        self._by_batch.setdefault(m.batch, {})[m.algo] = m
+
+    def __iter__(self):
+        for per_algo in self._by_batch.values():
+            yield from per_algo.values()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_batch.values())
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self._by_batch))
+
+    def at(self, batch: int) -> list[Measurement]:
+        return list(self._by_batch.get(batch, {}).values())
+
+    def choices(self, batch: int, limit: int | None = None) -> list[Measurement]:
+        """Available algorithms at `batch` whose workspace fits `limit` (None: any)."""
+        return [m for m in self.at(batch) if m.available and (limit is None or m.workspace <= limit)]
+
+    def fastest(self, batch: int, limit: int | None = None) -> Measurement | None:
+        return min(self.choices(batch, limit), key=lambda m: (m.time_ms, m.workspace), default=None)
+
+    def complete_for(self, batch: int, limit: int | None) -> bool:
+        """Whether every algorithm that could fit `limit` at `batch` was measured, so the table can
+        answer for that limit without benchmarking again."""
+        at = self.at(batch)
+        return bool(at) and not any(
+            m.status == OVER_CAP and (limit is None or m.workspace <= limit) for m in at
+        )
+
+    def missing(self, sizes: Iterable[int], limit: int | None) -> list[int]:
+        return [b for b in sizes if not self.complete_for(b, limit)]

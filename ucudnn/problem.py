@@ -1,0 +1,147 @@
+"""The problem model: one convolution kernel, immutable, with a key of everything that changes the answer."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+class ConvKind(str, Enum):
+    """Forward (F), BackwardData (BD) or BackwardFilter (BF)."""
+
+    FORWARD = "F"
+    BACKWARD_DATA = "BD"
+    BACKWARD_FILTER = "BF"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": None, "float64": np.float64}
+MATH_TYPES = ("default", "tensor_op", "tensor_op_allow_conversion", "fma")
+LAYOUTS = ("nchw", "nhwc")
+MODES = ("cross_correlation", "convolution")
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def _tuple(value, n: int, name: str) -> tuple[int, ...]:
+    values = (value,) * n if isinstance(value, int) else tuple(int(v) for v in value)
+    if len(values) != n:
+        raise ConfigError(f"{name}={value!r} needs {n} values, one per spatial dimension")
+    return values
+
+
+def _check(value: str, name: str, choices) -> str:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is unknown; use one of {', '.join(choices)}")
+    return value
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One convolution kernel. Shapes are logical (N, C, *spatial) and (K, C/groups, *kernel)
+    whatever the memory layout; `layout` says how the packed tensors are stored."""
+
+    kind: ConvKind
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    pads: tuple[int, ...] = (0, 0)
+    strides: tuple[int, ...] = (1, 1)
+    dilations: tuple[int, ...] = (1, 1)
+    groups: int = 1
+    dtype: str = "float32"
+    compute_type: str = ""  # "": float32 (float64 for float64 data)
+    math: str = "default"
+    layout: str = "nchw"
+    mode: str = "cross_correlation"
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        set_("kind", ConvKind(self.kind))
+        set_("x_shape", tuple(int(v) for v in self.x_shape))
+        set_("w_shape", tuple(int(v) for v in self.w_shape))
+        nd = len(self.x_shape) - 2
+        if nd < 1 or len(self.w_shape) != nd + 2:
+            raise ConfigError(f"x_shape={self.x_shape} and w_shape={self.w_shape} must both be (N, C, *spatial)")
+        for name in ("pads", "strides", "dilations"):
+            set_(name, _tuple(getattr(self, name), nd, name))
+        _check(self.dtype, "dtype", DTYPES)
+        set_("compute_type", self.compute_type or ("float64" if self.dtype == "float64" else "float32"))
+        _check(self.compute_type, "compute_type", DTYPES)
+        _check(self.math, "math", MATH_TYPES)
+        _check(self.layout, "layout", LAYOUTS)
+        _check(self.mode, "mode", MODES)
+        n, c = self.x_shape[:2]
+        k, cg = self.w_shape[:2]
+        if min(self.x_shape + self.w_shape) < 1 or min(self.strides + self.dilations) < 1 or min(self.pads) < 0:
+            raise ConfigError(f"shapes, strides and dilations must be positive and pads >= 0: {self}")
+        if self.groups < 1 or c != cg * self.groups or k % self.groups:
+            raise ConfigError(
+                f"x has {c} channels and w has {cg} per group with groups={self.groups}: "
+                f"need C == w_shape[1] * groups and K divisible by groups"
+            )
+        if min(self.y_shape[2:]) < 1:
+            raise ConfigError(f"the output of {self.describe()} would be empty; check pads, strides and kernel size")
+
+    @property
+    def batch(self) -> int:
+        return self.x_shape[0]
+
+    @property
+    def spatial_dims(self) -> int:
+        return len(self.x_shape) - 2
+
+    @property
+    def y_shape(self) -> tuple[int, ...]:
+        out = [
+            (size + 2 * pad - dil * (ker - 1) - 1) // stride + 1
+            for size, ker, pad, stride, dil in zip(
+                self.x_shape[2:], self.w_shape[2:], self.pads, self.strides, self.dilations
+            )
+        ]
+        return (self.batch, self.w_shape[0], *out)
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype]
+
+    def with_batch(self, batch: int) -> "ConvProblem":
+        """The same kernel on a micro-batch of `batch` samples."""
+        return replace(self, x_shape=(batch, *self.x_shape[1:]))
+
+    def with_kind(self, kind: ConvKind | str) -> "ConvProblem":
+        return replace(self, kind=ConvKind(kind))
+
+    def sample_bytes(self, tensor: str) -> int:
+        """Bytes between consecutive samples of x or y (N is outermost in both layouts)."""
+        shape = {"x": self.x_shape, "y": self.y_shape}[tensor]
+        return int(np.prod(shape[1:])) * self.itemsize
+
+    def shape_key(self) -> str:
+        """Everything that changes a measurement except the batch size: measurements of
+        micro-batch b are shared by every kernel with this shape key."""
+        dims = lambda t: "x".join(map(str, t))  # noqa: E731
+        return "|".join([
+            self.kind.value, f"x={dims(self.x_shape[1:])}", f"w={dims(self.w_shape)}",
+            f"pad={dims(self.pads)}", f"str={dims(self.strides)}", f"dil={dims(self.dilations)}",
+            f"g={self.groups}", f"{self.dtype}/{self.compute_type}", f"math={self.math}",
+            self.layout, self.mode,
+        ])
+
+    @property
+    def key(self) -> str:
+        """Stable identity of the kernel, batch included: equal keys get equal configurations."""
+        return f"{self.shape_key()}|n={self.batch}"
+
+    def flops(self) -> int:
+        """Multiply-adds x 2 of the direct convolution (the same for F, BD and BF)."""
+        k, cg, *kernel = self.w_shape
+        return 2 * int(np.prod(self.y_shape)) * cg * int(np.prod(kernel))
+
+    def describe(self) -> str:
+        return (f"{self.kind.value} x={self.x_shape} w={self.w_shape} pad={self.pads} "
+                f"stride={self.strides} dil={self.dilations} groups={self.groups} "
+                f"{self.dtype} math={self.math} {self.layout}")
