@@ -1,7 +1,7 @@
 """The problem model: one convolution kernel, immutable, with a key of everything that changes the answer."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 
 import numpy as np
@@ -140,6 +140,16 @@ class ConvProblem:
         """Multiply-adds x 2 of the direct convolution (the same for F, BD and BF)."""
         k, cg, *kernel = self.w_shape
         return 2 * int(np.prod(self.y_shape)) * cg * int(np.prod(kernel))
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able fields; `ConvProblem.from_dict` inverts it."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["kind"] = self.kind.value
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ConvProblem":
+        return cls(**d)
 
     def describe(self) -> str:
         return (f"{self.kind.value} x={self.x_shape} w={self.w_shape} pad={self.pads} "
