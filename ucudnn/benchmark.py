@@ -1,10 +1,16 @@
 """Benchmarking t(a, b) and ws(a, b): every algorithm at every micro-batch size of a policy."""
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol, Sequence
 
+from . import gpu
+from .bindings.enums import algo_count
 from .device import DeviceInfo
-from .measurements import Measurement
+from .errors import CudnnError, MissingMeasurementsError
+from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
 from .problem import ConvProblem
 
 
@@ -16,3 +22,121 @@ class Benchmarker(Protocol):
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None) -> list[Measurement]:
         """One Measurement per (algorithm, size): time only for algorithms whose workspace is
         <= cap bytes (None: any that can be allocated); the others are recorded OVER_CAP."""
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """How each (algorithm, micro-batch) is timed: `warmup` untimed calls, then enough timed
+    calls to fill `target_ms` (at least `min_repeats`, at most `max_repeats`); the median counts."""
+
+    warmup: int = 1
+    min_repeats: int = 3
+    max_repeats: int = 10
+    target_ms: float = 20.0
+
+    def repeats(self, estimate_ms: float) -> int:
+        wanted = math.ceil(self.target_ms / max(estimate_ms, 1e-3))
+        return max(self.min_repeats, min(self.max_repeats, wanted))
+
+
+class CudnnBenchmarker:
+    """Times every cuDNN algorithm of a kernel at each micro-batch size, on one GPU and stream.
+
+    Operands are allocated once at the largest size (random data, never zeros) and sliced
+    along N; one workspace buffer grows as needed. Failures are recorded, not raised."""
+
+    def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None):
+        from .bindings import cudnn
+
+        self.handle = handle if handle is not None else cudnn.create_handle()
+        self.stream = gpu.current_stream() if stream is None else stream
+        cudnn.set_stream(self.handle, self.stream)
+        self.timing = timing
+        self.device = gpu.device_info()
+        self.calls = 0  # (algorithm, size) pairs measured: what a warm cache saves
+        self._workspace = None
+
+    def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None) -> list[Measurement]:
+        from .bindings.descriptors import KernelDescriptors
+
+        sizes = sorted(set(sizes))
+        operands = self._operands(problem.with_batch(sizes[-1]))
+        ptrs = {role: gpu.pointer(array) for role, array in operands.items()}
+        results = []
+        for b in sizes:
+            descs = KernelDescriptors(problem.with_batch(b))
+            results += [self._measure_one(descs, ptrs, algo, cap) for algo in range(algo_count(problem.kind))]
+        return results
+
+    @staticmethod
+    def _operands(p: ConvProblem) -> dict:
+        return {role: gpu.random_array(shape, p.dtype, seed) for seed, (role, shape) in
+                enumerate((("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)))}
+
+    def _measure_one(self, descs, ptrs: dict, algo: int, cap: int | None) -> Measurement:
+        from .bindings.convolution import convolve, workspace_size
+
+        p = descs.problem
+        self.calls += 1
+        try:
+            ws = workspace_size(self.handle, p.kind, descs, algo)
+        except CudnnError as exc:
+            return Measurement(algo, p.batch, None, 0, _failure(exc))
+        if cap is not None and ws > cap:
+            return Measurement(algo, p.batch, None, ws, OVER_CAP)
+        try:
+            workspace = self._workspace_of(ws)
+        except gpu.cupy().cuda.memory.OutOfMemoryError:
+            return Measurement(algo, p.batch, None, ws, OUT_OF_MEMORY)
+
+        def run():
+            convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, 0.0, p.dtype)
+
+        try:
+            warm = gpu.time_calls(run, self.timing.warmup, self.stream)
+            times = gpu.time_calls(run, self.timing.repeats(min(warm)), self.stream)
+        except CudnnError as exc:
+            return Measurement(algo, p.batch, None, ws, _failure(exc))
+        return Measurement(algo, p.batch, statistics.median(times), ws, OK, len(times))
+
+    def _workspace_of(self, nbytes: int) -> int:
+        if self._workspace is None or self._workspace.mem.size < nbytes:
+            self._workspace = None  # free the old buffer before asking for a larger one
+            self._workspace = gpu.alloc(nbytes)
+        return self._workspace.ptr
+
+
+def _failure(exc: CudnnError) -> str:
+    return UNSUPPORTED if exc.status // 1000 in (2, 3) else FAILED
+
+
+def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProblem], Sequence[int]],
+                  cap: int | None, cache, benchmarker: Benchmarker | None,
+                  progress: Callable[[int, int, ConvProblem], None] | None = None, *,
+                  device: DeviceInfo | None = None) -> dict[str, KernelTable]:
+    """Tables (by problem.key) complete for every size the policy needs and every algorithm
+    that fits `cap`; only what the cache lacks is measured. With no benchmarker, tables come
+    from the cache's measurements on `device`, and missing ones raise MissingMeasurementsError."""
+    problems = list({p.key: p for p in problems}.values())
+    device = benchmarker.device if benchmarker else device
+    if device is None:
+        raise ValueError("ensure_tables needs a benchmarker or the device whose measurements to use")
+    tables = {}
+    for done, p in enumerate(problems):
+        if progress:
+            progress(done, len(problems), p)
+        table = cache.table(p, device)
+        missing = table.missing(sizes_for(p), cap)
+        if missing and benchmarker is None:
+            raise MissingMeasurementsError(
+                f"no measurements of {p.describe()} at micro-batch sizes {missing} on "
+                f"{device.describe()} in the cache, and no GPU to measure them; run `ucudnn bench` "
+                "for this network on such a GPU, or point --cache at a database that has them"
+            )
+        if missing:
+            cache.record(p, device, benchmarker.measure(p, missing, cap))
+            table = cache.table(p, device)
+        tables[p.key] = table
+    if progress and problems:
+        progress(len(problems), len(problems), problems[-1])
+    return tables

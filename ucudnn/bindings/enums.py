@@ -1,0 +1,50 @@
+"""cuDNN constants of the legacy convolution API (cudnn_graph.h, cudnn_cnn.h of cuDNN 9).
+Pure data: importing this loads no library."""
+from __future__ import annotations
+
+import ctypes
+
+from ..problem import ConvKind
+
+DATA_TYPE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 9}
+TENSOR_FORMAT = {"nchw": 0, "nhwc": 1}
+MATH_TYPE = {"default": 0, "tensor_op": 1, "tensor_op_allow_conversion": 2, "fma": 3}
+CONV_MODE = {"convolution": 0, "cross_correlation": 1}
+
+ALGORITHMS = {
+    ConvKind.FORWARD: ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT",
+                       "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"),
+    ConvKind.BACKWARD_DATA: ("ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"),
+    ConvKind.BACKWARD_FILTER: ("ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED",
+                               "FFT_TILING"),
+}
+
+# The algorithm id a ucudnn.Handle reports to frameworks: a valid enum value of every kind.
+VIRTUAL_ALGO = 0
+
+SUCCESS = 0
+# cuDNN 9 status codes are grouped by thousands.
+STATUS_CLASS = {2: "BAD_PARAM", 3: "NOT_SUPPORTED", 4: "INTERNAL_ERROR", 5: "EXECUTION_FAILED"}
+
+
+def algo_name(kind: ConvKind | str, algo: int) -> str:
+    names = ALGORITHMS[ConvKind(kind)]
+    return names[algo] if 0 <= algo < len(names) else f"ALGO_{algo}"
+
+
+def algo_count(kind: ConvKind | str) -> int:
+    return len(ALGORITHMS[ConvKind(kind)])
+
+
+class AlgoPerf(ctypes.Structure):
+    """cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t: the three share this layout."""
+
+    _fields_ = [
+        ("algo", ctypes.c_int),
+        ("status", ctypes.c_int),
+        ("time", ctypes.c_float),
+        ("memory", ctypes.c_size_t),
+        ("determinism", ctypes.c_int),
+        ("mathType", ctypes.c_int),
+        ("reserved", ctypes.c_int * 3),
+    ]

@@ -1,0 +1,70 @@
+"""The little of CUDA that ucudnn needs, through CuPy: device facts, memory, streams, events."""
+from __future__ import annotations
+
+from typing import Any
+
+from .device import DeviceInfo
+from .errors import GpuUnavailableError
+
+
+def cupy():
+    try:
+        import cupy as cp
+    except ImportError as exc:
+        raise GpuUnavailableError(
+            "CuPy is not installed; install ucudnn with a GPU extra: pip install 'ucudnn[cuda13]'"
+        ) from exc
+    return cp
+
+
+def device_info(device: int | None = None) -> DeviceInfo:
+    """The current (or given) GPU and the loaded cuDNN."""
+    from .bindings import cudnn
+
+    cp = cupy()
+    device = cp.cuda.runtime.getDevice() if device is None else device
+    props = cp.cuda.runtime.getDeviceProperties(device)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return DeviceInfo(gpu_name=name, compute_capability=f"{props['major']}.{props['minor']}",
+                      cudnn_version=cudnn.version(), driver_version=cp.cuda.runtime.driverGetVersion())
+
+
+def random_array(shape: tuple[int, ...], dtype: str, seed: int = 0):
+    """Uniform(-1, 1) data on the GPU; bfloat16 as its raw 16-bit pattern (CuPy has no bf16)."""
+    cp = cupy()
+    values = cp.random.default_rng(seed).uniform(-1.0, 1.0, shape, dtype=cp.float32)
+    if dtype == "bfloat16":
+        return (values.view(cp.uint32) >> 16).astype(cp.uint16)
+    return values.astype(dtype)
+
+
+def alloc(nbytes: int) -> Any:
+    """Device memory from CuPy's pool (kept alive by the returned object; `.ptr` is the address)."""
+    return cupy().cuda.alloc(max(nbytes, 1))
+
+
+def pointer(buffer: Any) -> int:
+    """The device address of a CuPy array/MemoryPointer, a torch tensor, or an int."""
+    if isinstance(buffer, int):
+        return buffer
+    if hasattr(buffer, "data_ptr"):
+        return buffer.data_ptr()
+    data = getattr(buffer, "data", buffer)
+    return data.ptr
+
+
+def current_stream() -> int:
+    return cupy().cuda.get_current_stream().ptr
+
+
+def time_calls(run, repeats: int, stream: int) -> list[float]:
+    """Milliseconds of each of `repeats` calls of run(), timed with CUDA events on `stream`."""
+    cp = cupy()
+    external = cp.cuda.ExternalStream(stream)
+    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(repeats)]
+    for start, end in events:
+        start.record(external)
+        run()
+        end.record(external)
+    events[-1][1].synchronize()
+    return [cp.cuda.get_elapsed_time(start, end) for start, end in events]
