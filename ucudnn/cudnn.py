@@ -1,0 +1,129 @@
+"""cuDNN's convolution API in Python, drop-in for ucudnn: every function takes either a plain
+cuDNN handle (from `create()`) or a `ucudnn.Handle`, so swapping the handle object is the only
+change a caller makes. With a plain handle the call goes straight to cuDNN. With a ucudnn
+handle, algorithm queries answer a virtual algorithm and zero workspace, and the convolutions
+run micro-batched (the algorithm and workspace arguments are then ignored).
+
+Descriptors are cuDNN's own (`TensorDescriptor`, `FilterDescriptor`, `ConvolutionDescriptor`
+here, or raw addresses made elsewhere); data arguments are device addresses or CuPy/torch arrays.
+"""
+from __future__ import annotations
+
+from .bindings import convolution as _conv
+from .bindings import cudnn as _cudnn
+from .bindings.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor, read_problem
+from .bindings.enums import AlgoPerf, VIRTUAL_ALGO
+from .gpu import pointer
+from .handle import Handle
+from .problem import ConvKind
+
+F, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
+__all__ = ["create", "destroy", "set_stream", "get_version", "TensorDescriptor", "FilterDescriptor",
+           "ConvolutionDescriptor", "AlgoPerf", "Handle"]
+
+create, destroy, get_version = _cudnn.create_handle, _cudnn.destroy_handle, _cudnn.version
+
+
+def set_stream(handle, stream: int) -> None:
+    if isinstance(handle, Handle):
+        handle.set_stream(stream)
+    else:
+        _cudnn.set_stream(handle, stream)
+
+
+def _virtual() -> list[AlgoPerf]:
+    perf = AlgoPerf()
+    perf.algo, perf.status, perf.time, perf.memory = VIRTUAL_ALGO, 0, 0.0, 0
+    return [perf]
+
+
+def _get(handle, kind, descs) -> list[AlgoPerf]:
+    if isinstance(handle, Handle):
+        handle.query(read_problem(kind, descs["x"], descs["w"], descs["conv"]))
+        return _virtual()
+    return _conv.get_algorithms(handle, kind, descs)
+
+
+def _find(handle, kind, descs, ptrs, workspace, workspace_size) -> list[AlgoPerf]:
+    if isinstance(handle, Handle):
+        return _get(handle, kind, descs)
+    return _conv.find_algorithms(handle, kind, descs, {k: pointer(v) for k, v in ptrs.items()},
+                                 pointer(workspace or 0), workspace_size)
+
+
+def _workspace(handle, kind, descs, algo) -> int:
+    if isinstance(handle, Handle):
+        return handle.query(read_problem(kind, descs["x"], descs["w"], descs["conv"]))[1]
+    return _conv.workspace_size(handle, kind, descs, algo)
+
+
+def _convolve(handle, kind, descs, ptrs, algo, workspace, workspace_size, alpha, beta) -> None:
+    problem = read_problem(kind, descs["x"], descs["w"], descs["conv"])
+    if isinstance(handle, Handle):
+        handle.convolve(problem, ptrs["x"], ptrs["w"], ptrs["y"], alpha, beta)
+    else:
+        _conv.convolve(handle, kind, descs, {k: pointer(v) for k, v in ptrs.items()}, algo,
+                       pointer(workspace or 0), workspace_size, alpha, beta, problem.dtype)
+
+
+# Forward: x, w -> y
+def get_convolution_forward_algorithm_v7(handle, x_desc, w_desc, conv_desc, y_desc) -> list[AlgoPerf]:
+    return _get(handle, F, dict(x=x_desc, w=w_desc, conv=conv_desc, y=y_desc))
+
+
+def find_convolution_forward_algorithm_ex(handle, x_desc, x, w_desc, w, conv_desc, y_desc, y,
+                                          workspace=0, workspace_size=0) -> list[AlgoPerf]:
+    return _find(handle, F, dict(x=x_desc, w=w_desc, conv=conv_desc, y=y_desc), dict(x=x, w=w, y=y),
+                 workspace, workspace_size)
+
+
+def get_convolution_forward_workspace_size(handle, x_desc, w_desc, conv_desc, y_desc, algo) -> int:
+    return _workspace(handle, F, dict(x=x_desc, w=w_desc, conv=conv_desc, y=y_desc), algo)
+
+
+def convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, workspace,
+                        workspace_size, beta, y_desc, y) -> None:
+    _convolve(handle, F, dict(x=x_desc, w=w_desc, conv=conv_desc, y=y_desc), dict(x=x, w=w, y=y),
+              algo, workspace, workspace_size, alpha, beta)
+
+
+# BackwardData: w, dy -> dx
+def get_convolution_backward_data_algorithm_v7(handle, w_desc, dy_desc, conv_desc, dx_desc) -> list[AlgoPerf]:
+    return _get(handle, BD, dict(x=dx_desc, w=w_desc, conv=conv_desc, y=dy_desc))
+
+
+def find_convolution_backward_data_algorithm_ex(handle, w_desc, w, dy_desc, dy, conv_desc, dx_desc, dx,
+                                                workspace=0, workspace_size=0) -> list[AlgoPerf]:
+    return _find(handle, BD, dict(x=dx_desc, w=w_desc, conv=conv_desc, y=dy_desc), dict(x=dx, w=w, y=dy),
+                 workspace, workspace_size)
+
+
+def get_convolution_backward_data_workspace_size(handle, w_desc, dy_desc, conv_desc, dx_desc, algo) -> int:
+    return _workspace(handle, BD, dict(x=dx_desc, w=w_desc, conv=conv_desc, y=dy_desc), algo)
+
+
+def convolution_backward_data(handle, alpha, w_desc, w, dy_desc, dy, conv_desc, algo, workspace,
+                              workspace_size, beta, dx_desc, dx) -> None:
+    _convolve(handle, BD, dict(x=dx_desc, w=w_desc, conv=conv_desc, y=dy_desc), dict(x=dx, w=w, y=dy),
+              algo, workspace, workspace_size, alpha, beta)
+
+
+# BackwardFilter: x, dy -> dw
+def get_convolution_backward_filter_algorithm_v7(handle, x_desc, dy_desc, conv_desc, dw_desc) -> list[AlgoPerf]:
+    return _get(handle, BF, dict(x=x_desc, w=dw_desc, conv=conv_desc, y=dy_desc))
+
+
+def find_convolution_backward_filter_algorithm_ex(handle, x_desc, x, dy_desc, dy, conv_desc, dw_desc, dw,
+                                                  workspace=0, workspace_size=0) -> list[AlgoPerf]:
+    return _find(handle, BF, dict(x=x_desc, w=dw_desc, conv=conv_desc, y=dy_desc), dict(x=x, w=dw, y=dy),
+                 workspace, workspace_size)
+
+
+def get_convolution_backward_filter_workspace_size(handle, x_desc, dy_desc, conv_desc, dw_desc, algo) -> int:
+    return _workspace(handle, BF, dict(x=x_desc, w=dw_desc, conv=conv_desc, y=dy_desc), algo)
+
+
+def convolution_backward_filter(handle, alpha, x_desc, x, dy_desc, dy, conv_desc, algo, workspace,
+                                workspace_size, beta, dw_desc, dw) -> None:
+    _convolve(handle, BF, dict(x=x_desc, w=dw_desc, conv=conv_desc, y=dy_desc), dict(x=x, w=dw, y=dy),
+              algo, workspace, workspace_size, alpha, beta)

@@ -1,0 +1,121 @@
+"""ucudnn.Handle: a drop-in for a cuDNN handle that runs every convolution micro-batched.
+
+Frameworks ask for an algorithm and a workspace size, then convolve. With a ucudnn handle the
+query answers a virtual algorithm and zero workspace, and the convolution runs the kernel's
+optimized configuration (see ucudnn.plans) in the handle's own workspace, on the handle's stream.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+from . import gpu
+from .benchmark import Benchmarker, CudnnBenchmarker
+from .bindings import cudnn
+from .bindings.convolution import convolve as cudnn_convolve
+from .bindings.descriptors import KernelDescriptors
+from .bindings.enums import VIRTUAL_ALGO
+from .config import Settings
+from .dispatch import Step, dispatch
+from .optimizers.configuration import Configuration
+from .plans import KernelPlan, Plans
+from .problem import ConvProblem
+
+
+class CudnnExecutor:
+    """Runs dispatch steps with cuDNN on device pointers; descriptors are built once per size."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self._descriptors: dict[str, KernelDescriptors] = {}
+
+    def descriptors(self, p: ConvProblem) -> KernelDescriptors:
+        if p.key not in self._descriptors:
+            self._descriptors[p.key] = KernelDescriptors(p)
+        return self._descriptors[p.key]
+
+    def __call__(self, step: Step, x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
+        ptrs = {"x": x + step.x_offset, "w": w, "y": y + step.y_offset}
+        cudnn_convolve(self.handle, step.problem.kind, self.descriptors(step.problem), ptrs, step.algo,
+                       workspace, workspace_size, step.alpha, step.beta, step.problem.dtype)
+
+
+class Handle:
+    """Wraps a cuDNN handle. Pass it wherever ucudnn.cudnn takes a handle; passed to a raw
+    ctypes cuDNN call it acts as the cuDNN handle it wraps.
+
+    Settings come from keyword arguments, then UCUDNN_* variables (see ucudnn.config.Settings).
+    `allocator(nbytes)` returns an object holding device memory (default: CuPy's pool)."""
+
+    def __init__(self, settings: Settings | None = None, *, cache=None,
+                 benchmarker: Benchmarker | None = None, allocator: Callable[[int], Any] | None = None,
+                 cudnn_handle=None, stream: int | None = None, **settings_kwargs):
+        from .cache import Cache
+
+        self.settings = settings or Settings.load(**settings_kwargs)
+        self._owns_handle = cudnn_handle is None
+        self.cudnn_handle = cudnn.create_handle() if cudnn_handle is None else cudnn_handle
+        self._as_parameter_ = self.cudnn_handle
+        self.stream = gpu.current_stream() if stream is None else stream
+        cudnn.set_stream(self.cudnn_handle, self.stream)
+        self.executor = CudnnExecutor(self.cudnn_handle)
+        self.plans = Plans(
+            self.settings, cache if cache is not None else Cache(self.settings.cache_path),
+            benchmarker=lambda: benchmarker or CudnnBenchmarker(stream=self.stream),
+            allocator=allocator or gpu.alloc, pointer=gpu.pointer,
+        )
+
+    def set_stream(self, stream: int) -> None:
+        """Later convolutions run on `stream` (a cudaStream_t address)."""
+        self.stream = stream
+        cudnn.set_stream(self.cudnn_handle, stream)
+
+    def query(self, problem: ConvProblem) -> tuple[int, int]:
+        """(algorithm, workspace bytes) to report for an algorithm query: virtual and zero."""
+        self.plans.record(problem)
+        return VIRTUAL_ALGO, 0
+
+    def convolve(self, problem: ConvProblem, x, w, y, alpha: float = 1.0, beta: float = 0.0) -> None:
+        """Run `problem` micro-batched on device buffers x, w, y (addresses, CuPy or torch arrays).
+        F reads x, w and writes y; BD reads y (dy), w and writes x (dx); BF reads x, y and writes w."""
+        kernel = self.plans.get(problem)
+        dispatch(problem, kernel.configuration, self.executor, gpu.pointer(x), gpu.pointer(w),
+                 gpu.pointer(y), alpha, beta, kernel.workspace, kernel.workspace_size)
+
+    def plan(self, problem: ConvProblem) -> KernelPlan:
+        return self.plans.get(problem)
+
+    def configuration(self, problem: ConvProblem) -> Configuration:
+        return self.plans.get(problem).configuration
+
+    def finalize(self) -> None:
+        """WD: the network is complete; solve it now rather than at the first convolution."""
+        self.plans.finalize()
+
+    @contextlib.contextmanager
+    def network(self):
+        """`with handle.network(): <queries for every layer>` solves WD on exit."""
+        yield self
+        self.plans.finalize()
+
+    def reoptimize(self) -> None:
+        """Plan every known kernel again on next use (WD: as one network). Between iterations only."""
+        gpu.cupy().cuda.runtime.streamSynchronize(self.stream)
+        self.plans.reset()
+
+    def close(self) -> None:
+        self.plans.reset()
+        if self._owns_handle and self.cudnn_handle is not None:
+            cudnn.destroy_handle(self.cudnn_handle)
+        self.cudnn_handle = self._as_parameter_ = None
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return (f"ucudnn.Handle(optimizer={s.optimizer!r}, policy={s.batch_size_policy!r}, "
+                f"workspace_limit={s.workspace_limit}, kernels={len(self.plans)})")
