@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
+#   bash bench/gpu_suite.sh [stage ...]    stages: env tests layers record wd train
+# Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 UCUDNN_RESULTS_DIR="$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="$PWD:/tmp/site"
+else
+  export PYTHONPATH="$PWD"
+fi
+status=0
+run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, go on
+  local name=$1; shift
+  echo "=== $name: $*"
+  local start=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1 || { echo "!!! $name failed (exit $?)"; status=1; }
+  echo "=== $name done in $((SECONDS - start)) s"; tail -n 25 "$OUT/$name.log"
+}
+stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env tests)
+for stage in "${stages[@]}"; do
+  case $stage in
+    env) run env python3 bench/env_report.py ;;
+    tests) run tests python3 -m pytest -m gpu -v -s -rs tests ;;
+    layers) run layers python3 bench/layers.py --out "$OUT" ;;
+    record) run record python3 bench/record.py --out "$OUT" ;;
+    wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
+    train) run train python3 bench/train_step.py --out "$OUT" ;;
+    *) echo "unknown stage $stage"; status=2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,37 @@
+"""Shared setup of the test suite.
+
+Kept small on purpose: hooks (for example a `gpu` marker skip in `pytest_collection_modifyitems`)
+can be added below without touching what is here.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import settings
+
+# No per-example deadline: the float64 reference is slow on first call (NumPy warm-up) and on
+# loaded CI machines; each property test sets its own max_examples to keep the suite fast.
+settings.register_profile("ucudnn", deadline=None, print_blob=True)
+settings.load_profile("ucudnn")
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A NumPy generator seeded from the test's id: reproducible, different for every test."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip, with the reason, where no GPU with CuPy and cuDNN is usable."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    from ucudnn.bindings import gpu_available
+
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CuPy and cuDNN 9 (none usable here)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)

@@ -1,0 +1,53 @@
+"""Helpers of the GPU tests: random problems and operands, reference checks, cuDNN's own pick."""
+from __future__ import annotations
+
+import numpy as np
+
+from ucudnn import reference
+from ucudnn.problem import ConvKind, ConvProblem
+
+# (dtype, math, layout, bound on ||out - ref|| / ||ref||)
+CASES = [
+    ("float32", "fma", "nchw", 1e-5),
+    ("float32", "fma", "nhwc", 1e-5),
+    ("float32", "default", "nchw", 2e-3),
+    ("float32", "default", "nhwc", 2e-3),
+    ("float16", "default", "nchw", 1e-2),
+    ("float16", "default", "nhwc", 1e-2),
+]
+BATCHES = (1, 97, 250, 256)
+OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
+
+
+def random_problem(rng: np.random.Generator, kind: ConvKind, dtype: str, math: str, layout: str) -> ConvProblem:
+    """Small random 2-D kernels: pads, strides, dilations and groups all vary; B from BATCHES."""
+    groups, c_per_group = int(rng.choice([1, 1, 2, 4])), int(rng.integers(1, 5))
+    kernel, dilation = rng.integers(1, 4, 2), rng.integers(1, 3, 2)
+    size = [int(rng.integers((k - 1) * d + 1, 13)) for k, d in zip(kernel, dilation)]
+    return ConvProblem(
+        kind=kind, x_shape=(int(rng.choice(BATCHES)), groups * c_per_group, *size),
+        w_shape=(groups * int(rng.integers(1, 5)), c_per_group, *map(int, kernel)),
+        pads=tuple(int(rng.integers(0, k)) for k in kernel), strides=tuple(map(int, rng.integers(1, 3, 2))),
+        dilations=tuple(map(int, dilation)), groups=groups, dtype=dtype, math=math, layout=layout,
+    )
+
+
+def host_operands(rng: np.random.Generator, p: ConvProblem) -> dict[str, np.ndarray]:
+    """Random x, w, y in memory order, exactly representable in the problem's dtype."""
+    return {role: rng.uniform(-1, 1, reference.stored_shape(shape, p.layout)).astype(p.dtype)
+            for role, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape))}
+
+
+def expected(p: ConvProblem, host: dict[str, np.ndarray], alpha: float, beta: float) -> np.ndarray:
+    """alpha * conv + beta * prior output, float64, in memory order."""
+    logical = {k: reference.to_logical(v.astype(np.float64), p.layout) for k, v in host.items()}
+    result = reference.convolve(p, logical["x"], logical["w"], logical["y"])
+    out = OUTPUT[p.kind]
+    return reference.from_logical(alpha * result + beta * logical[out], p.layout)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))

@@ -1,0 +1,133 @@
+"""GPU: the drop-in API. Swapping a plain cuDNN handle for a ucudnn.Handle changes nothing but
+speed: queries answer a virtual algorithm and zero workspace, results match direct cuDNN."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_support import expected, host_operands, relative_error
+from ucudnn.problem import ConvKind, ConvProblem
+
+pytestmark = pytest.mark.gpu
+# conv2 of AlexNet at a small batch: FFT/Winograd-class algorithms need more workspace than 1 MiB.
+LAYER = dict(x_shape=(32, 96, 27, 27), w_shape=(256, 96, 5, 5), pads=2)
+
+
+@pytest.fixture
+def ucudnn_handle(tmp_path):
+    from ucudnn import Handle
+    from ucudnn.cache import Cache
+
+    with Handle(cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
+                batch_size_policy="powerOfTwo") as handle:
+        yield handle
+
+
+def descriptors(p: ConvProblem):
+    from ucudnn import cudnn
+
+    x = cudnn.TensorDescriptor(p.dtype, p.x_shape, p.layout)
+    y = cudnn.TensorDescriptor(p.dtype, p.y_shape, p.layout)
+    w = cudnn.FilterDescriptor(p.dtype, p.w_shape, p.layout)
+    return x, w, cudnn.ConvolutionDescriptor(p), y
+
+
+def call(handle, p: ConvProblem, arrays: dict, alpha=1.0, beta=0.0):
+    """The framework's side: query an algorithm and its workspace, allocate, convolve."""
+    import cupy as cp
+
+    from ucudnn import cudnn
+
+    x_desc, w_desc, conv_desc, y_desc = descriptors(p)
+    x, w, y = arrays["x"], arrays["w"], arrays["y"]
+    if p.kind is ConvKind.FORWARD:
+        algo = cudnn.get_convolution_forward_algorithm_v7(handle, x_desc, w_desc, conv_desc, y_desc)[0].algo
+        size = cudnn.get_convolution_forward_workspace_size(handle, x_desc, w_desc, conv_desc, y_desc, algo)
+        ws = cp.empty(max(size, 1), cp.uint8)
+        cudnn.convolution_forward(handle, alpha, x_desc, x, w_desc, w, conv_desc, algo, ws, size, beta, y_desc, y)
+    elif p.kind is ConvKind.BACKWARD_DATA:
+        algo = cudnn.get_convolution_backward_data_algorithm_v7(handle, w_desc, y_desc, conv_desc, x_desc)[0].algo
+        size = cudnn.get_convolution_backward_data_workspace_size(handle, w_desc, y_desc, conv_desc, x_desc, algo)
+        ws = cp.empty(max(size, 1), cp.uint8)
+        cudnn.convolution_backward_data(handle, alpha, w_desc, w, y_desc, y, conv_desc, algo, ws, size, beta,
+                                        x_desc, x)
+    else:
+        algo = cudnn.get_convolution_backward_filter_algorithm_v7(handle, x_desc, y_desc, conv_desc, w_desc)[0].algo
+        size = cudnn.get_convolution_backward_filter_workspace_size(handle, x_desc, y_desc, conv_desc, w_desc, algo)
+        ws = cp.empty(max(size, 1), cp.uint8)
+        cudnn.convolution_backward_filter(handle, alpha, x_desc, x, y_desc, y, conv_desc, algo, ws, size, beta,
+                                          w_desc, w)
+    return algo, size
+
+
+@pytest.mark.parametrize("kind", list(ConvKind), ids=str)
+def test_swapping_the_handle_keeps_results(ucudnn_handle, kind):
+    import cupy as cp
+
+    from ucudnn import cudnn
+    from ucudnn.bindings.enums import VIRTUAL_ALGO
+    from gpu_support import OUTPUT
+
+    p = ConvProblem(kind, math="fma", **LAYER)
+    host = host_operands(np.random.default_rng(1), p)
+    want = expected(p, host, 1.5, 0.5)
+    plain = cudnn.create()
+    results = {}
+    for name, handle in (("plain", plain), ("ucudnn", ucudnn_handle)):
+        arrays = {k: cp.asarray(v) for k, v in host.items()}
+        algo, size = call(handle, p, arrays, alpha=1.5, beta=0.5)
+        results[name] = (algo, size, cp.asnumpy(arrays[OUTPUT[kind]]))
+    cudnn.destroy(plain)
+    assert results["ucudnn"][:2] == (VIRTUAL_ALGO, 0)
+    assert relative_error(results["plain"][2], want) <= 1e-5
+    assert relative_error(results["ucudnn"][2], want) <= 1e-5
+    configuration = ucudnn_handle.configuration(p)
+    assert configuration.batch == p.batch and configuration.workspace <= 2**20
+    print(f"{kind}: {configuration.describe()} ({configuration.workspace} B)")
+
+
+def test_descriptors_read_back_as_the_problem():
+    from ucudnn.bindings.descriptors import read_problem
+
+    for layout in ("nchw", "nhwc"):
+        p = ConvProblem("BF", (7, 6, 11, 9), (4, 3, 3, 2), pads=(1, 0), strides=(2, 1), dilations=(1, 2),
+                        groups=2, dtype="float16", math="tensor_op", layout=layout)
+        x, w, conv, _ = descriptors(p)
+        assert read_problem("BF", x, w, conv) == p
+
+
+def test_wd_handle_divides_one_workspace(tmp_path):
+    import cupy as cp
+
+    from ucudnn import Handle
+    from ucudnn.cache import Cache
+    from gpu_support import OUTPUT
+
+    problems = [ConvProblem(kind, math="fma", **LAYER) for kind in ConvKind]
+    with Handle(cache=Cache(tmp_path / "bench.db"), optimizer="wd", total_workspace_limit="24MiB") as handle:
+        with handle.network():
+            for p in problems:
+                assert handle.query(p) == (0, 0)
+        result = handle.plans.wd_result
+        assert result is not None and result.total_workspace <= 24 * 2**20
+        for p in problems:
+            host = host_operands(np.random.default_rng(2), p)
+            arrays = {k: cp.asarray(v) for k, v in host.items()}
+            handle.convolve(p, arrays["x"], arrays["w"], arrays["y"])
+            got = cp.asnumpy(arrays[OUTPUT[p.kind]])
+            assert relative_error(got, expected(p, host, 1.0, 0.0)) <= 1e-5
+        print("WD:", {str(p.kind): handle.configuration(p).describe() for p in problems},
+              result.total_workspace, "bytes of", 24 * 2**20)
+
+
+def test_benchmarker_records_every_algorithm():
+    from ucudnn.benchmark import CudnnBenchmarker
+    from ucudnn.bindings.enums import algo_count
+    from ucudnn.measurements import OK, OVER_CAP
+
+    p = ConvProblem("F", **LAYER)
+    results = CudnnBenchmarker().measure(p, (1, 8, 32), cap=8 * 2**20)
+    assert len(results) == 3 * algo_count("F")
+    assert any(m.status == OK for m in results)
+    assert all(m.time_ms > 0 and m.workspace <= 8 * 2**20 for m in results if m.status == OK)
+    assert all(m.workspace > 8 * 2**20 for m in results if m.status == OVER_CAP)
