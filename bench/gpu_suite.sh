@@ -24,7 +24,9 @@ for stage in "${stages[@]}"; do
   case $stage in
     env) run env python3 bench/env_report.py ;;
     tests) run tests python3 -m pytest -m gpu -v -s -rs tests ;;
-    layers) run layers python3 bench/layers.py --out "$OUT" ;;
+    probe) run probe python3 bench/probe.py ;;
+    layers-alexnet) run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/fp32.db" ;;
+    layers-resnet50) run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --cache "$OUT/fp32.db" ;;
     record) run record python3 bench/record.py --out "$OUT" ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
     train) run train python3 bench/train_step.py --out "$OUT" ;;

@@ -60,7 +60,7 @@ def run(handle, problem, configuration, host, alpha, beta) -> np.ndarray:
     import cupy as cp
 
     from ucudnn import gpu
-    from ucudnn.handle import CudnnExecutor
+    from ucudnn.bindings.executor import CudnnExecutor
 
     device = {role: cp.asarray(array) for role, array in host.items()}
     workspace = gpu.alloc(configuration.workspace)

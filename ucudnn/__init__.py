@@ -1,6 +1,7 @@
 """ucudnn: micro-batched cuDNN convolutions that run fast algorithms under tight workspace limits."""
 from .config import Settings, batch_sizes, format_size, parse_size
 from .device import DeviceInfo
+from .handle import Handle
 from .errors import (CacheError, ConfigError, CudnnError, GpuUnavailableError, InfeasibleError,
                      LibraryNotFoundError, MissingMeasurementsError, NoAlgorithmError, UcudnnError,
                      UnsupportedProblemError)

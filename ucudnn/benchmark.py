@@ -9,7 +9,8 @@ from typing import Callable, Iterable, Protocol, Sequence
 from . import gpu
 from .bindings.enums import algo_count
 from .device import DeviceInfo
-from .errors import CudnnError, MissingMeasurementsError
+from .dispatch import dispatch
+from .errors import ConfigError, CudnnError, MissingMeasurementsError
 from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
 from .problem import ConvProblem
 
@@ -34,16 +35,41 @@ class TimingSettings:
     max_repeats: int = 10
     target_ms: float = 20.0
 
+    def __post_init__(self):
+        if self.warmup < 1 or self.min_repeats < 1 or self.max_repeats < self.min_repeats:
+            raise ConfigError(f"{self}: need warmup >= 1 and 1 <= min_repeats <= max_repeats")
+
     def repeats(self, estimate_ms: float) -> int:
         wanted = math.ceil(self.target_ms / max(estimate_ms, 1e-3))
         return max(self.min_repeats, min(self.max_repeats, wanted))
 
 
+class Scratch:
+    """Device memory for measuring: random operands at a kernel's largest size (never zeros),
+    sliced along N for smaller micro-batches, and one workspace that grows as needed."""
+
+    def __init__(self):
+        self._key, self._operands, self._workspace = None, {}, None
+
+    def operands(self, p: ConvProblem) -> dict[str, int]:
+        """Addresses of x, w, y for `p` (reallocated only when the kernel changes)."""
+        if self._key != p.key:
+            self._operands = {}  # free before allocating the next kernel's
+            self._operands = {role: gpu.random_array(shape, p.dtype, seed) for seed, (role, shape) in
+                              enumerate((("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)))}
+            self._key = p.key
+        return {role: gpu.pointer(array) for role, array in self._operands.items()}
+
+    def workspace(self, nbytes: int) -> int:
+        if self._workspace is None or self._workspace.mem.size < nbytes:
+            self._workspace = None  # free the old buffer before asking for a larger one
+            self._workspace = gpu.alloc(nbytes)
+        return self._workspace.ptr
+
+
 class CudnnBenchmarker:
     """Times every cuDNN algorithm of a kernel at each micro-batch size, on one GPU and stream.
-
-    Operands are allocated once at the largest size (random data, never zeros) and sliced
-    along N; one workspace buffer grows as needed. Failures are recorded, not raised."""
+    Failures (unsupported, errors, out of memory) are recorded, not raised."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None):
         from .bindings import cudnn
@@ -54,24 +80,18 @@ class CudnnBenchmarker:
         self.timing = timing
         self.device = gpu.device_info()
         self.calls = 0  # (algorithm, size) pairs measured: what a warm cache saves
-        self._workspace = None
+        self.scratch = Scratch()
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None) -> list[Measurement]:
         from .bindings.descriptors import KernelDescriptors
 
         sizes = sorted(set(sizes))
-        operands = self._operands(problem.with_batch(sizes[-1]))
-        ptrs = {role: gpu.pointer(array) for role, array in operands.items()}
+        ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
         results = []
         for b in sizes:
             descs = KernelDescriptors(problem.with_batch(b))
             results += [self._measure_one(descs, ptrs, algo, cap) for algo in range(algo_count(problem.kind))]
         return results
-
-    @staticmethod
-    def _operands(p: ConvProblem) -> dict:
-        return {role: gpu.random_array(shape, p.dtype, seed) for seed, (role, shape) in
-                enumerate((("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)))}
 
     def _measure_one(self, descs, ptrs: dict, algo: int, cap: int | None) -> Measurement:
         from .bindings.convolution import convolve, workspace_size
@@ -85,7 +105,7 @@ class CudnnBenchmarker:
         if cap is not None and ws > cap:
             return Measurement(algo, p.batch, None, ws, OVER_CAP)
         try:
-            workspace = self._workspace_of(ws)
+            workspace = self.scratch.workspace(ws)
         except gpu.cupy().cuda.memory.OutOfMemoryError:
             return Measurement(algo, p.batch, None, ws, OUT_OF_MEMORY)
 
@@ -93,17 +113,44 @@ class CudnnBenchmarker:
             convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, 0.0, p.dtype)
 
         try:
-            warm = gpu.time_calls(run, self.timing.warmup, self.stream)
-            times = gpu.time_calls(run, self.timing.repeats(min(warm)), self.stream)
+            times = _time(run, self.timing, self.stream)
         except CudnnError as exc:
             return Measurement(algo, p.batch, None, ws, _failure(exc))
         return Measurement(algo, p.batch, statistics.median(times), ws, OK, len(times))
 
-    def _workspace_of(self, nbytes: int) -> int:
-        if self._workspace is None or self._workspace.mem.size < nbytes:
-            self._workspace = None  # free the old buffer before asking for a larger one
-            self._workspace = gpu.alloc(nbytes)
-        return self._workspace.ptr
+
+class ConfigurationTimer:
+    """Executes whole configurations through the real dispatch on the GPU and times them: what
+    the optimizers' predictions are checked against."""
+
+    def __init__(self, handle=None, timing: TimingSettings = TimingSettings(warmup=2, min_repeats=10,
+                                                                            max_repeats=10),
+                 stream: int | None = None):
+        from .bindings import cudnn
+        from .bindings.executor import CudnnExecutor
+
+        self.handle = handle if handle is not None else cudnn.create_handle()
+        self.stream = gpu.current_stream() if stream is None else stream
+        cudnn.set_stream(self.handle, self.stream)
+        self.timing, self.scratch = timing, Scratch()
+        self.executor = CudnnExecutor(self.handle)
+
+    def time_ms(self, problem: ConvProblem, configuration) -> float:
+        """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
+        ptrs = self.scratch.operands(problem)
+        workspace = self.scratch.workspace(configuration.workspace)
+
+        def run():
+            dispatch(problem, configuration, self.executor, ptrs["x"], ptrs["w"], ptrs["y"], 1.0, 0.0,
+                     workspace, configuration.workspace)
+
+        return statistics.median(_time(run, self.timing, self.stream))
+
+
+def _time(run, timing: TimingSettings, stream: int) -> list[float]:
+    """Warm up, then time enough calls to fill the target (see TimingSettings)."""
+    warm = gpu.time_calls(run, timing.warmup, stream)
+    return gpu.time_calls(run, timing.repeats(min(warm)), stream)
 
 
 def _failure(exc: CudnnError) -> str:

@@ -59,12 +59,16 @@ def current_stream() -> int:
 
 def time_calls(run, repeats: int, stream: int) -> list[float]:
     """Milliseconds of each of `repeats` calls of run(), timed with CUDA events on `stream`."""
-    cp = cupy()
-    external = cp.cuda.ExternalStream(stream)
-    events = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(repeats)]
-    for start, end in events:
-        start.record(external)
-        run()
-        end.record(external)
-    events[-1][1].synchronize()
-    return [cp.cuda.get_elapsed_time(start, end) for start, end in events]
+    rt = cupy().cuda.runtime
+    events = [(rt.eventCreate(), rt.eventCreate()) for _ in range(repeats)]
+    try:
+        for start, end in events:
+            rt.eventRecord(start, stream)
+            run()
+            rt.eventRecord(end, stream)
+        rt.eventSynchronize(events[-1][1])
+        return [rt.eventElapsedTime(start, end) for start, end in events]
+    finally:
+        for pair in events:
+            for event in pair:
+                rt.eventDestroy(event)

@@ -12,32 +12,13 @@ from typing import Any, Callable
 from . import gpu
 from .benchmark import Benchmarker, CudnnBenchmarker
 from .bindings import cudnn
-from .bindings.convolution import convolve as cudnn_convolve
-from .bindings.descriptors import KernelDescriptors
 from .bindings.enums import VIRTUAL_ALGO
+from .bindings.executor import CudnnExecutor
 from .config import Settings
-from .dispatch import Step, dispatch
+from .dispatch import dispatch
 from .optimizers.configuration import Configuration
 from .plans import KernelPlan, Plans
 from .problem import ConvProblem
-
-
-class CudnnExecutor:
-    """Runs dispatch steps with cuDNN on device pointers; descriptors are built once per size."""
-
-    def __init__(self, handle):
-        self.handle = handle
-        self._descriptors: dict[str, KernelDescriptors] = {}
-
-    def descriptors(self, p: ConvProblem) -> KernelDescriptors:
-        if p.key not in self._descriptors:
-            self._descriptors[p.key] = KernelDescriptors(p)
-        return self._descriptors[p.key]
-
-    def __call__(self, step: Step, x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
-        ptrs = {"x": x + step.x_offset, "w": w, "y": y + step.y_offset}
-        cudnn_convolve(self.handle, step.problem.kind, self.descriptors(step.problem), ptrs, step.algo,
-                       workspace, workspace_size, step.alpha, step.beta, step.problem.dtype)
 
 
 class Handle:

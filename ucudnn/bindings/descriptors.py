@@ -12,7 +12,8 @@ from ..problem import ConvKind, ConvProblem
 from . import cudnn
 from .enums import CONV_MODE, DATA_TYPE, MATH_TYPE, TENSOR_FORMAT
 
-MAX_DIMS = 8
+MAX_DIMS = 8  # CUDNN_DIM_MAX
+MAX_CONV_DIMS = MAX_DIMS - 2  # cudnnGetConvolutionNdDescriptor refuses more
 _NAMES = {value: name for name, value in DATA_TYPE.items()}
 
 
@@ -103,8 +104,8 @@ def _read_filter(desc) -> tuple[str, str, list[int]]:
 
 def _read_convolution(desc) -> dict:
     n, mode, compute, groups, math = c_int(), c_int(), c_int(), c_int(), c_int()
-    pads, strides, dils = ((c_int * MAX_DIMS)() for _ in range(3))
-    cudnn.call("cudnnGetConvolutionNdDescriptor", desc, MAX_DIMS, byref(n), pads, strides, dils,
+    pads, strides, dils = ((c_int * MAX_CONV_DIMS)() for _ in range(3))
+    cudnn.call("cudnnGetConvolutionNdDescriptor", desc, MAX_CONV_DIMS, byref(n), pads, strides, dils,
                byref(mode), byref(compute))
     cudnn.call("cudnnGetConvolutionGroupCount", desc, byref(groups))
     cudnn.call("cudnnGetConvolutionMathType", desc, byref(math))

@@ -1,0 +1,96 @@
+"""How long the WD optimizer takes: desirable sets, ILP variables, build and solve seconds.
+
+    python bench/wd_solve.py [--kernels 160] [--batch 32] [--policy powerOfTwo]
+                             [--limit-per-kernel 16MiB] [--solver cbc] [--seed 0]
+
+Without recorded measurements it runs on a synthetic network shaped like ResNet-50 (160 kernels);
+`report(kernels, ...)` times any list of WDKernel, e.g. one built from recorded measurements.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ucudnn.config import batch_sizes, format_size, parse_size  # noqa: E402
+from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement  # noqa: E402
+from ucudnn.optimizers.wd import WDKernel, WDResult, optimize_wd  # noqa: E402
+
+# Shapes of cuDNN's forward algorithms: time per sample relative to IMPLICIT_GEMM, the overhead
+# of a call in samples' worth of time (small micro-batches run less efficiently), workspace per
+# sample and per call in units of the kernel's activation bytes, and whether 3x3 only.
+ALGORITHMS = (  # (name, time factor, overhead, workspace per sample, workspace per call, 3x3 only)
+    ("IMPLICIT_GEMM", 1.00, 0.5, 0.0, 0.0, False),
+    ("IMPLICIT_PRECOMP_GEMM", 0.75, 1.0, 0.0, 0.01, False),
+    ("GEMM", 0.85, 1.0, 9.0, 0.0, False),
+    ("DIRECT", None, 0, 0, 0, False),  # unsupported, as in cuDNN
+    ("FFT", 0.55, 6.0, 12.0, 4.0, True),
+    ("FFT_TILING", 0.65, 3.0, 4.0, 1.0, False),
+    ("WINOGRAD", 0.60, 2.0, 0.0, 0.05, True),
+    ("WINOGRAD_NONFUSED", 0.45, 4.0, 6.0, 0.5, True),
+)
+
+
+def synthetic_table(sizes: Sequence[int], ms_per_sample: float, activation: int, three_by_three: bool,
+                    rng: np.random.Generator) -> KernelTable:
+    table = KernelTable()
+    for algo, (_, factor, overhead, ws_sample, ws_call, only_3x3) in enumerate(ALGORITHMS):
+        for b in sizes:
+            if factor is None or (only_3x3 and not three_by_three):
+                table.add(Measurement(algo, b, None, 0, UNSUPPORTED))
+                continue
+            time_ms = ms_per_sample * factor * (b + overhead) * rng.uniform(0.97, 1.03)
+            workspace = int(activation * (ws_sample * b + ws_call) * rng.uniform(0.9, 1.1))
+            table.add(Measurement(algo, b, float(time_ms), workspace))
+    return table
+
+
+def synthetic_network(kernels: int = 160, batch: int = 32, policy: str = "powerOfTwo",
+                      seed: int = 0) -> list[WDKernel]:
+    """Kernels of ResNet-50's spread: per-sample times from 0.01 to 1 ms, activations of 0.1 to
+    3 MiB per sample, one kernel in three a 3x3 convolution."""
+    rng = np.random.default_rng(seed)
+    sizes = batch_sizes(policy, batch)
+    return [WDKernel(f"k{i}", synthetic_table(sizes, 10 ** rng.uniform(-2, 0),
+                                              int(2**20 * 10 ** rng.uniform(-1, 0.5)), i % 3 == 1, rng),
+                     batch)
+            for i in range(kernels)]
+
+
+def report(kernels: Sequence[WDKernel], policy: str, total_limit: int, solver: str = "cbc") -> WDResult:
+    """Solve WD for `kernels` and print what it took."""
+    start = time.perf_counter()
+    result = optimize_wd(kernels, functools.partial(batch_sizes, policy), total_limit, solver)
+    wall = time.perf_counter() - start
+    print(f"{len(kernels)} kernels, {policy}, limit {format_size(total_limit)}, solver {result.solver}")
+    print(f"  desirable configurations: {sum(result.desirable_sizes.values())} "
+          f"(max {max(result.desirable_sizes.values())} per kernel)")
+    print(f"  ILP variables: {result.variables}")
+    print(f"  build {result.build_seconds * 1e3:.1f} ms, solve {result.solve_seconds * 1e3:.1f} ms, "
+          f"wall {wall * 1e3:.1f} ms")
+    print(f"  total time {result.total_time_ms:.3f} ms, workspace {format_size(result.total_workspace)}")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=int, default=160)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--policy", default="powerOfTwo")
+    parser.add_argument("--limit-per-kernel", default="16MiB")
+    parser.add_argument("--solver", default="cbc")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    kernels = synthetic_network(args.kernels, args.batch, args.policy, args.seed)
+    report(kernels, args.policy, parse_size(args.limit_per_kernel) * args.kernels, args.solver)
+
+
+if __name__ == "__main__":
+    main()

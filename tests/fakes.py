@@ -1,0 +1,45 @@
+"""Stand-ins for the GPU in CPU tests: a benchmarker with a synthetic cost model and an allocator."""
+from __future__ import annotations
+
+import itertools
+
+from ucudnn.device import DeviceInfo
+from ucudnn.measurements import OK, OVER_CAP, Measurement
+
+FAKE_DEVICE = DeviceInfo("Fake GPU", "0.0", 91900, 0, "testhost")
+
+# algorithm -> (ms per sample, fixed ms, workspace bytes per sample): fast ones need workspace
+ALGORITHMS = {0: (0.050, 0.01, 0), 1: (0.020, 0.02, 64 * 2**10), 2: (0.008, 0.05, 1 * 2**20)}
+
+
+class FakeBenchmarker:
+    """t(a, b) = work * (per_sample * b + fixed); ws(a, b) = ws_per_sample * b * work, where work
+    is the kernel's per-sample size. Counts measurements."""
+
+    def __init__(self, device: DeviceInfo = FAKE_DEVICE, scale: float = 1.0):
+        self.device, self.scale, self.calls = device, scale, 0
+
+    def measure(self, problem, sizes, cap):
+        results = []
+        work = problem.flops() / problem.batch / 1e6  # per-sample size of the kernel
+        for b, (algo, (per, fixed, ws_per)) in itertools.product(sorted(set(sizes)), ALGORITHMS.items()):
+            self.calls += 1
+            ws = int(ws_per * b * max(work, 1e-3))
+            if cap is not None and ws > cap:
+                results.append(Measurement(algo, b, None, ws, OVER_CAP))
+            else:
+                results.append(Measurement(algo, b, self.scale * work * (per * b + fixed), ws, OK, 3))
+        return results
+
+
+class FakeAllocator:
+    """Hands out increasing fake addresses and remembers the sizes asked for."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self._next = 1 << 20
+
+    def __call__(self, nbytes: int) -> int:
+        self.sizes.append(nbytes)
+        address, self._next = self._next, self._next + nbytes + 4096
+        return address
