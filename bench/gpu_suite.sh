@@ -3,7 +3,9 @@
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests layers record wd train
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
+# Everything lands in $OUT/results/ and is packed into $OUT/results.tgz at the end (the device
+# tool brings back at most 8 files). STAGE_TIMEOUT bounds each stage (seconds).
+FINAL=${OUT:-out}; OUT="$FINAL/results"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 UCUDNN_RESULTS_DIR="$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -16,7 +18,7 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, go on
   local name=$1; shift
   echo "=== $name: $*"
   local start=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1 || { echo "!!! $name failed (exit $?)"; status=1; }
+  timeout "${STAGE_TIMEOUT:-3000}" "$@" > "$OUT/$name.log" 2>&1 || { echo "!!! $name failed (exit $?)"; status=1; }
   echo "=== $name done in $((SECONDS - start)) s"; tail -n 25 "$OUT/$name.log"
 }
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env tests)
@@ -33,4 +35,5 @@ for stage in "${stages[@]}"; do
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done
+tar czf "$FINAL/results.tgz" -C "$OUT" . && rm -rf "$OUT"
 exit $status

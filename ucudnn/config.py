@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, fields, replace
+from decimal import Decimal
+from fractions import Fraction
 from typing import Mapping
 
 from .errors import ConfigError
@@ -34,8 +36,8 @@ def parse_size(value: str | int, name: str = "size") -> int:
     unit = match and match.group(2).lower()
     if not match or unit not in _UNITS:
         raise ConfigError(f"{name}={value!r} is not a size; use {SIZE_FORMS}")
-    size = float(match.group(1)) * _UNITS[unit]
-    if size != int(size):
+    size = Fraction(Decimal(match.group(1))) * _UNITS[unit]  # exact: no float rounding above 2**53
+    if size.denominator != 1:
         raise ConfigError(f"{name}={value!r} is not a whole number of bytes; use {SIZE_FORMS}")
     return int(size)
 

@@ -52,3 +52,8 @@ class MissingMeasurementsError(UcudnnError):
 
 class CacheError(UcudnnError):
     """The benchmark database cannot be used (e.g. it was written by a newer ucudnn)."""
+
+
+class UcudnnWarning(UserWarning):
+    """Something went wrong that ucudnn can work around (e.g. an unusable benchmark database):
+    it carries on, possibly slower, and says so once."""

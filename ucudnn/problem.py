@@ -48,9 +48,9 @@ class ConvProblem:
     kind: ConvKind
     x_shape: tuple[int, ...]
     w_shape: tuple[int, ...]
-    pads: tuple[int, ...] = (0, 0)
-    strides: tuple[int, ...] = (1, 1)
-    dilations: tuple[int, ...] = (1, 1)
+    pads: tuple[int, ...] | int = 0  # an int applies to every spatial dimension (1-D, 2-D, 3-D)
+    strides: tuple[int, ...] | int = 1
+    dilations: tuple[int, ...] | int = 1
     groups: int = 1
     dtype: str = "float32"
     compute_type: str = ""  # "": float32 (float64 for float64 data)
@@ -60,6 +60,8 @@ class ConvProblem:
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        if self.kind not in tuple(k.value for k in ConvKind):  # members equal their str values
+            raise ConfigError(f"kind={self.kind!r} is unknown; use one of F, BD, BF")
         set_("kind", ConvKind(self.kind))
         set_("x_shape", tuple(int(v) for v in self.x_shape))
         set_("w_shape", tuple(int(v) for v in self.w_shape))
