@@ -4,7 +4,8 @@
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
 # Everything lands in $OUT/results/ and is packed into $OUT/results.tgz at the end (the device
-# tool brings back at most 8 files). STAGE_TIMEOUT bounds each stage (seconds).
+# tool brings back at most 8 files). STAGE_TIMEOUT bounds each stage and
+# DEADLINE the whole run (seconds), so the archive is always written.
 FINAL=${OUT:-out}; OUT="$FINAL/results"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 UCUDNN_RESULTS_DIR="$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -18,7 +19,9 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, go on
   local name=$1; shift
   echo "=== $name: $*"
   local start=$SECONDS
-  timeout "${STAGE_TIMEOUT:-3000}" "$@" > "$OUT/$name.log" 2>&1 || { echo "!!! $name failed (exit $?)"; status=1; }
+  local limit=$(( ${DEADLINE:-3600} - SECONDS - 20 )); [ "$limit" -gt "${STAGE_TIMEOUT:-3600}" ] && limit=${STAGE_TIMEOUT:-3600}
+  [ "$limit" -lt 5 ] && { echo "!!! $name skipped: no time left before DEADLINE"; status=1; return; }
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "!!! $name failed (exit $?)"; status=1; }
   echo "=== $name done in $((SECONDS - start)) s"; tail -n 25 "$OUT/$name.log"
 }
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env tests)
