@@ -1,0 +1,299 @@
+"""Settings: size strings, batch-size policies, and the kwargs > UCUDNN_* env > defaults precedence."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ucudnn.config import POLICIES, SIZE_FORMS, Settings, batch_sizes, format_size, parse_size
+from ucudnn.errors import ConfigError
+
+KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
+
+
+# ---------------------------------------------------------------------------------------- sizes
+
+@pytest.mark.parametrize("text, expected", [
+    ("64MiB", 64 * MiB),
+    ("1.5GiB", 3 * GiB // 2),
+    ("512KiB", 512 * KiB),
+    ("1GB", 10**9),
+    ("1048576", 1048576),
+    ("0", 0),
+    ("64 MiB", 64 * MiB),
+    ("  64mib  ", 64 * MiB),
+    ("64M", 64 * MiB),
+    ("2k", 2 * KiB),
+    ("3kB", 3000),
+    ("5MB", 5 * 10**6),
+    ("2TiB", 2 * TiB),
+    ("1TB", 10**12),
+    ("7b", 7),
+    ("1.", 1),
+    (".5KiB", 512),
+    ("0.25MiB", MiB // 4),
+    # Above 2**53 a float cannot hold every integer: the byte count must stay exact.
+    ("9007199254740993", 2**53 + 1),
+    ("123456789012345678901", 123456789012345678901),
+    (0, 0),
+    (4096, 4096),
+    (64 * MiB, 64 * MiB),
+])
+def test_parse_size_accepts(text, expected):
+    size = parse_size(text)
+    assert size == expected
+    assert type(size) is int
+
+
+@pytest.mark.parametrize("bad", [
+    "-1", "64XB", "1.5", "0.3", "", "   ", True, False, -1, -4096, "abc", "1.5.2", "1e6",
+    "MiB", "64 Mi B", "0x10", None, "1,024", "1.0000001KiB",
+])
+def test_parse_size_rejects_and_names_value_and_forms(bad):
+    with pytest.raises(ConfigError) as info:
+        parse_size(bad, name="workspace_limit")
+    message = str(info.value)
+    assert "workspace_limit" in message
+    assert (repr(bad) in message) or (str(bad) in message)
+    assert SIZE_FORMS in message
+    for example in ("64MiB", "1.5GiB", "1GB"):
+        assert example in message
+
+
+def test_parse_size_fraction_error_says_whole_bytes():
+    with pytest.raises(ConfigError, match="whole number of bytes"):
+        parse_size("1.5")
+
+
+_UNIT_SCALES = {"": 1, "B": 1, "K": KiB, "KiB": KiB, "KB": 10**3, "M": MiB, "MiB": MiB,
+                "MB": 10**6, "G": GiB, "GiB": GiB, "GB": 10**9, "T": TiB, "TiB": TiB, "TB": 10**12}
+
+
+@settings(max_examples=100)
+@given(n=st.integers(0, 10**7), unit=st.sampled_from(sorted(_UNIT_SCALES)), lower=st.booleans(),
+       space=st.sampled_from(["", " "]))
+def test_parse_size_integer_with_any_unit(n, unit, lower, space):
+    text = f"{n}{space}{unit.lower() if lower else unit}"
+    assert parse_size(text) == n * _UNIT_SCALES[unit]
+
+
+@settings(max_examples=100)
+@given(n=st.integers(0, 2**70))
+def test_parse_size_plain_and_int_round_trip(n):
+    assert parse_size(str(n)) == n
+    assert parse_size(n) == n
+
+
+@settings(max_examples=50)
+@given(quarters=st.integers(0, 400), unit=st.sampled_from(["KiB", "MiB", "GiB"]))
+def test_parse_size_decimal_fractions_of_binary_units(quarters, unit):
+    text = f"{quarters // 4}.{(quarters % 4) * 25:02d}{unit}"
+    assert parse_size(text) == quarters * _UNIT_SCALES[unit] // 4
+
+
+@pytest.mark.parametrize("nbytes, text", [
+    (64 * MiB, "64.0 MiB"), (3 * GiB // 2, "1.5 GiB"), (512 * KiB, "512.0 KiB"), (512, "512 B"), (0, "0 B"),
+])
+def test_format_size(nbytes, text):
+    assert format_size(nbytes) == text
+
+
+# ------------------------------------------------------------------------------ batch-size policy
+
+@pytest.mark.parametrize("policy, batch, expected", [
+    ("all", 1, (1,)),
+    ("all", 5, (1, 2, 3, 4, 5)),
+    ("powerOfTwo", 1, (1,)),
+    ("powerOfTwo", 2, (1, 2)),
+    ("powerOfTwo", 64, (1, 2, 4, 8, 16, 32, 64)),
+    ("powerOfTwo", 97, (1, 2, 4, 8, 16, 32, 64, 97)),
+    ("powerOfTwo", 250, (1, 2, 4, 8, 16, 32, 64, 128, 250)),
+    ("powerOfTwo", 256, (1, 2, 4, 8, 16, 32, 64, 128, 256)),
+    ("powerOfTwo", 6, (1, 2, 4, 6)),
+    ("undivided", 1, (1,)),
+    ("undivided", 97, (97,)),
+    ("undivided", 256, (256,)),
+])
+def test_batch_sizes_examples(policy, batch, expected):
+    assert batch_sizes(policy, batch) == expected
+
+
+@settings(max_examples=200)
+@given(batch=st.integers(1, 5000))
+def test_batch_sizes_properties(batch):
+    every = batch_sizes("all", batch)
+    assert every == tuple(range(1, batch + 1))
+    assert batch_sizes("undivided", batch) == (batch,)
+    powers = batch_sizes("powerOfTwo", batch)
+    assert list(powers) == sorted(set(powers))  # ascending, no duplicates
+    assert powers[-1] == batch and powers[0] == 1
+    assert {b for b in powers if b != batch} == {2**i for i in range(batch.bit_length()) if 2**i < batch}
+    assert set(powers) <= set(every)
+
+
+@pytest.mark.parametrize("policy", ["pow2", "power_of_two", "", "ALL", None, "undivided "])
+def test_batch_sizes_bad_policy(policy):
+    with pytest.raises(ConfigError) as info:
+        batch_sizes(policy, 8)
+    message = str(info.value)
+    assert repr(policy) in message
+    for known in POLICIES:
+        assert known in message
+
+
+@pytest.mark.parametrize("batch", [0, -1, 2.0, 2.5, "8", True, None])
+def test_batch_sizes_bad_batch(batch):
+    for policy in POLICIES:
+        with pytest.raises(ConfigError) as info:
+            batch_sizes(policy, batch)
+        assert repr(batch) in str(info.value)
+
+
+# --------------------------------------------------------------------------------------- Settings
+
+DEFAULTS = dict(batch_size_policy="powerOfTwo", workspace_limit=64 * MiB, total_workspace_limit=None,
+                optimizer="wr", verbose=False, cache_path=None)
+
+# Every setting: its env variable, a raw env value, what it parses to, a different kwarg and its value.
+CASES = {
+    "batch_size_policy": ("UCUDNN_BATCH_SIZE_POLICY", "all", "all", "undivided", "undivided"),
+    "workspace_limit": ("UCUDNN_WORKSPACE_LIMIT", "8MiB", 8 * MiB, "512KiB", 512 * KiB),
+    "total_workspace_limit": ("UCUDNN_TOTAL_WORKSPACE_LIMIT", "1.5GiB", 3 * GiB // 2, 2 * GiB, 2 * GiB),
+    "optimizer": ("UCUDNN_OPTIMIZER", "wd", "wd", "wr", "wr"),
+    "verbose": ("UCUDNN_VERBOSE", "1", True, False, False),
+    "cache_path": ("UCUDNN_CACHE", "/tmp/env.db", "/tmp/env.db", "/tmp/kw.db", "/tmp/kw.db"),
+}
+
+
+def _values(s: Settings) -> dict:
+    return {name: getattr(s, name) for name in DEFAULTS}
+
+
+def test_cases_cover_every_setting():
+    assert set(CASES) == set(DEFAULTS) == set(_values(Settings()))
+
+
+def test_defaults_without_env_or_kwargs():
+    assert _values(Settings.load(env={})) == DEFAULTS
+    assert Settings.load(env={}) == Settings()
+
+
+def test_env_sets_every_value():
+    env = {var: raw for var, raw, *_ in CASES.values()}
+    assert _values(Settings.load(env=env)) == {name: case[2] for name, case in CASES.items()}
+
+
+def test_kwargs_win_over_env():
+    env = {var: raw for var, raw, *_ in CASES.values()}
+    kwargs = {name: case[3] for name, case in CASES.items()}
+    assert _values(Settings.load(env=env, **kwargs)) == {name: case[4] for name, case in CASES.items()}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("source", ["default", "env", "kwarg", "both"])
+def test_precedence_per_setting(name, source):
+    var, raw, parsed, kwarg, kwarg_parsed = CASES[name]
+    env = {var: raw} if source in ("env", "both") else {}
+    kwargs = {name: kwarg} if source in ("kwarg", "both") else {}
+    expected = dict(DEFAULTS)
+    expected[name] = {"default": DEFAULTS[name], "env": parsed, "kwarg": kwarg_parsed,
+                      "both": kwarg_parsed}[source]
+    assert _values(Settings.load(env=env, **kwargs)) == expected
+
+
+def test_none_kwarg_means_not_given():
+    env = {"UCUDNN_WORKSPACE_LIMIT": "8MiB", "UCUDNN_OPTIMIZER": "wd"}
+    s = Settings.load(env=env, workspace_limit=None, optimizer=None, verbose=None)
+    assert (s.workspace_limit, s.optimizer, s.verbose) == (8 * MiB, "wd", False)
+
+
+def test_process_environment_is_read_by_default(monkeypatch):
+    for case in CASES.values():
+        monkeypatch.delenv(case[0], raising=False)
+    monkeypatch.delenv("UCUDNN_CACHE_PATH", raising=False)
+    monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "32MiB")
+    monkeypatch.setenv("UCUDNN_BATCH_SIZE_POLICY", "undivided")
+    s = Settings.load()
+    assert s.workspace_limit == 32 * MiB and s.batch_size_policy == "undivided"
+    assert Settings.load(workspace_limit="1MiB").workspace_limit == MiB
+
+
+def test_unrelated_env_is_ignored():
+    env = {"UCUDNN_SOMETHING_ELSE": "x", "PATH": "/bin", "WORKSPACE_LIMIT": "1"}
+    assert Settings.load(env=env) == Settings()
+
+
+@pytest.mark.parametrize("text", ["1", "true", "TRUE", "yes", "On", " on "])
+def test_verbose_true_flags(text):
+    assert Settings.load(env={"UCUDNN_VERBOSE": text}).verbose is True
+
+
+@pytest.mark.parametrize("text", ["0", "false", "False", "no", "OFF", ""])
+def test_verbose_false_flags(text):
+    assert Settings.load(env={"UCUDNN_VERBOSE": text}, verbose=None).verbose is False
+    assert Settings.load(env={"UCUDNN_VERBOSE": "1"}, verbose=text).verbose is False
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("POWEROFTWO", "powerOfTwo"), ("poweroftwo", "powerOfTwo"), ("All", "all"), ("UNDIVIDED", "undivided"),
+])
+def test_policy_names_are_case_insensitive(raw, expected):
+    assert Settings.load(env={"UCUDNN_BATCH_SIZE_POLICY": raw}).batch_size_policy == expected
+    assert Settings.load(env={}, batch_size_policy=raw).batch_size_policy == expected
+
+
+def test_optimizer_is_case_insensitive():
+    assert Settings.load(env={"UCUDNN_OPTIMIZER": "WD"}).optimizer == "wd"
+
+
+@pytest.mark.parametrize("var, bad", [
+    ("UCUDNN_BATCH_SIZE_POLICY", "pow2"),
+    ("UCUDNN_WORKSPACE_LIMIT", "lots"),
+    ("UCUDNN_WORKSPACE_LIMIT", "-1"),
+    ("UCUDNN_WORKSPACE_LIMIT", "64XB"),
+    ("UCUDNN_TOTAL_WORKSPACE_LIMIT", "1.5"),
+    ("UCUDNN_OPTIMIZER", "ilp"),
+    ("UCUDNN_VERBOSE", "maybe"),
+])
+def test_bad_env_value_names_value(var, bad):
+    with pytest.raises(ConfigError) as info:
+        Settings.load(env={var: bad})
+    assert repr(bad) in str(info.value)
+
+
+@pytest.mark.parametrize("name, bad", [
+    ("batch_size_policy", "pow2"),
+    ("workspace_limit", "lots"),
+    ("workspace_limit", -5),
+    ("workspace_limit", True),
+    ("total_workspace_limit", "64XB"),
+    ("optimizer", "ilp"),
+    ("verbose", "perhaps"),
+])
+def test_bad_kwarg_names_value_and_setting(name, bad):
+    with pytest.raises(ConfigError) as info:
+        Settings.load(env={}, **{name: bad})
+    message = str(info.value)
+    assert name in message
+    assert str(bad) in message
+
+
+def test_bad_kwarg_wins_over_good_env_and_still_raises():
+    with pytest.raises(ConfigError, match="ilp"):
+        Settings.load(env={"UCUDNN_OPTIMIZER": "wd"}, optimizer="ilp")
+
+
+def test_good_kwarg_hides_bad_env():
+    assert Settings.load(env={"UCUDNN_OPTIMIZER": "ilp"}, optimizer="wd").optimizer == "wd"
+
+
+def test_unknown_kwarg_is_named():
+    with pytest.raises(ConfigError) as info:
+        Settings.load(env={}, workspace=5)
+    assert "workspace" in str(info.value) and "workspace_limit" in str(info.value)
+
+
+def test_settings_are_immutable():
+    s = Settings.load(env={})
+    with pytest.raises(AttributeError):
+        s.workspace_limit = 1  # type: ignore[misc]

@@ -1,0 +1,246 @@
+"""Dispatch: plan() + dispatch() + NumpyExecutor on flat arrays equals the undivided reference call."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from ucudnn import reference
+from ucudnn.dispatch import NumpyExecutor, Step, dispatch, plan
+from ucudnn.errors import ConfigError
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
+from ucudnn.problem import ConvKind, ConvProblem
+
+OUTPUT = {"F": "y", "BD": "x", "BF": "w"}  # what each kind writes; it reads the other two
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+
+
+def configuration(parts, algos=None) -> Configuration:
+    algos = algos or [i % 7 for i in range(len(parts))]
+    return Configuration(tuple(MicroConfig(a, b, 0.5 * b, 64 * b) for a, b in zip(algos, parts)))
+
+
+def _stored_to_logical(flat: np.ndarray, shape, layout: str) -> np.ndarray:
+    """Independent of reference.to_logical: channels-last memory is (N, *spatial, C)."""
+    nd = len(shape) - 2
+    if layout == "nchw":
+        return flat.reshape(shape).astype(np.float64)
+    stored = flat.reshape((shape[0], *shape[2:], shape[1]))
+    return stored.transpose(0, nd + 1, *range(1, nd + 1)).astype(np.float64)
+
+
+def _logical_to_flat(a: np.ndarray, layout: str) -> np.ndarray:
+    nd = a.ndim - 2
+    return (a if layout == "nchw" else a.transpose(0, *range(2, nd + 2), 1)).ravel()
+
+
+def make_operands(p: ConvProblem, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Flat packed arrays of p.dtype, every one random and non-zero (outputs are pre-filled)."""
+    shapes = {"x": p.x_shape, "w": p.w_shape, "y": p.y_shape}
+    return {k: rng.uniform(-1, 1, int(np.prod(s))).astype(p.dtype) for k, s in shapes.items()}
+
+
+def expected_output(p: ConvProblem, flats: dict[str, np.ndarray], alpha: float, beta: float) -> np.ndarray:
+    """alpha * conv + beta * prior, undivided, by the float64 reference; flat in memory order."""
+    shapes = {"x": p.x_shape, "w": p.w_shape, "y": p.y_shape}
+    logical = {k: _stored_to_logical(flats[k], shapes[k], p.layout) for k in flats}
+    conv = reference.convolve(p, logical["x"], logical["w"], logical["y"])
+    out = OUTPUT[p.kind.value]
+    return _logical_to_flat(alpha * conv + beta * logical[out], p.layout)
+
+
+def run_and_check(p: ConvProblem, config: Configuration, alpha: float, beta: float, seed: int) -> list[Step]:
+    rng = np.random.default_rng(seed)
+    flats = make_operands(p, rng)
+    original = {k: v.copy() for k, v in flats.items()}
+    expected = expected_output(p, flats, alpha, beta)
+    executor = NumpyExecutor()
+    dispatch(p, config, executor, flats["x"], flats["w"], flats["y"], alpha=alpha, beta=beta)
+    out = OUTPUT[p.kind.value]
+    tol = TOLERANCE[p.dtype]
+    assert flats[out].dtype == np.dtype(p.dtype) and flats[out].shape == original[out].shape
+    scale = max(float(np.abs(expected).max()), 1e-30)
+    np.testing.assert_allclose(flats[out].astype(np.float64), expected, rtol=tol, atol=tol * scale)
+    for name in set(flats) - {out}:  # the operands it reads are left alone
+        np.testing.assert_array_equal(flats[name], original[name])
+    assert executor.steps == plan(p, config, alpha, beta)
+    check_plan(p, config, executor.steps, alpha, beta)
+    return executor.steps
+
+
+def check_plan(p: ConvProblem, config: Configuration, steps: list[Step], alpha: float, beta: float) -> None:
+    assert len(steps) == len(config.micro)
+    n0 = 0
+    for i, (step, part) in enumerate(zip(steps, config.micro)):
+        assert step.first_sample == n0
+        assert step.x_offset == n0 * p.sample_bytes("x")
+        assert step.y_offset == n0 * p.sample_bytes("y")
+        assert step.algo == part.algo
+        assert step.problem == p.with_batch(part.batch)
+        assert step.problem.shape_key() == p.shape_key()
+        assert step.alpha == alpha
+        n0 += part.batch
+    assert n0 == p.batch
+    betas = [s.beta for s in steps]
+    if p.kind is ConvKind.BACKWARD_FILTER:
+        assert betas == [beta] + [1.0] * (len(steps) - 1)
+    else:
+        assert betas == [beta] * len(steps)
+
+
+# -------------------------------------------------------------------------------- strategies
+
+@st.composite
+def dispatch_cases(draw, max_batch: int = 11):
+    nd = draw(st.sampled_from([1, 2, 2, 2, 3]))
+    limit = {1: 8, 2: 5, 3: 4}[nd]
+    groups = draw(st.integers(1, 2))
+    kernel = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
+    dil = draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd))
+    pads = draw(st.lists(st.integers(0, 1), min_size=nd, max_size=nd))
+    strides = draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd))
+    lows = [max(1, d * (k - 1) + 1 - 2 * q) for k, d, q in zip(kernel, dil, pads)]
+    sizes = [draw(st.integers(lo, max(lo, limit))) for lo in lows]
+    cg = draw(st.integers(1, 3))
+    batch = draw(st.integers(1, max_batch))
+    p = ConvProblem(
+        draw(st.sampled_from(["F", "BD", "BF"])), (batch, cg * groups, *sizes),
+        (groups * draw(st.integers(1, 2)), cg, *kernel), pads=pads, strides=strides, dilations=dil,
+        groups=groups, dtype=draw(st.sampled_from(["float64", "float32"])),
+        layout=draw(st.sampled_from(["nchw", "nhwc"])), mode=draw(st.sampled_from(["cross_correlation", "convolution"])),
+    )
+    # A random composition of the batch: cut points anywhere (none: one part).
+    cuts = sorted(draw(st.sets(st.integers(1, batch - 1), max_size=batch - 1)) if batch > 1 else [])
+    parts = [b - a for a, b in zip([0, *cuts], [*cuts, batch])]
+    algos = draw(st.lists(st.integers(0, 7), min_size=len(parts), max_size=len(parts)))
+    coefficient = st.floats(-3, 3, allow_nan=False).filter(lambda v: abs(v) > 1e-3)
+    alpha = draw(st.one_of(st.just(1.0), coefficient))
+    beta = draw(st.one_of(st.just(0.0), st.just(1.0), coefficient))
+    return p, configuration(parts, algos), alpha, beta, draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=150)
+@given(dispatch_cases())
+@example((ConvProblem("BF", (7, 2, 5, 5), (2, 2, 3, 3), dtype="float64"), configuration([3, 1, 3]), 0.5, 2.0, 1))
+@example((ConvProblem("BF", (7, 2, 5, 5), (2, 2, 3, 3), dtype="float32", layout="nhwc"),
+          configuration([1] * 7), -1.5, 0.25, 2))
+@example((ConvProblem("F", (9, 4, 4, 4), (2, 2, 3, 3), pads=1, groups=2, dtype="float64", layout="nhwc"),
+          configuration([9]), 2.0, -0.5, 3))
+def test_dispatch_equals_undivided_reference(case):
+    p, config, alpha, beta, seed = case
+    run_and_check(p, config, alpha, beta, seed)
+
+
+CONFIGS = {
+    7: [[7], [4, 2, 1], [1] * 7, [2, 5], [3, 3, 1]],
+    13: [[8, 4, 1], [13], [5, 5, 3], [1, 12]],
+    16: [[8, 8], [16], [4] * 4, [1, 15]],
+}
+
+
+@pytest.mark.parametrize("kind", ["F", "BD", "BF"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("batch", sorted(CONFIGS))
+def test_dispatch_fixed_configurations(kind, layout, dtype, batch, rng):
+    p = ConvProblem(kind, (batch, 4, 6, 5), (6, 2, 3, 2), pads=(1, 0), strides=(2, 1), dilations=(1, 2),
+                    groups=2, dtype=dtype, layout=layout)
+    for parts in CONFIGS[batch]:
+        alpha, beta = rng.uniform(-2, 2), rng.uniform(-2, 2)
+        run_and_check(p, configuration(parts), alpha, beta, int(rng.integers(2**32)))
+
+
+@pytest.mark.parametrize("kind", ["F", "BD", "BF"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_dispatch_3d_and_1d(kind, layout, rng):
+    for x, w, pads in (((5, 2, 4, 3, 4), (2, 2, 2, 2, 3), (0, 1, 1)), ((6, 3, 9), (4, 3, 3), (2,))):
+        p = ConvProblem(kind, x, w, pads=pads, strides=2, dtype="float64", layout=layout, mode="convolution")
+        run_and_check(p, configuration([x[0] - 2, 1, 1]), 1.25, -0.75, int(rng.integers(2**32)))
+
+
+@pytest.mark.parametrize("kind", ["F", "BD", "BF"])
+def test_beta_zero_does_not_read_the_output(kind, rng):
+    """As in cuDNN, beta = 0 overwrites the output: NaN already there must not leak through."""
+    p = ConvProblem(kind, (5, 3, 5, 5), (4, 3, 3, 3), pads=1, dtype="float64", layout="nhwc")
+    flats = make_operands(p, rng)
+    out = OUTPUT[kind]
+    expected = expected_output(p, {**flats, out: np.zeros_like(flats[out])}, 1.5, 0.0)
+    flats[out][:] = np.nan
+    dispatch(p, configuration([2, 2, 1]), NumpyExecutor(), flats["x"], flats["w"], flats["y"], 1.5, 0.0)
+    assert not np.isnan(flats[out]).any()
+    np.testing.assert_allclose(flats[out], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_defaults_are_alpha_one_beta_zero(rng):
+    p = ConvProblem("F", (4, 2, 5, 5), (3, 2, 3, 3), dtype="float64")
+    flats = make_operands(p, rng)
+    expected = expected_output(p, flats, 1.0, 0.0)
+    dispatch(p, configuration([3, 1]), NumpyExecutor(), flats["x"], flats["w"], flats["y"])
+    np.testing.assert_allclose(flats["y"], expected, rtol=1e-12)
+    steps = plan(p, configuration([3, 1]))
+    assert [(s.alpha, s.beta) for s in steps] == [(1.0, 0.0), (1.0, 0.0)]
+
+
+# ---------------------------------------------------------------------------------------- plan
+
+@pytest.mark.parametrize("kind", ["F", "BD", "BF"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype, itemsize", [("float32", 4), ("float64", 8), ("float16", 2)])
+def test_plan_offsets_and_coefficients(kind, layout, dtype, itemsize):
+    p = ConvProblem(kind, (13, 6, 10, 9), (4, 3, 3, 3), pads=(1, 0), strides=(1, 2), groups=2,
+                    dtype=dtype, layout=layout)
+    steps = plan(p, configuration([8, 4, 1], [5, 1, 0]), alpha=0.75, beta=0.25)
+    x_sample, y_sample = 6 * 10 * 9 * itemsize, 4 * 10 * 4 * itemsize
+    assert p.y_shape == (13, 4, 10, 4)
+    assert [s.first_sample for s in steps] == [0, 8, 12]
+    assert [s.x_offset for s in steps] == [0, 8 * x_sample, 12 * x_sample]
+    assert [s.y_offset for s in steps] == [0, 8 * y_sample, 12 * y_sample]
+    assert [s.problem.batch for s in steps] == [8, 4, 1]
+    assert [s.algo for s in steps] == [5, 1, 0]
+    assert [s.alpha for s in steps] == [0.75] * 3
+    assert [s.beta for s in steps] == ([0.25, 1.0, 1.0] if kind == "BF" else [0.25] * 3)
+
+
+@settings(max_examples=100)
+@given(dispatch_cases(max_batch=40))
+def test_plan_properties(case):
+    p, config, alpha, beta, _ = case
+    check_plan(p, config, plan(p, config, alpha, beta), alpha, beta)
+
+
+@pytest.mark.parametrize("parts", [[4, 4], [8, 2], [10], [1] * 8, [3, 3, 2], [3, 3, 2, 1, 1], []])
+@pytest.mark.parametrize("kind", ["F", "BD", "BF"])
+def test_mismatched_configuration_batch(parts, kind):
+    p = ConvProblem(kind, (9, 2, 5, 5), (2, 2, 3, 3))
+    config = configuration(parts)
+    with pytest.raises(ConfigError) as info:
+        plan(p, config)
+    message = str(info.value)
+    assert str(sum(parts)) in message and "9" in message
+    with pytest.raises(ConfigError):
+        dispatch(p, config, NumpyExecutor(), None, None, None)
+
+
+def test_mismatched_configuration_runs_nothing():
+    p = ConvProblem("F", (4, 2, 5, 5), (2, 2, 3, 3), dtype="float64")
+    executor = NumpyExecutor()
+    with pytest.raises(ConfigError):
+        dispatch(p, configuration([2, 1]), executor, None, None, None)
+    assert executor.steps == []
+
+
+def test_executor_writes_only_its_slice(rng):
+    """One F step on samples [2, 5) of a 7-sample y must leave the other samples untouched."""
+    p = ConvProblem("F", (7, 2, 4, 4), (3, 2, 3, 3), pads=1, dtype="float64", layout="nhwc")
+    flats = make_operands(p, rng)
+    before = flats["y"].copy()
+    step = plan(p, configuration([2, 3, 2]), 1.0, 0.0)[1]
+    NumpyExecutor()(step, flats["x"], flats["w"], flats["y"])
+    per_sample = int(np.prod(p.y_shape[1:]))
+    changed = np.flatnonzero(flats["y"] != before)
+    assert changed.min() >= 2 * per_sample and changed.max() < 5 * per_sample
+    logical_x = _stored_to_logical(flats["x"], p.x_shape, "nhwc")
+    logical_w = _stored_to_logical(flats["w"], p.w_shape, "nhwc")
+    y = reference.forward(p.with_batch(3), logical_x[2:5], logical_w)
+    np.testing.assert_allclose(flats["y"][2 * per_sample:5 * per_sample], _logical_to_flat(y, "nhwc"), rtol=1e-12)
