@@ -1,10 +1,12 @@
 """How long the WD optimizer takes: desirable sets, ILP variables, build and solve seconds.
 
-    python bench/wd_solve.py [--kernels 160] [--batch 32] [--policy powerOfTwo]
-                             [--limit-per-kernel 16MiB] [--solver cbc] [--seed 0]
+    python bench/wd_solve.py [--database FILE.db [--network resnet50] [--gpu NAME]]
+                             [--kernels 160] [--batch 32] [--policy powerOfTwo]
+                             [--limit-per-kernel 16MiB | --limit 2544MiB] [--solver cbc] [--seed 0]
 
-Without recorded measurements it runs on a synthetic network shaped like ResNet-50 (160 kernels);
-`report(kernels, ...)` times any list of WDKernel, e.g. one built from recorded measurements.
+With --database it runs on recorded measurements of a network's kernels (identical layers as one
+kernel with a count); without, on a synthetic network of ResNet-50's size (160 kernels).
+`report(kernels, ...)` times any list of WDKernel.
 """
 from __future__ import annotations
 
@@ -64,6 +66,22 @@ def synthetic_network(kernels: int = 160, batch: int = 32, policy: str = "powerO
             for i in range(kernels)]
 
 
+def recorded_network(database: str, network: str = "resnet50", batch: int = 32,
+                     gpu: str | None = None) -> list[WDKernel]:
+    """The kernels of `network` with their measurements in `database`, on the first recorded
+    device (or the first whose GPU name contains `gpu`)."""
+    from ucudnn.cache.database import BenchmarkDatabase
+    from ucudnn.nets import get_network
+
+    kernels = get_network(network).problems(batch)
+    with BenchmarkDatabase(database, readonly=True) as db:
+        devices = [d for d in db.devices() if gpu is None or gpu.lower() in d.gpu_name.lower()]
+        if not devices:
+            raise SystemExit(f"{database} holds no measurements{f' on a {gpu}' if gpu else ''}")
+        tables = db.tables([k.problem for k in kernels], devices[0])
+    return [WDKernel(k.name, tables[k.problem.shape_key()], batch, k.count) for k in kernels]
+
+
 def report(kernels: Sequence[WDKernel], policy: str, total_limit: int, solver: str = "cbc") -> WDResult:
     """Solve WD for `kernels` and print what it took."""
     start = time.perf_counter()
@@ -81,15 +99,23 @@ def report(kernels: Sequence[WDKernel], policy: str, total_limit: int, solver: s
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database", help="recorded measurements (SQLite); default: synthetic")
+    parser.add_argument("--network", default="resnet50")
+    parser.add_argument("--gpu", help="the recorded GPU to use (a part of its name)")
     parser.add_argument("--kernels", type=int, default=160)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--policy", default="powerOfTwo")
-    parser.add_argument("--limit-per-kernel", default="16MiB")
+    parser.add_argument("--limit-per-kernel", default="16MiB", help="the total is this times the kernels")
+    parser.add_argument("--limit", help="the total workspace limit (instead of --limit-per-kernel)")
     parser.add_argument("--solver", default="cbc")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    kernels = synthetic_network(args.kernels, args.batch, args.policy, args.seed)
-    report(kernels, args.policy, parse_size(args.limit_per_kernel) * args.kernels, args.solver)
+    if args.database:
+        kernels = recorded_network(args.database, args.network, args.batch, args.gpu)
+    else:
+        kernels = synthetic_network(args.kernels, args.batch, args.policy, args.seed)
+    limit = parse_size(args.limit) if args.limit else parse_size(args.limit_per_kernel) * len(kernels)
+    report(kernels, args.policy, limit, args.solver)
 
 
 if __name__ == "__main__":

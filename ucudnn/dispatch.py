@@ -7,8 +7,9 @@ and w and writes y; BD reads y (dy) and w and writes x (dx); BF reads x and y (d
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -52,16 +53,35 @@ def plan(problem: ConvProblem, configuration: Configuration, alpha: float = 1.0,
     return steps
 
 
+Call = Callable[[Any, Any, Any, Any, int], None]  # (x, w, y, workspace, workspace_size)
+
+
 class Executor(Protocol):
-    def __call__(self, step: Step, x: Any, w: Any, y: Any, workspace: Any, workspace_size: int) -> None:
-        """Run one step on operands x, w, y (device pointers, arrays: the executor's own kind)."""
+    def prepare(self, step: Step) -> Call:
+        """A call that runs `step` on operands x, w, y (device addresses, arrays: the executor's own
+        kind). Preparing once and calling many times keeps per-call host work small."""
+
+
+class Program:
+    """A configuration compiled for one executor: its calls, in order, ready to run many times."""
+
+    def __init__(self, calls: list[Call]):
+        self.calls = tuple(calls)
+
+    def __call__(self, x: Any, w: Any, y: Any, workspace: Any = None, workspace_size: int = 0) -> None:
+        for call in self.calls:
+            call(x, w, y, workspace, workspace_size)
+
+
+def compile_plan(problem: ConvProblem, configuration: Configuration, executor: Executor,
+                 alpha: float = 1.0, beta: float = 0.0) -> Program:
+    return Program([executor.prepare(step) for step in plan(problem, configuration, alpha, beta)])
 
 
 def dispatch(problem: ConvProblem, configuration: Configuration, executor: Executor, x: Any, w: Any,
              y: Any, alpha: float = 1.0, beta: float = 0.0, workspace: Any = None,
              workspace_size: int = 0) -> None:
-    for step in plan(problem, configuration, alpha, beta):
-        executor(step, x, w, y, workspace, workspace_size)
+    compile_plan(problem, configuration, executor, alpha, beta)(x, w, y, workspace, workspace_size)
 
 
 class NumpyExecutor:
@@ -70,6 +90,9 @@ class NumpyExecutor:
 
     def __init__(self):
         self.steps: list[Step] = []
+
+    def prepare(self, step: Step) -> Call:
+        return functools.partial(self, step)
 
     def __call__(self, step: Step, x: np.ndarray, w: np.ndarray, y: np.ndarray, workspace=None,
                  workspace_size: int = 0) -> None:

@@ -15,6 +15,11 @@ _NAME = {ConvKind.FORWARD: "ConvolutionForward", ConvKind.BACKWARD_DATA: "Convol
          ConvKind.BACKWARD_FILTER: "ConvolutionBackwardFilter"}
 
 
+def function_name(kind: ConvKind) -> str:
+    """The cuDNN function that runs this kind of kernel, e.g. cudnnConvolutionBackwardData."""
+    return f"cudnn{_NAME[kind]}"
+
+
 def _descs(kind: ConvKind, descs: Mapping) -> tuple:
     first, second, out = ROLES[kind]
     return descs[first], descs[second], descs["conv"], descs[out]
@@ -49,7 +54,7 @@ def convolve(handle, kind: ConvKind, descs: Mapping, ptrs: Mapping[str, int], al
              workspace: int, workspace_size: int, alpha: float, beta: float, dtype: str) -> None:
     """out = alpha * conv(inputs) + beta * out, with algorithm `algo`."""
     first, second, out = ROLES[kind]
-    cudnn.call(f"cudnn{_NAME[kind]}", handle, byref(cudnn.scalar(alpha, dtype)), descs[first],
+    cudnn.call(function_name(kind), handle, byref(cudnn.scalar(alpha, dtype)), descs[first],
                c_void_p(ptrs[first]), descs[second], c_void_p(ptrs[second]), descs["conv"], algo,
                c_void_p(workspace), workspace_size, byref(cudnn.scalar(beta, dtype)), descs[out],
                c_void_p(ptrs[out]))

@@ -1,0 +1,217 @@
+"""The `ucudnn` command end to end, as users run it: `python -m ucudnn ...` in a subprocess, on a
+database of synthetic measurements (and on the shipped recordings where they exist)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import synthetic
+
+from ucudnn.cache import BenchmarkDatabase, recorded_path
+from ucudnn.cli import main
+from ucudnn.nets import get_network
+
+REPO = Path(__file__).resolve().parents[1]
+MIB = 2**20
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "ucudnn", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=120)
+
+
+def ok(*args: str) -> str:
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> str:
+    """AlexNet at batch 256 and ResNet-18 at batch 32, powerOfTwo, on a synthetic GPU."""
+    path = tmp_path_factory.mktemp("cache") / "synthetic.db"
+    with BenchmarkDatabase(path) as database:
+        synthetic.record_network(database, get_network("alexnet").problems(256))
+        synthetic.record_network(database, get_network("resnet18").problems(32))
+    return str(path)
+
+
+def optimize(db: str, *args: str) -> dict:
+    return json.loads(ok("optimize", "--offline", "--cache", db, "--json", *args))
+
+
+# ---- optimize
+
+
+def test_optimize_prints_the_plan_and_the_speedup(db):
+    start = time.monotonic()
+    out = ok("optimize", "--offline", "--net", "alexnet", "--batch", "256", "--workspace", "64MiB", "--cache", db)
+    assert time.monotonic() - start < 3
+    assert "Synthetic GPU (sm 9.0), cuDNN 9.1.0" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if re.match(r"conv\d/(F|BD|BF) ", line)}
+    assert len(rows) == 15 and "FFT" in rows["conv2/BD"]
+    speedup = re.search(r"speedup over cuDNN undivided at 64.0 MiB per kernel: ([\d.]+)x", out)
+    assert speedup and float(speedup.group(1)) > 1
+    assert re.search(r"unlimited best .*: [\d.]+ ms", out)
+
+
+def test_optimize_json_is_complete_and_consistent(db):
+    plan = optimize(db, "--net", "alexnet", "--workspace", "64MiB")
+    assert plan["device"]["gpu_name"] == "Synthetic GPU" and plan["measured"] is False
+    assert (plan["network"], plan["batch"], plan["optimizer"], plan["policy"]) == ("alexnet", 256, "wr", "powerOfTwo")
+    assert len(plan["kernels"]) == 15
+    for kernel in plan["kernels"]:
+        for which in ("configuration", "undivided", "best"):
+            assert sum(part["batch"] for part in kernel[which]["micro"]) == 256
+        assert kernel["configuration"]["workspace"] <= 64 * MIB
+        assert [p["batch"] for p in kernel["undivided"]["micro"]] == [256]
+    total = plan["total"]
+    assert total["time_ms"] == pytest.approx(sum(k["count"] * k["configuration"]["time_ms"] for k in plan["kernels"]))
+    assert total["speedup"] == pytest.approx(total["undivided_time_ms"] / total["time_ms"])
+    assert total["gap_to_best"] == pytest.approx(total["time_ms"] / total["best_time_ms"])
+
+
+def test_optimize_wd_keeps_to_the_total(db):
+    plan = optimize(db, "--net", "resnet18", "--batch", "32", "--total-workspace", "100MiB")
+    assert (plan["optimizer"], plan["limit"]) == ("wd", 100 * MIB)
+    assert plan["total"]["workspace"] <= 100 * MIB
+    assert plan["solver"]["variables"] > 0
+
+
+def test_optimize_plots_wr_and_wd(db, tmp_path):
+    for args in (("--kernel", "conv2/F"), ("--optimizer", "wd")):
+        path = tmp_path / f"plan{args[0]}.png"
+        out = ok("optimize", "--offline", "--net", "alexnet", "--cache", db, "--plot", str(path), *args)
+        assert f"plot: {path}" in out
+        assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+def test_optimize_on_the_shipped_recordings():
+    start = time.monotonic()
+    out = ok("optimize", "--offline", "--net", "alexnet", "--batch", "256", "--workspace", "64MiB")
+    assert time.monotonic() - start < 3
+    assert re.search(r"speedup over cuDNN undivided at 64.0 MiB per kernel: [\d.]+x", out)
+    assert str(recorded_path()) in out
+
+
+# ---- nets and cache
+
+
+def test_nets_lists_and_shows_networks(capsys, tmp_path):
+    listing = json.loads(ok("nets", "--json"))
+    assert {n["name"] for n in listing} == {"alexnet", "resnet18", "resnet50", "densenet40", "googlenet"}
+    assert "googlenet" in inline(capsys, "nets")[1]
+    out = ok("nets", "resnet50")
+    assert re.search(r"layer3\.1\.conv2\s+5\s+256\s+256\s+3x3", out)
+    network_file = tmp_path / "mine.json"
+    network_file.write_text(inline(capsys, "nets", "alexnet", "--json")[1])
+    assert inline(capsys, "nets", str(network_file))[1] == inline(capsys, "nets", "alexnet")[1]
+
+
+def test_a_network_file_plans_like_its_builtin(capsys, db, tmp_path):
+    network_file = tmp_path / "alexnet-copy.json"
+    network_file.write_text(inline(capsys, "nets", "alexnet", "--json")[1])
+    total = lambda net: json.loads(inline(capsys, "optimize", "--offline", "--cache", db, "--json",  # noqa: E731
+                                          "--net", net)[1])["total"]
+    assert total(str(network_file)) == total("alexnet")
+
+
+def test_cache_list_show_verify(capsys, db):
+    listing = json.loads(ok("cache", "list", "--cache", db, "--json"))
+    (device,) = listing["devices"]
+    assert device["gpu_name"] == "Synthetic GPU" and len(device["kernels"]) == 15 + 33
+    assert "Synthetic GPU" in inline(capsys, "cache", "list", "--cache", db)[1]
+    show = ("cache", "show", "--net", "alexnet", "--kernel", "conv2/F", "--cache", db)
+    assert re.search(r"256\s+FFT\s+ok", ok(*show))
+    shown = json.loads(inline(capsys, *show, "--json")[1])
+    assert {m["batch"] for m in shown["devices"][0]["measurements"]} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert "no problems" in ok("cache", "verify", "--cache", db)
+
+
+def test_cache_export_import_merge(db, tmp_path):
+    exported = tmp_path / "export.json"
+    assert "exported" in ok("cache", "export", str(exported), "--cache", db)
+    copy = tmp_path / "copy.db"
+    ok("cache", "import", str(exported), "--cache", str(copy))
+    merged = tmp_path / "merged.db"
+    out = ok("cache", "merge", str(copy), db, "--into", str(merged))
+    count = int(re.search(r"merged (\d+) measurements", out).group(1))
+    with BenchmarkDatabase(db, readonly=True) as original, BenchmarkDatabase(merged, readonly=True) as result:
+        assert count == 2 * sum(n for _, n in original.kernels())
+        assert result.kernels() == original.kernels()
+
+
+# ---- bad input: one line naming the value and the fix, exit status 2, no traceback
+
+
+def inline(capsys, *argv: str) -> tuple[int, str, str]:
+    """main() in this process, the fast way to check errors: exit status, stdout, stderr."""
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_:  # argparse
+        status = exit_.code
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("optimize", "--net", "nosuchnet"), "unknown network 'nosuchnet'; use one of alexnet"),
+    (("optimize", "--net", "alexnet", "--workspace", "64XB"), "size='64XB' is not a size; use"),
+    (("optimize", "--net", "alexnet", "--batch", "-3"), "'-3' is not a positive integer"),
+    (("optimize", "--net", "alexnet", "--policy", "most"), "invalid choice: 'most' (choose from"),
+    (("optimize", "--net", "alexnet", "--plot", "/nonexistent/plan.png"), "folder /nonexistent does not exist"),
+    (("cache", "export", "/nonexistent/out.json"), "folder /nonexistent does not exist"),
+    (("optimize", "--net", "alexnet", "--cache", "/nonexistent/x.db"), "no benchmark database at /nonexistent/x.db"),
+    (("optimize", "--net", "alexnet", "--optimizer", "wr", "--total-workspace", "1GiB"), "use --optimizer wd"),
+    (("nets", "/nonexistent/net.json"), "network file /nonexistent/net.json does not exist"),
+])
+def test_bad_input_gets_one_line(capsys, argv, message):
+    status, _, err = inline(capsys, *argv)
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("ucudnn") and message in err
+
+
+def test_missing_measurements_with_no_gpu(capsys, db):
+    # measurements are shared by batch sizes: 512 needs the one size that is missing
+    status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--batch", "512", "--cache", db)
+    assert status == 2 and err.count("\n") == 1
+    assert "no measurements of" in err and "run `ucudnn bench`" in err
+
+
+def test_plot_kernel_must_exist(capsys, db, tmp_path):
+    status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--cache", db,
+                         "--plot", str(tmp_path / "x.png"), "--kernel", "conv9/F")
+    assert status == 2 and "kernel 'conv9/F' is not in this network" in err
+
+
+def test_errors_in_a_subprocess_have_no_traceback(db):
+    result = run("optimize", "--net", "alexnet", "--workspace", "lots", "--cache", db)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_bench_needs_a_gpu(capsys):
+    from ucudnn.bindings import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present: bench would measure")
+    status, _, err = inline(capsys, "bench", "--net", "alexnet")
+    assert status == 2 and "none is usable here" in err
+
+
+@pytest.mark.parametrize("command", [(), ("bench",), ("optimize",), ("cache",), ("cache", "list"),
+                                     ("cache", "show"), ("cache", "merge"), ("cache", "export"),
+                                     ("cache", "import"), ("cache", "verify"), ("nets",)])
+def test_every_command_has_help_with_an_example(capsys, command):
+    status, out, _ = inline(capsys, *command, "--help")
+    assert status == 0 and "example:\n  ucudnn " in out

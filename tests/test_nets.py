@@ -1,0 +1,129 @@
+"""Built-in networks, network files and the registry."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ucudnn.errors import ConfigError
+from ucudnn.nets import ConvLayer, Network, find_kernel, get_network, list_networks, load_network
+from ucudnn.nets import torchvision as tv
+from ucudnn.problem import ConvKind
+
+
+def layer(network: Network, name: str) -> ConvLayer:
+    return next(x for x in network.layers if x.name == name)
+
+
+@pytest.mark.parametrize("name, conv_layers, distinct", [
+    ("alexnet", 5, 5), ("resnet18", 20, 11), ("resnet50", 53, 23), ("densenet40", 39, 39), ("googlenet", 57, 49),
+])
+def test_builtin_networks_have_the_papers_layer_counts(name, conv_layers, distinct):
+    network = get_network(name)
+    assert (network.conv_layers, len(network.layers)) == (conv_layers, distinct)
+    assert len({x.geometry for x in network.layers}) == distinct  # identical layers are merged
+
+
+def test_alexnet_is_caffes_single_column_network():
+    net = get_network("alexnet")
+    assert [(x.in_channels, x.out_channels, x.kernel[0], x.output_size[0]) for x in net.layers] == [
+        (3, 96, 11, 55), (96, 256, 5, 27), (256, 384, 3, 13), (384, 384, 3, 13), (384, 256, 3, 13)]
+    assert {x.groups for x in net.layers} == {1}
+
+
+def test_resnet50_follows_torchvision():
+    net = get_network("ResNet-50")  # names are matched loosely
+    assert layer(net, "layer2.0.conv2").stride == (2, 2)  # stride in the 3x3 conv (v1.5)
+    downsamples = [x for x in net.layers if "downsample" in x.name]
+    assert [(x.in_channels, x.out_channels, x.stride) for x in downsamples] == [
+        (256, 512, (2, 2)), (512, 1024, (2, 2)), (1024, 2048, (2, 2))]
+    # layer1's downsample has conv3's geometry exactly: counted with it
+    assert layer(net, "layer1.0.conv3").count == 4
+    assert layer(net, "layer3.1.conv2").count == 5
+    assert net.layers[-1].output_size == (7, 7) and layer(net, "layer4.0.conv3").out_channels == 2048
+
+
+def test_densenet40_grows_by_k_and_keeps_channels_through_transitions():
+    net = get_network("densenet40")
+    assert layer(net, "block1.layer12").in_channels == 16 + 11 * 40
+    assert (layer(net, "transition1").in_channels, layer(net, "transition1").out_channels) == (496, 496)
+    assert layer(net, "block3.layer1").input_size == (8, 8)
+    assert layer(net, "block3.layer12").in_channels == 976 + 11 * 40
+
+
+def test_googlenet_modules_take_the_previous_modules_concatenation():
+    net = get_network("googlenet")
+    assert layer(net, "inception_3a/1x1").in_channels == 192
+    assert layer(net, "inception_4a/1x1").in_channels == 480
+    assert layer(net, "inception_5a/3x3_reduce").in_channels == 832
+    assert layer(net, "inception_5b/5x5").kernel == (5, 5)
+
+
+def test_problems_give_every_kind_of_every_distinct_layer():
+    net = get_network("resnet18")
+    kernels = net.problems(32, "float16", "fma", "nhwc")
+    assert len(kernels) == 3 * len(net.layers)
+    assert len({k.problem.key for k in kernels}) == len(kernels)
+    assert {k.problem.kind for k in kernels} == set(ConvKind)
+    assert {(k.problem.batch, k.problem.dtype, k.problem.math, k.problem.layout) for k in kernels} == {
+        (32, "float16", "fma", "nhwc")}
+    assert sum(k.count for k in kernels) == 3 * net.conv_layers
+    assert find_kernel(kernels, "conv1/BD").problem.kind is ConvKind.BACKWARD_DATA
+    with pytest.raises(ConfigError, match="conv9/F"):
+        find_kernel(kernels, "conv9/F")
+
+
+def test_network_files_round_trip(tmp_path):
+    for network in list_networks():
+        path = tmp_path / f"{network.name}.json"
+        path.write_text(json.dumps(network.to_json()))
+        assert get_network(str(path)) == network
+
+
+def test_network_file_with_rectangular_and_repeated_layers(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"name": "tiny", "layers": [
+        {"name": "a", "in_channels": 3, "out_channels": 8, "kernel": [3, 1], "input_size": [32, 16], "pad": [1, 0]},
+        {"name": "b", "in_channels": 8, "out_channels": 8, "kernel": 3, "input_size": 32, "pad": 1, "count": 2},
+        {"name": "c", "in_channels": 8, "out_channels": 8, "kernel": 3, "input_size": 32, "pad": 1},
+    ]}))
+    net = load_network(path)
+    assert [(x.name, x.count) for x in net.layers] == [("a", 1), ("b", 3)]
+    assert layer(net, "a").output_size == (32, 16)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "cannot be read"),
+    ('{"layers": 3}', "a network file is a JSON object"),
+    ('{"layers": [{"name": "a", "in_channels": 3}]}', "is not understood"),
+    ('{"layers": [{"name": "a", "in_channels": 3, "out_channels": 8, "kernel": 3, "input_size": 8, "colour": 1}]}',
+     "is not understood"),
+    ('{"layers": [{"name": "a", "in_channels": 3, "out_channels": 8, "kernel": 3, "input_size": 8, "groups": 2}]}',
+     "layer a"),
+    ('{"layers": [{"name": "a", "in_channels": 3, "out_channels": 8, "kernel": 9, "input_size": 4}]}', "empty"),
+    ('{"layers": []}', "no convolution layers"),
+])
+def test_bad_network_files_name_the_file_and_the_problem(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message) as error:
+        get_network(str(path))
+    assert str(path) in str(error.value)
+
+
+def test_unknown_networks_and_files():
+    with pytest.raises(ConfigError, match="does not exist"):
+        get_network("/nonexistent/net.json")
+    if not tv.available():
+        with pytest.raises(ConfigError, match="alexnet, resnet18"):
+            get_network("nosuchnet")
+        with pytest.raises(ConfigError, match="pip install torch"):
+            get_network("torchvision:resnet18")
+
+
+@pytest.mark.skipif(not tv.available(), reason="torch and torchvision are not installed")
+def test_traced_torchvision_resnet50_matches_the_builtin_table():
+    traced, builtin = get_network("torchvision:resnet50"), get_network("resnet50")
+    assert {x.geometry: x.count for x in traced.layers} == {x.geometry: x.count for x in builtin.layers}
+    with pytest.raises(ConfigError, match="no model"):
+        get_network("torchvision:nosuchnet")

@@ -1,0 +1,158 @@
+"""Desirable sets: the set-valued DP against brute force, and against WR."""
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ucudnn.config import batch_sizes
+from ucudnn.errors import NoAlgorithmError
+from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
+from ucudnn.optimizers.pareto import desirable_set, desirable_sets, pareto_order
+from ucudnn.optimizers.wr import optimize_wr
+
+
+def _load_bench():
+    path = Path(__file__).resolve().parents[1] / "bench" / "wd_solve.py"
+    spec = importlib.util.spec_from_file_location("wd_solve", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+wd_solve = _load_bench()
+WORKSPACES = (0, 100, 256, 300, 512, 1000, 2048)
+
+
+policies = st.sampled_from(("all", "powerOfTwo"))
+
+
+@st.composite
+def kernels(draw, policy: str | None = None, max_batch: int = 6):
+    """(table, batch, sizes): 2-3 algorithms, some unavailable; times in quarters so that sums
+    are exact and ties happen."""
+    batch = draw(st.integers(1, max_batch))
+    sizes = batch_sizes(policy or draw(policies), batch)
+    table = KernelTable()
+    for algo in range(draw(st.integers(2, 3))):
+        for b in sizes:
+            status = draw(st.sampled_from((OK, OK, OK, UNSUPPORTED)))
+            time_ms = draw(st.integers(1, 40)) / 4 if status == OK else None
+            table.add(Measurement(algo, b, time_ms, draw(st.sampled_from(WORKSPACES)), status))
+    return table, batch, sizes
+
+
+limits = st.one_of(st.none(), st.sampled_from(WORKSPACES), st.integers(0, 2048))
+
+
+def all_configurations(table: KernelTable, batch: int, sizes, limit: int | None = None) -> list[Configuration]:
+    """Every multiset of available micro-configurations that sums to `batch`."""
+    micros = [MicroConfig(m.algo, b, m.time_ms, m.workspace)
+              for b in sorted(set(sizes)) if b <= batch for m in table.choices(b, limit)]
+
+    def extend(rest: int, first: int):
+        if rest == 0:
+            yield ()
+        for i in range(first, len(micros)):
+            if micros[i].batch <= rest:
+                for tail in extend(rest - micros[i].batch, i):
+                    yield (micros[i], *tail)
+
+    return [Configuration(parts) for parts in extend(batch, 0)]
+
+
+def front_points(configurations: list[Configuration]) -> list[tuple[int, float]]:
+    points = {(c.workspace, c.time_ms) for c in configurations}
+    return sorted((w, t) for w, t in points
+                  if not any(w2 <= w and t2 <= t and (w2, t2) != (w, t) for w2, t2 in points))
+
+
+@settings(max_examples=150)
+@given(kernels(), limits)
+def test_desirable_set_is_the_pareto_front_of_all_configurations(kernel, limit):
+    table, batch, sizes = kernel
+    front = desirable_set(table, batch, sizes, limit)
+    assert [(c.workspace, c.time_ms) for c in front] == front_points(all_configurations(table, batch, sizes, limit))
+
+
+@settings(max_examples=100)
+@given(kernels(), limits)
+def test_desirable_configurations_are_real_and_ordered(kernel, limit):
+    table, batch, sizes = kernel
+    front = desirable_set(table, batch, sizes, limit)
+    for c in front:
+        assert c.batch == batch
+        assert limit is None or c.workspace <= limit
+        for m in c.micro:
+            measured = next(x for x in table.choices(m.batch) if x.algo == m.algo)
+            assert (m.time_ms, m.workspace) == (measured.time_ms, measured.workspace)
+            assert m.batch in sizes
+    assert all(a.workspace < b.workspace and a.time_ms > b.time_ms for a, b in zip(front, front[1:]))
+
+
+@settings(max_examples=100)
+@given(kernels(), st.one_of(st.none(), st.sampled_from(WORKSPACES)))
+def test_wr_answer_is_the_fastest_desirable_point_within_its_limit(kernel, limit):
+    table, batch, sizes = kernel
+    front = desirable_set(table, batch, sizes, limit)
+    for wr_limit in [limit, *(w for w in WORKSPACES if limit is None or w <= limit)]:
+        fitting = [c for c in front if wr_limit is None or c.workspace <= wr_limit]
+        try:
+            wr = optimize_wr(table, batch, sizes, wr_limit)
+        except NoAlgorithmError:
+            assert not fitting
+            continue
+        assert wr.time_ms == fitting[-1].time_ms
+
+
+@settings(max_examples=50)
+@given(st.lists(kernels(), min_size=1, max_size=4), limits)
+def test_kernels_together_equal_kernels_alone(many, limit):
+    together = desirable_sets(many, limit)
+    assert together == [desirable_set(table, batch, sizes, limit) for table, batch, sizes in many]
+
+
+def test_pareto_order_keeps_one_of_exact_ties_and_drops_dominated_points():
+    time = np.array([5.0, 3.0, 3.0, 4.0, 1.0, 1.0])
+    workspace = np.array([0, 10, 10, 20, 30, 40])
+    # (4.0, 20) is beaten by (3.0, 10); (1.0, 40) by (1.0, 30); the two (3.0, 10) are one
+    assert pareto_order(time, workspace).tolist() == [0, 1, 4]
+    assert pareto_order(np.zeros(0), np.zeros(0, dtype=np.int64)).tolist() == []
+
+
+def test_no_available_algorithm_gives_an_empty_set():
+    table = KernelTable([Measurement(0, 4, None, 0, UNSUPPORTED), Measurement(1, 4, 1.0, 10**9, OVER_CAP),
+                         Measurement(2, 2, 1.0, 0)])
+    assert desirable_set(table, 4, (4,), None) == []
+    assert desirable_set(table, 4, (2, 4), 0) == [Configuration((MicroConfig(2, 2, 1.0, 0),) * 2)]
+    assert desirable_set(table, 3, (2,), None) == []  # 2 + 2 overshoots 3
+
+
+def test_undivided_front_is_the_algorithms_front():
+    table = KernelTable([Measurement(0, 8, 9.0, 0), Measurement(1, 8, 4.0, 500), Measurement(2, 8, 5.0, 800),
+                         Measurement(3, 8, 2.0, 900)])
+    front = desirable_set(table, 8, (8,), None)
+    assert [c.micro[0].algo for c in front] == [0, 1, 3]
+
+
+def test_alexnet_sized_kernel_with_every_micro_batch_size_is_fast():
+    """B = 256, the `all` policy, 7 algorithms (one unsupported of 8): well under a second."""
+    rng = np.random.default_rng(0)
+    sizes = batch_sizes("all", 256)
+    table = wd_solve.synthetic_table(sizes, 0.2, 2**20, True, rng)
+    start = time.perf_counter()
+    front = desirable_set(table, 256, sizes, None)
+    seconds = time.perf_counter() - start
+    print(f"AlexNet-sized desirable set: {len(front)} configurations in {seconds:.3f} s")
+    assert 10 < len(front) < 200
+    assert seconds < 1.0
+    for limit in (0, 2**20, 2**24, 2**28):
+        best = optimize_wr(table, 256, sizes, limit)
+        assert best.time_ms == pytest.approx(max((c for c in front if c.workspace <= limit),
+                                                 key=lambda c: c.workspace).time_ms)

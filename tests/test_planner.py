@@ -1,0 +1,89 @@
+"""Network plans from synthetic tables: WR and WD against their references."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import synthetic
+
+from ucudnn.config import Settings
+from ucudnn.errors import ConfigError
+from ucudnn.nets import get_network
+from ucudnn.optimizers.wr import optimize_wr
+from ucudnn.planner import make_plan
+
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return get_network("resnet18").problems(32)
+
+
+@pytest.fixture(scope="module")
+def tables(kernels):
+    return {k.problem.key: synthetic.table(k.problem) for k in kernels}
+
+
+def plan(kernels, tables, **settings):
+    return make_plan(kernels, tables, Settings.load(env={}, **settings))
+
+
+def test_wr_plan_is_wr_per_kernel_beside_cudnns_choices(kernels, tables):
+    p = plan(kernels, tables, workspace_limit="8MiB")
+    assert (p.optimizer, p.limit, p.kernel_limit) == ("wr", 8 * MIB, 8 * MIB)
+    for row in p.rows:
+        table = tables[row.kernel.problem.key]
+        assert row.configuration == optimize_wr(table, 32, (1, 2, 4, 8, 16, 32), 8 * MIB)
+        assert row.undivided == optimize_wr(table, 32, (32,), 8 * MIB)
+        assert row.best == optimize_wr(table, 32, (32,), None)
+        assert row.configuration.batch == 32 and row.configuration.workspace <= 8 * MIB
+        assert row.configuration.time_ms <= row.undivided.time_ms  # undivided is one of WR's options
+        assert row.best.time_ms <= row.undivided.time_ms
+    assert p.time_ms() == pytest.approx(sum(r.kernel.count * r.configuration.time_ms for r in p.rows))
+    assert p.workspace == sum(r.configuration.workspace for r in p.rows)
+    assert p.speedup == pytest.approx(p.time_ms("undivided") / p.time_ms()) and p.speedup > 1
+    assert p.gap_to_best == pytest.approx(p.time_ms() / p.time_ms("best"))
+
+
+def test_undivided_policy_is_cudnn_itself(kernels, tables):
+    p = plan(kernels, tables, batch_size_policy="undivided")
+    assert p.speedup == pytest.approx(1.0)
+    assert all(row.configuration == row.undivided for row in p.rows)
+
+
+def test_wd_beats_wr_at_the_same_total(kernels, tables):
+    wr = plan(kernels, tables, workspace_limit="8MiB")
+    wd = plan(kernels, tables, workspace_limit="8MiB", optimizer="wd")
+    assert (wd.limit, wd.kernel_limit) == (8 * MIB * len(kernels), 8 * MIB)
+    assert wd.workspace <= wd.limit
+    assert wd.time_ms() <= wr.time_ms() + 1e-9  # WR's answer is feasible for WD
+    assert wd.solver["variables"] > 0 and wd.solver["solver"] == "cbc"
+
+
+def test_wd_with_an_explicit_total(kernels, tables):
+    p = plan(kernels, tables, optimizer="wd", total_workspace_limit="40MiB")
+    assert (p.limit, p.kernel_limit) == (40 * MIB, 40 * MIB // len(kernels))
+    assert sum(row.configuration.workspace for row in p.rows) <= p.workspace <= 40 * MIB
+
+
+def test_plan_json_is_plain_and_consistent(kernels, tables):
+    p = plan(kernels, tables)
+    data = json.loads(json.dumps(p.to_json()))
+    assert len(data["kernels"]) == len(kernels)
+    first = data["kernels"][0]
+    assert first["name"] == "conv1/F" and first["kind"] == "F"
+    assert sum(part["batch"] for part in first["configuration"]["micro"]) == 32
+    assert {"algo", "batch", "time_ms", "workspace", "algo_name"} <= set(first["configuration"]["micro"][0])
+    assert data["total"]["time_ms"] == pytest.approx(p.time_ms())
+    assert data["total"]["speedup"] == pytest.approx(p.speedup)
+
+
+def test_rows_by_name_and_the_slowest(kernels, tables):
+    p = plan(kernels, tables)
+    assert p.row("conv1/BF").kernel.name == "conv1/BF"
+    slowest = p.slowest()
+    assert all(r.kernel.count * r.configuration.time_ms <= slowest.kernel.count * slowest.configuration.time_ms
+               for r in p.rows)
+    with pytest.raises(ConfigError, match="not in this network"):
+        p.row("fc/F")

@@ -1,0 +1,254 @@
+"""WD: the ILP against brute force, pruned against unpruned, against WR; segments; errors."""
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from test_pareto import all_configurations, kernels, policies, wd_solve
+from ucudnn.config import batch_sizes
+from ucudnn.errors import ConfigError, InfeasibleError, NoAlgorithmError
+from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement
+from ucudnn.optimizers.pareto import desirable_set
+from ucudnn.optimizers.wd import (WDKernel, available_solvers, breakdown_table, choose, make_solver,
+                                  optimize_wd)
+from ucudnn.optimizers.wr import optimize_wr
+from ucudnn.workspace import align_up, divide
+
+MiB = 2**20
+
+
+@st.composite
+def networks(draw):
+    """1-3 kernels with counts 1-3 under one batch size policy; a total limit; an alignment."""
+    policy = draw(policies)
+    drawn = draw(st.lists(kernels(policy), min_size=1, max_size=3))
+    counts = draw(st.lists(st.integers(1, 3), min_size=len(drawn), max_size=len(drawn)))
+    wd_kernels = [WDKernel(f"k{i}", table, batch, count)
+                  for i, ((table, batch, _), count) in enumerate(zip(drawn, counts))]
+    return wd_kernels, policy, draw(st.integers(0, 3 * 2048)), draw(st.sampled_from((1, 256)))
+
+
+def _options(kernels, policy, alignment, configurations):
+    """(count x time, aligned workspace) of each kernel's configurations."""
+    return [[(k.count * c.time_ms, align_up(c.workspace, alignment))
+             for c in configurations(k.table, k.batch, batch_sizes(policy, k.batch))] for k in kernels]
+
+
+def _desirable(table, batch, sizes):
+    return desirable_set(table, batch, sizes, None)
+
+
+def brute_force(options, capacity: int) -> float | None:
+    """The least total cost of one option per group within the capacity, by enumerating every
+    combination (of those with equal total weight, only the cheapest goes on)."""
+    best = {0: 0.0}
+    for group in options:
+        extended: dict[int, float] = {}
+        for w0, t0 in best.items():
+            for t, w in group:
+                if w0 + w <= capacity and t0 + t < extended.get(w0 + w, math.inf):
+                    extended[w0 + w] = t0 + t
+        best = extended
+    return min(best.values(), default=None)
+
+
+def _wd(kernels, policy, limit, alignment, solver="cbc"):
+    return optimize_wd(kernels, functools.partial(batch_sizes, policy), limit, solver, alignment)
+
+
+@settings(max_examples=60)
+@given(networks())
+def test_wd_optimum_equals_brute_force(network):
+    kernels, policy, limit, alignment = network
+    every = _options(kernels, policy, alignment, all_configurations)
+    if not all(every):
+        with pytest.raises(NoAlgorithmError, match=kernels[[bool(g) for g in every].index(False)].name):
+            _wd(kernels, policy, limit, alignment)
+        return
+    expected = brute_force(every, limit)
+    if expected is None:
+        with pytest.raises(InfeasibleError) as error:
+            _wd(kernels, policy, limit, alignment)
+        assert error.value.smallest_feasible == sum(min(w for _, w in group) for group in every)
+        return
+    result = _wd(kernels, policy, limit, alignment)
+    assert result.total_time_ms == pytest.approx(expected, rel=1e-12)
+    assert result.total_workspace <= limit
+    assert result.total_time_ms == pytest.approx(
+        sum(k.count * result.configurations[k.name].time_ms for k in kernels))
+
+
+@settings(max_examples=40)
+@given(networks())
+def test_pruning_loses_no_optimum(network):
+    """The paper's proof (III-C1) as a test: the ILP over all configurations and over the
+    desirable ones reach the same optimum."""
+    kernels, policy, limit, alignment = network
+    every = _options(kernels, policy, alignment, all_configurations)
+    assume(all(every) and brute_force(every, limit) is not None)
+    pruned = _options(kernels, policy, alignment, _desirable)
+    solver = make_solver("cbc")
+
+    def optimum(options):
+        chosen = choose(options, limit, solver).chosen
+        return sum(group[i][0] for group, i in zip(options, chosen))
+
+    assert optimum(pruned) == pytest.approx(optimum(every), rel=1e-12)
+    assert sum(map(len, pruned)) <= sum(map(len, every))
+
+
+@settings(max_examples=40)
+@given(networks(), st.integers(0, 8))
+def test_wd_is_no_slower_than_wr_at_the_same_total_budget(network, units):
+    """WR with L per kernel against WD with L x kernels (L a multiple of the alignment, so that
+    WR's choices fit their aligned segments)."""
+    kernels, policy, _, _ = network
+    per_kernel = 256 * units
+    try:
+        wr = [optimize_wr(k.table, k.batch, batch_sizes(policy, k.batch), per_kernel) for k in kernels]
+    except NoAlgorithmError:
+        assume(False)
+    wd = _wd(kernels, policy, per_kernel * len(kernels), 256)
+    assert wd.total_time_ms <= sum(k.count * c.time_ms for k, c in zip(kernels, wr)) + 1e-9
+
+
+@settings(max_examples=100)
+@given(st.lists(st.integers(0, 5000), max_size=8), st.sampled_from((1, 8, 256, 1000)))
+def test_segments_are_disjoint_aligned_and_inside_the_buffer(sizes, alignment):
+    segments, buffer = divide({f"k{i}": s for i, s in enumerate(sizes)}, alignment)
+    ordered = list(segments.values())
+    assert [s.size for s in ordered] == sizes
+    assert all(s.offset % alignment == 0 and 0 <= s.offset and s.end <= buffer for s in ordered)
+    assert all(a.end <= b.offset for a, b in zip(ordered, ordered[1:]))
+    assert buffer == sum(align_up(s, alignment) for s in sizes)
+
+
+@settings(max_examples=30)
+@given(networks())
+def test_wd_segments_hold_the_chosen_workspaces(network):
+    kernels, policy, limit, alignment = network
+    try:
+        result = _wd(kernels, policy, limit, alignment)
+    except (InfeasibleError, NoAlgorithmError):
+        assume(False)
+    assert list(result.segments) == [k.name for k in kernels]
+    for name, segment in result.segments.items():
+        assert segment.size == result.configurations[name].workspace
+        assert segment.offset % alignment == 0 and segment.end <= result.total_workspace
+    assert result.total_workspace <= limit
+    assert result.variables <= sum(result.desirable_sizes.values())
+
+
+def _table(fast_workspace: int, scale: float = 1.0) -> KernelTable:
+    """Algorithm 0: no workspace, slow; algorithm 1: faster, with workspace and a cost per call."""
+    return KernelTable([Measurement(0, b, scale * b, 0) for b in (1, 2, 4)]
+                       + [Measurement(1, b, scale * (b / 3 + 0.5), b * fast_workspace) for b in (1, 2, 4)])
+
+
+def test_wd_gives_the_workspace_to_the_kernel_that_gains_most():
+    kernels = [WDKernel("small", _table(MiB), 4), WDKernel("big", _table(MiB, scale=10), 4)]
+    result = optimize_wd(kernels, (1, 2, 4), 4 * MiB)
+    assert result.configurations["big"].describe() == "1 x 4 1"
+    assert result.configurations["small"].workspace == 0
+    assert result.total_workspace == 4 * MiB
+
+
+def test_count_weights_a_kernel_time():
+    kernels = [WDKernel("once", _table(MiB, scale=2), 4), WDKernel("thrice", _table(MiB), 4, count=3)]
+    result = optimize_wd(kernels, (4,), 4 * MiB)
+    assert result.configurations["thrice"].workspace == 4 * MiB  # saves 3 x 2.17 > 1 x 4.33
+    assert result.total_time_ms == pytest.approx(8 + 3 * (4 / 3 + 0.5))
+
+
+def test_infeasible_limit_names_the_limit_and_the_smallest_total():
+    table = KernelTable([Measurement(0, 4, 1.0, 1000), Measurement(1, 4, 0.5, 5000)])
+    kernels = [WDKernel("a", table, 4), WDKernel("b", table, 4)]
+    with pytest.raises(InfeasibleError) as error:
+        optimize_wd(kernels, (4,), 2000)
+    assert error.value.limit == 2000 and error.value.smallest_feasible == 2048  # 1000 -> 1024, twice
+    assert "2000" in str(error.value) and "2048" in str(error.value)
+    with pytest.raises(InfeasibleError, match="2048"):
+        optimize_wd(kernels, (4,), 500)  # below even one kernel's smallest configuration
+
+
+def test_kernel_without_algorithm_is_named():
+    dead = KernelTable([Measurement(a, b, None, 0, UNSUPPORTED) for a in range(3) for b in (1, 2, 4)])
+    kernels = [WDKernel("conv1/F", _table(MiB), 4), WDKernel("conv3/BF", dead, 4)]
+    with pytest.raises(NoAlgorithmError, match="conv3/BF"):
+        optimize_wd(kernels, (1, 2, 4), 100 * MiB)
+    with pytest.raises(NoAlgorithmError, match="conv1/F"):
+        optimize_wd([WDKernel("conv1/F", _table(MiB), 3)], (2, 4), 100 * MiB)  # no sizes sum to 3
+
+
+def test_bad_kernels_are_refused():
+    with pytest.raises(ConfigError, match="'a'"):
+        optimize_wd([WDKernel("a", _table(MiB), 4), WDKernel("a", _table(MiB), 4)], (4,), MiB)
+    with pytest.raises(ConfigError, match="count"):
+        optimize_wd([WDKernel("a", _table(MiB), 4, count=0)], (4,), MiB)
+
+
+def test_unknown_or_missing_solver_is_named_with_the_available_ones():
+    with pytest.raises(ConfigError, match="'gurobi'.*unknown.*cbc"):
+        optimize_wd([WDKernel("a", _table(MiB), 4)], (4,), MiB, solver="gurobi")
+    if "glpk" not in available_solvers():
+        with pytest.raises(ConfigError, match="'glpk'.*not installed.*cbc"):
+            make_solver("glpk")
+    assert "cbc" in available_solvers()
+
+
+@pytest.mark.parametrize("solver", [s for s in ("highs", "glpk") if s in available_solvers()])
+def test_other_solvers_reach_cbc_optimum(solver):
+    kernels = wd_solve.synthetic_network(kernels=12, seed=1)
+    sizes = functools.partial(batch_sizes, "powerOfTwo")
+    for limit in (12 * MiB, 48 * MiB, 200 * MiB):
+        cbc, other = (optimize_wd(kernels, sizes, limit, s) for s in ("cbc", solver))
+        assert other.solver == solver
+        assert other.total_time_ms == pytest.approx(cbc.total_time_ms, rel=1e-9)
+
+
+def test_sizes_may_be_fixed_or_depend_on_the_batch():
+    kernels = [WDKernel("a", _table(MiB), 4), WDKernel("b", _table(MiB, 2), 4)]
+    fixed = optimize_wd(kernels, iter((1, 2, 4)), 3 * MiB)  # a one-shot iterator serves every kernel
+    by_batch = optimize_wd(kernels, functools.partial(batch_sizes, "powerOfTwo"), 3 * MiB)
+    assert fixed.configurations == by_batch.configurations
+
+
+def test_breakdown_table_lists_every_kernel_and_the_total():
+    kernels = [WDKernel("small", _table(MiB), 4), WDKernel("big", _table(MiB, scale=10), 4)]
+    result = optimize_wd(kernels, (1, 2, 4), 4 * MiB)
+    lines = breakdown_table(result, ["big", "small"], algo_name=lambda kernel, algo: "AB"[algo]).splitlines()
+    assert lines[0].split() == ["kernel", "configuration", "time", "ms", "workspace", "MiB", "share", "%"]
+    assert lines[1].split()[:5] == ["big", "1", "x", "4", "B"] and lines[1].split()[-2:] == ["4.00", "100.0"]
+    assert lines[2].startswith("small") and lines[2].split()[-1] == "0.0"
+    assert lines[3].startswith("total") and "4.00" in lines[3]
+
+
+def test_plot_division_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ucudnn.plots import plot_division
+
+    kernels = [WDKernel("small", _table(MiB), 4), WDKernel("big", _table(MiB, scale=10), 4)]
+    path = tmp_path / "division.png"
+    plot_division(optimize_wd(kernels, (1, 2, 4), 6 * MiB), path, "test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resnet50_sized_solve_is_fast():
+    """160 kernels, B = 32, powerOfTwo, 8 algorithms (one unsupported, two for 3x3 only), 16 MiB a
+    kernel (ResNet-50's 2,544 MiB in the paper): desirable sets, model and solve within 0.5 s.
+    Best of three, as timings on a shared machine are noisy."""
+    kernels = wd_solve.synthetic_network(kernels=160, batch=32, seed=0)
+    sizes = functools.partial(batch_sizes, "powerOfTwo")
+    walls, result = [], None
+    for _ in range(3):
+        start = time.perf_counter()
+        result = optimize_wd(kernels, sizes, 160 * 16 * MiB)
+        walls.append(time.perf_counter() - start)
+    print(f"ResNet-50-sized WD: {result.variables} variables, build {result.build_seconds:.3f} s, "
+          f"solve {result.solve_seconds:.3f} s, wall {min(walls):.3f} s (best of 3)")
+    assert min(walls) <= 0.5, (walls, result.variables)

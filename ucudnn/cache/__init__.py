@@ -1,0 +1,12 @@
+"""Caching of benchmark results and optimized configurations (paper section III-D).
+
+`Cache` is what the handle uses: a per-process memo in front of a `BenchmarkDatabase` file that
+processes on many nodes can share. See docs/cache.md.
+"""
+from .database import BenchmarkDatabase, merge
+from .memo import Cache, CacheStats, resolve_path
+from .paths import default_path, recorded_path, recorded_paths, shard_path
+from .schema import SCHEMA_VERSION, NewerSchemaError
+
+__all__ = ["Cache", "CacheStats", "BenchmarkDatabase", "merge", "shard_path", "default_path",
+           "recorded_path", "recorded_paths", "resolve_path", "SCHEMA_VERSION", "NewerSchemaError"]

@@ -1,0 +1,231 @@
+"""The file database of raw measurements with their provenance, shared by processes and nodes."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+import sqlite_utils
+
+from ..device import DeviceInfo
+from ..errors import CacheError
+from ..measurements import OK, STATUSES, KernelTable, Measurement
+from ..problem import ConvProblem
+from . import schema
+from .connection import connect, in_write_transaction, retrying
+from .paths import default_path, recorded_path, recorded_paths, shard_path
+
+__all__ = ["BenchmarkDatabase", "merge", "shard_path", "default_path", "recorded_path", "recorded_paths"]
+
+T = TypeVar("T")
+EXPORT_FORMAT = "ucudnn-benchmarks"
+ROWS_PER_TRANSACTION = 1000  # bulk writes (merge, import) keep each lock short too
+
+# Shape keys go in as one JSON array and come back as their index in it (small ints are cheaper
+# than long strings); CROSS JOIN makes SQLite walk the keys and search the primary key for each.
+_LOOKUP = (
+    "SELECT k.key, m.algo, m.batch, m.time_ms, m.workspace, m.status, m.repeats "
+    "FROM json_each(?3) k CROSS JOIN measurements m "
+    "WHERE m.gpu_name = ?1 AND m.cudnn_version = ?2 AND m.shape_key = k.value"
+)
+# Problems verify() looks for: what is wrong -> the rows that have it.
+_BAD_ROWS = {
+    f"a status other than {', '.join(STATUSES)}": f"status NOT IN ({', '.join(repr(s) for s in STATUSES)})",
+    "a negative time": "time_ms < 0",
+    "status ok but no time": f"status = '{OK}' AND time_ms IS NULL",
+    "a negative workspace": "workspace < 0",
+    "a micro-batch size below 1": "batch < 1",
+    "no kernel description": "shape_key NOT IN (SELECT shape_key FROM kernels)",
+}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _measurement_row(device: DeviceInfo, shape_key: str, m: Measurement, recorded_at: str) -> dict:
+    return {
+        "gpu_name": device.gpu_name, "cudnn_version": device.cudnn_version, "shape_key": shape_key,
+        "batch": m.batch, "algo": m.algo, "time_ms": m.time_ms, "workspace": m.workspace,
+        "status": m.status, "repeats": m.repeats, "compute_capability": device.compute_capability,
+        "driver_version": device.driver_version, "host": device.host, "recorded_at": recorded_at,
+    }
+
+
+def _kernel_row(problem: ConvProblem) -> dict:
+    return {"shape_key": problem.shape_key(), "problem": json.dumps(problem.with_batch(1).to_dict())}
+
+
+def _chunks(rows: list, size: int = ROWS_PER_TRANSACTION) -> Iterable[list]:
+    return (rows[i:i + size] for i in range(0, len(rows), size))
+
+
+class BenchmarkDatabase:
+    """Raw measurements t(a, b), ws(a, b) per (GPU model, cuDNN version, shape key), in one SQLite
+    file that many processes may read and write at once. Thread-safe; use as a context manager
+    or call close()."""
+
+    def __init__(self, path: str | os.PathLike, *, timeout_s: float = 60.0, readonly: bool = False):
+        self.path, self.timeout_s, self.readonly = Path(path), timeout_s, readonly
+        self._lock = threading.RLock()
+        self._conn = connect(self.path, timeout_s=timeout_s, readonly=readonly)
+        self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
+        try:
+            self._prepare()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _prepare(self) -> None:
+        if not self.readonly:
+            # WAL needs shared memory, which network filesystems lack; and WAL persists in the
+            # file, so one process that turned it on would break every other node
+            self._read(lambda: self._conn.execute("PRAGMA journal_mode=DELETE"))
+        if schema.check(self.path, self._read(lambda: schema.version(self._db)), self.readonly):
+            self._write(lambda: schema.migrate(self._db))
+
+    def _read(self, action: Callable[[], T]) -> T:
+        with self._lock:
+            return retrying(action, self.timeout_s)
+
+    def _write(self, action: Callable[[], T]) -> T:
+        with self._lock:
+            return retrying(lambda: in_write_transaction(self._conn, action), self.timeout_s)
+
+    def _upsert(self, kernels: list[dict], measurements: list[dict]) -> None:
+        self._conn.executemany(schema.INSERT_KERNEL, kernels)
+        self._conn.executemany(schema.UPSERT_MEASUREMENT, measurements)
+
+    def _upsert_in_chunks(self, kernels: list[dict], measurements: list[dict]) -> int:
+        self._write(lambda: self._upsert(kernels, []))
+        for chunk in _chunks(measurements):
+            self._write(lambda: self._upsert([], chunk))
+        return len(measurements)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> "BenchmarkDatabase":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"BenchmarkDatabase({str(self.path)!r}{', readonly=True' if self.readonly else ''})"
+
+    # --- measurements ---
+
+    def record(self, problem: ConvProblem, device: DeviceInfo, measurements: Iterable[Measurement]) -> None:
+        """Store measurements of `problem`'s shape key taken on `device`, in one short transaction;
+        a measurement already stored for the same (GPU, cuDNN, shape key, batch, algo) is replaced."""
+        now, shape_key = _now(), problem.shape_key()
+        rows = [_measurement_row(device, shape_key, m, now) for m in measurements]
+        self._write(lambda: self._upsert([_kernel_row(problem)], rows))
+
+    def table(self, problem: ConvProblem, device: DeviceInfo) -> KernelTable:
+        """Every measurement of `problem`'s shape key (any micro-batch size) on `device`'s GPU
+        model and cuDNN version."""
+        return self.tables([problem], device)[problem.shape_key()]
+
+    def tables(self, problems: Iterable[ConvProblem], device: DeviceInfo) -> dict[str, KernelTable]:
+        """The tables of many problems in one query, keyed by shape key; every problem asked
+        for has an entry, empty if nothing is stored for it."""
+        return self.lookup([p.shape_key() for p in problems], device)
+
+    def lookup(self, shape_keys: Iterable[str], device: DeviceInfo) -> dict[str, KernelTable]:
+        """`tables` for callers that already hold the shape keys."""
+        keys = list(dict.fromkeys(shape_keys))
+        tables = [KernelTable() for _ in keys]
+        params = (device.gpu_name, device.cudnn_version, json.dumps(keys))
+        rows = self._read(lambda: self._conn.execute(_LOOKUP, params).fetchall())
+        for index, algo, batch, time_ms, workspace, status, repeats in rows:
+            tables[index].add(Measurement(algo, batch, time_ms, workspace, status, repeats))
+        return dict(zip(keys, tables))
+
+    # --- what is stored ---
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every distinct provenance (GPU, compute capability, cuDNN, driver, host) present."""
+        sql = ("SELECT DISTINCT gpu_name, compute_capability, cudnn_version, driver_version, host "
+               "FROM measurements ORDER BY gpu_name, cudnn_version, host, driver_version")
+        return [DeviceInfo(**row) for row in self._read(lambda: list(self._db.query(sql)))]
+
+    def kernels(self, device: DeviceInfo | None = None) -> list[tuple[ConvProblem, int]]:
+        """Each stored kernel (as a batch-1 ConvProblem) with its number of measurements,
+        on `device`'s GPU model and cuDNN version if given."""
+        where, params = ("WHERE m.gpu_name = ? AND m.cudnn_version = ?", device.reuse_key) if device else ("", ())
+        sql = (f"SELECT k.problem, count(*) AS n FROM kernels k JOIN measurements m USING (shape_key) "
+               f"{where} GROUP BY k.shape_key ORDER BY k.shape_key")
+        rows = self._read(lambda: list(self._db.query(sql, params)))
+        return [(ConvProblem.from_dict(json.loads(row["problem"])), row["n"]) for row in rows]
+
+    def _dump(self) -> tuple[list[dict], list[dict]]:
+        def read():
+            kernels = list(self._db["kernels"].rows_where(order_by="shape_key"))
+            return kernels, list(self._db["measurements"].rows_where(order_by=", ".join(schema.KEY)))
+        return self._read(read)
+
+    # --- interchange ---
+
+    def export_json(self, path: str | os.PathLike) -> int:
+        """Write every kernel and measurement, provenance included, to a JSON file; returns the
+        number of measurements. `import_json` reads it back."""
+        kernels, measurements = self._dump()
+        document = {"format": EXPORT_FORMAT, "schema_version": schema.SCHEMA_VERSION,
+                    "kernels": kernels, "measurements": measurements}
+        Path(path).write_text(json.dumps(document, indent=1))
+        return len(measurements)
+
+    def import_json(self, path: str | os.PathLike) -> int:
+        """Add the contents of an `export_json` file (newest measurement wins); returns the
+        number of measurements read."""
+        document = json.loads(Path(path).read_text())
+        if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+            raise CacheError(f"{path} is not a ucudnn benchmark export (no \"format\": "
+                             f"\"{EXPORT_FORMAT}\"); write one with BenchmarkDatabase.export_json")
+        if document.get("schema_version", 0) > schema.SCHEMA_VERSION:
+            raise schema.NewerSchemaError(Path(path), document["schema_version"])
+        rows = [{**schema.DEFAULTS, **row} for row in document["measurements"]]
+        for row in rows:
+            missing = [c for c in schema.MEASUREMENT_COLUMNS if c not in row]
+            if missing:
+                raise CacheError(f"{path}: measurement {row} lacks {', '.join(missing)}; "
+                                 f"re-export it with BenchmarkDatabase.export_json")
+        return self._upsert_in_chunks(document["kernels"], rows)
+
+    def verify(self) -> list[str]:
+        """Integrity problems found (SQLite's integrity check, then bad values); [] if none."""
+        def check() -> list[str]:
+            problems = [f"integrity: {row[0]}" for row in self._conn.execute("PRAGMA integrity_check")
+                        if row[0] != "ok"]
+            for what, where in _BAD_ROWS.items():
+                bad = self._conn.execute(f"SELECT count(*), min(shape_key) FROM measurements WHERE {where}")
+                count, example = bad.fetchone()
+                if count:
+                    problems.append(f"{count} measurement(s) with {what}, e.g. of kernel {example}")
+            return problems
+        try:
+            return self._read(check)
+        except sqlite3.DatabaseError as error:
+            return [f"{self.path}: {error}"]
+
+
+def merge(shards: Iterable[str | os.PathLike], target: str | os.PathLike) -> int:
+    """Add every measurement of the shard files to `target` (created if absent), newest
+    measurement winning, so the result is what one writer of all of them would have written.
+    Returns the number of measurements read from the shards. The target itself is skipped if
+    listed among the shards."""
+    merged = 0
+    with BenchmarkDatabase(target) as into:
+        for shard in shards:
+            if Path(shard).resolve() == into.path.resolve():
+                continue
+            with BenchmarkDatabase(shard) as source:  # writable, so an older shard is migrated
+                merged += into._upsert_in_chunks(*source._dump())
+    return merged

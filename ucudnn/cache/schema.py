@@ -1,0 +1,95 @@
+"""The database schema, its version (PRAGMA user_version) and the migrations of older files.
+
+One row per measurement, provenance included, so shards merge without renumbering anything.
+A row is reused only when the GPU model, the cuDNN version and the whole shape key match: those
+three are the first columns of the primary key, which is also the index every lookup uses.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import sqlite_utils
+
+from ..errors import CacheError
+
+SCHEMA_VERSION = 1
+
+KEY = ("gpu_name", "cudnn_version", "shape_key", "batch", "algo")
+MEASUREMENT_COLUMNS = {
+    "gpu_name": str, "cudnn_version": int, "shape_key": str, "batch": int, "algo": int,
+    "time_ms": float, "workspace": int, "status": str, "repeats": int,
+    "compute_capability": str, "driver_version": int, "host": str, "recorded_at": str,
+}
+# What rows of older files (and exports) that lack a column are given.
+DEFAULTS = {"repeats": 0, "compute_capability": "", "driver_version": 0, "host": "", "recorded_at": ""}
+KERNEL_COLUMNS = {"shape_key": str, "problem": str}  # problem: ConvProblem.to_dict() JSON, batch 1
+
+_placeholders = ", ".join(f":{c}" for c in MEASUREMENT_COLUMNS)
+_updates = ", ".join(f"{c} = excluded.{c}" for c in MEASUREMENT_COLUMNS if c not in KEY)
+# The newest measurement wins whatever order rows arrive in, so merging shards gives what one
+# writer would have. (sqlite-utils' upsert cannot take this condition: plain SQL here.)
+UPSERT_MEASUREMENT = (
+    f"INSERT INTO measurements ({', '.join(MEASUREMENT_COLUMNS)}) VALUES ({_placeholders}) "
+    f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {_updates} "
+    "WHERE excluded.recorded_at >= measurements.recorded_at"
+)
+INSERT_KERNEL = "INSERT INTO kernels (shape_key, problem) VALUES (:shape_key, :problem) ON CONFLICT DO NOTHING"
+
+
+class NewerSchemaError(CacheError):
+    """The file was written by a newer ucudnn: this one cannot read it safely."""
+
+    def __init__(self, path: Path, found: int):
+        super().__init__(
+            f"benchmark database {path} has schema version {found}, but this ucudnn supports "
+            f"versions up to {SCHEMA_VERSION}: upgrade ucudnn (pip install -U ucudnn), or point "
+            f"UCUDNN_CACHE (or the cache path argument) at another file"
+        )
+
+
+def version(db: sqlite_utils.Database) -> int:
+    return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+def check(path: Path, found: int, readonly: bool) -> bool:
+    """Whether a file of version `found` needs migrating; raises if it cannot be used."""
+    if found > SCHEMA_VERSION:
+        raise NewerSchemaError(path, found)
+    if found < SCHEMA_VERSION and readonly:
+        raise CacheError(
+            f"benchmark database {path} has schema version {found}, older than {SCHEMA_VERSION}, "
+            f"and is open read-only, so it cannot be migrated: open it writable once "
+            f"(BenchmarkDatabase(path)) to migrate it"
+        )
+    return found < SCHEMA_VERSION
+
+
+def _add_missing_columns(table: sqlite_utils.db.Table, columns: dict) -> None:
+    """Add the (non-key) columns an older file's table lacks."""
+    for name, kind in columns.items():
+        if name not in table.columns_dict:
+            table.add_column(name, kind, not_null_default=DEFAULTS.get(name))
+
+
+def _to_v1(db: sqlite_utils.Database) -> None:
+    """v0 (or a new, empty file) to v1: the two tables with every v1 column."""
+    if not db["measurements"].exists():
+        create = db.create_table_sql("measurements", MEASUREMENT_COLUMNS, pk=KEY, defaults=DEFAULTS,
+                                     not_null=(*KEY, "workspace", "status", *DEFAULTS))
+        # stored in primary key order: a lookup reads one b-tree, and the file is a third smaller
+        db.execute(create.strip().rstrip(";") + " WITHOUT ROWID")
+    _add_missing_columns(db["measurements"], MEASUREMENT_COLUMNS)
+    db["kernels"].create(KERNEL_COLUMNS, pk="shape_key", not_null=KERNEL_COLUMNS, if_not_exists=True)
+
+
+# MIGRATIONS[v] brings a file of version v to version v + 1.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def migrate(db: sqlite_utils.Database) -> None:
+    """Bring the file up to SCHEMA_VERSION; call inside a write transaction."""
+    for step in MIGRATIONS[version(db):]:  # read again under the lock: another process may have done it
+        step(db)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

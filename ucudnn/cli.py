@@ -1,0 +1,541 @@
+"""The `ucudnn` command: bench, optimize, cache and nets, a thin layer over the library.
+
+Every command parses its flags, calls the library and prints text or, with --json, one JSON
+document. Errors ucudnn raises on purpose print one line and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+from .config import OPTIMIZERS, POLICIES, Settings, batch_sizes, format_size, parse_size
+from .device import DeviceInfo
+from .errors import CacheError, ConfigError, GpuUnavailableError, MissingMeasurementsError, UcudnnError
+from .nets import Kernel, Network, find_kernel, get_network, list_networks
+from .planner import Plan, algo_name, limits, make_plan
+from .problem import LAYOUTS, MATH_TYPES
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+# ---- argument types: a bad value gets a one-line message that names it and the fix
+
+
+def _batch(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer; give the mini-batch size, e.g. 256")
+    return int(text)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text, "size")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _devices(text: str) -> list[int]:
+    parts = text.split(",")
+    if not all(part.strip().isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of GPU numbers; use e.g. 0 or 0,1")
+    return [int(part) for part in parts]
+
+
+def _output(text: str) -> Path:
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name such as {path / 'out.png'}")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied; choose a writable path")
+    return path
+
+
+# ---- where measurements come from
+
+
+def _gpu_available() -> bool:
+    try:
+        from .bindings import gpu_available
+    except ImportError:
+        return False
+    return gpu_available()
+
+
+def _sizes_for(policy: str):
+    return lambda problem: batch_sizes(policy, problem.batch)
+
+
+def _read_path(cache: str | None):
+    """Where commands that only read look: --cache, else $UCUDNN_CACHE, else the shipped recordings."""
+    from .cache.paths import recorded_path
+
+    return Settings.load(cache_path=cache).cache_path or recorded_path()
+
+
+def _write_path(cache: str | None):
+    """Where commands that measure or write go: --cache, else $UCUDNN_CACHE, else your cache file."""
+    from .cache.paths import default_path
+
+    return Settings.load(cache_path=cache).cache_path or default_path()
+
+
+def _database(path, readonly: bool = True):
+    """The benchmark database at `path`; an error naming the fix where there is none."""
+    import sqlite3
+
+    from .cache.database import BenchmarkDatabase
+
+    if path is None:
+        raise MissingMeasurementsError("no recorded measurements are shipped with this ucudnn; "
+                                       "pass --cache FILE with a database from `ucudnn bench`")
+    if readonly and not Path(path).is_file():
+        raise CacheError(f"no benchmark database at {path}; pass --cache FILE with one from `ucudnn bench`")
+    try:
+        return BenchmarkDatabase(path, readonly=readonly)
+    except sqlite3.DatabaseError as exc:
+        raise CacheError(f"{path} is not a usable benchmark database ({exc}); check the path") from None
+
+
+def _devices_in(database) -> list[DeviceInfo]:
+    """One provenance per (GPU, cuDNN) pair: what measurements are shared by."""
+    return list({d.reuse_key: d for d in database.devices()}.values())
+
+
+def _device_with_most(database, problems, path) -> DeviceInfo:
+    """Of the GPUs in a database, the one with measurements of the most of these kernels."""
+    devices = _devices_in(database)
+    if not devices:
+        raise MissingMeasurementsError(f"the database {path} holds no measurements; fill it with `ucudnn bench`")
+    return max(devices, key=lambda d: sum(len(t) > 0 for t in database.tables(problems, d).values()))
+
+
+def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, measure: bool, progress=None):
+    """Tables of every kernel by problem.key, complete for the policy's sizes within `cap` bytes
+    and for the whole batch with no cap (the unlimited reference), with the device they are
+    from and the database's path: measured here where `measure`, else read from the database."""
+    from .benchmark import ensure_tables
+
+    problems = [k.problem for k in kernels]
+    if measure:
+        from .benchmark import CudnnBenchmarker
+        from .cache import Cache
+
+        benchmarker = CudnnBenchmarker()
+        source, device, path = Cache(_write_path(settings.cache_path)), benchmarker.device, None
+    else:
+        benchmarker, path = None, _read_path(settings.cache_path)
+        source = _database(path)
+        device = _device_with_most(source, problems, path)
+    ensure_tables(problems, _sizes_for(settings.batch_size_policy), cap, source, benchmarker, progress,
+                  device=device)
+    tables = ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device)
+    return tables, device, path or source.path
+
+
+class ProgressBar:
+    """One line on stderr: kernels done, time left and the kernel being measured."""
+
+    def __init__(self, names: dict[str, str], stream=sys.stderr, width: int = 24):
+        self.names, self.stream, self.width = names, stream, width
+        self.start = time.monotonic()
+
+    def __call__(self, done: int, total: int, problem) -> None:
+        elapsed = time.monotonic() - self.start
+        left = f"{elapsed / done * (total - done):.0f} s left" if done else "time left unknown"
+        current = "done" if done == total else self.names.get(problem.key, problem.describe())
+        bar = "#" * (self.width * done // max(total, 1))
+        line = f"[{bar:<{self.width}}] {done}/{total} kernels, {left}, {current}"
+        if self.stream.isatty():  # redraw in place
+            self.stream.write(f"\r{line}\x1b[K" + ("\n" if done == total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+# ---- text output
+
+
+_NUMBER = re.compile(r"[\d.]+x?( [A-Za-z]+)?")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """Columns padded to their widest cell; a column of numbers (with a unit or x, or empty) is
+    right-aligned."""
+    cells = [[str(c) for c in row] for row in (headers, *rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [all(_NUMBER.fullmatch(row[i]) for row in cells[1:] if row[i]) for i in range(len(headers))]
+    return "\n".join("  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric))
+                     .rstrip() for row in cells)
+
+
+def _dims(values) -> str:
+    return "x".join(map(str, values))
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def _render_plan(network: Network, plan: Plan, args, device: DeviceInfo, measured: bool, path) -> str:
+    where = "measured here" if measured else "recorded"
+    limit = (f"WR, {format_size(plan.limit)} per kernel" if plan.optimizer == "wr"
+             else f"WD, {format_size(plan.limit)} in total")
+    rows = [(r.kernel.name, r.kernel.count, r.describe(r.configuration), _ms(r.configuration.time_ms),
+             format_size(r.configuration.workspace), _ms(r.undivided.time_ms), f"{r.speedup:.2f}x",
+             _ms(r.best.time_ms)) for r in plan.rows]
+    rows.append(("total", sum(r.kernel.count for r in plan.rows), "", _ms(plan.time_ms()),
+                 format_size(plan.workspace), _ms(plan.time_ms("undivided")), f"{plan.speedup:.2f}x",
+                 _ms(plan.time_ms("best"))))
+    lines = [
+        f"{network.name}: {network.description}",
+        f"batch {args.batch}, {args.dtype}, {args.layout}, math {args.math}; policy {plan.policy}; {limit}",
+        f"times are predicted from measurements {where} on {device.describe()} (database {path})",
+        "",
+        _table(("kernel", "n", "configuration", "ms", "workspace", "cuDNN ms", "speedup", "best ms"), rows),
+        "",
+        f"speedup over cuDNN undivided at {format_size(plan.kernel_limit)} per kernel: {plan.speedup:.2f}x "
+        f"({_ms(plan.time_ms('undivided'))} -> {_ms(plan.time_ms())} ms per iteration, predicted)",
+        f"unlimited best (cuDNN undivided, no workspace limit): {_ms(plan.time_ms('best'))} ms with "
+        f"{format_size(plan.reference_workspace('best'))}; the plan takes {plan.gap_to_best:.2f}x its time",
+        "n: occurrences in the network; totals count the time of each, the workspace of each distinct kernel once",
+    ]
+    if plan.solver:
+        s = plan.solver
+        lines.append(f"WD: {s['variables']} binary variables, built in {s['build_seconds']:.3f} s, "
+                     f"solved by {s['solver']} in {s['solve_seconds']:.3f} s")
+    return "\n".join(lines)
+
+
+def _device_json(device: DeviceInfo) -> dict:
+    return {**asdict(device), "description": device.describe()}
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+# ---- commands
+
+
+def _settings(args) -> Settings:
+    optimizer = getattr(args, "optimizer", None)
+    total = getattr(args, "total_workspace", None)
+    if total is not None and optimizer == "wr":
+        raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
+    return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
+                         total_workspace_limit=total, optimizer=optimizer or ("wd" if total else None),
+                         cache_path=args.cache)
+
+
+def _kernels(args) -> tuple[Network, list[Kernel]]:
+    network = get_network(args.net)
+    return network, network.problems(args.batch, args.dtype, args.math, args.layout)
+
+
+def bench(args) -> int:
+    settings = _settings(args)
+    network, kernels = _kernels(args)
+    if not _gpu_available():
+        raise GpuUnavailableError("ucudnn bench measures on an NVIDIA GPU with cuDNN and none is usable here; "
+                                  "`ucudnn optimize` plans from recorded measurements without one")
+    progress = ProgressBar({k.problem.key: k.name for k in kernels})
+    start = time.monotonic()
+    if len(args.devices) > 1:
+        device, path = _bench_on_devices(kernels, settings, args.devices, progress)
+    else:
+        from . import gpu
+
+        with gpu.cupy().cuda.Device(args.devices[0]):
+            _, device, path = _tables(kernels, settings, None, measure=True, progress=progress)
+    summary = {"network": network.name, "batch": args.batch, "kernels": len(kernels),
+               "sizes": list(batch_sizes(settings.batch_size_policy, args.batch)),
+               "device": device.describe(), "database": str(path), "seconds": time.monotonic() - start}
+    if args.json:
+        _print_json(summary)
+    else:
+        print(f"measured {summary['kernels']} kernels of {network.name} at batch {args.batch} "
+              f"(micro-batch sizes {', '.join(map(str, summary['sizes']))}) on {summary['device']} "
+              f"into {path} in {summary['seconds']:.1f} s")
+    return 0
+
+
+def _bench_on_devices(kernels, settings: Settings, devices: list[int], progress):
+    try:
+        from .parallel import bench_on_devices
+    except ImportError:
+        raise ConfigError("benchmarking on several GPUs is not in this version of ucudnn; "
+                          "use one, e.g. --devices 0") from None
+    path = _write_path(settings.cache_path)
+    device = bench_on_devices([k.problem for k in kernels], _sizes_for(settings.batch_size_policy), None,
+                              path, devices, progress=progress)
+    return device, path
+
+
+def optimize(args) -> int:
+    settings = _settings(args)
+    network, kernels = _kernels(args)
+    measured = not args.offline and _gpu_available()
+    limit, _ = limits(settings, len(kernels))
+    tables, device, path = _tables(kernels, settings, limit, measured,
+                                   ProgressBar({k.problem.key: k.name for k in kernels}) if measured else None)
+    plan = make_plan(kernels, tables, settings)
+    if args.plot:
+        _plot(args, network, plan, tables)
+    if args.json:
+        _print_json({"network": network.name, "description": network.description, "batch": args.batch,
+                     "dtype": args.dtype, "math": args.math, "layout": args.layout,
+                     "device": _device_json(device),
+                     "measured": measured, "database": str(path), **plan.to_json()})
+    else:
+        print(_render_plan(network, plan, args, device, measured, path))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+def _plot(args, network: Network, plan: Plan, tables) -> None:
+    from .optimizers.pareto import desirable_set
+    from .plots import plot_plan
+
+    row = plan.row(args.kernel) if args.kernel else plan.slowest()
+    problem = row.kernel.problem
+    front = desirable_set(tables[problem.key], problem.batch, batch_sizes(plan.policy, problem.batch),
+                          plan.limit)
+    plot_plan(plan, row, front, args.plot,
+              f"{network.name}, batch {args.batch}, {plan.optimizer.upper()} at {format_size(plan.limit)}")
+
+
+def nets(args) -> int:
+    if args.name is None:
+        networks = list_networks()
+        if args.json:
+            _print_json([{"name": n.name, "description": n.description, "conv_layers": n.conv_layers,
+                          "distinct_layers": len(n.layers)} for n in networks])
+        else:
+            print(_table(("network", "conv layers", "distinct", "description"),
+                         [(n.name, n.conv_layers, len(n.layers), n.description) for n in networks]))
+            print("\nalso: a network file NAME.json (`ucudnn nets NAME --json` writes one) or, with torch "
+                  "and torchvision installed, any torchvision model by name")
+        return 0
+    network = get_network(args.name)
+    if args.json:
+        _print_json(network.to_json())
+        return 0
+    print(f"{network.name}: {network.description}; {network.conv_layers} conv layers, "
+          f"{len(network.layers)} distinct (n: how many have that shape)\n")
+    print(_table(("layer", "n", "in", "out", "kernel", "stride", "pad", "dil", "groups", "input", "output",
+                  "GFLOP/sample"),
+                 [(layer.name, layer.count, layer.in_channels, layer.out_channels, _dims(layer.kernel),
+                   _dims(layer.stride), _dims(layer.pad), _dims(layer.dilation), layer.groups,
+                   _dims(layer.input_size), _dims(layer.output_size),
+                   f"{layer.problem('F', 1).flops() / 1e9:.3f}") for layer in network.layers]))
+    return 0
+
+
+def _kernel_cells(problem) -> tuple:
+    return (problem.kind.value, _dims(problem.x_shape[1:]), _dims(problem.w_shape), _dims(problem.pads),
+            _dims(problem.strides), _dims(problem.dilations), problem.groups, problem.dtype, problem.math,
+            problem.layout)
+
+
+_KERNEL_HEADERS = ("kind", "input", "filter", "pad", "stride", "dil", "groups", "dtype", "math", "layout")
+
+
+def cache_list(args) -> int:
+    path = _read_path(args.cache)
+    with _database(path) as database:
+        listing = [(device, database.kernels(device)) for device in _devices_in(database)]
+    if args.json:
+        _print_json({"database": str(path), "devices": [
+            {**_device_json(device), "kernels": [{"shape_key": p.shape_key(), "problem": p.to_dict(),
+                                                  "measurements": n} for p, n in kernels]}
+            for device, kernels in listing]})
+        return 0
+    print(f"{path}: measurements of {len(listing)} GPU and cuDNN pair(s)")
+    for device, kernels in listing:
+        print(f"\n{device.describe()}: {len(kernels)} kernels, {sum(n for _, n in kernels)} measurements")
+        print(_table((*_KERNEL_HEADERS, "measurements"), [(*_kernel_cells(p), n) for p, n in kernels]))
+    return 0
+
+
+def cache_show(args) -> int:
+    network, kernels = _kernels(args)
+    kernel = find_kernel(kernels, args.kernel)
+    path = _read_path(args.cache)
+    with _database(path) as database:
+        found = [(d, database.table(kernel.problem, d)) for d in _devices_in(database)]
+    found = [(device, table) for device, table in found if len(table)]
+    if not found:
+        raise MissingMeasurementsError(f"{path} has no measurements of {network.name} {kernel.name}; "
+                                       f"measure them with `ucudnn bench --net {args.net}` on a GPU")
+    ordered = lambda table: sorted(table, key=lambda m: (m.batch, m.algo))  # noqa: E731
+    if args.json:
+        _print_json({"kernel": kernel.name, "problem": kernel.problem.with_batch(1).to_dict(), "devices": [
+            {**_device_json(device), "measurements": [asdict(m) for m in ordered(table)]}
+            for device, table in found]})
+        return 0
+    print(f"{network.name} {kernel.name}: {kernel.problem.describe()}")
+    for device, table in found:
+        print(f"\n{device.describe()}")
+        print(_table(("micro-batch", "algorithm", "status", "ms", "workspace", "repeats"), [
+            (m.batch, algo_name(kernel.problem.kind, m.algo), m.status,
+             "" if m.time_ms is None else _ms(m.time_ms), format_size(m.workspace), m.repeats)
+            for m in ordered(table)]))
+    return 0
+
+
+def cache_merge(args) -> int:
+    from .cache.database import merge
+
+    for shard in args.shards:
+        if not Path(shard).is_file():
+            raise CacheError(f"shard {shard} does not exist; check the path")
+    target = args.into or _write_path(None)
+    count = merge(args.shards, target)
+    print(f"merged {count} measurements from {len(args.shards)} shard(s) into {target}")
+    return 0
+
+
+def cache_export(args) -> int:
+    path = _read_path(args.cache)
+    with _database(path) as database:
+        count = database.export_json(args.file)
+    print(f"exported {count} measurements from {path} to {args.file}")
+    return 0
+
+
+def cache_import(args) -> int:
+    path = _write_path(args.cache)
+    try:
+        with _database(path, readonly=False) as database:
+            count = database.import_json(args.file)
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CacheError(f"{args.file} is not a ucudnn benchmark export ({exc}); write one with "
+                         "`ucudnn cache export`") from None
+    print(f"imported {count} measurements from {args.file} into {path}")
+    return 0
+
+
+def cache_verify(args) -> int:
+    path = _read_path(args.cache)
+    with _database(path) as database:
+        problems = database.verify()
+    for problem in problems:
+        print(f"{path}: {problem}")
+    if not problems:
+        print(f"{path}: no problems found")
+    return 1 if problems else 0
+
+
+# ---- the parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, not the usage: the message names the value and the fix."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def _parent(*options: tuple[tuple, dict]) -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    for flags, kwargs in options:
+        parent.add_argument(*flags, **kwargs)
+    return parent
+
+
+_NETWORK = _parent(
+    (("--net",), dict(required=True, metavar="NAME|FILE.json",
+                      help="a built-in network (see `ucudnn nets`), a network file, or a torchvision model")),
+    (("--batch",), dict(type=_batch, default=256, help="mini-batch size (default 256)")),
+    (("--dtype",), dict(choices=DTYPES, default="float32", help="data type (default float32)")),
+    (("--math",), dict(choices=MATH_TYPES, default="default", help="cuDNN math type (default: default)")),
+    (("--layout",), dict(choices=LAYOUTS, default="nchw", help="tensor layout (default nchw)")),
+)
+_POLICY = _parent((("--policy",), dict(choices=POLICIES, help="micro-batch sizes to measure (default powerOfTwo)")))
+_CACHE = _parent((("--cache",), dict(metavar="PATH", help=(
+    "benchmark database (default: $UCUDNN_CACHE, else your cache file where ucudnn measures or writes, "
+    "and the measurements shipped in cache/ where it only reads)"))))
+_JSON = _parent((("--json",), dict(action="store_true", help="print one JSON document instead of text")))
+
+
+def _command(commands, name: str, help: str, example: str, run, parents=()) -> argparse.ArgumentParser:
+    command = commands.add_parser(name, help=help, description=help, parents=list(parents),
+                                  epilog=f"example:\n  {example}", formatter_class=_FORMATTER)
+    command.set_defaults(run=run)
+    return command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ucudnn", description="Micro-batched cuDNN convolutions: benchmark, plan, inspect.",
+                     epilog="example:\n  ucudnn optimize --net alexnet --batch 256 --workspace 64MiB",
+                     formatter_class=_FORMATTER)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _command(commands, "bench", "measure every kernel (F, BD, BF) of a network into the cache",
+                 "ucudnn bench --net resnet50 --batch 64 --policy powerOfTwo", bench,
+                 [_NETWORK, _POLICY, _CACHE, _JSON])
+    p.add_argument("--devices", type=_devices, default=[0], metavar="0,1", help="GPUs to measure on (default 0)")
+
+    p = _command(commands, "optimize", "plan micro-batches of every kernel: WR per kernel or WD for the network",
+                 "ucudnn optimize --net alexnet --batch 256 --workspace 64MiB", optimize,
+                 [_NETWORK, _POLICY, _CACHE, _JSON])
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="wr: a limit per kernel; wd: a total limit (default wr)")
+    p.add_argument("--workspace", type=_size, metavar="SIZE", help="WR limit per kernel (default 64MiB)")
+    p.add_argument("--total-workspace", type=_size, metavar="SIZE",
+                   help="WD limit for the network (implies --optimizer wd; default: --workspace times the kernels)")
+    p.add_argument("--plot", type=_output, metavar="FILE.png",
+                   help="draw a kernel's Pareto front, per-layer times and (WD) the workspace division")
+    p.add_argument("--kernel", metavar="LAYER/KIND", help="the kernel --plot shows, e.g. conv2/F (default: slowest)")
+    p.add_argument("--offline", action="store_true", help="plan from the cache only, even where a GPU could measure")
+
+    cache = _command(commands, "cache", "inspect and maintain benchmark databases",
+                     "ucudnn cache show --net alexnet --kernel conv2/F", None)
+    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _command(actions, "list", "the GPUs and kernels a database holds", "ucudnn cache list --cache h100.db",
+             cache_list, [_CACHE, _JSON])
+    p = _command(actions, "show", "every measurement of one kernel", "ucudnn cache show --net alexnet "
+                 "--kernel conv2/F", cache_show, [_NETWORK, _CACHE, _JSON])
+    p.add_argument("--kernel", required=True, metavar="LAYER/KIND", help="e.g. conv2/F, conv2/BD, conv2/BF")
+    p = _command(actions, "merge", "add shard databases into one", "ucudnn cache merge shards/*.db --into all.db",
+                 cache_merge)
+    p.add_argument("shards", nargs="+", metavar="SHARD.db")
+    p.add_argument("--into", type=_output, metavar="PATH", help="target database (default: your cache file)")
+    p = _command(actions, "export", "write a database as JSON", "ucudnn cache export h100.json --cache h100.db",
+                 cache_export, [_CACHE])
+    p.add_argument("file", type=_output, metavar="FILE.json")
+    p = _command(actions, "import", "add a JSON export to a database", "ucudnn cache import h100.json --cache my.db",
+                 cache_import, [_CACHE])
+    p.add_argument("file", metavar="FILE.json")
+    _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
+             "--cache h100.db", cache_verify, [_CACHE])
+
+    p = _command(commands, "nets", "list the built-in networks, or one network's conv layers",
+                 "ucudnn nets resnet50", nets, [_JSON])
+    p.add_argument("name", nargs="?", metavar="NAME|FILE.json", help="a network to show")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UcudnnError as exc:
+        print(f"ucudnn: error: {exc}", file=sys.stderr)
+    except BrokenPipeError:  # the reader went away (`| head`): stop writing, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:  # a file ucudnn was told to read or write
+        print(f"ucudnn: error: {exc}; check the path and its permissions", file=sys.stderr)
+    return 2

@@ -1,0 +1,146 @@
+"""Networks as ucudnn sees them: the geometry of their 2-D convolution layers, no weights."""
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from typing import NamedTuple
+
+from ..errors import ConfigError
+from ..problem import ConvKind, ConvProblem
+
+Pair = tuple[int, int]
+_PAIRS = ("kernel", "input_size", "stride", "pad", "dilation")
+
+
+def _pair(value, name: str) -> Pair:
+    values = (value, value) if isinstance(value, int) else tuple(value)
+    if len(values) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"{name}={value!r} must be an integer or a pair of integers [height, width]")
+    return values
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    """One convolution layer; `count` layers of the network have exactly this geometry."""
+
+    name: str
+    in_channels: int
+    out_channels: int
+    kernel: Pair | int
+    input_size: Pair | int  # height and width of the input feature map
+    stride: Pair | int = 1
+    pad: Pair | int = 0
+    dilation: Pair | int = 1
+    groups: int = 1
+    count: int = 1
+
+    def __post_init__(self):
+        for name in _PAIRS:
+            object.__setattr__(self, name, _pair(getattr(self, name), name))
+        if not isinstance(self.count, int) or self.count < 1:
+            raise ConfigError(f"layer {self.name}: count={self.count!r} must be a positive integer")
+        try:
+            self.problem(ConvKind.FORWARD, 1)
+        except ConfigError as exc:
+            raise ConfigError(f"layer {self.name}: {exc}") from None
+
+    @property
+    def geometry(self) -> tuple:
+        """Everything but the name and count: layers with equal geometry share their kernels."""
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name not in ("name", "count"))
+
+    @property
+    def output_size(self) -> Pair:
+        return self.problem(ConvKind.FORWARD, 1).y_shape[2:]
+
+    def problem(self, kind: ConvKind | str, batch: int, dtype: str = "float32", math: str = "default",
+                layout: str = "nchw") -> ConvProblem:
+        return ConvProblem(
+            kind, x_shape=(batch, self.in_channels, *self.input_size),
+            w_shape=(self.out_channels, self.in_channels // max(self.groups, 1), *self.kernel),
+            pads=self.pad, strides=self.stride, dilations=self.dilation, groups=self.groups,
+            dtype=dtype, math=math, layout=layout,
+        )
+
+    def to_json(self) -> dict:
+        """The layer as a network file writes it: pairs of equal values as one integer."""
+        d = asdict(self)
+        for name in _PAIRS:
+            height, width = d[name]
+            d[name] = height if height == width else [height, width]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ConvLayer":
+        known = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        if not isinstance(d, dict) or set(d) - known or required - set(d):
+            raise ConfigError(f"layer {d!r} is not understood: a layer has the keys {sorted(required)} "
+                              f"and optionally {sorted(known - required)}")
+        return cls(**d)
+
+
+class Kernel(NamedTuple):
+    """One convolution kernel (F, BD or BF) of a layer that occurs `count` times."""
+
+    layer: str
+    problem: ConvProblem
+    count: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.layer}/{self.problem.kind}"
+
+
+def find_kernel(kernels, name: str) -> Kernel:
+    """The kernel called `name` ("conv2/F")."""
+    for kernel in kernels:
+        if kernel.name == name:
+            return kernel
+    names = ", ".join(k.name for k in kernels[:6])
+    raise ConfigError(f"kernel {name!r} is not in this network; use LAYER/F, LAYER/BD or LAYER/BF, "
+                      f"e.g. {names}, ... (`ucudnn nets NAME` lists the layers)")
+
+
+def merge_identical(layers) -> tuple[ConvLayer, ...]:
+    """Layers of equal geometry as one, named after the first, counted, not duplicated."""
+    merged: dict[tuple, ConvLayer] = {}
+    for layer in layers:
+        first = merged.get(layer.geometry)
+        merged[layer.geometry] = replace(first, count=first.count + layer.count) if first else layer
+    return tuple(merged.values())
+
+
+@dataclass(frozen=True)
+class Network:
+    """A named network; its layers are merged by geometry on construction."""
+
+    name: str
+    layers: tuple[ConvLayer, ...]
+    description: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "layers", merge_identical(self.layers))
+        if not self.layers:
+            raise ConfigError(f"network {self.name!r} has no convolution layers")
+
+    @property
+    def conv_layers(self) -> int:
+        """Convolution layers in the network, identical ones included."""
+        return sum(layer.count for layer in self.layers)
+
+    def problems(self, batch: int, dtype: str = "float32", math: str = "default", layout: str = "nchw",
+                 kinds=tuple(ConvKind)) -> list[Kernel]:
+        """Every kernel of every distinct layer at mini-batch `batch`."""
+        return [Kernel(layer.name, layer.problem(kind, batch, dtype, math, layout), layer.count)
+                for layer in self.layers for kind in kinds]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "description": self.description,
+                "layers": [layer.to_json() for layer in self.layers]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Network":
+        if not isinstance(d, dict) or not isinstance(d.get("layers"), list):
+            raise ConfigError('a network file is a JSON object {"name": ..., "layers": [...]}; see docs/cli.md')
+        return cls(str(d.get("name", "custom")), tuple(ConvLayer.from_json(x) for x in d["layers"]),
+                   str(d.get("description", "")))

@@ -1,0 +1,148 @@
+"""Plans for a whole network: the WR or WD configuration of every kernel, beside the two
+references that say what it buys: cuDNN undivided at the same per-kernel limit (what cuDNN
+itself would pick) and undivided with no limit (the best cuDNN can do with unbounded memory).
+
+Pure CPU: kernels and their measurement tables in, a Plan out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .config import Settings, batch_sizes
+from .measurements import KernelTable
+from .nets import Kernel, find_kernel
+from .optimizers.configuration import Configuration
+from .optimizers.wr import optimize_wr
+from .problem import ConvKind
+
+
+def algo_name(kind: ConvKind, algo: int) -> str:
+    """cuDNN's name of an algorithm, or its number where the bindings are not importable."""
+    try:
+        from .bindings.enums import algo_name as name
+    except ImportError:
+        return f"algo {algo}"
+    return name(kind, algo)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    kernel: Kernel
+    configuration: Configuration  # the plan's
+    undivided: Configuration  # cuDNN's pick at the same per-kernel limit
+    best: Configuration  # undivided, unlimited workspace
+
+    @property
+    def speedup(self) -> float:
+        return self.undivided.time_ms / self.configuration.time_ms
+
+    def describe(self, configuration: Configuration) -> str:
+        return configuration.describe(lambda algo: algo_name(self.kernel.problem.kind, algo))
+
+
+def _configuration_json(row: KernelPlan, configuration: Configuration) -> dict:
+    return {"time_ms": configuration.time_ms, "workspace": configuration.workspace,
+            "description": row.describe(configuration),
+            "micro": [{**part, "algo_name": algo_name(row.kernel.problem.kind, part["algo"])}
+                      for part in configuration.to_json()]}
+
+
+@dataclass(frozen=True)
+class Plan:
+    optimizer: str  # "wr" or "wd"
+    policy: str
+    limit: int  # bytes: per kernel (WR) or for the whole network (WD)
+    kernel_limit: int  # bytes each kernel gets in the undivided reference
+    rows: tuple[KernelPlan, ...]
+    workspace: int  # bytes the plan allocates in all (WD: the divided buffer, aligned)
+    solver: dict | None = None  # WD: the ILP's size and timings
+
+    def time_ms(self, which: str = "configuration") -> float:
+        """Predicted time of every kernel once per occurrence: of the plan, or of the
+        "undivided" or "best" reference."""
+        return sum(row.kernel.count * getattr(row, which).time_ms for row in self.rows)
+
+    def reference_workspace(self, which: str) -> int:
+        """Bytes a reference allocates: one workspace per distinct kernel, as ucudnn's handle does
+        (identical layers never run at once, so they share one)."""
+        return sum(getattr(row, which).workspace for row in self.rows)
+
+    @property
+    def speedup(self) -> float:
+        """Over cuDNN undivided at the same limit."""
+        return self.time_ms("undivided") / self.time_ms()
+
+    @property
+    def gap_to_best(self) -> float:
+        """The plan's time over the unlimited best's: 1.0 means nothing is left to gain."""
+        return self.time_ms() / self.time_ms("best")
+
+    def row(self, name: str) -> KernelPlan:
+        kernel = find_kernel([row.kernel for row in self.rows], name)
+        return next(row for row in self.rows if row.kernel == kernel)
+
+    def slowest(self) -> KernelPlan:
+        """The kernel that takes the most of the plan's time."""
+        return max(self.rows, key=lambda row: row.kernel.count * row.configuration.time_ms)
+
+    def to_json(self) -> dict:
+        return {
+            "optimizer": self.optimizer, "policy": self.policy, "limit": self.limit,
+            "kernel_limit": self.kernel_limit, "solver": self.solver,
+            "kernels": [{
+                "name": row.kernel.name, "layer": row.kernel.layer, "kind": row.kernel.problem.kind.value,
+                "count": row.kernel.count, "problem": row.kernel.problem.to_dict(),
+                "speedup": row.speedup,
+                **{which: _configuration_json(row, getattr(row, which))
+                   for which in ("configuration", "undivided", "best")},
+            } for row in self.rows],
+            "total": {
+                "time_ms": self.time_ms(), "workspace": self.workspace,
+                "undivided_time_ms": self.time_ms("undivided"),
+                "undivided_workspace": self.reference_workspace("undivided"),
+                "best_time_ms": self.time_ms("best"), "best_workspace": self.reference_workspace("best"),
+                "speedup": self.speedup, "gap_to_best": self.gap_to_best,
+            },
+        }
+
+
+def limits(settings: Settings, kernels: int) -> tuple[int, int]:
+    """(the plan's limit, the per-kernel limit of the undivided reference) in bytes for a network
+    of `kernels` distinct kernels: WR's limit is per kernel; WD's total defaults to the per-kernel
+    limit times the kernels, as the handle's does."""
+    if settings.optimizer == "wr":
+        return settings.workspace_limit, settings.workspace_limit
+    total = settings.total_workspace_limit
+    total = settings.workspace_limit * kernels if total is None else total
+    return total, total // kernels
+
+
+def make_plan(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings: Settings,
+              solver: str = "cbc") -> Plan:
+    """WR at settings.workspace_limit per kernel, or WD at settings.total_workspace_limit (see
+    `limits`). `tables` holds each kernel's measurements by problem.key, complete for the
+    policy's sizes within the limit and for the whole batch with none (benchmark.ensure_tables)."""
+    batch = kernels[0].problem.batch
+    sizes = batch_sizes(settings.batch_size_policy, batch)
+    limit, kernel_limit = limits(settings, len(kernels))
+    solver_stats = None
+    if settings.optimizer == "wr":
+        chosen = {k.name: optimize_wr(tables[k.problem.key], batch, sizes, limit, kernel=k.name)
+                  for k in kernels}
+        workspace = sum(configuration.workspace for configuration in chosen.values())
+    else:
+        from .optimizers.wd import WDKernel, optimize_wd
+
+        result = optimize_wd([WDKernel(k.name, tables[k.problem.key], batch, k.count) for k in kernels],
+                             sizes, limit, solver=solver)
+        chosen, workspace = result.configurations, result.total_workspace
+        solver_stats = {"solver": result.solver, "variables": result.variables,
+                        "build_seconds": result.build_seconds, "solve_seconds": result.solve_seconds}
+    rows = tuple(KernelPlan(
+        k, chosen[k.name],
+        undivided=optimize_wr(tables[k.problem.key], batch, (batch,), kernel_limit, kernel=k.name),
+        best=optimize_wr(tables[k.problem.key], batch, (batch,), None, kernel=k.name),
+    ) for k in kernels)
+    return Plan(settings.optimizer, settings.batch_size_policy, limit, kernel_limit, rows, workspace,
+                solver_stats)
