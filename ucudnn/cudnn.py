@@ -48,7 +48,7 @@ def _find(handle, kind, descs, ptrs, workspace, workspace_size) -> list[AlgoPerf
     if isinstance(handle, Handle):
         return _get(handle, kind, descs)
     return _conv.find_algorithms(handle, kind, descs, {k: pointer(v) for k, v in ptrs.items()},
-                                 pointer(workspace or 0), workspace_size)
+                                 pointer(workspace), workspace_size)
 
 
 def _workspace(handle, kind, descs, algo) -> int:
@@ -63,7 +63,7 @@ def _convolve(handle, kind, descs, ptrs, algo, workspace, workspace_size, alpha,
         handle.convolve(problem, ptrs["x"], ptrs["w"], ptrs["y"], alpha, beta)
     else:
         _conv.convolve(handle, kind, descs, {k: pointer(v) for k, v in ptrs.items()}, algo,
-                       pointer(workspace or 0), workspace_size, alpha, beta, problem.dtype)
+                       pointer(workspace), workspace_size, alpha, beta, problem.dtype)
 
 
 # Forward: x, w -> y

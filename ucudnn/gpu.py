@@ -44,7 +44,9 @@ def alloc(nbytes: int) -> Any:
 
 
 def pointer(buffer: Any) -> int:
-    """The device address of a CuPy array/MemoryPointer, a torch tensor, or an int."""
+    """The device address of a CuPy array/MemoryPointer, a torch tensor, an int, or None (0)."""
+    if buffer is None:
+        return 0
     if isinstance(buffer, int):
         return buffer
     if hasattr(buffer, "data_ptr"):

@@ -29,8 +29,8 @@ ROWS_PER_TRANSACTION = 1000  # bulk writes (merge, import) keep each lock short 
 # than long strings); CROSS JOIN makes SQLite walk the keys and search the primary key for each.
 _LOOKUP = (
     "SELECT k.key, m.algo, m.batch, m.time_ms, m.workspace, m.status, m.repeats "
-    "FROM json_each(?3) k CROSS JOIN measurements m "
-    "WHERE m.gpu_name = ?1 AND m.cudnn_version = ?2 AND m.shape_key = k.value"
+    "FROM json_each(:keys) k CROSS JOIN measurements m "
+    "WHERE m.gpu_name = :gpu AND m.cudnn_version = :cudnn AND m.shape_key = k.value"
 )
 # Problems verify() looks for: what is wrong -> the rows that have it.
 _BAD_ROWS = {
@@ -142,7 +142,7 @@ class BenchmarkDatabase:
         """`tables` for callers that already hold the shape keys."""
         keys = list(dict.fromkeys(shape_keys))
         tables = [KernelTable() for _ in keys]
-        params = (device.gpu_name, device.cudnn_version, json.dumps(keys))
+        params = {"gpu": device.gpu_name, "cudnn": device.cudnn_version, "keys": json.dumps(keys)}
         rows = self._read(lambda: self._conn.execute(_LOOKUP, params).fetchall())
         for index, algo, batch, time_ms, workspace, status, repeats in rows:
             tables[index].add(Measurement(algo, batch, time_ms, workspace, status, repeats))

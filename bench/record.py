@@ -1,0 +1,64 @@
+"""Record the measurements shipped in cache/: every conv kernel (F, BD, BF) of the built-in
+networks, every algorithm at every micro-batch size of the policy, on this GPU, into
+`<OUT>/<gpu>-cudnn<version>.db` (e.g. cache/nvidia-h100-80gb-hbm3-cudnn91900.db).
+
+    python3 bench/record.py --out cache [--specs alexnet:256:float32:nchw:powerOfTwo,...]
+
+Specs run in order and each kernel is stored as soon as it is measured, so an interrupted run
+keeps what it did and a second run measures only what is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+from ucudnn.benchmark import CudnnBenchmarker, ensure_tables
+from ucudnn.cache import Cache
+from ucudnn.config import batch_sizes
+from ucudnn.nets import get_network
+
+# net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want
+DEFAULT_SPECS = ",".join(
+    f"{net}:{dtype}:{policy}"
+    for policy in ("powerOfTwo",)
+    for dtype in ("float32:nchw", "float16:nhwc")
+    for net in ("alexnet:256", "resnet18:128", "resnet50:32", "resnet50:64", "densenet40:256")
+) + ",alexnet:256:float32:nchw:all"
+
+
+def database_name(gpu_name: str, cudnn_version: int) -> str:
+    """'NVIDIA H100 80GB HBM3', 91900 -> 'nvidia-h100-80gb-hbm3-cudnn91900.db'."""
+    return f"{re.sub(r'[^a-z0-9]+', '-', gpu_name.lower()).strip('-')}-cudnn{cudnn_version}.db"
+
+
+def record(spec: str, cache: Cache, bench: CudnnBenchmarker) -> dict:
+    net, batch, dtype, layout, policy = spec.split(":")
+    kernels = get_network(net).problems(int(batch), dtype, "default", layout)
+    start, calls = time.perf_counter(), bench.calls
+    ensure_tables([k.problem for k in kernels], lambda p: batch_sizes(policy, p.batch), None, cache, bench)
+    summary = dict(spec=spec, kernels=len(kernels), measured=bench.calls - calls,
+                   seconds=round(time.perf_counter() - start, 1))
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="cache", help="folder of the database (default cache/)")
+    parser.add_argument("--specs", default=DEFAULT_SPECS, help="net:batch:dtype:layout:policy,...")
+    args = parser.parse_args(argv)
+    bench = CudnnBenchmarker()
+    path = Path(args.out) / database_name(bench.device.gpu_name, bench.device.cudnn_version)
+    print(f"{bench.device.describe()} -> {path}", flush=True)
+    cache = Cache(path)
+    for spec in args.specs.split(","):
+        record(spec, cache, bench)
+    cache.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
