@@ -1,0 +1,307 @@
+"""GPU: ucudnn.torch against torch.nn.Conv2d. Outputs and gradients (input, weight, bias) of
+random layers in fp32 (FMA and TF32), fp16 and bf16, contiguous and channels_last, against a
+float64 reference, within the error bound of the dtype or a small multiple of torch's own error;
+AMP autocast; no_grad and inference_mode; torch.compile; a side stream; WD from a sample input;
+and a small CNN whose 20-step loss curve follows torch's."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import ucudnn.torch as ut  # noqa: E402
+from ucudnn.errors import UcudnnWarning  # noqa: E402
+from ucudnn.integrations import torch as integration  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
+if torch.cuda.is_available():
+    torch.backends.cudnn.version()  # torch's libcudnn first, so ucudnn binds the same library
+
+# name: (dtype, torch.backends.cudnn.allow_tf32, bound on ||out - ref|| / ||ref|| of one rounding)
+DTYPES = {
+    "fp32": (torch.float32, False, 1e-4),
+    "tf32": (torch.float32, True, 5e-3),
+    "fp16": (torch.float16, False, 1e-2),
+    "bf16": (torch.bfloat16, False, 3e-2),
+}
+ALL_KINDS = {"F", "BD", "BF"}
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_settings(monkeypatch):
+    monkeypatch.setattr(integration, "_warned", set())
+    allow = torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32 = allow
+
+
+@pytest.fixture(scope="session")
+def cache_path(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("ucudnn-torch") / "bench.db")
+
+
+@pytest.fixture
+def make_context(cache_path):
+    def make(**settings) -> ut.Context:
+        settings.setdefault("workspace_limit", "1MiB")  # tight: fast algorithms need micro-batches
+        return ut.Context(cache_path=cache_path, **settings)
+    return make
+
+
+def random_layer(rng: np.random.Generator, dtype: torch.dtype, device: str = "cuda") -> tuple[nn.Conv2d, torch.Tensor, str]:
+    """A random layer (groups, dilation, stride, padding styles and modes, bias) on the GPU, an
+    input for it (batch 1 to 64, contiguous or channels_last), and a description."""
+    groups = int(rng.choice([1, 1, 2, 4]))
+    cin, cout = groups * int(rng.integers(1, 5)), groups * int(rng.integers(1, 5))
+    kernel = tuple(int(k) for k in rng.integers(1, 4, 2))
+    dilation = tuple(int(d) for d in rng.integers(1, 3, 2))
+    stride = tuple(int(s) for s in rng.integers(1, 3, 2))
+    style = str(rng.choice(["int", "int", "same", "valid", "reflect", "circular"]))
+    if style == "same" and all(d * (k - 1) % 2 == 0 for d, k in zip(dilation, kernel)):
+        padding, stride = "same", (1, 1)  # torch allows 'same' with stride 1 only
+    elif style == "valid":
+        padding = "valid"
+    else:
+        padding = tuple(int(rng.integers(0, k)) for k in kernel)
+    mode = style if style in ("reflect", "circular") else "zeros"
+    layer = nn.Conv2d(cin, cout, kernel, stride, padding, dilation, groups, bias=bool(rng.integers(0, 2)),
+                      padding_mode=mode, device=device, dtype=dtype)
+    size = [int(rng.integers(max(6, (k - 1) * d + 1), 17)) for k, d in zip(kernel, dilation)]
+    x = torch.randn(int(rng.choice([1, 5, 32, 64])), cin, *size, device=device, dtype=dtype)
+    if rng.integers(0, 2):
+        layer, x = layer.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    return layer, x, f"{layer} on {tuple(x.shape)} channels_last={not x.is_contiguous()}"
+
+
+def step(module: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+    """[y, dx, dw, db (if any)] of one forward and backward."""
+    xi = x.detach().clone().requires_grad_()
+    y = module(xi)
+    y.backward(dy)
+    out = [y.detach(), xi.grad] + [p.grad for p in module.parameters()]
+    module.zero_grad(set_to_none=True)
+    return out
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got = got.double()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def model_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """relative_error, but against a norm of at least 1e-2: a gradient that is ~0 (all of this
+    model's are above 0.05) would give noise over noise."""
+    got, want = got.double(), want.double()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got - want).norm() / max(want.norm().item(), 1e-2)).item()
+
+
+def bf_parts(context: ut.Context) -> int:
+    """Micro-batches of the BF kernel: each one rounds the partial dW to the dtype once more."""
+    return max([k.get("parts", 1) for k in context.summary()["kernels"] if k["kind"] == "BF"] or [1])
+
+
+def check_against_reference(theirs: nn.Module, ours: nn.Module, x, dy, context, bound: float, what: str):
+    ref = step(copy.deepcopy(theirs).double(), x.double(), dy.double())
+    want, got = step(theirs, x, dy), step(ours, x, dy)
+    for name, g, w, r in zip(["y", "dx", "dw", "db"], got, want, ref):
+        limit = max(bound * (bf_parts(context) if name == "dw" else 1), 4 * relative_error(w, r))
+        error = relative_error(g, r)
+        assert error <= limit, (f"{name} of {what}: ucudnn {error:.2e}, torch {relative_error(w, r):.2e}, "
+                                f"limit {limit:.2e}; {context.summary()['kernels']}")
+    assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape
+    cl = torch.channels_last
+    assert got[0].is_contiguous(memory_format=cl) == want[0].is_contiguous(memory_format=cl)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("case", list(DTYPES))
+def test_random_layers_match_torch(case, seed, make_context):
+    dtype, tf32, bound = DTYPES[case]
+    torch.backends.cudnn.allow_tf32 = tf32
+    rng = np.random.default_rng(100 * seed + list(DTYPES).index(case))
+    theirs, x, what = random_layer(rng, dtype)
+    context = make_context()
+    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    with torch.no_grad():
+        dy = torch.randn_like(theirs(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)  # no fallback of any kind
+        check_against_reference(theirs, ours, x, dy, context, bound, what)
+    assert {kind for via, kind in context.runs if via == "ucudnn"} == ALL_KINDS
+    print(what, [(k["kind"], k.get("configuration")) for k in context.summary()["kernels"]])
+
+
+def test_alexnet_conv2_under_a_tight_limit(make_context):
+    """A layer whose fast algorithms need far more than 1 MiB at batch 64: results stay right
+    whatever mix of micro-batches ucudnn picks (printed)."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    theirs = nn.Conv2d(96, 256, 5, padding=2, device="cuda")
+    x = torch.randn(64, 96, 27, 27, device="cuda")
+    context = make_context(workspace_limit="1MiB")
+    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    dy = torch.randn(64, 256, 27, 27, device="cuda")
+    check_against_reference(theirs, ours, x, dy, context, 1e-4, "AlexNet conv2")
+    for k in context.summary()["kernels"]:
+        assert k["via"] == "ucudnn" and k["workspace"] <= 2**20, k
+        print(k["kind"], k["configuration"], k["workspace"])
+
+
+def small_cnn(classes: int = 10) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding="same", groups=4), nn.ReLU(),
+        nn.Conv2d(32, 64, 5, padding=2, padding_mode="reflect"), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes),
+    ).cuda()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_autocast(dtype, make_context):
+    torch.manual_seed(0)
+    model = small_cnn()
+    context = make_context()
+    ours = ut.convert(copy.deepcopy(model), context=context)
+    x = torch.randn(16, 3, 32, 32, device="cuda")
+    results = []
+    for m in (model, ours):
+        with torch.autocast("cuda", dtype=dtype):
+            y = m(x)
+        y.float().square().mean().backward()
+        results.append([y.detach().float()] + [p.grad.float() for p in m.parameters()])
+    assert y.dtype == dtype
+    for got, want in zip(results[1], results[0]):  # two low-precision computations, not a reference
+        assert model_error(got, want) < (5e-2 if dtype == torch.bfloat16 else 2e-2)
+    name = {torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    assert all(name in k["kernel"] for k in context.summary()["kernels"])
+    assert {kind for via, kind in context.runs if via == "ucudnn"} == ALL_KINDS
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_inference_runs_forward_kernels_only(mode, make_context):
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    model = small_cnn().eval()
+    context = make_context()
+    ours = ut.convert(copy.deepcopy(model), context=context)
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    with getattr(torch, mode)():
+        got, want = ours(x), model(x)
+    assert not got.requires_grad
+    assert model_error(got, want) < 5e-4
+    assert {kind for via, kind in context.runs} == {"F"}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_graph_breaks_at_the_convolutions(backend, make_context):
+    torch.backends.cudnn.allow_tf32 = False
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = small_cnn()
+    context = make_context()
+    ours = torch.compile(ut.convert(copy.deepcopy(model), context=context), backend=backend)
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    dy = torch.randn(8, 10, device="cuda")
+    for got, want in zip(step(ours, x, dy), step(model, x, dy)):
+        assert model_error(got, want) < 5e-4
+    assert {kind for via, kind in context.runs if via == "ucudnn"} == ALL_KINDS
+
+
+def test_runs_on_torchs_current_stream(make_context):
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    theirs = nn.Conv2d(8, 16, 3, padding=1, device="cuda")
+    context = make_context()
+    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    x = torch.randn(32, 8, 20, 20, device="cuda")
+    dy = torch.randn(32, 16, 20, 20, device="cuda")
+    want = step(theirs, x, dy)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = step(ours, x, dy)
+        assert context.handle(x.device).stream == side.cuda_stream
+    torch.cuda.current_stream().wait_stream(side)
+    for g, w in zip(got, want):
+        assert model_error(g, w) < 5e-4
+
+
+def train(model: nn.Module, data, labels, amp: bool, steps: int = 20) -> list[float]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=amp)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = nn.functional.cross_entropy(model(data), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp"])
+def test_training_follows_torchs_loss_curve(precision, make_context):
+    amp = precision == "amp"
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    model = small_cnn()
+    context = make_context(workspace_limit="8MiB")
+    ours = ut.convert(copy.deepcopy(model), context=context)
+    data = torch.randn(64, 3, 32, 32, device="cuda")
+    labels = torch.randint(0, 10, (64,), device="cuda")
+    theirs_curve = train(model, data, labels, amp)
+    ours_curve = train(ours, data, labels, amp)
+    print(precision, "torch ", np.round(theirs_curve, 4).tolist())
+    print(precision, "ucudnn", np.round(ours_curve, 4).tolist())
+    assert theirs_curve[-1] < theirs_curve[0]  # it learns, so the curves say something
+    np.testing.assert_allclose(ours_curve, theirs_curve, rtol=3e-2 if amp else 2e-3, atol=1e-3)
+    assert {kind for via, kind in context.runs if via == "ucudnn"} == ALL_KINDS
+
+
+def test_wd_from_a_sample_input(make_context):
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    model = small_cnn()
+    context = make_context(optimizer="wd", workspace_limit="2MiB")
+    x = torch.randn(32, 3, 32, 32, device="cuda")
+    ours = ut.convert(copy.deepcopy(model), context=context, sample_input=x)
+    ours.load_state_dict(model.state_dict())  # the sample pass moved BatchNorm's running stats
+    assert not context.runs
+    (solve,) = context.summary()["wd"]
+    assert 0 <= solve["total_workspace"] <= solve["total_limit"] == 11 * 2 * 2**20  # 4 F, 3 BD, 4 BF
+    result = context.handle(x.device).plans.wd_result
+    dy = torch.randn(32, 10, device="cuda")
+    # step() also asks for dx: the first layer's BD comes late and gets what the total has left
+    for got, want in zip(step(ours, x, dy), step(model, x, dy)):
+        assert model_error(got, want) < 5e-4
+    assert {kind for via, kind in context.runs if via == "ucudnn"} == ALL_KINDS
+    assert context.handle(x.device).plans.wd_result is result  # solved once
+    print(solve, [(k["kind"], k.get("configuration"), k.get("workspace")) for k in context.summary()["kernels"]])
+
+
+def test_unsupported_settings_fall_back_with_torchs_results(make_context):
+    torch.manual_seed(0)
+    context = make_context()
+    double = nn.Conv2d(3, 4, 3, device="cuda", dtype=torch.float64)
+    ours = ut.convert(copy.deepcopy(double), context=context)
+    x = torch.randn(2, 3, 8, 8, device="cuda", dtype=torch.float64)
+    with pytest.warns(UcudnnWarning, match="float64"):
+        assert torch.equal(ours(x), double(x))
+    even = nn.Conv2d(3, 4, 4, padding="same", device="cuda")
+    ours = ut.convert(copy.deepcopy(even), context=context)
+    with pytest.warns(UcudnnWarning, match="asymmetrically"):
+        assert torch.equal(ours(x.float()), even(x.float()))
+    assert not context.runs

@@ -1,0 +1,484 @@
+"""CPU: the PyTorch integration. Conversion (nested modules, identity, hooks, state_dict, pickling),
+torch's fallback (exact results, one warning per reason), and the whole ucudnn path of a layer
+(prepare, autograd Function, plans, micro-batched dispatch, WD recording) run on the CPU through
+a NumPy backend: Plans with a fake benchmarker and the float64 NumPy executor in place of cuDNN."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import io
+import pickle
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+# The NumPy executor reads the prior output (torch.empty: any bit pattern) even when beta is 0.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+from torch import nn  # noqa: E402
+
+import ucudnn.torch as ut  # noqa: E402
+from fakes import FakeAllocator, FakeBenchmarker  # noqa: E402
+from ucudnn.cache import Cache  # noqa: E402
+from ucudnn.dispatch import NumpyExecutor  # noqa: E402
+from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
+from ucudnn.integrations import torch as integration  # noqa: E402
+from ucudnn.plans import Plans  # noqa: E402
+from ucudnn.problem import ConvKind  # noqa: E402
+
+
+class NumpyHandle:
+    """ucudnn.Handle's interface over real Plans, a fake benchmarker and the NumPy executor."""
+
+    def __init__(self, settings, cache):
+        self.plans = Plans(settings, cache, FakeBenchmarker, FakeAllocator(), pointer=lambda address: address)
+        self.executor = NumpyExecutor()
+        self.stream = None
+
+    def query(self, problem):
+        self.plans.record(problem)
+
+    def plan(self, problem):
+        return self.plans.get(problem)
+
+    def finalize(self):
+        self.plans.finalize()
+
+
+class NumpyBackend(integration.CudaBackend):
+    """Runs 'ucudnn' kernels on CPU tensors: operands are flat NumPy views of their memory."""
+
+    def runs_on(self, device):
+        return device.type == "cpu"
+
+    def device_guard(self, device):
+        return contextlib.nullcontext()
+
+    def stream(self, device):
+        return None
+
+    def make_handle(self, settings, cache, device):
+        return NumpyHandle(settings, cache)
+
+    def borrow(self, nbytes, device):
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def operand(self, tensor):
+        return tensor.detach().as_strided((tensor.numel(),), (1,)).numpy()
+
+    def synchronize(self, device):
+        pass
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    """Every test sees the one-time warnings afresh."""
+    monkeypatch.setattr(integration, "_warned", set())
+
+
+@pytest.fixture
+def numpy_context(tmp_path):
+    def make(**settings):
+        settings.setdefault("workspace_limit", "64KiB")  # small: the fake fast algorithms split the batch
+        return ut.Context(backend=NumpyBackend(), cache=Cache(tmp_path / "bench.db"), **settings)
+    return make
+
+
+class Net(nn.Module):
+    """Convolutions at several depths, beside modules convert() must leave alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.ModuleList([
+            nn.Sequential(nn.Conv2d(8, 8, 3, padding="same", groups=2), nn.ReLU()),
+            nn.Sequential(nn.Sequential(nn.Conv2d(8, 6, 1, bias=False)), nn.BatchNorm2d(6)),
+        ])
+        self.named = nn.ModuleDict({"down": nn.Conv2d(6, 4, 3, stride=2, dilation=2, padding_mode="reflect",
+                                                      padding=2)})
+        self.other = nn.Conv1d(2, 2, 1)
+        self.up = nn.ConvTranspose2d(4, 4, 2)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.up(self.named["down"](x))
+
+
+def plain_convs(model):
+    return [m for m in model.modules() if type(m) is nn.Conv2d]
+
+
+def converted_convs(model):
+    return [m for m in model.modules() if isinstance(m, ut.Conv2d)]
+
+
+# --- conversion ------------------------------------------------------------------------------------
+
+def test_convert_replaces_every_conv2d_in_place_nested_ones_too():
+    torch.manual_seed(0)
+    model = Net()
+    before = {name: id(m) for name, m in model.named_modules()}
+    params = {name: p for name, p in model.named_parameters()}
+    convs = plain_convs(model)
+    assert len(convs) == 4
+    assert ut.convert(model, workspace_limit="8MiB") is model
+    assert not plain_convs(model)
+    assert converted_convs(model) == convs  # the same objects, now of ucudnn's class
+    assert {name: id(m) for name, m in model.named_modules()} == before
+    assert all(p is params[name] for name, p in model.named_parameters())  # optimizers keep working
+    assert type(model.other) is nn.Conv1d and type(model.up) is nn.ConvTranspose2d
+    contexts = {id(m.ucudnn_context) for m in convs}
+    assert len(contexts) == 1 and convs[0].ucudnn_context.settings.workspace_limit == 8 * 2**20
+
+
+def test_convert_takes_a_bare_conv_and_keeps_hooks():
+    conv = nn.Conv2d(2, 3, 3)
+    seen = []
+    conv.register_forward_hook(lambda module, inputs, output: seen.append(output.shape))
+    assert ut.convert(conv) is conv and isinstance(conv, ut.Conv2d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UcudnnWarning)
+        conv(torch.randn(1, 2, 5, 5))
+    assert seen == [torch.Size([1, 3, 3, 3])]
+
+
+def test_convert_leaves_subclasses_alone_and_says_so():
+    class Standardized(nn.Conv2d):
+        pass
+
+    model = nn.Sequential(Standardized(2, 2, 1), nn.Conv2d(2, 2, 1))
+    with pytest.warns(UcudnnWarning, match="Standardized"):
+        ut.convert(model)
+    assert type(model[0]) is Standardized and isinstance(model[1], ut.Conv2d)
+
+
+def test_convert_settings_and_their_errors():
+    model = ut.convert(nn.Conv2d(1, 1, 1), workspace_limit="8MiB", optimizer="WD", policy="all",
+                       total_limit="1GiB")
+    s = model.ucudnn_context.settings
+    assert (s.workspace_limit, s.optimizer, s.batch_size_policy, s.total_workspace_limit) == \
+        (8 * 2**20, "wd", "all", 2**30)
+    with pytest.raises(ConfigError, match="optimizer"):
+        ut.convert(nn.Conv2d(1, 1, 1), optimizer="fastest")
+    with pytest.raises(ConfigError, match="not both"):
+        ut.convert(nn.Conv2d(1, 1, 1), workspace_limit="1MiB", context=ut.Context())
+
+
+def test_conv2d_has_torch_constructor_and_initialization():
+    assert inspect.signature(ut.Conv2d) == inspect.signature(nn.Conv2d)
+    torch.manual_seed(3)
+    ours = ut.Conv2d(4, 6, (3, 5), stride=2, padding=1, groups=2, padding_mode="circular")
+    torch.manual_seed(3)
+    theirs = nn.Conv2d(4, 6, (3, 5), stride=2, padding=1, groups=2, padding_mode="circular")
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
+    assert ours.ucudnn_context is None  # the default context, made on first use
+    assert "ucudnn=wr@" in repr(ours)
+
+
+def test_state_dict_round_trip():
+    torch.manual_seed(1)
+    original = Net()
+    converted = ut.convert(copy.deepcopy(original))
+    theirs, ours = original.state_dict(), converted.state_dict()
+    assert list(theirs) == list(ours)
+    assert all(torch.equal(theirs[k], ours[k]) for k in theirs)
+    fresh = Net()
+    fresh.load_state_dict(ours)  # strict: ucudnn adds no parameter or buffer
+    assert all(torch.equal(theirs[k], v) for k, v in fresh.state_dict().items())
+    torch.manual_seed(2)
+    other = ut.convert(Net())
+    other.load_state_dict(theirs)
+    assert all(torch.equal(theirs[k], v) for k, v in other.state_dict().items())
+    buffer = io.BytesIO()
+    torch.save(ours, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert all(torch.equal(theirs[k], v) for k, v in loaded.items())
+
+
+def test_converted_models_pickle_and_deepcopy():
+    model = ut.convert(Net(), workspace_limit="2MiB", optimizer="wd")
+    twin = copy.deepcopy(model)
+    assert twin.stem is not model.stem and twin.stem.ucudnn_context is model.stem.ucudnn_context
+    revived = pickle.loads(pickle.dumps(model))
+    assert isinstance(revived.stem, ut.Conv2d)
+    assert revived.stem.ucudnn_context.settings == model.stem.ucudnn_context.settings
+    assert revived.stem.ucudnn_context is revived.named["down"].ucudnn_context
+
+
+# --- fallback to torch -------------------------------------------------------------------------------
+
+FALLBACK_LAYERS = [
+    dict(in_channels=3, out_channels=4, kernel_size=3),
+    dict(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=1, dilation=2, groups=2),
+    dict(in_channels=3, out_channels=3, kernel_size=4, padding="same"),
+    dict(in_channels=3, out_channels=2, kernel_size=3, padding=2, padding_mode="reflect", bias=False),
+    dict(in_channels=2, out_channels=2, kernel_size=(1, 3), padding="valid", padding_mode="circular"),
+]
+
+
+@pytest.mark.parametrize("layer", FALLBACK_LAYERS, ids=lambda layer: ",".join(f"{k}={v}" for k, v in layer.items()))
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cpu_fallback_gives_torchs_results(layer, channels_last):
+    torch.manual_seed(0)
+    theirs = nn.Conv2d(**layer)
+    ours = ut.convert(copy.deepcopy(theirs))
+    x = torch.randn(5, layer["in_channels"], 9, 8)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    results = []
+    for module in (theirs, ours):
+        xi = x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UcudnnWarning)
+            y = module(xi)
+        y.backward(torch.ones_like(y))
+        results.append([y, xi.grad] + [p.grad for p in module.parameters()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_fallback_warns_once_per_reason_and_counts():
+    conv = ut.convert(nn.Conv2d(2, 2, 3))
+    x = torch.randn(1, 2, 5, 5)
+    with pytest.warns(UcudnnWarning, match=r"input on cpu \(ucudnn runs CUDA tensors only\)"):
+        conv(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)
+        conv(x)
+        conv(x[0])  # unbatched: same reason, no second warning
+    assert conv.ucudnn_context.fallbacks["input on cpu (ucudnn runs CUDA tensors only)"] == 3
+
+
+def test_invalid_calls_get_torchs_own_errors_without_warning():
+    conv = ut.convert(nn.Conv2d(2, 2, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)
+        with pytest.raises(RuntimeError):
+            conv(torch.randn(1, 3, 5, 5))  # wrong channel count
+        with pytest.raises(RuntimeError):
+            conv(torch.randn(1, 2, 2, 2))  # output would be empty
+
+
+def test_geometry_and_math():
+    g = integration.geometry
+    assert g(nn.Conv2d(1, 1, 3, padding="same", dilation=2)).pads == (2, 2)
+    assert g(nn.Conv2d(1, 1, 3, padding="valid")).pads == (0, 0)
+    assert g(nn.Conv2d(1, 1, 3, padding=(1, 2), padding_mode="replicate")).pads == (0, 0)
+    assert g(nn.Conv2d(1, 1, (3, 5), padding=(1, 2), stride=(2, 1))) == integration.Geometry((1, 2), (2, 1), (1, 1), 1)
+    assert "asymmetrically" in g(nn.Conv2d(1, 1, 4, padding="same"))
+    allow = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = False
+        assert integration.math_type("float32") == "fma" and integration.math_type("float16") == "default"
+        torch.backends.cudnn.allow_tf32 = True
+        assert integration.math_type("float32") == "default"
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow
+
+
+@pytest.mark.parametrize("kind", list(ConvKind), ids=str)
+def test_torch_kernel_writes_what_autograd_computes(kind):
+    """The per-kernel fallback (for kernels ucudnn cannot plan) against torch's autograd."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 9, 7, requires_grad=True)
+    w = torch.randn(6, 2, 3, 2, requires_grad=True)
+    call = integration.Call(x.device, tuple(x.shape), tuple(w.shape), integration.Geometry((1, 0), (2, 1), (1, 2), 2),
+                            "float32", "default", "nchw")
+    y = torch.nn.functional.conv2d(x, w, None, (2, 1), (1, 0), (1, 2), 2)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    out = {"x": torch.zeros_like(x), "w": torch.zeros_like(w), "y": torch.zeros_like(y)}
+    operands = {"x": x.detach(), "w": w.detach(), "y": dy}
+    written = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}[kind]
+    operands[written] = out[written]
+    integration.TorchKernel(call.problem(kind))(operands["x"], operands["w"], operands["y"])
+    want = {"y": y.detach(), "x": x.grad, "w": w.grad}[written]
+    torch.testing.assert_close(out[written], want)
+
+
+# --- the ucudnn path, with NumPy standing in for cuDNN -----------------------------------------------
+
+UCUDNN_LAYERS = FALLBACK_LAYERS[:2] + FALLBACK_LAYERS[3:] + [
+    dict(in_channels=4, out_channels=4, kernel_size=3, padding="same", dilation=2, groups=4)]
+
+
+def assert_matches(got, want):
+    """fp32 results of the same convolution summed in another order: the bound scales with the
+    largest magnitude (torch's own float32 dw can be off by 2e-6 of it)."""
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * max(1.0, b.abs().max().item()))
+
+
+def run_step(module, x, dy=None):
+    xi = x.clone().requires_grad_()
+    y = module(xi)
+    y.backward(torch.ones_like(y) if dy is None else dy)
+    grads = [xi.grad] + [p.grad for p in module.parameters()]
+    for p in module.parameters():
+        p.grad = None
+    return [y.detach()] + grads
+
+
+@pytest.mark.parametrize("layer", UCUDNN_LAYERS, ids=lambda layer: ",".join(f"{k}={v}" for k, v in layer.items()))
+@pytest.mark.parametrize("form", ["nchw", "channels_last", "unbatched"])
+def test_ucudnn_path_matches_torch(layer, form, numpy_context):
+    torch.manual_seed(0)
+    theirs = nn.Conv2d(**layer)
+    context = numpy_context()
+    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    x = torch.randn(8, layer["in_channels"], 9, 8)
+    if form == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif form == "unbatched":
+        x = x[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)  # no fallback
+        got = run_step(ours, x)
+    want = run_step(theirs, x)
+    assert_matches(got, want)
+    channels_last = torch.channels_last
+    assert got[0].is_contiguous(memory_format=channels_last) == want[0].is_contiguous(memory_format=channels_last)
+    assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
+
+
+def test_micro_batches_really_run(numpy_context):
+    """With a tight limit the fake fast algorithms only fit small micro-batches: every kernel is
+    split, and the results (BF accumulating over micro-batches) still match torch."""
+    torch.manual_seed(0)
+    theirs = nn.Conv2d(8, 16, 3, padding=1)
+    context = numpy_context(workspace_limit="100KiB")
+    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    x = torch.randn(16, 8, 10, 10)
+    dy = torch.randn(16, 16, 10, 10)
+    assert_matches(run_step(ours, x, dy), run_step(theirs, x, dy))
+    kernels = context.summary()["kernels"]
+    assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
+    assert all(k["parts"] > 1 and 0 < k["workspace"] <= 100 * 2**10 for k in kernels), kernels
+    steps = context.handle(torch.device("cpu")).executor.steps
+    assert len(steps) == sum(k["parts"] for k in kernels)
+
+
+def test_no_grad_runs_forward_only(numpy_context):
+    context = numpy_context()
+    conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+    with torch.no_grad():
+        y = conv(torch.randn(4, 3, 6, 6))
+    assert not y.requires_grad and dict(context.runs) == {("ucudnn", "F"): 1}
+
+
+def test_autocast_computes_in_the_autocast_dtype(numpy_context):
+    """Under autocast every layer computes in float16, whatever its input's dtype: the second
+    layer gets float16 from the first and still has float32 weights, as in torch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3, bias=False))
+    context = numpy_context()
+    ours = ut.convert(copy.deepcopy(model), context=context)
+    x = torch.randn(4, 3, 8, 8)
+    results = []
+    for module in (model, ours):
+        with torch.autocast("cpu", dtype=torch.float16):
+            y = module(x)
+        y.float().square().sum().backward()
+        results.append([y.detach()] + [p.grad for p in module.parameters()])
+    assert y.dtype == torch.float16 and all(p.grad.dtype == torch.float32 for p in ours.parameters())
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2 * max(1.0, b.abs().max().item()))
+    kernels = context.summary()["kernels"]
+    assert sorted(k["kind"] for k in kernels) == ["BD", "BF", "BF", "F", "F"]
+    assert all("float16" in k["kernel"] for k in kernels)
+
+
+def test_compile_graph_breaks_and_keeps_results(numpy_context):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3))
+    context = numpy_context()
+    ours = ut.convert(copy.deepcopy(model), context=context)
+    x = torch.randn(4, 3, 8, 8)
+    compiled = torch.compile(ours, backend="aot_eager")
+    assert_matches(run_step(compiled, x), run_step(model, x))
+    assert context.runs["ucudnn", "F"] == 2
+
+
+def test_wd_learns_the_network_from_a_sample_then_solves_once(numpy_context):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                          nn.ReLU(), nn.Conv2d(8, 4, 1))
+    context = numpy_context(optimizer="wd", workspace_limit="32KiB")
+    ours = ut.convert(copy.deepcopy(model), context=context, sample_input=torch.randn(8, 3, 6, 6))
+    assert not context.runs  # the sample pass ran through torch
+    result = context.handle(torch.device("cpu")).plans.wd_result
+    kinds = sorted(key.split("|")[0] for key in result.configurations)
+    assert kinds == sorted(["F"] * 3 + ["BD"] * 2 + ["BF"] * 3)  # no BD for the first layer's input
+    assert result.total_workspace <= 8 * 32 * 2**10
+    x = torch.randn(8, 3, 6, 6)
+    assert_matches(run_step(ours, x), run_step(model, x))
+    assert context.summary()["wd"][0]["total_workspace"] == result.total_workspace
+    assert result is context.handle(torch.device("cpu")).plans.wd_result  # solved once
+
+
+def test_wd_without_sample_learns_during_the_first_pass(numpy_context, monkeypatch):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3))
+    context = numpy_context(optimizer="wd")
+    ut.convert(model, context=context)
+    x = torch.randn(4, 3, 8, 8)
+    model(x).sum().backward()
+    assert not context.runs  # first pass: torch, recording
+    model(x).sum().backward()
+    assert context.handle(torch.device("cpu")).plans.wd_result is not None
+    assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
+
+
+def test_learning_under_no_grad_records_forward_kernels_only(numpy_context):
+    context = numpy_context(optimizer="wd")
+    model = ut.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3)), context=context)
+    with torch.no_grad():
+        ut.learn(model, torch.randn(2, 3, 8, 8))
+    keys = context.handle(torch.device("cpu")).plans.wd_result.configurations
+    assert [key.split("|")[0] for key in keys] == ["F", "F"]
+
+
+def test_unsupported_dtype_and_deterministic_mode_fall_back(numpy_context):
+    torch.manual_seed(0)
+    theirs = nn.Conv2d(2, 3, 3).double()
+    context = numpy_context()
+    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    x = torch.randn(2, 2, 5, 5, dtype=torch.float64)
+    with pytest.warns(UcudnnWarning, match="dtype torch.float64"):
+        assert torch.equal(ours(x), theirs(x))
+    ours.float()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.warns(UcudnnWarning, match="use_deterministic_algorithms"):
+            ours(x.float())
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert not context.runs
+
+
+def test_unplannable_kernels_run_through_torch(numpy_context):
+    """A kernel ucudnn cannot plan (no algorithm fits) runs through torch, with one warning."""
+    context = numpy_context()
+    torch.manual_seed(0)
+    plain = nn.Conv2d(2, 2, 3)
+    conv = ut.convert(copy.deepcopy(plain), context=context)
+
+    def refuse(problem):
+        raise integration.NoAlgorithmError(f"no algorithm of {problem.describe()} fits")
+
+    context.handle(torch.device("cpu")).plan = refuse
+    x = torch.randn(3, 2, 6, 6)
+    with pytest.warns(UcudnnWarning, match="no algorithm"):
+        got = run_step(conv, x)
+    for a, b in zip(got, run_step(plain, x)):
+        torch.testing.assert_close(a, b)
+    assert {via for (via, _) in context.runs} == {"torch"}
+
+
+def test_import_ucudnn_torch_exports():
+    assert ut.Conv2d is integration.Conv2d and ut.convert is integration.convert
+    assert set(integration.__all__) <= set(dir(ut))
