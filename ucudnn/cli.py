@@ -250,12 +250,15 @@ def bench(args) -> int:
                                   "`ucudnn optimize` plans from recorded measurements without one")
     progress = ProgressBar({k.problem.key: k.name for k in kernels})
     start = time.monotonic()
-    if len(args.devices) > 1:
-        device, path = _bench_on_devices(kernels, settings, args.devices, progress)
+    devices = _bench_devices(args)
+    if args.mpi or args.timing != "default" or len(devices) > 1:
+        device, path = _bench_on_devices(kernels, settings, devices, progress, args)
+        if device is None:  # an MPI rank other than 0, which reports for all
+            return 0
     else:
         from . import gpu
 
-        with gpu.cupy().cuda.Device(args.devices[0]):
+        with gpu.cupy().cuda.Device(devices[0]):
             _, device, path = _tables(kernels, settings, None, measure=True, progress=progress)
     summary = {"network": network.name, "batch": args.batch, "kernels": len(kernels),
                "sizes": list(batch_sizes(settings.batch_size_policy, args.batch)),
@@ -269,15 +272,35 @@ def bench(args) -> int:
     return 0
 
 
-def _bench_on_devices(kernels, settings: Settings, devices: list[int], progress):
+def _bench_devices(args) -> list[int] | None:
+    """--devices, else $UCUDNN_BENCH_DEVICES, else GPU 0 (with --mpi: None, every GPU of the node)."""
+    if args.devices:
+        return args.devices
+    text = os.environ.get("UCUDNN_BENCH_DEVICES", "").strip()
+    if text:
+        try:
+            return _devices(text)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"UCUDNN_BENCH_DEVICES: {exc}") from None
+    return None if args.mpi else [0]
+
+
+def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, progress, args=None):
+    """Several GPUs (parallel.bench_on_devices), the ranks of an MPI job (bench_with_mpi), or
+    --timing other than default; the device is None at MPI ranks other than 0."""
     try:
-        from .parallel import bench_on_devices
+        from .parallel import bench_on_devices, bench_with_mpi
     except ImportError:
         raise ConfigError("benchmarking on several GPUs is not in this version of ucudnn; "
                           "use one, e.g. --devices 0") from None
     path = _write_path(settings.cache_path)
-    device = bench_on_devices([k.problem for k in kernels], _sizes_for(settings.batch_size_policy), None,
-                              path, devices, progress=progress)
+    problems, sizes_for = [k.problem for k in kernels], _sizes_for(settings.batch_size_policy)
+    timing, mpi = getattr(args, "timing", "default"), getattr(args, "mpi", None)
+    if mpi:
+        device = bench_with_mpi(problems, sizes_for, None, path, devices, shared=mpi == "shared",
+                                progress=progress, timing=timing)
+    else:
+        device = bench_on_devices(problems, sizes_for, None, path, devices, progress=progress, timing=timing)
     return device, path
 
 
@@ -487,7 +510,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(commands, "bench", "measure every kernel (F, BD, BF) of a network into the cache",
                  "ucudnn bench --net resnet50 --batch 64 --policy powerOfTwo", bench,
                  [_NETWORK, _POLICY, _CACHE, _JSON])
-    p.add_argument("--devices", type=_devices, default=[0], metavar="0,1", help="GPUs to measure on (default 0)")
+    p.add_argument("--devices", type=_devices, metavar="0,1", help=(
+        "GPUs to measure on, one worker process each, all of one model (default: $UCUDNN_BENCH_DEVICES, "
+        "else 0; with --mpi, every GPU of the node, the k-th rank of a node taking the k-th)"))
+    p.add_argument("--mpi", nargs="?", const="shards", choices=("shards", "shared"), help=(
+        "share the sweep among the ranks of mpirun/srun (needs mpi4py: pip install 'ucudnn[mpi]'); "
+        "each rank writes a shard that rank 0 merges (shards, the default) or the database itself (shared)"))
+    p.add_argument("--timing", choices=("default", "quick"), default="default", help=(
+        "quick: one warm-up and at most 3 timed calls per algorithm and size, for long sweeps "
+        "(default: at least 3, up to 10, filling 20 ms)"))
 
     p = _command(commands, "optimize", "plan micro-batches of every kernel: WR per kernel or WD for the network",
                  "ucudnn optimize --net alexnet --batch 256 --workspace 64MiB", optimize,

@@ -1,0 +1,310 @@
+"""Parallel benchmarking on the CPU: the partition of tasks, worker processes with a fake
+benchmarker (crashing ones included), and the MPI logic with ranks simulated by threads."""
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from fakes import FAKE_DEVICE, FakeBenchmarker
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ucudnn import parallel
+from ucudnn.benchmark import ensure_tables
+from ucudnn.cache import BenchmarkDatabase
+from ucudnn.cli import _bench_devices, build_parser
+from ucudnn.config import batch_sizes
+from ucudnn.device import DeviceInfo
+from ucudnn.errors import ConfigError, MissingMeasurementsError
+from ucudnn.nets import get_network
+from ucudnn.parallel import Task, bench_on_devices, bench_with_mpi, calls, partition, plan_tasks
+
+BATCH = 12
+PROBLEMS = [k.problem for k in get_network("alexnet").problems(BATCH)]  # 15 kernels
+OTHER_GPU = DeviceInfo("Other GPU", "8.0", 91900, 0, "testhost")
+
+
+def sizes_for(problem):
+    return batch_sizes("all", problem.batch)
+
+
+# ---- helpers the worker processes import (spawn pickles them by name)
+
+
+def fake_factory(device: int) -> FakeBenchmarker:
+    return FakeBenchmarker()
+
+
+def other_gpu_factory(device: int) -> FakeBenchmarker:
+    return FakeBenchmarker(OTHER_GPU if device == 1 else FAKE_DEVICE)
+
+
+class CrashingBenchmarker(FakeBenchmarker):
+    """Dies (os._exit or a signal) at its call number `after` + 1, leaving a marker file."""
+
+    def __init__(self, after: int, how: str, marker: str):
+        super().__init__()
+        self.after, self.how, self.marker, self.count = after, how, marker, 0
+
+    def measure(self, problem, sizes, cap):
+        self.count += 1
+        if self.count > self.after:
+            Path(self.marker).touch()
+            if self.how == "raise":
+                raise RuntimeError("simulated cuDNN failure")
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(3)
+        return super().measure(problem, sizes, cap)
+
+
+def crashing_factory(device: int, crash_on: int, after: int, how: str, marker: str) -> FakeBenchmarker:
+    return CrashingBenchmarker(after, how, marker) if device == crash_on else FakeBenchmarker()
+
+
+def must_not_run(job, events) -> None:
+    raise AssertionError("no worker should have been started")
+
+
+def fake_probe(device: int) -> DeviceInfo:
+    return FAKE_DEVICE
+
+
+# ---- what is compared
+
+
+def rows(path: Path) -> tuple[set, set]:
+    """Kernels and measurements of a database, without the time they were recorded."""
+    with BenchmarkDatabase(path, readonly=True) as db:
+        kernels, measurements = db._dump()
+    return ({tuple(k.values()) for k in kernels},
+            {tuple(v for c, v in m.items() if c != "recorded_at") for m in measurements})
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> tuple[set, set]:
+    """What one writer records: ensure_tables with one fake benchmarker."""
+    path = tmp_path_factory.mktemp("single") / "single.db"
+    with BenchmarkDatabase(path) as db:
+        ensure_tables(PROBLEMS, sizes_for, None, db, FakeBenchmarker())
+    return rows(path)
+
+
+def pool(path: Path, devices=(0, 1, 2), **kwargs) -> DeviceInfo:
+    kwargs = {"benchmarker_factory": fake_factory, "probe": fake_probe, **kwargs}
+    return bench_on_devices(PROBLEMS, sizes_for, None, path, list(devices), **kwargs)
+
+
+def leftovers(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if ".shards-" in p.name)
+
+
+# ---- tasks and their partition
+
+
+tasks_strategy = st.lists(st.tuples(st.integers(0, len(PROBLEMS) - 1), st.integers(1, 256)), max_size=60).map(
+    lambda pairs: [Task(PROBLEMS[i], b) for i, b in pairs])
+
+
+@given(tasks_strategy, st.integers(1, 6))
+def test_partition_is_disjoint_complete_balanced_and_deterministic(tasks, parts):
+    shares = partition(tasks, parts)
+    assert len(shares) == parts
+    chosen = sorted(i for share in shares for i in map(id, share))
+    assert chosen == sorted(map(id, tasks))  # every task in exactly one share
+    for share in shares:  # each share keeps the order of the tasks
+        positions = [next(i for i, t in enumerate(tasks) if t is task) for task in share]
+        assert positions == sorted(positions)
+    loads = [sum(t.cost for t in share) for share in shares]
+    assert max(loads) - min(loads) <= max((t.cost for t in tasks), default=0)
+    assert partition(pickle.loads(pickle.dumps(tasks)), parts) == shares  # what another rank computes
+
+
+def test_partition_needs_a_worker():
+    with pytest.raises(ConfigError, match="at least 1"):
+        partition([], 0)
+
+
+def test_plan_is_what_the_database_lacks(tmp_path):
+    with BenchmarkDatabase(tmp_path / "plan.db") as db:
+        tasks = plan_tasks(PROBLEMS + PROBLEMS, sizes_for, None, db, FAKE_DEVICE)
+        assert len(tasks) == len(PROBLEMS) * BATCH  # duplicates once
+        assert [t.batch for t in tasks[:BATCH]] == list(range(1, BATCH + 1))
+        db.record(PROBLEMS[0], FAKE_DEVICE, FakeBenchmarker().measure(PROBLEMS[0], [1, 2, 3], None))
+        again = plan_tasks(PROBLEMS, sizes_for, None, db, FAKE_DEVICE)
+    assert len(again) == len(tasks) - 3 and Task(PROBLEMS[0], 2) not in again
+
+
+def test_calls_group_sizes_of_one_kernel():
+    share = [Task(PROBLEMS[0], b) for b in range(1, 11)] + [Task(PROBLEMS[1], 4)]
+    assert [(p.key, sizes) for p, sizes in calls(share)] == [
+        (PROBLEMS[0].key, list(range(1, 9))), (PROBLEMS[0].key, [9, 10]), (PROBLEMS[1].key, [4])]
+
+
+# ---- worker processes on one node
+
+
+def test_workers_record_what_one_writer_does(tmp_path, single):
+    progress = []
+    device = pool(tmp_path / "pool.db", progress=lambda done, total, p: progress.append((done, total)))
+    assert device == FAKE_DEVICE
+    assert rows(tmp_path / "pool.db") == single
+    assert progress[0] == (0, len(PROBLEMS)) and progress[-1] == (len(PROBLEMS), len(PROBLEMS))
+    assert not leftovers(tmp_path)
+    pool(tmp_path / "pool.db", worker=must_not_run)  # a second run has nothing to measure
+
+
+def test_one_gpu_is_measured_in_this_process(tmp_path, single):
+    pool(tmp_path / "one.db", devices=[0], worker=must_not_run)
+    assert rows(tmp_path / "one.db") == single
+
+
+@pytest.mark.parametrize("how, reason", [("exit", "exited with status 3"), ("kill", "was killed by SIGKILL")])
+def test_a_dead_worker_is_reported_and_the_cache_keeps_the_rest(tmp_path, single, how, reason):
+    factory = functools.partial(crashing_factory, crash_on=1, after=2, how=how, marker=str(tmp_path / "crashed"))
+    with pytest.raises(MissingMeasurementsError, match=f"the worker on GPU 1 {reason}") as error:
+        pool(tmp_path / "crash.db", devices=[0, 1], benchmarker_factory=factory, retries=0)
+    assert (tmp_path / "crashed").exists() and "run the same command again" in str(error.value)
+    with BenchmarkDatabase(tmp_path / "crash.db") as db:
+        assert db.verify() == []
+    kernels, measurements = rows(tmp_path / "crash.db")
+    assert measurements < single[1] and kernels <= single[0] and not leftovers(tmp_path)
+    with BenchmarkDatabase(tmp_path / "empty.db") as empty:
+        shares = partition(plan_tasks(PROBLEMS, sizes_for, None, empty, FAKE_DEVICE), 2)
+    kept = {(m[2], m[3]) for m in measurements}  # (shape key, micro-batch)
+    assert {(t.problem.shape_key(), t.batch) for t in shares[0]} <= kept  # GPU 0's whole share
+    recorded = [(p.shape_key(), b) for p, sizes in calls(shares[1])[:2] for b in sizes]
+    assert set(recorded) <= kept  # and what GPU 1 recorded before it died
+    pool(tmp_path / "crash.db", devices=[0, 1])  # the rerun measures only what is missing
+    assert rows(tmp_path / "crash.db") == single
+
+
+def test_the_tasks_of_a_dead_worker_are_retried_on_the_others(tmp_path, single):
+    factory = functools.partial(crashing_factory, crash_on=2, after=1, how="raise", marker=str(tmp_path / "crashed"))
+    pool(tmp_path / "retried.db", benchmarker_factory=factory)
+    assert (tmp_path / "crashed").exists()
+    assert rows(tmp_path / "retried.db") == single
+
+
+def test_a_worker_error_is_named(tmp_path):
+    factory = functools.partial(crashing_factory, crash_on=0, after=0, how="raise", marker=str(tmp_path / "crashed"))
+    with pytest.raises(MissingMeasurementsError, match="GPU 0 exited with status 1 .RuntimeError: simulated cuDNN"):
+        pool(tmp_path / "error.db", devices=[0, 1], benchmarker_factory=factory, retries=0)
+
+
+def test_gpus_of_different_models_are_refused(tmp_path):
+    probe = lambda d: OTHER_GPU if d == 1 else FAKE_DEVICE  # noqa: E731
+    with pytest.raises(ConfigError, match=r"GPU 0: Fake GPU .*GPU 1: Other GPU .*List GPUs of one model"):
+        pool(tmp_path / "mixed.db", devices=[0, 1], probe=probe, worker=must_not_run)
+    with pytest.raises(ConfigError, match=r"GPU\(s\) 1 listed more than once"):
+        pool(tmp_path / "twice.db", devices=[0, 1, 1], worker=must_not_run)
+
+
+def test_a_worker_on_another_model_than_probed_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="worker on GPU 1 measures on Other GPU"):
+        pool(tmp_path / "lied.db", devices=[0, 1], benchmarker_factory=other_gpu_factory)
+    assert not leftovers(tmp_path)
+
+
+# ---- MPI, with ranks as threads
+
+
+class ThreadComm:
+    """The little of an mpi4py communicator that bench_with_mpi uses; objects are pickled in
+    transit, as MPI does."""
+
+    def __init__(self, rank: int, shared: dict):
+        self.rank, self.shared = rank, shared
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return len(self.shared["slots"])
+
+    def allgather(self, obj):
+        slots, barrier = self.shared["slots"], self.shared["barrier"]
+        slots[self.rank] = pickle.dumps(obj)
+        barrier.wait()
+        gathered = [pickle.loads(s) for s in slots]
+        barrier.wait()
+        return gathered
+
+    def bcast(self, obj, root: int = 0):
+        return self.allgather(obj)[root]
+
+
+def mpi(path: Path, size: int = 2, factory=lambda rank: fake_factory, **kwargs) -> list:
+    """bench_with_mpi on `size` thread ranks; each rank's result or exception."""
+    shared = {"slots": [None] * size, "barrier": threading.Barrier(size, timeout=60)}
+    results: list = [None] * size
+
+    def rank(r: int) -> None:
+        try:
+            results[r] = bench_with_mpi(PROBLEMS, sizes_for, None, path, comm=ThreadComm(r, shared),
+                                        benchmarker_factory=factory(r), device_count=lambda: size, **kwargs)
+        except Exception as exc:
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_mpi_ranks_record_what_one_writer_does(tmp_path, single, shared):
+    assert mpi(tmp_path / "mpi.db", shared=shared) == [FAKE_DEVICE, None]
+    assert rows(tmp_path / "mpi.db") == single and not leftovers(tmp_path)
+
+
+def test_mpi_rank_failure_is_retried_by_the_others(tmp_path, single):
+    marker = str(tmp_path / "crashed")
+    factory = lambda rank: functools.partial(crashing_factory, crash_on=1, after=1, how="raise", marker=marker)  # noqa
+    assert mpi(tmp_path / "mpi.db", size=3, factory=factory) == [FAKE_DEVICE, None, None]
+    assert Path(marker).exists() and rows(tmp_path / "mpi.db") == single
+
+
+def test_mpi_refuses_mixed_models_and_too_many_ranks(tmp_path):
+    results = mpi(tmp_path / "mixed.db", factory=lambda rank: other_gpu_factory)
+    assert all(isinstance(r, ConfigError) and "rank 1 (host" in str(r) for r in results)
+    results = mpi(tmp_path / "crowded.db", devices=[0])
+    assert all(isinstance(r, ConfigError) and "runs 2 ranks but has 1 GPU(s)" in str(r) for r in results)
+
+
+def test_mpi_world_of_one_under_a_launcher_of_two_is_refused():
+    with pytest.raises(ConfigError, match="mpi4py uses another MPI library"):
+        parallel.check_world(1, {"OMPI_COMM_WORLD_SIZE": "2"})
+    parallel.check_world(2, {"OMPI_COMM_WORLD_SIZE": "2"})
+
+
+def test_mpi_needs_mpi4py():
+    try:
+        import mpi4py  # noqa: F401
+        pytest.skip("mpi4py is installed")
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"pip install 'ucudnn\[mpi\]'"):
+            parallel.mpi_world()
+
+
+# ---- the command line
+
+
+def test_bench_devices_come_from_the_flag_then_the_variable(monkeypatch):
+    parse = lambda *a: build_parser().parse_args(["bench", "--net", "alexnet", *a])  # noqa: E731
+    monkeypatch.delenv("UCUDNN_BENCH_DEVICES", raising=False)
+    assert _bench_devices(parse()) == [0] and _bench_devices(parse("--mpi")) is None
+    monkeypatch.setenv("UCUDNN_BENCH_DEVICES", "0,1")
+    assert _bench_devices(parse()) == [0, 1] and _bench_devices(parse("--devices", "1")) == [1]
+    args = parse("--mpi", "--timing", "quick")
+    assert (args.mpi, args.timing) == ("shards", "quick") and parse("--mpi", "shared").mpi == "shared"
+    monkeypatch.setenv("UCUDNN_BENCH_DEVICES", "zero")
+    with pytest.raises(ConfigError, match="UCUDNN_BENCH_DEVICES: 'zero' is not a list of GPU numbers"):
+        _bench_devices(parse())
