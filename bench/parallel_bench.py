@@ -7,6 +7,11 @@ Everything it ran is logged to RESULTS_DIR (NAME.log, NAME.db) with summary.json
 --budget seconds: two short calibration sweeps (B=32 and B=64, 1 GPU) fit t(B) = a*B + b*B(B+1)/2
 (tasks, and flops summed over micro-batch sizes 1..B) and, if the 1-GPU sweep at --batch would not
 leave time for the rest, the batch is lowered (to a multiple of 32) and summary.json says so.
+
+Why --timing quick by default: in the recorded H100 database (cache/), AlexNet's `all` sweep sums
+to 23 s of kernel time per call of every (kernel, algorithm, size); the default timing (warm-up
+plus 3 to 10 calls) makes that about 200 s of GPU time on one GPU, too long for three runs in 9
+minutes, and quick timing (warm-up plus 1 to 3 calls) about 70 s.
 """
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 7 on one node with 2 GPUs: `ucudnn bench` (AlexNet, B=256, policy all, --timing quick)
 # on GPU 0, then GPUs 0,1, then 2 MPI ranks; wall times, speedup, and the three databases' keys.
-#   bash bench/parallel_bench.sh RESULTS_DIR [bench/parallel_bench.py options]
+#   bash bench/parallel_bench.sh [RESULTS_DIR [bench/parallel_bench.py options]]
 # Carry .whl (pulp, sqlite-utils, as wheels) if the machine lacks them. Logs, databases and
-# summary.json go to RESULTS_DIR, packed into RESULTS_DIR.tgz; all within 9 minutes.
+# summary.json go to RESULTS_DIR (default /tmp/ucudnn-parallel), packed into RESULTS_DIR.tgz,
+# which is copied with summary.json into $OUT where that is set; all within 9 minutes.
 set -u
-RESULTS=${1:-${OUT:-out}/parallel}; shift || true
+RESULTS=${1:-/tmp/ucudnn-parallel}; shift || true
 mkdir -p "$RESULTS"
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -19,4 +20,5 @@ else echo "mpirun: not found (command -v mpirun failed); parallel_bench.py looks
 timeout $((535 - SECONDS)) python3 bench/parallel_bench.py "$RESULTS" --budget $((525 - SECONDS)) "$@"
 status=$?
 tar czf "${RESULTS%/}.tgz" -C "$RESULTS" .
+if [ -n "${OUT:-}" ]; then cp "${RESULTS%/}.tgz" "$OUT/"; cp "$RESULTS/summary.json" "$OUT/" 2>/dev/null; fi
 exit $status
