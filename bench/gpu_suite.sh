@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
-#   bash bench/gpu_suite.sh [stage ...]    stages: env tests layers record wd train
+#   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment record layers-alexnet
+#                                          layers-resnet50 wd train (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
 # Everything lands in $OUT/results/ and is packed into $OUT/results.tgz at the end (the device
@@ -31,6 +32,7 @@ for stage in "${stages[@]}"; do
     env) run env python3 bench/env_report.py ;;
     tests) run tests python3 -m pytest -m gpu -v -s -rs tests ;;
     probe) run probe python3 bench/probe.py ;;
+    alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --cache "$OUT/layers.db" ;;

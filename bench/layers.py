@@ -47,7 +47,8 @@ def compare(kernels, tables, limit, policies, timer, measured: dict) -> list[dic
             if policy not in policies and variant.startswith("wr"):
                 continue
             config = optimize_wr(table, p.batch, batch_sizes(policy, p.batch),
-                                 None if variant == "unlimited" else limit, kernel=k.name)
+                                 None if variant == "unlimited" else limit, kernel=k.name,
+                                 quantum=p.batch_quantum())
             memo = (p.key, config)
             if memo not in measured:
                 measured[memo] = timer.time_ms(p, config)

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import synthetic
 
@@ -102,6 +103,21 @@ def test_optimize_on_the_shipped_recordings():
     assert time.monotonic() - start < 3
     assert re.search(r"speedup over cuDNN undivided at 64.0 MiB per kernel: [\d.]+x", out)
     assert str(recorded_path()) in out
+
+
+@pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+@pytest.mark.parametrize("optimizer", ["wr", "wd"])
+def test_shipped_plans_start_every_micro_batch_aligned(optimizer):
+    """Every micro-batch of the plan starts at a multiple of the slice alignment in x and y."""
+    from ucudnn.problem import SLICE_ALIGNMENT, ConvProblem
+
+    plan = json.loads(ok("optimize", "--offline", "--net", "alexnet", "--batch", "256", "--policy", "all",
+                         "--optimizer", optimizer, "--workspace", "64MiB", "--json"))
+    for kernel in plan["kernels"]:
+        problem = ConvProblem.from_dict(kernel["problem"])
+        sizes = [part["batch"] for part in kernel["configuration"]["micro"]]
+        for start in np.cumsum([0, *sizes[:-1]]):
+            assert all(start * problem.sample_bytes(t) % SLICE_ALIGNMENT == 0 for t in "xy"), (kernel["name"], sizes)
 
 
 # ---- nets and cache

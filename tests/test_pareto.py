@@ -156,3 +156,17 @@ def test_alexnet_sized_kernel_with_every_micro_batch_size_is_fast():
         best = optimize_wr(table, 256, sizes, limit)
         assert best.time_ms == pytest.approx(max((c for c in front if c.workspace <= limit),
                                                  key=lambda c: c.workspace).time_ms)
+
+
+@settings(max_examples=150)
+@given(kernels(), limits, st.sampled_from((2, 3, 4)))
+def test_desirable_set_with_a_quantum_is_the_front_of_aligned_configurations(kernel, limit, quantum):
+    """Only configurations whose parts are multiples of the quantum but one count, and the odd
+    part is dispatched last."""
+    table, batch, sizes = kernel
+    aligned = [c for c in all_configurations(table, batch, sizes, limit)
+               if sum(m.batch % quantum != 0 for m in c.micro) <= 1]
+    front = desirable_set(table, batch, sizes, limit, quantum)
+    assert [(c.workspace, c.time_ms) for c in front] == front_points(aligned)
+    for c in front:
+        assert all(m.batch % quantum == 0 for m in c.micro[:-1])

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ucudnn.config import POLICIES, batch_sizes
-from ucudnn.errors import NoAlgorithmError
+from ucudnn.errors import ConfigError, NoAlgorithmError
 from ucudnn.measurements import FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.optimizers.wr import optimize_wr
@@ -226,3 +227,45 @@ def test_multisets_helper_enumerates_partitions():
         assert all(sum(p) == n for p in parts)
     assert sorted(multisets(6, (1, 2, 4, 6))) == sorted(
         [(1,) * 6, (1, 1, 1, 1, 2), (1, 1, 2, 2), (2, 2, 2), (1, 1, 4), (2, 4), (6,)])
+
+
+def aligned_brute_force(table: KernelTable, batch: int, sizes: tuple[int, ...], limit: int | None,
+                        quantum: int) -> float | None:
+    """Brute force over splits whose parts are all multiples of `quantum`, but one."""
+    best = None
+    usable = tuple(sorted(b for b in set(sizes) if b <= batch))
+    for parts in multisets(batch, usable):
+        if sum(b % quantum != 0 for b in parts) > 1:
+            continue
+        times = [fastest_within(table, b, limit) for b in parts]
+        if None not in times:
+            best = math.fsum(times) if best is None else min(best, math.fsum(times))
+    return best
+
+
+@settings(max_examples=300)
+@given(tables(), st.sampled_from((1, 2, 3, 4, 8)))
+def test_dp_with_a_batch_quantum_matches_brute_force(case, quantum):
+    table, batch, sizes, limit = case
+    best = aligned_brute_force(table, batch, sizes, limit, quantum)
+    if best is None:
+        with pytest.raises(NoAlgorithmError):
+            optimize_wr(table, batch, sizes, limit, quantum=quantum)
+        return
+    config = optimize_wr(table, batch, sizes, limit, quantum=quantum)
+    assert config.batch == batch and config.time_ms == pytest.approx(best, rel=1e-9)
+    starts = np.cumsum([0] + [m.batch for m in config.micro])[:-1]
+    assert all(start % quantum == 0 for start in starts), "every part starts at a multiple of the quantum"
+
+
+def test_quantum_moves_the_odd_part_last():
+    table = KernelTable([Measurement(0, b, float(b), 0) for b in (1, 2, 4, 8)])
+    config = optimize_wr(table, 13, (1, 2, 4, 8), None, quantum=4)
+    assert [m.batch for m in config.micro][-1] % 4 != 0
+    assert [m.batch for m in config.micro][:-1] == [8, 4]
+
+
+@pytest.mark.parametrize("quantum", [0, -1, 1.5, True])
+def test_bad_quantum_is_refused(quantum):
+    with pytest.raises(ConfigError, match="quantum"):
+        optimize_wr(KernelTable([Measurement(0, 1, 1.0, 0)]), 1, (1,), None, quantum=quantum)

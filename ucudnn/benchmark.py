@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 from . import gpu
 from .bindings.enums import algo_count
 from .device import DeviceInfo
-from .dispatch import dispatch
+from .dispatch import compile_plan
 from .errors import ConfigError, CudnnError, MissingMeasurementsError
 from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
 from .problem import ConvProblem
@@ -139,10 +139,10 @@ class ConfigurationTimer:
         """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
         ptrs = self.scratch.operands(problem)
         workspace = self.scratch.workspace(configuration.workspace)
+        program = compile_plan(problem, configuration, self.executor)
 
         def run():
-            dispatch(problem, configuration, self.executor, ptrs["x"], ptrs["w"], ptrs["y"], 1.0, 0.0,
-                     workspace, configuration.workspace)
+            program(ptrs["x"], ptrs["w"], ptrs["y"], workspace, configuration.workspace)
 
         return statistics.median(_time(run, self.timing, self.stream))
 

@@ -333,7 +333,7 @@ def _plot(args, network: Network, plan: Plan, tables) -> None:
     row = plan.row(args.kernel) if args.kernel else plan.slowest()
     problem = row.kernel.problem
     front = desirable_set(tables[problem.key], problem.batch, batch_sizes(plan.policy, problem.batch),
-                          plan.limit)
+                          plan.limit, problem.batch_quantum())
     plot_plan(plan, row, front, args.plot,
               f"{network.name}, batch {args.batch}, {plan.optimizer.upper()} at {format_size(plan.limit)}")
 

@@ -7,6 +7,7 @@ optimized configuration (see ucudnn.plans) in the handle's own workspace, on the
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable
 
 from . import gpu
@@ -15,7 +16,7 @@ from .bindings import cudnn
 from .bindings.enums import VIRTUAL_ALGO
 from .bindings.executor import CudnnExecutor
 from .config import Settings
-from .dispatch import dispatch
+from .dispatch import Program, compile_plan
 from .optimizers.configuration import Configuration
 from .plans import KernelPlan, Plans
 from .problem import ConvProblem
@@ -45,6 +46,7 @@ class Handle:
             benchmarker=lambda: benchmarker or CudnnBenchmarker(stream=self.stream),
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
+        self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
 
     def set_stream(self, stream: int) -> None:
         """Later convolutions run on `stream` (a cudaStream_t address)."""
@@ -59,9 +61,17 @@ class Handle:
     def convolve(self, problem: ConvProblem, x, w, y, alpha: float = 1.0, beta: float = 0.0) -> None:
         """Run `problem` micro-batched on device buffers x, w, y (addresses, CuPy or torch arrays).
         F reads x, w and writes y; BD reads y (dy), w and writes x (dx); BF reads x, y and writes w."""
+        run = self._programs.get((problem, alpha, beta)) or self._compile(problem, alpha, beta)
+        run(gpu.pointer(x), gpu.pointer(w), gpu.pointer(y))
+
+    def _compile(self, problem: ConvProblem, alpha: float, beta: float) -> Callable[[int, int, int], None]:
+        """The kernel's plan compiled once into cuDNN calls, so that a convolution costs little
+        more host time than cuDNN's own (it matters for kernels of tens of microseconds)."""
         kernel = self.plans.get(problem)
-        dispatch(problem, kernel.configuration, self.executor, gpu.pointer(x), gpu.pointer(w),
-                 gpu.pointer(y), alpha, beta, kernel.workspace, kernel.workspace_size)
+        program = compile_plan(problem, kernel.configuration, self.executor, alpha, beta)
+        run = functools.partial(_run, program, kernel.workspace, kernel.workspace_size)
+        self._programs[problem, alpha, beta] = run
+        return run
 
     def plan(self, problem: ConvProblem) -> KernelPlan:
         return self.plans.get(problem)
@@ -82,9 +92,11 @@ class Handle:
     def reoptimize(self) -> None:
         """Plan every known kernel again on next use (WD: as one network). Between iterations only."""
         gpu.cupy().cuda.runtime.streamSynchronize(self.stream)
+        self._programs.clear()
         self.plans.reset()
 
     def close(self) -> None:
+        self._programs.clear()
         self.plans.reset()
         if self._owns_handle and self.cudnn_handle is not None:
             cudnn.destroy_handle(self.cudnn_handle)
@@ -100,3 +112,7 @@ class Handle:
         s = self.settings
         return (f"ucudnn.Handle(optimizer={s.optimizer!r}, policy={s.batch_size_policy!r}, "
                 f"workspace_limit={s.workspace_limit}, kernels={len(self.plans)})")
+
+
+def _run(program: Program, workspace: int, workspace_size: int, x: int, w: int, y: int) -> None:
+    program(x, w, y, workspace, workspace_size)

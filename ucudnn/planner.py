@@ -128,13 +128,15 @@ def make_plan(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], sett
     limit, kernel_limit = limits(settings, len(kernels))
     solver_stats = None
     if settings.optimizer == "wr":
-        chosen = {k.name: optimize_wr(tables[k.problem.key], batch, sizes, limit, kernel=k.name)
+        chosen = {k.name: optimize_wr(tables[k.problem.key], batch, sizes, limit, kernel=k.name,
+                                      quantum=k.problem.batch_quantum())
                   for k in kernels}
         workspace = sum(configuration.workspace for configuration in chosen.values())
     else:
         from .optimizers.wd import WDKernel, optimize_wd
 
-        result = optimize_wd([WDKernel(k.name, tables[k.problem.key], batch, k.count) for k in kernels],
+        result = optimize_wd([WDKernel(k.name, tables[k.problem.key], batch, k.count, k.problem.batch_quantum())
+                              for k in kernels],
                              sizes, limit, solver=solver)
         chosen, workspace = result.configurations, result.total_workspace
         solver_stats = {"solver": result.solver, "variables": result.variables,

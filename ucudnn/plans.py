@@ -82,7 +82,7 @@ class Plans:
             return
         total = self.total_limit(len(pending))
         tables = self._tables(pending, total)
-        kernels = [WDKernel(p.key, tables[p.key], p.batch) for p in pending]
+        kernels = [WDKernel(p.key, tables[p.key], p.batch, quantum=p.batch_quantum()) for p in pending]
         self.wd_result = optimize_wd(kernels, self._sizes, total)
         base = self._buffer(self.wd_result.total_workspace)
         for key, configuration in self.wd_result.configurations.items():
@@ -125,7 +125,7 @@ class Plans:
         if configuration is None:
             table = self._tables([problem], limit)[problem.key]
             configuration = optimize_wr(table, problem.batch, self._sizes(problem.batch), limit,
-                                        kernel=problem.describe())
+                                        kernel=problem.describe(), quantum=problem.batch_quantum())
             self.cache.remember(memo_key, configuration)
         return configuration
 

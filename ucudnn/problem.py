@@ -1,6 +1,7 @@
 """The problem model: one convolution kernel, immutable, with a key of everything that changes the answer."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 
@@ -25,6 +26,10 @@ MATH_TYPES = ("default", "tensor_op", "tensor_op_allow_conversion", "fma")
 LAYOUTS = ("nchw", "nhwc")
 MODES = ("cross_correlation", "convolution")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+# Micro-batch slices start where a fresh allocation would (cudaMalloc aligns to 256 bytes), so they
+# run as fast as they were benchmarked: on an H100, a slice of AlexNet conv1 only 4-byte aligned
+# ran some cuDNN algorithms 300x slower than the same call on an aligned buffer (docs/results.md).
+SLICE_ALIGNMENT = 256
 
 
 def _tuple(value, n: int, name: str) -> tuple[int, ...]:
@@ -121,6 +126,11 @@ class ConvProblem:
         """Bytes between consecutive samples of x or y (N is outermost in both layouts)."""
         shape = {"x": self.x_shape, "y": self.y_shape}[tensor]
         return int(np.prod(shape[1:])) * self.itemsize
+
+    def batch_quantum(self, alignment: int = SLICE_ALIGNMENT) -> int:
+        """The smallest q such that q samples of x and of y both span a multiple of `alignment`
+        bytes: micro-batches that start at a multiple of q samples are aligned like the buffer."""
+        return max(alignment // math.gcd(alignment, self.sample_bytes(t)) for t in ("x", "y"))
 
     def shape_key(self) -> str:
         """Everything that changes a measurement except the batch size: measurements of

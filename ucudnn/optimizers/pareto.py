@@ -5,6 +5,8 @@ configuration of a kernel, by WR's recursion keeping sets instead of minima.
     D(b) = P( union over b' in S, b' <= b, of { c ++ [(a, b')] : c in D(b - b'), a available at b' } )
 
 P keeps the points no other point beats in both time and workspace (of exact ties, one).
+With a batch quantum q > 1, as in WR (wr.py), the recursion uses only sizes that are multiples of
+q, and D(B) may also end in one part of any size.
 The recursion runs for many kernels at once, vectorized over kernels and candidates: a network's
 kernels then cost one pass over b instead of one per kernel.
 """
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..measurements import KernelTable
 from .configuration import Configuration, MicroConfig
+from .wr import check_quantum
 
 Kernel = tuple[KernelTable, int, Iterable[int]]  # measurements, mini-batch size, micro-batch sizes
 
@@ -60,12 +63,13 @@ class _Micros:
     limit (one beaten at its own size is beaten in every configuration too). Workspaces are
     ranks among the kernel's own micros' workspaces: max commutes with ranking."""
 
-    def __init__(self, kernels: Sequence[Kernel], limit: int | None):
+    def __init__(self, kernels: Sequence[Kernel], limit: int | None, quanta: Sequence[int]):
         rows = [(k, m.algo, b, m.time_ms, m.workspace)  # after k, MicroConfig's fields in order
                 for k, (table, batch, sizes) in enumerate(kernels)
                 for b in sorted({s for s in sizes if 1 <= s <= batch})
                 for m in sorted(table.choices(b, limit), key=lambda m: m.algo)]
         kernel, batch, workspace = (np.array([r[i] for r in rows], dtype=np.int64) for i in (0, 2, 4))
+        aligned = batch % np.asarray(quanta, dtype=np.int64)[kernel] == 0 if rows else np.ones(0, bool)
         time = np.array([r[3] for r in rows], dtype=float)
         cells, cell = np.unique(kernel * (1 + max(batch, default=0)) + batch, return_inverse=True)
         rank, ranks = _ranks(cell, workspace)
@@ -73,6 +77,7 @@ class _Micros:
         keep = keep[np.argsort(batch[keep], kind="stable")]
         self.configs = [MicroConfig(*rows[i][1:]) for i in keep]
         self.kernel, self.batch, self.time = kernel[keep], batch[keep], time[keep]
+        self.aligned = aligned[keep]  # usable anywhere; the others only as the last part
         self.rank, self.ranks = _ranks(self.kernel, workspace[keep])
 
 
@@ -124,7 +129,8 @@ def _candidates(store: _Store, micros: _Micros, b: int,
     appended to each configuration of the rest. Of the rest's configurations whose workspace does
     not exceed the micro's, all end up with the micro's workspace: only the fastest (the last)
     is kept."""
-    idx = np.flatnonzero((micros.batch <= b) & (b <= batches[micros.kernel]))
+    full = b == batches[micros.kernel]
+    idx = np.flatnonzero((micros.batch <= b) & (b <= batches[micros.kernel]) & (micros.aligned | full))
     kernel, rest = micros.kernel[idx], b - micros.batch[idx]
     start = store.start[kernel, rest]
     end = start + store.count[kernel, rest]
@@ -135,11 +141,16 @@ def _candidates(store: _Store, micros: _Micros, b: int,
     return parent, np.repeat(idx, n)
 
 
-def desirable_sets(kernels: Sequence[Kernel], limit: int | None) -> list[list[Configuration]]:
-    """desirable_set of every (table, batch, sizes), all under one `limit`, computed together."""
+def desirable_sets(kernels: Sequence[Kernel], limit: int | None,
+                   quanta: Sequence[int] | None = None) -> list[list[Configuration]]:
+    """desirable_set of every (table, batch, sizes), all under one `limit`, computed together;
+    `quanta`: each kernel's batch quantum (default 1)."""
     if not kernels:
         return []
-    micros = _Micros(kernels, limit)
+    quanta = [1] * len(kernels) if quanta is None else list(quanta)
+    for quantum in quanta:
+        check_quantum(quantum)
+    micros = _Micros(kernels, limit, quanta)
     batches = np.array([batch for _, batch, _ in kernels], dtype=np.int64)
     store = _Store(batches, micros.ranks)
     for b in range(1, batches.max() + 1):
@@ -150,21 +161,23 @@ def desirable_sets(kernels: Sequence[Kernel], limit: int | None) -> list[list[Co
         keep = _front(time, kernel, rank, store.shape)
         store.put(b, kernel=kernel[keep], time=time[keep], rank=rank[keep], parent=parent[keep],
                   micro=micro[keep])
-    return [[_configuration(store, row, micros.configs) for row in store.rows(k, batch)]
-            for k, batch in enumerate(batches)]
+    return [[_configuration(store, row, micros.configs, quantum) for row in store.rows(k, batch)]
+            for k, (batch, quantum) in enumerate(zip(batches, quanta))]
 
 
 def desirable_set(table: KernelTable, batch: int, sizes: Iterable[int],
-                  limit: int | None) -> list[Configuration]:
+                  limit: int | None, quantum: int = 1) -> list[Configuration]:
     """The desirable configurations of `batch` samples from micro-batches in `sizes` whose
     workspace fits `limit` bytes (None: any), by workspace ascending and time descending.
     WR's answer at any limit L <= `limit` is the fastest of them with workspace <= L."""
-    return desirable_sets([(table, batch, sizes)], limit)[0]
+    return desirable_sets([(table, batch, sizes)], limit, [quantum])[0]
 
 
-def _configuration(store: _Store, row: int, micros: list[MicroConfig]) -> Configuration:
+def _configuration(store: _Store, row: int, micros: list[MicroConfig], quantum: int) -> Configuration:
+    """The configuration of a row, in dispatch order: the part whose size is not a multiple of
+    the quantum (if any) last."""
     parts = []
     while store.parent[row] >= 0:
         parts.append(micros[store.micro[row]])
         row = store.parent[row]
-    return Configuration(tuple(sorted(parts, key=lambda m: (-m.batch, m.algo))))
+    return Configuration(tuple(sorted(parts, key=lambda m: (m.batch % quantum != 0, -m.batch, m.algo))))
