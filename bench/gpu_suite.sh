@@ -38,6 +38,8 @@ for stage in "${stages[@]}"; do
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --cache "$OUT/layers.db" ;;
     record) run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
+    # is torch's CUDNN_CONV_WSCAP_DBG honoured? at 1 MiB it must slow torch down if it is
+    torchcap) run torchcap python3 bench/train_step.py --out "$OUT/cap1MiB" --nets alexnet:256 --precisions fp32 --variants capped,native --limit 1MiB ;;
     train) run train python3 bench/train_step.py --out "$OUT" --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
