@@ -12,11 +12,7 @@ from .device import DeviceInfo
 from .dispatch import compile_plan
 from .errors import ConfigError, CudnnError, MissingMeasurementsError
 from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
-from .optimizers.configuration import Configuration, MicroConfig
 from .problem import ConvProblem
-
-
-SWEEP_CALLS = 8  # consecutive micro-batches timed together (see `sweep`)
 
 
 class Benchmarker(Protocol):
@@ -77,7 +73,6 @@ class CudnnBenchmarker:
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None):
         from .bindings import cudnn
-        from .bindings.executor import CudnnExecutor
 
         self.handle = handle if handle is not None else cudnn.create_handle()
         self.stream = gpu.current_stream() if stream is None else stream
@@ -86,36 +81,42 @@ class CudnnBenchmarker:
         self.device = gpu.device_info()
         self.calls = 0  # (algorithm, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
-        self.executor = CudnnExecutor(self.handle)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None) -> list[Measurement]:
+        from .bindings.descriptors import KernelDescriptors
+
         sizes = sorted(set(sizes))
-        ptrs = self.scratch.operands(problem.with_batch(max(problem.batch, sizes[-1])))
-        return [self._measure_one(problem, b, algo, ptrs, cap)
-                for b in sizes for algo in range(algo_count(problem.kind))]
+        ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
+        results = []
+        for b in sizes:
+            descs = KernelDescriptors(problem.with_batch(b))
+            results += [self._measure_one(descs, ptrs, algo, cap) for algo in range(algo_count(problem.kind))]
+        return results
 
-    def _measure_one(self, problem: ConvProblem, b: int, algo: int, ptrs: dict, cap: int | None) -> Measurement:
-        from .bindings.convolution import workspace_size
+    def _measure_one(self, descs, ptrs: dict, algo: int, cap: int | None) -> Measurement:
+        from .bindings.convolution import convolve, workspace_size
 
+        p = descs.problem
         self.calls += 1
         try:
-            ws = workspace_size(self.handle, problem.kind, self.executor.descriptors(problem.with_batch(b)), algo)
+            ws = workspace_size(self.handle, p.kind, descs, algo)
         except CudnnError as exc:
-            return Measurement(algo, b, None, 0, _failure(exc))
+            return Measurement(algo, p.batch, None, 0, _failure(exc))
         if cap is not None and ws > cap:
-            return Measurement(algo, b, None, ws, OVER_CAP)
+            return Measurement(algo, p.batch, None, ws, OVER_CAP)
         try:
             workspace = self.scratch.workspace(ws)
         except gpu.cupy().cuda.memory.OutOfMemoryError:
-            return Measurement(algo, b, None, ws, OUT_OF_MEMORY)
-        swept, configuration = sweep(problem, algo, b)
+            return Measurement(algo, p.batch, None, ws, OUT_OF_MEMORY)
+
+        def run():
+            convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, 0.0, p.dtype)
+
         try:
-            program = compile_plan(swept, configuration, self.executor)
-            times = _time(lambda: program(ptrs["x"], ptrs["w"], ptrs["y"], workspace, ws), self.timing, self.stream)
+            times = _time(run, self.timing, self.stream)
         except CudnnError as exc:
-            return Measurement(algo, b, None, ws, _failure(exc))
-        calls = len(configuration.micro)
-        return Measurement(algo, b, statistics.median(times) / calls, ws, OK, len(times))
+            return Measurement(algo, p.batch, None, ws, _failure(exc))
+        return Measurement(algo, p.batch, statistics.median(times), ws, OK, len(times))
 
 
 class ConfigurationTimer:
@@ -144,18 +145,6 @@ class ConfigurationTimer:
             program(ptrs["x"], ptrs["w"], ptrs["y"], workspace, configuration.workspace)
 
         return statistics.median(_time(run, self.timing, self.stream))
-
-
-def sweep(problem: ConvProblem, algo: int, b: int) -> tuple[ConvProblem, Configuration]:
-    """How t(algo, b) is measured: as dispatch runs it. A configuration runs its micro-batches
-    back to back over consecutive slices, BF accumulating with beta = 1 after the first; one
-    call timed alone on a hot slice mispredicted such runs by up to 4x on an H100 (docs/results.md).
-    So `algo` is timed over up to SWEEP_CALLS consecutive slices of b samples of the mini-batch,
-    and t is the time per call. A size that is not a multiple of the batch quantum only ever
-    runs as the last part, at an aligned offset: it is timed alone at offset 0."""
-    aligned = b <= problem.batch and b % problem.batch_quantum() == 0
-    calls = min(problem.batch // b, SWEEP_CALLS) if aligned else 1
-    return problem.with_batch(b * calls), Configuration((MicroConfig(algo, b, 0.0, 0),) * calls)
 
 
 def _time(run, timing: TimingSettings, stream: int) -> list[float]:
