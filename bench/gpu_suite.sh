@@ -37,6 +37,7 @@ for stage in "${stages[@]}"; do
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --cache "$OUT/layers.db" ;;
     record) run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;
+    rerecord) rm -f cache/*.db; run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
     # is torch's CUDNN_CONV_WSCAP_DBG honoured? at 1 MiB it must slow torch down if it is
     torchcap) run torchcap python3 bench/train_step.py --out "$OUT/cap1MiB" --nets alexnet:256 --precisions fp32 --variants capped,native --limit 1MiB ;;
