@@ -507,3 +507,23 @@ def test_docs_examples_run(tmp_path, capsys):
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
         exec(block.replace("/tmp/", f"{tmp_path}/"), {})
     assert "Measurement(algo=1, batch=32" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/")
+def test_resnet50_lookup_from_the_shipped_recording_is_fast():
+    """Issue 3's figure on real data: every kernel of ResNet-50 (B=64, fp32) from the H100 file."""
+    from ucudnn.nets import get_network
+
+    problems = [k.problem for k in get_network("resnet50").problems(64)]
+    with BenchmarkDatabase(recorded_path(), readonly=True) as db:
+        device = next(d for d in db.devices() if "H100" in d.gpu_name)
+    walls = []
+    for _ in range(10):
+        start = time.perf_counter()
+        found = Cache(recorded_path(), readonly=True).tables(problems, device)
+        walls.append(time.perf_counter() - start)
+    rows = sum(len(table) for table in found.values())
+    assert all(len(table) for table in found.values()) and rows > 1000
+    print(f"\nshipped ResNet-50 lookup: {len(found)} shape keys, {rows} measurements in "
+          f"{min(walls) * 1e3:.1f} ms (best of 10; median {sorted(walls)[5] * 1e3:.1f} ms)")
+    assert min(walls) <= 0.050

@@ -252,3 +252,23 @@ def test_resnet50_sized_solve_is_fast():
     print(f"ResNet-50-sized WD: {result.variables} variables, build {result.build_seconds:.3f} s, "
           f"solve {result.solve_seconds:.3f} s, wall {min(walls):.3f} s (best of 3)")
     assert min(walls) <= 0.5, (walls, result.variables)
+
+
+def test_recorded_resnet50_solve_is_fast():
+    """Issue 4's figure on the shipped H100 measurements: ResNet-50, B = 32, all three kernels of
+    every conv layer (identical layers as one kernel with a count), powerOfTwo, 16 MiB a kernel."""
+    from ucudnn.cache import recorded_path
+
+    if recorded_path() is None:
+        pytest.skip("no recorded measurements are shipped in cache/")
+    kernels = wd_solve.recorded_network(str(recorded_path()), "resnet50", 32, "H100")
+    sizes = functools.partial(batch_sizes, "powerOfTwo")
+    walls, result = [], None
+    for _ in range(3):
+        start = time.perf_counter()
+        result = optimize_wd(kernels, sizes, len(kernels) * 16 * MiB)
+        walls.append(time.perf_counter() - start)
+    print(f"recorded ResNet-50 WD: {len(kernels)} kernels, {result.variables} variables, "
+          f"wall {min(walls):.3f} s (best of 3)")
+    assert len(kernels) == 69 and result.variables >= len(kernels)
+    assert min(walls) <= 0.5, (walls, result.variables)
