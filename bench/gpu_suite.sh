@@ -33,6 +33,7 @@ for stage in "${stages[@]}"; do
     tests) run tests python3 -m pytest -m gpu -v -s -rs tests ;;
     probe) run probe python3 bench/probe.py ;;
     alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
+    hostbound) run hostbound python3 bench/host_bound.py --out "$OUT" ;;
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --cache "$OUT/layers.db" ;;

@@ -1,6 +1,7 @@
 """The little of CUDA that ucudnn needs, through CuPy: device facts, memory, streams, events."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .device import DeviceInfo
@@ -59,11 +60,34 @@ def current_stream() -> int:
     return cupy().cuda.get_current_stream().ptr
 
 
-def time_calls(run, repeats: int, stream: int) -> list[float]:
-    """Milliseconds of each of `repeats` calls of run(), timed with CUDA events on `stream`."""
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}"""
+
+
+def spin(ms: float, stream: int) -> None:
+    """Keep the GPU busy for about `ms` milliseconds on `stream` (one thread spinning)."""
+    cp = cupy()
+    kernel = cp.RawKernel(_SPIN, "spin")
+    khz = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["clockRate"]
+    with cp.cuda.ExternalStream(stream):
+        kernel((1,), (1,), (cp.int64(int(ms * khz)),))
+
+
+def time_calls(run, repeats: int, stream: int, hide_host: bool = False) -> list[float]:
+    """Milliseconds of each of `repeats` calls of run(), timed with CUDA events on `stream`.
+    With `hide_host`, a spinning kernel holds the GPU while the host queues every call, so the
+    events see GPU time alone, as in a training loop that runs ahead of the GPU; without it, a
+    call whose host side outlasts its GPU side is timed at its host's pace."""
     rt = cupy().cuda.runtime
     events = [(rt.eventCreate(), rt.eventCreate()) for _ in range(repeats)]
     try:
+        if hide_host:
+            began = time.perf_counter()
+            run()  # how long the host takes to queue one call sizes the spin
+            spin(min(2.0 + 1.5e3 * repeats * (time.perf_counter() - began), 500.0), stream)
         for start, end in events:
             rt.eventRecord(start, stream)
             run()
