@@ -96,6 +96,25 @@ def test_optimize_plots_wr_and_wd(db, tmp_path):
         assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 10_000
 
 
+def test_division_bar_is_labelled_cudnn_undivided():
+    """The left bar of the WD division is the cuDNN-undivided reference at the per-kernel limit."""
+    pytest.importorskip("matplotlib")
+    from ucudnn.config import Settings
+    from ucudnn.planner import make_plan
+    from ucudnn.plots import _pyplot, draw_division
+
+    kernels = get_network("alexnet").problems(32)
+    tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
+    plan = make_plan(kernels, tables, Settings.load(env={}, total_workspace_limit="150MiB", optimizer="wd"))
+    figure, ax = _pyplot().subplots()
+    try:
+        draw_division(ax, plan)
+        labels = [label.get_text() for label in ax.get_xticklabels()]
+    finally:
+        _pyplot().close(figure)
+    assert labels == [f"cuDNN undivided\n{plan.kernel_limit / MIB:.1f} MiB each", "WD\n150 MiB total"]
+
+
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
 def test_optimize_on_the_shipped_recordings():
     start = time.monotonic()
@@ -208,6 +227,26 @@ def test_plot_kernel_must_exist(capsys, db, tmp_path):
     status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--cache", db,
                          "--plot", str(tmp_path / "x.png"), "--kernel", "conv9/F")
     assert status == 2 and "kernel 'conv9/F' is not in this network" in err
+
+
+@pytest.mark.parametrize("command", ["optimize", "nets"])
+def test_a_reader_closing_the_pipe_early_is_not_an_error(db, command):
+    """`ucudnn ... | head -c 100`: the reader is gone before ucudnn writes; it stops quietly with 141.
+    optimize --json writes 38 kB (the pipe breaks in print), nets less than the 8 kB buffer (in
+    the last flush)."""
+    argv = ["optimize", "--offline", "--net", "alexnet", "--json", "--cache", db] if command == "optimize" else ["nets"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    process = subprocess.Popen([sys.executable, "-m", "ucudnn", *argv], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env)
+    process.stdout.close()  # before it writes: every write then fails with EPIPE, not only some
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 141 and err == b""
+
+
+def test_an_unknown_kernel_is_an_error_without_plot_too(capsys, db):
+    status, out, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--cache", db, "--kernel", "conv9/F")
+    assert status == 2 and out == "" and err.count("\n") == 1 and "kernel 'conv9/F' is not in this network" in err
 
 
 def test_errors_in_a_subprocess_have_no_traceback(db):

@@ -307,6 +307,8 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
 def optimize(args) -> int:
     settings = _settings(args)
     network, kernels = _kernels(args)
+    if args.kernel:  # with or without --plot: a kernel not in the network is a mistake to report
+        find_kernel(kernels, args.kernel)
     measured = not args.offline and _gpu_available()
     limit, _ = limits(settings, len(kernels))
     tables, device, path = _tables(kernels, settings, limit, measured,
@@ -562,11 +564,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()  # short output is written here, not at exit where a broken pipe can't be caught
+        return status
     except UcudnnError as exc:
         print(f"ucudnn: error: {exc}", file=sys.stderr)
-    except BrokenPipeError:  # the reader went away (`| head`): stop writing, quietly
+    except BrokenPipeError:
+        # The reader went away (`ucudnn ... | head`): stop quietly, as the Python docs' "Note on
+        # SIGPIPE" advises: point stdout at devnull so the flush at exit cannot fail again, and exit
+        # 141 (128 + SIGPIPE), the status of a command the signal ends (cat, grep), which shells and
+        # `set -o pipefail` treat as "the reader stopped early", not as an error of ours (2).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as exc:  # a file ucudnn was told to read or write
         print(f"ucudnn: error: {exc}; check the path and its permissions", file=sys.stderr)
     return 2

@@ -102,11 +102,12 @@ def draw_layer_times(ax, plan: Plan) -> None:
 
 
 def draw_division(ax, plan: Plan) -> None:
-    """Fig. 14: the workspace each kernel gets, undivided per-kernel limits against WD's division."""
+    """Fig. 14: the workspace each kernel gets, cuDNN undivided at the per-kernel limit against WD's
+    division."""
     def workspace(which: str) -> dict[str, float]:
         return {row.kernel.name: row.kernel.count * getattr(row, which).workspace / MIB for row in plan.rows}
 
-    _stacked(ax, {f"WR undivided\n{plan.kernel_limit / MIB:.1f} MiB each": workspace("undivided"),
+    _stacked(ax, {f"cuDNN undivided\n{plan.kernel_limit / MIB:.1f} MiB each": workspace("undivided"),
                   f"WD\n{plan.limit / MIB:.0f} MiB total": workspace("configuration")}, "workspace (MiB)")
     ax.set_title("workspace division")
 
