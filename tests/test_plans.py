@@ -105,3 +105,24 @@ def test_planned_dispatch_matches_reference(tmp_path, kind, rng):
     out = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}[kind]
     want = 2.0 * reference.convolve(p, host["x"], host["w"], host["y"]) + 0.5 * host[out]
     np.testing.assert_allclose(flat[out].reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+def test_benchmark_scratch_gives_its_memory_back(monkeypatch):
+    """Benchmarking allocates the largest workspaces there are; once a kernel is measured, the
+    scratch frees them and empties CuPy's pool, so a training run does not keep them."""
+    from ucudnn import benchmark, gpu
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.mem, self.ptr = type("Mem", (), {"size": nbytes})(), 4096
+
+    freed = []
+    monkeypatch.setattr(gpu, "alloc", Buffer)
+    monkeypatch.setattr(gpu, "random_array", lambda shape, dtype, seed: Buffer(0))
+    monkeypatch.setattr(gpu, "pointer", lambda buffer: buffer.ptr)
+    monkeypatch.setattr(gpu, "free_pool", lambda: freed.append(True))
+    scratch = benchmark.Scratch()
+    scratch.operands(ConvProblem("F", (4, 3, 8, 8), (2, 3, 3, 3)))
+    scratch.workspace(1 << 30)
+    scratch.release()
+    assert freed and scratch._workspace is None and scratch._operands == {}

@@ -66,6 +66,12 @@ class Scratch:
             self._workspace = gpu.alloc(nbytes)
         return self._workspace.ptr
 
+    def release(self) -> None:
+        """Give every buffer back to the device, not only to CuPy's pool: benchmarking touches
+        the largest workspaces of all, which a training run must not keep paying for."""
+        self._key, self._operands, self._workspace = None, {}, None
+        gpu.free_pool()
+
 
 class CudnnBenchmarker:
     """Times every cuDNN algorithm of a kernel at each micro-batch size, on one GPU and stream.
@@ -88,9 +94,12 @@ class CudnnBenchmarker:
         sizes = sorted(set(sizes))
         ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
         results = []
-        for b in sizes:
-            descs = KernelDescriptors(problem.with_batch(b))
-            results += [self._measure_one(descs, ptrs, algo, cap) for algo in range(algo_count(problem.kind))]
+        try:
+            for b in sizes:
+                descs = KernelDescriptors(problem.with_batch(b))
+                results += [self._measure_one(descs, ptrs, algo, cap) for algo in range(algo_count(problem.kind))]
+        finally:
+            self.scratch.release()
         return results
 
     def _measure_one(self, descs, ptrs: dict, algo: int, cap: int | None) -> Measurement:

@@ -44,6 +44,11 @@ def alloc(nbytes: int) -> Any:
     return cupy().cuda.alloc(max(nbytes, 1))
 
 
+def free_pool() -> None:
+    """Return the unused blocks of CuPy's memory pool to the device."""
+    cupy().get_default_memory_pool().free_all_blocks()
+
+
 def pointer(buffer: Any) -> int:
     """The device address of a CuPy array/MemoryPointer, a torch tensor, an int, or None (0)."""
     if buffer is None:
