@@ -6,6 +6,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from strategies import geometry
+
 from ucudnn import reference
 from ucudnn.dispatch import NumpyExecutor, Step, dispatch, plan
 from ucudnn.errors import ConfigError
@@ -94,19 +96,13 @@ def check_plan(p: ConvProblem, config: Configuration, steps: list[Step], alpha: 
 @st.composite
 def dispatch_cases(draw, max_batch: int = 11):
     nd = draw(st.sampled_from([1, 2, 2, 2, 3]))
-    limit = {1: 8, 2: 5, 3: 4}[nd]
-    groups = draw(st.integers(1, 2))
-    kernel = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
-    dil = draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd))
-    pads = draw(st.lists(st.integers(0, 1), min_size=nd, max_size=nd))
-    strides = draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd))
-    lows = [max(1, d * (k - 1) + 1 - 2 * q) for k, d, q in zip(kernel, dil, pads)]
-    sizes = [draw(st.integers(lo, max(lo, limit))) for lo in lows]
-    cg = draw(st.integers(1, 3))
+    g = draw(geometry(nd, {1: 8, 2: 5, 3: 4}[nd], max_groups=2, max_pad=1, max_stride=2, max_group_channels=3))
+    groups, cg = g["groups"], g["group_channels"]
     batch = draw(st.integers(1, max_batch))
     p = ConvProblem(
-        draw(st.sampled_from(["F", "BD", "BF"])), (batch, cg * groups, *sizes),
-        (groups * draw(st.integers(1, 2)), cg, *kernel), pads=pads, strides=strides, dilations=dil,
+        draw(st.sampled_from(["F", "BD", "BF"])), (batch, cg * groups, *g["sizes"]),
+        (groups * draw(st.integers(1, 2)), cg, *g["kernel"]), pads=g["pads"], strides=g["strides"],
+        dilations=g["dilations"],
         groups=groups, dtype=draw(st.sampled_from(["float64", "float32"])),
         layout=draw(st.sampled_from(["nchw", "nhwc"])), mode=draw(st.sampled_from(["cross_correlation", "convolution"])),
     )

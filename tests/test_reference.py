@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from strategies import geometry
+
 from ucudnn import reference
 from ucudnn.problem import ConvProblem
 
@@ -43,18 +45,11 @@ def operands(p: ConvProblem, rng: np.random.Generator):
 def small_problems(draw, max_dims: int = 3):
     """Problems small enough for the naive loop (a few thousand multiply-adds)."""
     nd = draw(st.integers(1, max_dims))
-    limit = {1: 9, 2: 6, 3: 4}[nd]
-    groups = draw(st.integers(1, 3))
-    kernel = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
-    dil = draw(st.lists(st.integers(1, 2), min_size=nd, max_size=nd))
-    pads = draw(st.lists(st.integers(0, 2), min_size=nd, max_size=nd))
-    strides = draw(st.lists(st.integers(1, 3), min_size=nd, max_size=nd))
-    lows = [max(1, d * (k - 1) + 1 - 2 * q) for k, d, q in zip(kernel, dil, pads)]
-    sizes = [draw(st.integers(lo, max(lo, limit))) for lo in lows]
-    cg = draw(st.integers(1, 2))
+    g = draw(geometry(nd, {1: 9, 2: 6, 3: 4}[nd], max_groups=3, max_pad=2, max_stride=3, max_group_channels=2))
+    groups, cg = g["groups"], g["group_channels"]
     return ConvProblem(
-        "F", (draw(st.integers(1, 2)), cg * groups, *sizes), (groups * draw(st.integers(1, 2)), cg, *kernel),
-        pads=pads, strides=strides, dilations=dil, groups=groups, dtype="float64",
+        "F", (draw(st.integers(1, 2)), cg * groups, *g["sizes"]), (groups * draw(st.integers(1, 2)), cg, *g["kernel"]),
+        pads=g["pads"], strides=g["strides"], dilations=g["dilations"], groups=groups, dtype="float64",
         mode=draw(st.sampled_from(["cross_correlation", "convolution"])),
     )
 
