@@ -37,6 +37,8 @@ for stage in "${stages[@]}"; do
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --cache "$OUT/layers.db" ;;
+    # the same comparison with host time hidden on both sides, from a fresh database
+    layers-gpu-only) run layers-gpu-only python3 bench/layers.py --out "$OUT/gpu-only" --nets alexnet:256,resnet50:64 --policies powerOfTwo --limits 8MiB,64MiB --gpu-only --cache "$OUT/gpu-only.db" ;;
     record) run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;
     rerecord) rm -f cache/*.db; run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;

@@ -126,14 +126,18 @@ def main(argv=None) -> int:
     parser.add_argument("--limits", default="8MiB,64MiB,512MiB")
     parser.add_argument("--policies", default="powerOfTwo,all")
     parser.add_argument("--cache", default=None, help="benchmark database (default OUT/layers.db)")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="time measurements and executions with the host hidden (gpu.time_calls(hide_host=True)); "
+                             "needs a database measured the same way")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     limits = [parse_size(v) for v in args.limits.split(",")]
     policies = args.policies.split(",")
     cache = Cache(args.cache or out / "layers.db")
-    bench = CudnnBenchmarker(timing=TimingSettings(warmup=1, min_repeats=3, max_repeats=10, target_ms=10))
-    timer = ConfigurationTimer()
+    gpu_only = dict(hide_host=True) if args.gpu_only else {}
+    bench = CudnnBenchmarker(timing=TimingSettings(warmup=1, min_repeats=3, max_repeats=10, target_ms=10, **gpu_only))
+    timer = ConfigurationTimer(timing=TimingSettings(warmup=2, min_repeats=10, max_repeats=10, **gpu_only))
     report = {"device": bench.device.describe(), "date": time.strftime("%Y-%m-%d"), "nets": []}
     text = [f"Device: {report['device']}; date {report['date']}\n"]
     for spec in args.nets.split(","):

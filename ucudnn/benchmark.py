@@ -28,12 +28,14 @@ class Benchmarker(Protocol):
 @dataclass(frozen=True)
 class TimingSettings:
     """How each (algorithm, micro-batch) is timed: `warmup` untimed calls, then enough timed
-    calls to fill `target_ms` (at least `min_repeats`, at most `max_repeats`); the median counts."""
+    calls to fill `target_ms` (at least `min_repeats`, at most `max_repeats`); the median counts.
+    `hide_host`: time the GPU alone (see gpu.time_calls); the shipped recordings do not."""
 
     warmup: int = 1
     min_repeats: int = 3
     max_repeats: int = 10
     target_ms: float = 20.0
+    hide_host: bool = False
 
     def __post_init__(self):
         if self.warmup < 1 or self.min_repeats < 1 or self.max_repeats < self.min_repeats:
@@ -158,8 +160,8 @@ class ConfigurationTimer:
 
 def _time(run, timing: TimingSettings, stream: int) -> list[float]:
     """Warm up, then time enough calls to fill the target (see TimingSettings)."""
-    warm = gpu.time_calls(run, timing.warmup, stream)
-    return gpu.time_calls(run, timing.repeats(min(warm)), stream)
+    warm = gpu.time_calls(run, timing.warmup, stream, timing.hide_host)
+    return gpu.time_calls(run, timing.repeats(min(warm)), stream, timing.hide_host)
 
 
 def _failure(exc: CudnnError) -> str:
