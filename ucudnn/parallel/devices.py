@@ -1,0 +1,82 @@
+"""GPU checks and timing presets: the benchmarker a worker makes on its GPU, what a GPU is
+(probed without a context), and the refusal of GPUs listed twice or of different models."""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Callable, Sequence
+
+from ..benchmark import Benchmarker, TimingSettings
+from ..device import DeviceInfo
+from ..errors import ConfigError
+
+Factory = Callable[[int], Benchmarker]
+
+DEVICES_VARIABLE = "UCUDNN_BENCH_DEVICES"
+TIMINGS = {
+    "default": TimingSettings(),
+    # one warm-up, then 1 to 3 timed calls: sweeps of the `all` policy in minutes, noisier times
+    "quick": TimingSettings(warmup=1, min_repeats=1, max_repeats=3, target_ms=3.0),
+}
+
+
+# ---- devices
+
+
+def timing_settings(timing: str | TimingSettings) -> TimingSettings:
+    if isinstance(timing, TimingSettings):
+        return timing
+    if timing not in TIMINGS:
+        raise ConfigError(f"timing {timing!r} is unknown; use one of {', '.join(TIMINGS)}")
+    return TIMINGS[timing]
+
+
+def cuda_benchmarker(device: int, timing: TimingSettings = TIMINGS["default"]) -> Benchmarker:
+    """A CudnnBenchmarker on GPU `device` (made current first), the workers' default."""
+    from .. import gpu
+    from ..benchmark import CudnnBenchmarker
+
+    gpu.cupy().cuda.Device(device).use()
+    return CudnnBenchmarker(timing=timing)
+
+
+def default_factory(timing: str | TimingSettings) -> Factory:
+    """cuda_benchmarker with these timing settings, picklable for the workers."""
+    return functools.partial(cuda_benchmarker, timing=timing_settings(timing))
+
+
+def cuda_device_count() -> int:
+    from .. import gpu
+
+    return gpu.cupy().cuda.runtime.getDeviceCount()
+
+
+def cuda_probe(device: int) -> DeviceInfo:
+    """What GPU `device` is, without making a context on it."""
+    from .. import gpu
+
+    count = cuda_device_count()
+    if not 0 <= device < count:
+        raise ConfigError(f"GPU {device} does not exist: this node has {count} visible GPU(s), "
+                          f"0 to {count - 1}; fix --devices or {DEVICES_VARIABLE}")
+    return gpu.device_info(device)
+
+
+def check_devices(devices: Sequence[int]) -> list[int]:
+    devices = list(devices)
+    if not devices:
+        raise ConfigError(f"no GPUs to benchmark on; list some, e.g. --devices 0,1 or {DEVICES_VARIABLE}=0,1")
+    twice = sorted(d for d, n in Counter(devices).items() if n > 1)
+    if twice:
+        raise ConfigError(f"GPU(s) {', '.join(map(str, twice))} listed more than once in {devices}; "
+                          "list each GPU once (two workers on one GPU would distort each other's times)")
+    return devices
+
+
+def check_one_model(labelled: Sequence[tuple[str, DeviceInfo]]) -> None:
+    """Refuse GPUs of different models (or cuDNN versions): measurements are kept per model."""
+    if len({info.reuse_key for _, info in labelled}) > 1:
+        listing = "; ".join(f"{label}: {info.describe()}" for label, info in labelled)
+        raise ConfigError(f"one benchmarking run needs GPUs of one model and cuDNN version, since "
+                          f"measurements are kept per model, but it has {listing}. List GPUs of one "
+                          f"model only (--devices or {DEVICES_VARIABLE}) and run once per model")
