@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="out")
     args = parser.parse_args(argv)
-    handle, stream = cudnn.create_handle(), gpu.current_stream()
-    cudnn.set_stream(handle, stream)
+    stream = gpu.current_stream()
+    handle = cudnn.create_handle(stream)
     report = {"device": gpu.device_info().describe(), "offsets": list(OFFSETS), "cases": []}
     print(report["device"])
     print("kernel        b  dtype    algo                    " + "".join(f"{o:>9d}B" for o in OFFSETS))

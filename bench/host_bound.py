@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="out")
     args = parser.parse_args(argv)
-    handle, stream = cudnn.create_handle(), gpu.current_stream()
-    cudnn.set_stream(handle, stream)
+    stream = gpu.current_stream()
+    handle = cudnn.create_handle(stream)
     executor, cache, device = CudnnExecutor(handle), Cache(recorded_path(), readonly=True), gpu.device_info()
     rows = []
     print(f"{device.describe()}\nkernel               configuration                     predicted  executed  GPU-only  host/run")

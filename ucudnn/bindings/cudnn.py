@@ -85,9 +85,12 @@ def version() -> int:
     return int(lib().cudnnGetVersion())
 
 
-def create_handle() -> c_void_p:
+def create_handle(stream: int | None = None) -> c_void_p:
+    """A new cuDNN handle, on `stream` if given (else cuDNN's default, the legacy stream)."""
     handle = c_void_p()
     call("cudnnCreate", ctypes.byref(handle))
+    if stream is not None:
+        set_stream(handle, stream)
     return handle
 
 
