@@ -1,6 +1,7 @@
 """The little of CUDA that ucudnn needs, through CuPy: device facts, memory, streams, events."""
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -72,13 +73,22 @@ extern "C" __global__ void spin(long long cycles) {
 }"""
 
 
+@functools.lru_cache(maxsize=None)
+def _spin_kernel():
+    return cupy().RawKernel(_SPIN, "spin")
+
+
+@functools.lru_cache(maxsize=None)
+def _clock_khz(device: int) -> int:
+    return cupy().cuda.runtime.getDeviceProperties(device)["clockRate"]
+
+
 def spin(ms: float, stream: int) -> None:
     """Keep the GPU busy for about `ms` milliseconds on `stream` (one thread spinning)."""
     cp = cupy()
-    kernel = cp.RawKernel(_SPIN, "spin")
-    khz = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["clockRate"]
+    cycles = int(ms * _clock_khz(cp.cuda.runtime.getDevice()))
     with cp.cuda.ExternalStream(stream):
-        kernel((1,), (1,), (cp.int64(int(ms * khz)),))
+        _spin_kernel()((1,), (1,), (cp.int64(cycles),))
 
 
 def time_calls(run, repeats: int, stream: int, hide_host: bool = False) -> list[float]:

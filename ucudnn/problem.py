@@ -8,6 +8,7 @@ from enum import Enum
 import numpy as np
 
 from .errors import ConfigError
+from .workspace import ALIGNMENT
 
 
 class ConvKind(str, Enum):
@@ -26,10 +27,10 @@ MATH_TYPES = ("default", "tensor_op", "tensor_op_allow_conversion", "fma")
 LAYOUTS = ("nchw", "nhwc")
 MODES = ("cross_correlation", "convolution")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-# Micro-batch slices start where a fresh allocation would (cudaMalloc aligns to 256 bytes), so they
-# run as fast as they were benchmarked: on an H100, a slice of AlexNet conv1 only 4-byte aligned
-# ran some cuDNN algorithms 300x slower than the same call on an aligned buffer (docs/results.md).
-SLICE_ALIGNMENT = 256
+# Micro-batch slices start where a fresh allocation would, so they run as fast as they were
+# benchmarked: on an H100, a slice of AlexNet conv1 only 4-byte aligned ran a cuDNN algorithm
+# 280x slower than the same call on an aligned buffer (docs/results.md).
+SLICE_ALIGNMENT = ALIGNMENT
 
 
 def _tuple(value, n: int, name: str) -> tuple[int, ...]:

@@ -29,8 +29,8 @@ class CudnnExecutor:
     def prepare(self, step: Step) -> Call:
         p = step.problem
         descs = self.descriptors(p)
-        function = getattr(cudnn.lib(), function_name(p.kind))
         name = function_name(p.kind)
+        function = getattr(cudnn.lib(), name)
         alpha, beta = cudnn.scalar(step.alpha, p.dtype), cudnn.scalar(step.beta, p.dtype)
         offsets = {"x": step.x_offset, "w": 0, "y": step.y_offset}
         (i1, o1), (i2, o2), (i3, o3) = ((_INDEX[r], offsets[r]) for r in ROLES[p.kind])

@@ -13,6 +13,7 @@ to torch's own convolution with a one-time warning naming the reason. See docs/t
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 from collections import Counter
@@ -246,7 +247,7 @@ class CudaBackend:
 
         torch.backends.cudnn.version()  # loads torch's libcudnn, so ucudnn's bindings use the same one
         if settings.optimizer == "wd":  # one persistent buffer for the network, divided (and late kernels)
-            allocator = lambda nbytes: torch.empty(nbytes, dtype=torch.uint8, device=device)  # noqa: E731
+            allocator = functools.partial(self.borrow, device=device)
         else:
             allocator = _no_persistent_workspace
         return Handle(settings, cache=cache, allocator=allocator, stream=self.stream(device))
