@@ -77,7 +77,8 @@ def main(argv=None) -> int:
                       + "".join(f"{result['ms'][o]:10.3f}" for o in OFFSETS), flush=True)
     # benchmarker vs timer on the same configuration, in one process
     p = kernel("conv4/BD", "float32", "nchw").problem
-    bench, timer = CudnnBenchmarker(timing=TimingSettings(min_repeats=10)), ConfigurationTimer()
+    bench = CudnnBenchmarker(timing=TimingSettings(min_repeats=10), execution="direct")
+    timer = ConfigurationTimer(execution="direct")
     measured = {m.algo: m for m in bench.measure(p, [256], None) if m.available}
     for algo, m in measured.items():
         config = Configuration((MicroConfig(algo, 256, m.time_ms, m.workspace),))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
-#   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment record layers-alexnet
-#                                          layers-resnet50 wd train (default: env tests)
+#   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment hostbound record
+#                                          record-direct layers-alexnet layers-resnet50
+#                                          layers-direct wd torchcap train (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
 # Everything lands in $OUT/results/ and is packed into $OUT/results.tgz at the end (the device
@@ -34,13 +35,14 @@ for stage in "${stages[@]}"; do
     probe) run probe python3 bench/probe.py ;;
     alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
     hostbound) run hostbound python3 bench/host_bound.py --out "$OUT" ;;
-    # layers and wd start from the shipped recording (cache/), so they measure only what it lacks
+    # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
+    # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --cache "$OUT/layers.db" ;;
-    # the same comparison with host time hidden on both sides, from a fresh database
-    layers-gpu-only) run layers-gpu-only python3 bench/layers.py --out "$OUT/gpu-only" --nets alexnet:256,resnet50:64 --policies powerOfTwo --limits 8MiB,64MiB --gpu-only --cache "$OUT/gpu-only.db" ;;
+    layers-direct) seed_layers; run layers-direct python3 bench/layers.py --out "$OUT" --nets alexnet:256 --policies powerOfTwo --execution direct --cache "$OUT/layers.db" ;;
+    # the shipped recording: adds the measurements for graph (record) or direct execution to cache/
     record) run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;
-    rerecord) rm -f cache/*.db; run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;
+    record-direct) run record-direct python3 bench/record.py --out cache --execution direct; cp cache/*.db "$OUT/" ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
     # is torch's CUDNN_CONV_WSCAP_DBG honoured? at 1 MiB it must slow torch down if it is
     torchcap) run torchcap python3 bench/train_step.py --out "$OUT/cap1MiB" --nets alexnet:256 --precisions fp32 --variants capped,native --limit 1MiB ;;

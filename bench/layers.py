@@ -5,10 +5,14 @@ For each network and workspace limit, every conv kernel (F, BD, BF) runs as:
   wr_p2      - ucudnn WR, powerOfTwo micro-batches
   wr_all     - ucudnn WR, all micro-batch sizes
   unlimited  - the fastest undivided algorithm with no workspace limit
-Each is timed with CUDA events (warm-up, median of repeats) and set beside its prediction.
-Also: the `undivided` policy through ucudnn.Handle and the drop-in API vs cuDNN called directly.
+Each is executed as a ucudnn.Handle of the chosen execution runs it (graph: the calls replayed
+as one CUDA graph; direct: one host call per micro-batch), timed with CUDA events as a caller sees
+it (warm-up, median of repeats), and set beside its prediction from measurements timed for that
+execution. Also: the `undivided` policy through ucudnn.Handle and the drop-in API vs cuDNN
+called directly.
 
     python3 bench/layers.py --out OUT [--nets alexnet:256,resnet50:64] [--limits 8MiB,64MiB,512MiB]
+                            [--execution graph|direct]
 """
 from __future__ import annotations
 
@@ -58,7 +62,7 @@ def compare(kernels, tables, limit, policies, timer, measured: dict) -> list[dic
     return rows
 
 
-def handle_overhead(kernels, limit, cache, repeats=20) -> dict:
+def handle_overhead(kernels, limit, cache, execution: str, repeats=20) -> dict:
     """Total time of every kernel through ucudnn.cudnn with a ucudnn.Handle (policy undivided)
     vs direct cuDNN calls with the algorithm that handle picked, back to back on one stream."""
     from ucudnn import Handle, cudnn, gpu
@@ -66,7 +70,7 @@ def handle_overhead(kernels, limit, cache, repeats=20) -> dict:
     from ucudnn.bindings import convolution
     from ucudnn.bindings.descriptors import KernelDescriptors
 
-    handle = Handle(cache=cache, batch_size_policy="undivided", workspace_limit=limit)
+    handle = Handle(cache=cache, batch_size_policy="undivided", workspace_limit=limit, execution=execution)
     plain = cudnn.create()
     cudnn.set_stream(plain, handle.stream)
     calls_direct, calls_handle, keep = [], [], []
@@ -126,19 +130,19 @@ def main(argv=None) -> int:
     parser.add_argument("--limits", default="8MiB,64MiB,512MiB")
     parser.add_argument("--policies", default="powerOfTwo,all")
     parser.add_argument("--cache", default=None, help="benchmark database (default OUT/layers.db)")
-    parser.add_argument("--gpu-only", action="store_true",
-                        help="time measurements and executions with the host hidden (gpu.time_calls(hide_host=True)); "
-                             "needs a database measured the same way")
+    parser.add_argument("--execution", choices=("graph", "direct"), default="graph",
+                        help="how kernels run, and so how their measurements are timed (default graph)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     limits = [parse_size(v) for v in args.limits.split(",")]
     policies = args.policies.split(",")
     cache = Cache(args.cache or out / "layers.db")
-    gpu_only = dict(hide_host=True) if args.gpu_only else {}
-    bench = CudnnBenchmarker(timing=TimingSettings(warmup=1, min_repeats=3, max_repeats=10, target_ms=10, **gpu_only))
-    timer = ConfigurationTimer(timing=TimingSettings(warmup=2, min_repeats=10, max_repeats=10, **gpu_only))
-    report = {"device": bench.device.describe(), "date": time.strftime("%Y-%m-%d"), "nets": []}
+    bench = CudnnBenchmarker(timing=TimingSettings(warmup=1, min_repeats=3, max_repeats=10, target_ms=10),
+                             execution=args.execution)
+    timer = ConfigurationTimer(timing=TimingSettings(warmup=2, min_repeats=10, max_repeats=10), execution=args.execution)
+    report = {"device": bench.device.describe(), "execution": args.execution, "date": time.strftime("%Y-%m-%d"),
+              "nets": []}
     text = [f"Device: {report['device']}; date {report['date']}\n"]
     for spec in args.nets.split(","):
         name, batch = spec.split(":")
@@ -153,13 +157,13 @@ def main(argv=None) -> int:
             text.append(markdown(name, batch, limit, rows, total))
             print(text[-1], flush=True)
         if name == "alexnet":
-            overhead = handle_overhead(kernels, 64 * 2**20, cache)
+            overhead = handle_overhead(kernels, 64 * 2**20, cache, args.execution)
             report["overhead"] = overhead
             text.append(f"undivided policy through the handle: {overhead['handle']:.3f} ms vs direct "
                         f"{overhead['direct']:.3f} ms for all {len(kernels)} kernels: "
                         f"overhead {100 * overhead['overhead']:.2f}%\n")
             print(text[-1], flush=True)
-        stem = f"layers-{'-'.join(s.replace(':', '') for s in args.nets.split(','))}"
+        stem = f"layers-{'-'.join(s.replace(':', '') for s in args.nets.split(','))}-{args.execution}"
         (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str))
         (out / f"{stem}.md").write_text("\n".join(text))
     return 0

@@ -2,7 +2,7 @@
 networks, every algorithm at every micro-batch size of the policy, on this GPU, into
 `<OUT>/<gpu>-cudnn<version>.db` (e.g. cache/nvidia-h100-80gb-hbm3-cudnn91900.db).
 
-    python3 bench/record.py --out cache [--specs alexnet:256:float32:nchw:powerOfTwo,...]
+    python3 bench/record.py --out cache [--specs alexnet:256:float32:nchw:powerOfTwo,...] [--execution graph]
 
 Specs run in order and each kernel is stored as soon as it is measured, so an interrupted run
 keeps what it did and a second run measures only what is missing.
@@ -49,8 +49,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="cache", help="folder of the database (default cache/)")
     parser.add_argument("--specs", default=DEFAULT_SPECS, help="net:batch:dtype:layout:policy,...")
+    parser.add_argument("--execution", choices=("graph", "direct"), default="graph",
+                        help="the execution the times are for (both live in one file)")
     args = parser.parse_args(argv)
-    bench = CudnnBenchmarker()
+    bench = CudnnBenchmarker(execution=args.execution)
     path = Path(args.out) / database_name(bench.device.gpu_name, bench.device.cudnn_version)
     print(f"{bench.device.describe()} -> {path}", flush=True)
     cache = Cache(path)

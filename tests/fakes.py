@@ -6,7 +6,7 @@ import itertools
 from ucudnn.device import DeviceInfo
 from ucudnn.measurements import OK, OVER_CAP, Measurement
 
-FAKE_DEVICE = DeviceInfo("Fake GPU", "0.0", 91900, 0, "testhost")
+FAKE_DEVICE = DeviceInfo("Fake GPU", "0.0", 91900, 0, "testhost", execution="graph")
 
 # algorithm -> (ms per sample, fixed ms, workspace bytes per sample): fast ones need workspace
 ALGORITHMS = {0: (0.050, 0.01, 0), 1: (0.020, 0.02, 64 * 2**10), 2: (0.008, 0.05, 1 * 2**20)}

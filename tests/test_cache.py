@@ -18,7 +18,7 @@ from ucudnn.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaE
                           recorded_path, recorded_paths, shard_path)
 from ucudnn.cache import database as database_module
 from ucudnn.cache import paths as paths_module
-from ucudnn.errors import UcudnnWarning
+from ucudnn.errors import ConfigError, UcudnnWarning
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
@@ -244,6 +244,52 @@ def test_older_schema_read_only_cannot_migrate(db_path):
     make_v0(db_path)
     with pytest.raises(CacheError, match="open it writable once"):
         BenchmarkDatabase(db_path, readonly=True)
+
+
+def make_v1(path: Path) -> ConvProblem:
+    """A file as ucudnn wrote it before v2: every column but `execution`, which is not in the key."""
+    problem = conv(64, 64, 56, 3)
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE measurements (gpu_name TEXT NOT NULL, cudnn_version INTEGER NOT NULL, "
+                     "shape_key TEXT NOT NULL, batch INTEGER NOT NULL, algo INTEGER NOT NULL, time_ms REAL, "
+                     "workspace INTEGER NOT NULL, status TEXT NOT NULL, repeats INTEGER NOT NULL DEFAULT 0, "
+                     "compute_capability TEXT NOT NULL DEFAULT '', driver_version INTEGER NOT NULL DEFAULT 0, "
+                     "host TEXT NOT NULL DEFAULT '', recorded_at TEXT NOT NULL DEFAULT '', "
+                     "PRIMARY KEY (gpu_name, cudnn_version, shape_key, batch, algo)) WITHOUT ROWID")
+        conn.execute("CREATE TABLE kernels (shape_key TEXT PRIMARY KEY NOT NULL, problem TEXT NOT NULL)")
+        conn.execute("INSERT INTO measurements VALUES (?, ?, ?, 4, 1, 0.5, 1024, 'ok', 7, '9.0', 570, 'node1', 'then')",
+                     (H100.gpu_name, H100.cudnn_version, problem.shape_key()))
+        conn.execute("PRAGMA user_version = 1")
+    return problem
+
+
+def test_v1_rows_become_direct_execution_rows_and_graph_rows_live_beside_them(db_path):
+    problem = make_v1(db_path)
+    graph = H100.for_execution("graph")
+    with BenchmarkDatabase(db_path) as db:
+        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 7)]
+        assert len(db.table(problem, graph)) == 0  # never reused for the other execution
+        db.record(problem, graph, [Measurement(1, 4, 0.25, 1024, OK, 3)])
+        assert list(db.table(problem, graph)) == [Measurement(1, 4, 0.25, 1024, OK, 3)]
+        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 7)]
+        assert {d.execution for d in db.devices()} == {"direct", "graph"}
+        assert db.verify() == []
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        keys = [row[1] for row in conn.execute("PRAGMA table_info(measurements)") if row[5]]
+        assert "execution" in keys
+
+
+def test_the_memo_keeps_executions_apart(db_path):
+    cache, problem = Cache(db_path), conv(64, 64, 56, 3)
+    cache.record(problem, H100, [Measurement(1, 4, 0.5, 0, OK, 3)])
+    assert len(cache.table(problem, H100)) == 1
+    assert len(cache.table(problem, H100.for_execution("graph"))) == 0
+
+
+def test_an_unknown_execution_is_refused():
+    with pytest.raises(ConfigError, match="'gpu'.*graph, direct"):
+        DeviceInfo("GPU", "9.0", 91900, execution="gpu")
 
 
 # --- the in-memory memo ---

@@ -152,7 +152,7 @@ def test_batch_sizes_bad_batch(batch):
 # --------------------------------------------------------------------------------------- Settings
 
 DEFAULTS = dict(batch_size_policy="powerOfTwo", workspace_limit=64 * MiB, total_workspace_limit=None,
-                optimizer="wr", verbose=False, cache_path=None)
+                optimizer="wr", execution="graph", verbose=False, cache_path=None)
 
 # Every setting: its env variable, a raw env value, what it parses to, a different kwarg and its value.
 CASES = {
@@ -160,6 +160,7 @@ CASES = {
     "workspace_limit": ("UCUDNN_WORKSPACE_LIMIT", "8MiB", 8 * MiB, "512KiB", 512 * KiB),
     "total_workspace_limit": ("UCUDNN_TOTAL_WORKSPACE_LIMIT", "1.5GiB", 3 * GiB // 2, 2 * GiB, 2 * GiB),
     "optimizer": ("UCUDNN_OPTIMIZER", "wd", "wd", "wr", "wr"),
+    "execution": ("UCUDNN_EXECUTION", "direct", "direct", "graph", "graph"),
     "verbose": ("UCUDNN_VERBOSE", "1", True, False, False),
     "cache_path": ("UCUDNN_CACHE", "/tmp/env.db", "/tmp/env.db", "/tmp/kw.db", "/tmp/kw.db"),
 }
@@ -253,6 +254,7 @@ def test_optimizer_is_case_insensitive():
     ("UCUDNN_WORKSPACE_LIMIT", "64XB"),
     ("UCUDNN_TOTAL_WORKSPACE_LIMIT", "1.5"),
     ("UCUDNN_OPTIMIZER", "ilp"),
+    ("UCUDNN_EXECUTION", "eager"),
     ("UCUDNN_VERBOSE", "maybe"),
 ])
 def test_bad_env_value_names_value(var, bad):

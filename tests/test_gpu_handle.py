@@ -132,3 +132,41 @@ def test_benchmarker_records_every_algorithm():
     assert any(m.status == OK for m in results)
     assert all(m.time_ms > 0 and m.workspace <= 8 * 2**20 for m in results if m.status == OK)
     assert all(m.workspace > 8 * 2**20 for m in results if m.status == OVER_CAP)
+
+
+@pytest.mark.parametrize("kind", list(ConvKind), ids=str)
+def test_graph_replays_match_direct_execution(tmp_path, kind):
+    """Graph execution (the default) captures on the second call with the same buffers and
+    replays from then on; every call, with fresh data in the same buffers, matches the float64
+    reference and what direct execution computes."""
+    import cupy as cp
+
+    from ucudnn import Handle
+    from ucudnn.cache import Cache
+    from gpu_support import OUTPUT
+
+    p = ConvProblem(kind, math="fma", **LAYER)
+    cache = Cache(tmp_path / "bench.db")
+    handles = {execution: Handle(cache=cache, workspace_limit="1MiB", execution=execution)
+               for execution in ("graph", "direct")}
+    buffers = {execution: {k: cp.empty(s, cp.float32) for k, s in
+                           (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape))} for execution in handles}
+    configuration = handles["graph"].configuration(p)
+    assert len(configuration.micro) > 1, configuration.describe()  # many calls: what graphs are for
+    for step in range(4):
+        host = host_operands(np.random.default_rng(10 + step), p)
+        want = expected(p, host, 1.5, 0.5)
+        got = {}
+        for execution, handle in handles.items():
+            for name, array in buffers[execution].items():
+                array[...] = cp.asarray(host[name])  # same addresses, new data
+            handle.convolve(p, buffers[execution]["x"], buffers[execution]["w"], buffers[execution]["y"], 1.5, 0.5)
+            got[execution] = cp.asnumpy(buffers[execution][OUTPUT[kind]])
+        algos = [m.algo for h in handles.values() for m in h.configuration(p).micro]
+        bound = bound_for(kind, algos, 1e-5)
+        assert relative_error(got["graph"], want) <= bound and relative_error(got["direct"], want) <= bound
+        assert relative_error(got["graph"], got["direct"]) <= bound
+    graphed = handles["graph"]._programs[p, 1.5, 0.5].args[0]
+    assert (graphed.direct_runs, graphed.captures, graphed.replays) == (1, 1, 3), graphed.capture_failure
+    for handle in handles.values():
+        handle.close()

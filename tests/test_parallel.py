@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ucudnn import parallel
 from ucudnn.benchmark import ensure_tables
-from ucudnn.cache import BenchmarkDatabase
+from ucudnn.cache import BenchmarkDatabase, schema
 from ucudnn.cli import _bench_devices, build_parser
 from ucudnn.config import batch_sizes
 from ucudnn.device import DeviceInfo
@@ -176,7 +176,8 @@ def test_a_dead_worker_is_reported_and_the_cache_keeps_the_rest(tmp_path, single
     assert measurements < single[1] and kernels <= single[0] and not leftovers(tmp_path)
     with BenchmarkDatabase(tmp_path / "empty.db") as empty:
         shares = partition(plan_tasks(PROBLEMS, sizes_for, None, empty, FAKE_DEVICE), 2)
-    kept = {(m[2], m[3]) for m in measurements}  # (shape key, micro-batch)
+    shape_key, batch = (list(schema.MEASUREMENT_COLUMNS).index(c) for c in ("shape_key", "batch"))
+    kept = {(m[shape_key], m[batch]) for m in measurements}
     assert {(t.problem.shape_key(), t.batch) for t in shares[0]} <= kept  # GPU 0's whole share
     recorded = [(p.shape_key(), b) for p, sizes in calls(shares[1])[:2] for b in sizes]
     assert set(recorded) <= kept  # and what GPU 1 recorded before it died

@@ -28,14 +28,12 @@ class Benchmarker(Protocol):
 @dataclass(frozen=True)
 class TimingSettings:
     """How each (algorithm, micro-batch) is timed: `warmup` untimed calls, then enough timed
-    calls to fill `target_ms` (at least `min_repeats`, at most `max_repeats`); the median counts.
-    `hide_host`: time the GPU alone (see gpu.time_calls); the shipped recordings do not."""
+    calls to fill `target_ms` (at least `min_repeats`, at most `max_repeats`); the median counts."""
 
     warmup: int = 1
     min_repeats: int = 3
     max_repeats: int = 10
     target_ms: float = 20.0
-    hide_host: bool = False
 
     def __post_init__(self):
         if self.warmup < 1 or self.min_repeats < 1 or self.max_repeats < self.min_repeats:
@@ -76,17 +74,20 @@ class Scratch:
 
 
 class CudnnBenchmarker:
-    """Times every cuDNN algorithm of a kernel at each micro-batch size, on one GPU and stream.
+    """Times every cuDNN algorithm of a kernel at each micro-batch size, on one GPU and stream,
+    as `execution` will run it: `direct`, each call as the host issues it; `graph`, the GPU's
+    time alone (gpu.time_calls(hide_host=True)), as calls replayed in a CUDA graph take.
     Failures (unsupported, errors, out of memory) are recorded, not raised."""
 
-    def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None):
+    def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
+                 execution: str = "graph"):
         from .bindings import cudnn
 
         self.handle = handle if handle is not None else cudnn.create_handle()
         self.stream = gpu.current_stream() if stream is None else stream
         cudnn.set_stream(self.handle, self.stream)
         self.timing = timing
-        self.device = gpu.device_info()
+        self.device = gpu.device_info().for_execution(execution)
         self.calls = 0  # (algorithm, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
 
@@ -124,44 +125,59 @@ class CudnnBenchmarker:
             convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, 0.0, p.dtype)
 
         try:
-            times = _time(run, self.timing, self.stream)
+            times = _time(run, self.timing, self.stream, hide_host=self.device.execution == "graph")
         except CudnnError as exc:
             return Measurement(algo, p.batch, None, ws, _failure(exc))
         return Measurement(algo, p.batch, statistics.median(times), ws, OK, len(times))
 
 
 class ConfigurationTimer:
-    """Executes whole configurations through the real dispatch on the GPU and times them: what
-    the optimizers' predictions are checked against."""
+    """Executes whole configurations as a ucudnn.Handle of `execution` runs them (the real
+    dispatch; `graph`: replayed CUDA graphs) and times them as a caller sees them, host
+    included: what the optimizers' predictions are checked against."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(warmup=2, min_repeats=10,
                                                                             max_repeats=10),
-                 stream: int | None = None):
+                 stream: int | None = None, execution: str = "graph"):
         from .bindings import cudnn
         from .bindings.executor import CudnnExecutor
 
         self.handle = handle if handle is not None else cudnn.create_handle()
         self.stream = gpu.current_stream() if stream is None else stream
         cudnn.set_stream(self.handle, self.stream)
-        self.timing, self.scratch = timing, Scratch()
+        self.timing, self.scratch, self.execution = timing, Scratch(), execution
         self.executor = CudnnExecutor(self.handle)
+        self._graphs = None
 
     def time_ms(self, problem: ConvProblem, configuration) -> float:
         """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
+        from .graphs import GraphedProgram
+
         ptrs = self.scratch.operands(problem)
         workspace = self.scratch.workspace(configuration.workspace)
         program = compile_plan(problem, configuration, self.executor)
+        if self.execution == "graph":  # the warm-up runs it directly, then captures it
+            program = GraphedProgram(program, self._capturer(), problem.describe())
 
         def run():
             program(ptrs["x"], ptrs["w"], ptrs["y"], workspace, configuration.workspace)
 
         return statistics.median(_time(run, self.timing, self.stream))
 
+    def _capturer(self) -> "gpu.GraphCapturer":
+        from .bindings import cudnn
 
-def _time(run, timing: TimingSettings, stream: int) -> list[float]:
-    """Warm up, then time enough calls to fill the target (see TimingSettings)."""
-    warm = gpu.time_calls(run, timing.warmup, stream, timing.hide_host)
-    return gpu.time_calls(run, timing.repeats(min(warm)), stream, timing.hide_host)
+        if self._graphs is None:
+            self._graphs = gpu.GraphCapturer(lambda stream: cudnn.set_stream(self.handle, stream),
+                                             lambda: self.stream)
+        return self._graphs
+
+
+def _time(run, timing: TimingSettings, stream: int, hide_host: bool = False) -> list[float]:
+    """Warm up, then time enough calls to fill the target (see TimingSettings). The warm-up only
+    sizes the repeats, so it is never hidden behind a spin (that would cost a spin per measurement)."""
+    warm = gpu.time_calls(run, timing.warmup, stream)
+    return gpu.time_calls(run, timing.repeats(min(warm)), stream, hide_host)
 
 
 def _failure(exc: CudnnError) -> str:

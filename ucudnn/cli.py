@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .config import OPTIMIZERS, POLICIES, Settings, batch_sizes, format_size, parse_size
-from .device import DeviceInfo
+from .device import EXECUTIONS, DeviceInfo
 from .errors import CacheError, ConfigError, GpuUnavailableError, MissingMeasurementsError, UcudnnError
 from .nets import Kernel, Network, find_kernel, get_network, list_networks
 from .planner import Plan, algo_name, limits, make_plan
@@ -107,15 +107,20 @@ def _database(path, readonly: bool = True):
 
 
 def _devices_in(database) -> list[DeviceInfo]:
-    """One provenance per (GPU, cuDNN) pair: what measurements are shared by."""
+    """One provenance per (GPU, cuDNN, execution): what measurements are shared by."""
     return list({d.reuse_key: d for d in database.devices()}.values())
 
 
-def _device_with_most(database, problems, path) -> DeviceInfo:
-    """Of the GPUs in a database, the one with measurements of the most of these kernels."""
-    devices = _devices_in(database)
+def _device_with_most(database, problems, path, execution: str) -> DeviceInfo:
+    """Of the GPUs in a database measured for `execution`, the one with measurements of the
+    most of these kernels."""
+    every = _devices_in(database)
+    devices = [d for d in every if d.execution == execution]
     if not devices:
-        raise MissingMeasurementsError(f"the database {path} holds no measurements; fill it with `ucudnn bench`")
+        others = sorted({d.execution for d in every})
+        hint = f"it has {' and '.join(others)} execution measurements: pass --execution {others[0]}, or " if others else ""
+        raise MissingMeasurementsError(f"the database {path} holds no measurements timed for {execution} "
+                                       f"execution; {hint}fill it with `ucudnn bench --execution {execution}` on a GPU")
     return max(devices, key=lambda d: sum(len(t) > 0 for t in database.tables(problems, d).values()))
 
 
@@ -130,12 +135,12 @@ def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, meas
         from .benchmark import CudnnBenchmarker
         from .cache import Cache
 
-        benchmarker = CudnnBenchmarker()
+        benchmarker = CudnnBenchmarker(execution=settings.execution)
         source, device, path = Cache(_write_path(settings.cache_path)), benchmarker.device, None
     else:
         benchmarker, path = None, _read_path(settings.cache_path)
         source = _database(path)
-        device = _device_with_most(source, problems, path)
+        device = _device_with_most(source, problems, path, settings.execution)
     ensure_tables(problems, _sizes_for(settings.batch_size_policy), cap, source, benchmarker, progress,
                   device=device)
     tables = ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device)
@@ -234,7 +239,7 @@ def _settings(args) -> Settings:
         raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
     return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
                          total_workspace_limit=total, optimizer=optimizer or ("wd" if total else None),
-                         cache_path=args.cache)
+                         cache_path=args.cache, execution=args.execution)
 
 
 def _kernels(args) -> tuple[Network, list[Kernel]]:
@@ -298,9 +303,10 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
     timing, mpi = getattr(args, "timing", "default"), getattr(args, "mpi", None)
     if mpi:
         device = bench_with_mpi(problems, sizes_for, None, path, devices, shared=mpi == "shared",
-                                progress=progress, timing=timing)
+                                progress=progress, timing=timing, execution=settings.execution)
     else:
-        device = bench_on_devices(problems, sizes_for, None, path, devices, progress=progress, timing=timing)
+        device = bench_on_devices(problems, sizes_for, None, path, devices, progress=progress, timing=timing,
+                                  execution=settings.execution)
     return device, path
 
 
@@ -489,7 +495,12 @@ _NETWORK = _parent(
     (("--math",), dict(choices=MATH_TYPES, default="default", help="cuDNN math type (default: default)")),
     (("--layout",), dict(choices=LAYOUTS, default="nchw", help="tensor layout (default nchw)")),
 )
-_POLICY = _parent((("--policy",), dict(choices=POLICIES, help="micro-batch sizes to measure (default powerOfTwo)")))
+_POLICY = _parent(
+    (("--policy",), dict(choices=POLICIES, help="micro-batch sizes to measure (default powerOfTwo)")),
+    (("--execution",), dict(choices=EXECUTIONS, help=(
+        "how kernels will run, which is how they are timed: graph (CUDA graphs, GPU time) or "
+        "direct (one host call per micro-batch) (default: $UCUDNN_EXECUTION, else graph)"))),
+)
 _CACHE = _parent((("--cache",), dict(metavar="PATH", help=(
     "benchmark database (default: $UCUDNN_CACHE, else your cache file where ucudnn measures or writes, "
     "and the measurements shipped in cache/ where it only reads)"))))

@@ -8,6 +8,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Mapping
 
+from .device import EXECUTIONS
 from .errors import ConfigError
 
 POLICIES = ("all", "powerOfTwo", "undivided")
@@ -90,6 +91,7 @@ class Settings:
     workspace_limit: int = 64 * 2**20  # per kernel, WR
     total_workspace_limit: int | None = None  # whole network, WD; None: workspace_limit x kernels
     optimizer: str = "wr"
+    execution: str = "graph"  # how a kernel's calls run, and so how it is benchmarked (ucudnn.graphs)
     verbose: bool = False
     cache_path: str | None = None  # None: the default file under the user's cache directory
 
@@ -113,6 +115,7 @@ _PARSERS = {
     "workspace_limit": parse_size,
     "total_workspace_limit": parse_size,
     "optimizer": lambda v, n: _choice(v, n, OPTIMIZERS),
+    "execution": lambda v, n: _choice(v, n, EXECUTIONS),
     "verbose": _flag,
     "cache_path": lambda v, n: str(v),
 }

@@ -1,8 +1,22 @@
-"""The GPU and cuDNN a measurement was taken on: results are reused only on the same pair."""
+"""The GPU and cuDNN a measurement was taken on, and the execution it was timed for: results are
+reused only where all three match."""
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError
+
+# How a kernel's calls reach the GPU, which is also how its measurements are timed:
+#   direct - one host call per micro-batch, timed as such (host time shows where it outlasts the GPU's)
+#   graph  - the calls captured once into a CUDA graph and replayed, timed on the GPU alone
+EXECUTIONS = ("graph", "direct")
+
+
+def check_execution(execution: str) -> str:
+    if execution not in EXECUTIONS:
+        raise ConfigError(f"execution {execution!r} is unknown; use one of {', '.join(EXECUTIONS)}")
+    return execution
 
 
 @dataclass(frozen=True)
@@ -14,11 +28,19 @@ class DeviceInfo:
     cudnn_version: int
     driver_version: int = 0
     host: str = field(default_factory=socket.gethostname)
+    execution: str = "direct"  # what the times predict (EXECUTIONS)
+
+    def __post_init__(self):
+        check_execution(self.execution)
 
     @property
-    def reuse_key(self) -> tuple[str, int]:
-        return (self.gpu_name, self.cudnn_version)
+    def reuse_key(self) -> tuple[str, int, str]:
+        return (self.gpu_name, self.cudnn_version, self.execution)
+
+    def for_execution(self, execution: str) -> "DeviceInfo":
+        return replace(self, execution=execution)
 
     def describe(self) -> str:
         v = self.cudnn_version
-        return f"{self.gpu_name} (sm {self.compute_capability}), cuDNN {v // 10000}.{v // 100 % 100}.{v % 100}"
+        return (f"{self.gpu_name} (sm {self.compute_capability}), cuDNN {v // 10000}.{v // 100 % 100}.{v % 100}, "
+                f"{self.execution} execution")

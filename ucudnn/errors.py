@@ -30,6 +30,10 @@ class GpuUnavailableError(UcudnnError):
     """A GPU is needed for this (benchmarking, dispatch) but none is usable."""
 
 
+class GraphCaptureError(UcudnnError):
+    """A kernel's calls could not be captured into a CUDA graph (the handle then runs them directly)."""
+
+
 class NoAlgorithmError(UcudnnError):
     """No cuDNN algorithm can run a kernel within the given workspace limit."""
 

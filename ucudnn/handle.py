@@ -2,7 +2,8 @@
 
 Frameworks ask for an algorithm and a workspace size, then convolve. With a ucudnn handle the
 query answers a virtual algorithm and zero workspace, and the convolution runs the kernel's
-optimized configuration (see ucudnn.plans) in the handle's own workspace, on the handle's stream.
+optimized configuration (see ucudnn.plans) in the handle's own workspace, on the handle's stream:
+replayed as a CUDA graph (ucudnn.graphs) unless the execution setting is `direct`.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from .bindings import cudnn
 from .bindings.enums import VIRTUAL_ALGO
 from .bindings.executor import CudnnExecutor
 from .config import Settings
-from .dispatch import Program, compile_plan
+from .dispatch import compile_plan
+from .graphs import GraphedProgram
 from .optimizers.configuration import Configuration
 from .plans import KernelPlan, Plans
 from .problem import ConvProblem
@@ -43,10 +45,12 @@ class Handle:
         self.executor = CudnnExecutor(self.cudnn_handle)
         self.plans = Plans(
             self.settings, cache if cache is not None else Cache(self.settings.cache_path),
-            benchmarker=lambda: benchmarker or CudnnBenchmarker(stream=self.stream),
+            benchmarker=lambda: benchmarker or CudnnBenchmarker(stream=self.stream,
+                                                                execution=self.settings.execution),
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
         self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
+        self._capturer: gpu.GraphCapturer | None = None
 
     def set_stream(self, stream: int) -> None:
         """Later convolutions run on `stream` (a cudaStream_t address)."""
@@ -68,10 +72,22 @@ class Handle:
         """The kernel's plan compiled once into cuDNN calls, so that a convolution costs little
         more host time than cuDNN's own (it matters for kernels of tens of microseconds)."""
         kernel = self.plans.get(problem)
-        program = compile_plan(problem, kernel.configuration, self.executor, alpha, beta)
+        program = self.program(problem, kernel.configuration, alpha, beta)
         run = functools.partial(_run, program, kernel.workspace, kernel.workspace_size)
         self._programs[problem, alpha, beta] = run
         return run
+
+    def program(self, problem: ConvProblem, configuration: Configuration, alpha: float = 1.0,
+                beta: float = 0.0) -> Callable[[int, int, int, int, int], None]:
+        """`configuration` compiled for this handle: run(x, w, y, workspace, workspace_size)
+        on device addresses, as the execution setting says (graph: see ucudnn.graphs)."""
+        program = compile_plan(problem, configuration, self.executor, alpha, beta)
+        if self.settings.execution == "direct":
+            return program
+        if self._capturer is None:
+            self._capturer = gpu.GraphCapturer(functools.partial(cudnn.set_stream, self.cudnn_handle),
+                                               lambda: self.stream)
+        return GraphedProgram(program, self._capturer, problem.describe())
 
     def plan(self, problem: ConvProblem) -> KernelPlan:
         return self.plans.get(problem)
@@ -111,8 +127,8 @@ class Handle:
     def __repr__(self) -> str:
         s = self.settings
         return (f"ucudnn.Handle(optimizer={s.optimizer!r}, policy={s.batch_size_policy!r}, "
-                f"workspace_limit={s.workspace_limit}, kernels={len(self.plans)})")
+                f"workspace_limit={s.workspace_limit}, execution={s.execution!r}, kernels={len(self.plans)})")
 
 
-def _run(program: Program, workspace: int, workspace_size: int, x: int, w: int, y: int) -> None:
+def _run(program: Callable[..., None], workspace: int, workspace_size: int, x: int, w: int, y: int) -> None:
     program(x, w, y, workspace, workspace_size)

@@ -30,7 +30,8 @@ ROWS_PER_TRANSACTION = 1000  # bulk writes (merge, import) keep each lock short 
 _LOOKUP = (
     "SELECT k.key, m.algo, m.batch, m.time_ms, m.workspace, m.status, m.repeats "
     "FROM json_each(:keys) k CROSS JOIN measurements m "
-    "WHERE m.gpu_name = :gpu AND m.cudnn_version = :cudnn AND m.shape_key = k.value"
+    "WHERE m.gpu_name = :gpu AND m.cudnn_version = :cudnn AND m.execution = :execution "
+    "AND m.shape_key = k.value"
 )
 # Problems verify() looks for: what is wrong -> the rows that have it.
 _BAD_ROWS = {
@@ -49,7 +50,8 @@ def _now() -> str:
 
 def _measurement_row(device: DeviceInfo, shape_key: str, m: Measurement, recorded_at: str) -> dict:
     return {
-        "gpu_name": device.gpu_name, "cudnn_version": device.cudnn_version, "shape_key": shape_key,
+        "gpu_name": device.gpu_name, "cudnn_version": device.cudnn_version, "execution": device.execution,
+        "shape_key": shape_key,
         "batch": m.batch, "algo": m.algo, "time_ms": m.time_ms, "workspace": m.workspace,
         "status": m.status, "repeats": m.repeats, "compute_capability": device.compute_capability,
         "driver_version": device.driver_version, "host": device.host, "recorded_at": recorded_at,
@@ -123,14 +125,15 @@ class BenchmarkDatabase:
 
     def record(self, problem: ConvProblem, device: DeviceInfo, measurements: Iterable[Measurement]) -> None:
         """Store measurements of `problem`'s shape key taken on `device`, in one short transaction;
-        a measurement already stored for the same (GPU, cuDNN, shape key, batch, algo) is replaced."""
+        a measurement already stored for the same (GPU, cuDNN, execution, shape key, batch, algo)
+        is replaced."""
         now, shape_key = _now(), problem.shape_key()
         rows = [_measurement_row(device, shape_key, m, now) for m in measurements]
         self._write(lambda: self._upsert([_kernel_row(problem)], rows))
 
     def table(self, problem: ConvProblem, device: DeviceInfo) -> KernelTable:
         """Every measurement of `problem`'s shape key (any micro-batch size) on `device`'s GPU
-        model and cuDNN version."""
+        model and cuDNN version, timed for its execution."""
         return self.tables([problem], device)[problem.shape_key()]
 
     def tables(self, problems: Iterable[ConvProblem], device: DeviceInfo) -> dict[str, KernelTable]:
@@ -142,7 +145,8 @@ class BenchmarkDatabase:
         """`tables` for callers that already hold the shape keys."""
         keys = list(dict.fromkeys(shape_keys))
         tables = [KernelTable() for _ in keys]
-        params = {"gpu": device.gpu_name, "cudnn": device.cudnn_version, "keys": json.dumps(keys)}
+        params = {"gpu": device.gpu_name, "cudnn": device.cudnn_version, "execution": device.execution,
+                  "keys": json.dumps(keys)}
         rows = self._read(lambda: self._conn.execute(_LOOKUP, params).fetchall())
         for index, algo, batch, time_ms, workspace, status, repeats in rows:
             tables[index].add(Measurement(algo, batch, time_ms, workspace, status, repeats))
@@ -151,15 +155,16 @@ class BenchmarkDatabase:
     # --- what is stored ---
 
     def devices(self) -> list[DeviceInfo]:
-        """Every distinct provenance (GPU, compute capability, cuDNN, driver, host) present."""
-        sql = ("SELECT DISTINCT gpu_name, compute_capability, cudnn_version, driver_version, host "
-               "FROM measurements ORDER BY gpu_name, cudnn_version, host, driver_version")
+        """Every distinct provenance (GPU, compute capability, cuDNN, driver, host, execution) present."""
+        sql = ("SELECT DISTINCT gpu_name, compute_capability, cudnn_version, driver_version, host, execution "
+               "FROM measurements ORDER BY gpu_name, cudnn_version, execution, host, driver_version")
         return [DeviceInfo(**row) for row in self._read(lambda: list(self._db.query(sql)))]
 
     def kernels(self, device: DeviceInfo | None = None) -> list[tuple[ConvProblem, int]]:
         """Each stored kernel (as a batch-1 ConvProblem) with its number of measurements,
-        on `device`'s GPU model and cuDNN version if given."""
-        where, params = ("WHERE m.gpu_name = ? AND m.cudnn_version = ?", device.reuse_key) if device else ("", ())
+        on `device`'s GPU model, cuDNN version and execution if given."""
+        where, params = (("WHERE m.gpu_name = ? AND m.cudnn_version = ? AND m.execution = ?", device.reuse_key)
+                         if device else ("", ()))
         sql = (f"SELECT k.problem, count(*) AS n FROM kernels k JOIN measurements m USING (shape_key) "
                f"{where} GROUP BY k.shape_key ORDER BY k.shape_key")
         rows = self._read(lambda: list(self._db.query(sql, params)))

@@ -1,8 +1,9 @@
 """The database schema, its version (PRAGMA user_version) and the migrations of older files.
 
 One row per measurement, provenance included, so shards merge without renumbering anything.
-A row is reused only when the GPU model, the cuDNN version and the whole shape key match: those
-three are the first columns of the primary key, which is also the index every lookup uses.
+A row is reused only when the GPU model, the cuDNN version, the execution it was timed for and the
+whole shape key match: those four are the first columns of the primary key, which is also the
+index every lookup uses.
 """
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ import sqlite_utils
 
 from ..errors import CacheError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-KEY = ("gpu_name", "cudnn_version", "shape_key", "batch", "algo")
+KEY = ("gpu_name", "cudnn_version", "execution", "shape_key", "batch", "algo")
 MEASUREMENT_COLUMNS = {
-    "gpu_name": str, "cudnn_version": int, "shape_key": str, "batch": int, "algo": int,
+    "gpu_name": str, "cudnn_version": int, "execution": str, "shape_key": str, "batch": int, "algo": int,
     "time_ms": float, "workspace": int, "status": str, "repeats": int,
     "compute_capability": str, "driver_version": int, "host": str, "recorded_at": str,
 }
-# What rows of older files (and exports) that lack a column are given.
-DEFAULTS = {"repeats": 0, "compute_capability": "", "driver_version": 0, "host": "", "recorded_at": ""}
+# What rows of older files (and exports) that lack a column are given: before v2 every
+# measurement was timed one host call at a time, as direct execution runs it.
+DEFAULTS = {"execution": "direct", "repeats": 0, "compute_capability": "", "driver_version": 0, "host": "", "recorded_at": ""}
 KERNEL_COLUMNS = {"shape_key": str, "problem": str}  # problem: ConvProblem.to_dict() JSON, batch 1
 
 _placeholders = ", ".join(f":{c}" for c in MEASUREMENT_COLUMNS)
@@ -72,19 +74,37 @@ def _add_missing_columns(table: sqlite_utils.db.Table, columns: dict) -> None:
             table.add_column(name, kind, not_null_default=DEFAULTS.get(name))
 
 
+def _create_measurements(db: sqlite_utils.Database, name: str) -> None:
+    create = db.create_table_sql(name, MEASUREMENT_COLUMNS, pk=KEY, defaults=DEFAULTS,
+                                 not_null=(*KEY, "workspace", "status", *DEFAULTS))
+    # stored in primary key order: a lookup reads one b-tree, and the file is a third smaller
+    db.execute(create.strip().rstrip(";") + " WITHOUT ROWID")
+
+
 def _to_v1(db: sqlite_utils.Database) -> None:
-    """v0 (or a new, empty file) to v1: the two tables with every v1 column."""
+    """v0 (or a new, empty file) to v1: the two tables with every column (a new file gets the
+    current table at once)."""
     if not db["measurements"].exists():
-        create = db.create_table_sql("measurements", MEASUREMENT_COLUMNS, pk=KEY, defaults=DEFAULTS,
-                                     not_null=(*KEY, "workspace", "status", *DEFAULTS))
-        # stored in primary key order: a lookup reads one b-tree, and the file is a third smaller
-        db.execute(create.strip().rstrip(";") + " WITHOUT ROWID")
+        _create_measurements(db, "measurements")
     _add_missing_columns(db["measurements"], MEASUREMENT_COLUMNS)
     db["kernels"].create(KERNEL_COLUMNS, pk="shape_key", not_null=KERNEL_COLUMNS, if_not_exists=True)
 
 
+def _to_v2(db: sqlite_utils.Database) -> None:
+    """v1 to v2: `execution` joins the primary key (SQLite cannot change a key in place, so the
+    table is copied); v1 rows were all timed for direct execution (the column's default)."""
+    if "execution" in db["measurements"].pks:
+        return  # made by _to_v1 just now
+    _create_measurements(db, "measurements_v2")
+    old = db["measurements"].columns_dict
+    values = ", ".join(c if c in old else f"'{DEFAULTS[c]}'" for c in MEASUREMENT_COLUMNS)
+    db.execute(f"INSERT INTO measurements_v2 ({', '.join(MEASUREMENT_COLUMNS)}) SELECT {values} FROM measurements")
+    db.execute("DROP TABLE measurements")
+    db.execute("ALTER TABLE measurements_v2 RENAME TO measurements")
+
+
 # MIGRATIONS[v] brings a file of version v to version v + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1, _to_v2]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -269,10 +269,8 @@ class UcudnnKernel:
     via = "ucudnn"
 
     def __init__(self, problem: ConvProblem, handle, plan, backend: CudaBackend):
-        from ..dispatch import compile_plan
-
         self.problem, self.handle, self.plan, self.backend = problem, handle, plan, backend
-        self.program = compile_plan(problem, plan.configuration, handle.executor)
+        self.program = handle.program(problem, plan.configuration)
 
     def __call__(self, x: Tensor, w: Tensor, y: Tensor) -> None:
         backend, device = self.backend, x.device
@@ -308,9 +306,10 @@ class TorchKernel:
 # --- the shared state of converted layers --------------------------------------------------------
 
 def _settings(workspace_limit=None, optimizer=None, policy=None, total_limit=None, cache_path=None,
-              verbose=None) -> Settings:
+              execution=None, verbose=None) -> Settings:
     return Settings.load(workspace_limit=workspace_limit, optimizer=optimizer, batch_size_policy=policy,
-                         total_workspace_limit=total_limit, cache_path=cache_path, verbose=verbose)
+                         total_workspace_limit=total_limit, cache_path=cache_path, execution=execution,
+                         verbose=verbose)
 
 
 class Context:
@@ -320,8 +319,8 @@ class Context:
     Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults)."""
 
     def __init__(self, settings: Settings | None = None, *, backend=None, cache=None, workspace_limit=None,
-                 optimizer=None, policy=None, total_limit=None, cache_path=None):
-        keywords = (workspace_limit, optimizer, policy, total_limit, cache_path)
+                 optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None):
+        keywords = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
         if settings is not None and any(v is not None for v in keywords):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         self.settings = settings or _settings(*keywords)
@@ -556,7 +555,8 @@ def _kinds_needed(prepared: Prepared) -> tuple[ConvKind, ...]:
 
 def convert(model: nn.Module, workspace_limit: int | str | None = None, optimizer: str | None = None,
             policy: str | None = None, total_limit: int | str | None = None, *, sample_input: Any = None,
-            cache_path: str | None = None, context: Context | None = None) -> nn.Module:
+            cache_path: str | None = None, execution: str | None = None,
+            context: Context | None = None) -> nn.Module:
     """Turn every torch.nn.Conv2d of `model` (nested ones too, and `model` itself) into a
     ucudnn.torch.Conv2d in place, and return `model`.
 
@@ -564,11 +564,12 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     an optimizer made before still works. Settings: `workspace_limit` per kernel (WR) such as
     "64MiB", `optimizer` "wr" or "wd", `policy` "powerOfTwo" | "all" | "undivided",
     `total_limit` for WD (default: workspace_limit x kernels), `cache_path` for the benchmark
-    database; None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
+    database, `execution` "graph" (calls replayed as CUDA graphs once a layer's buffers repeat)
+    or "direct"; None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
     of positional arguments) runs one pass with torch's convolutions in which every layer records
     its kernels; then they are planned (WD: solved once). Run it under the autocast and grad mode
     of training. Subclasses of nn.Conv2d are left alone (they may change forward)."""
-    settings = (workspace_limit, optimizer, policy, total_limit, cache_path)
+    settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
     if context is not None and any(v is not None for v in settings):
         raise ConfigError("pass either context= or settings (workspace_limit, optimizer, ...) to convert(), not both")
     context = context or Context(_settings(*settings))

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Callable, Sequence
 
 from ..benchmark import Benchmarker, TimingSettings
-from ..device import DeviceInfo
+from ..device import DeviceInfo, check_execution
 from ..errors import ConfigError
 
 Factory = Callable[[int], Benchmarker]
@@ -31,18 +31,18 @@ def timing_settings(timing: str | TimingSettings) -> TimingSettings:
     return TIMINGS[timing]
 
 
-def cuda_benchmarker(device: int, timing: TimingSettings = TIMINGS["default"]) -> Benchmarker:
+def cuda_benchmarker(device: int, timing: TimingSettings = TIMINGS["default"], execution: str = "graph") -> Benchmarker:
     """A CudnnBenchmarker on GPU `device` (made current first), the workers' default."""
     from .. import gpu
     from ..benchmark import CudnnBenchmarker
 
     gpu.cupy().cuda.Device(device).use()
-    return CudnnBenchmarker(timing=timing)
+    return CudnnBenchmarker(timing=timing, execution=execution)
 
 
-def default_factory(timing: str | TimingSettings) -> Factory:
-    """cuda_benchmarker with these timing settings, picklable for the workers."""
-    return functools.partial(cuda_benchmarker, timing=timing_settings(timing))
+def default_factory(timing: str | TimingSettings, execution: str = "graph") -> Factory:
+    """cuda_benchmarker with these timing settings, for this execution, picklable for the workers."""
+    return functools.partial(cuda_benchmarker, timing=timing_settings(timing), execution=check_execution(execution))
 
 
 def cuda_device_count() -> int:

@@ -97,7 +97,7 @@ def _attempt(action: Callable[[], Benchmarker]) -> tuple[Benchmarker | None, str
 def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, path,
                    devices: Sequence[int] | None = None, *, comm=None, shared: bool = False,
                    progress: Progress | None = None, timing: str | TimingSettings = "default",
-                   benchmarker_factory: Factory | None = None, device_count: Callable[[], int] | None = None,
+                   execution: str = "graph", benchmarker_factory: Factory | None = None, device_count: Callable[[], int] | None = None,
                    retries: int = RETRIES) -> DeviceInfo | None:
     """`bench_on_devices` for the ranks of an MPI job (call it on every rank): the k-th rank of
     each host measures on the k-th GPU of `devices` (default: every GPU of the host), rank r
@@ -112,7 +112,7 @@ def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: in
     check_ranks_fit(hosts, gpus)
     local = [hosts[:r].count(h) for r, h in enumerate(hosts)]
     labels = [f"rank {r} (host {h}, GPU {gpus[r][local[r]]})" for r, h in enumerate(hosts)]
-    factory = benchmarker_factory or default_factory(timing)
+    factory = benchmarker_factory or default_factory(timing, execution)
     benchmarker, error = _attempt(lambda: factory(gpus[rank][local[rank]]))
     infos, errors = zip(*comm.allgather((benchmarker.device if benchmarker else None, error)))
     alive = [r for r, info in enumerate(infos) if info is not None]

@@ -153,20 +153,21 @@ class PoolRound:
 
 def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, path,
                      devices: Sequence[int], *, progress: Progress | None = None,
-                     timing: str | TimingSettings = "default", benchmarker_factory: Factory | None = None,
-                     probe: Callable[[int], DeviceInfo] | None = None, worker: Callable | None = None,
-                     retries: int = RETRIES) -> DeviceInfo:
+                     timing: str | TimingSettings = "default", execution: str = "graph",
+                     benchmarker_factory: Factory | None = None, probe: Callable[[int], DeviceInfo] | None = None,
+                     worker: Callable | None = None, retries: int = RETRIES) -> DeviceInfo:
     """Measure what the database at `path` lacks of `problems` (the sizes `sizes_for` gives,
     within `cap` bytes of workspace) on the GPUs `devices` of this node, one worker process
     each, and merge the results into it; returns the GPU measured on. One GPU is measured in
     this process, exactly as `ucudnn bench` on one GPU. GPUs of different models are refused.
+    Times are taken for `execution` (ucudnn.device.EXECUTIONS).
 
     `benchmarker_factory(gpu)` (picklable: it runs in the workers), `probe(gpu)` and
     `worker(job, events)` replace the GPU parts in tests. Raises MissingMeasurementsError if
     measurements are still missing after `retries` rounds on the workers that survived."""
     problems, devices = list(problems), check_devices(devices)
-    factory = benchmarker_factory or default_factory(timing)
-    infos = [(probe or cuda_probe)(d) for d in devices]
+    factory = benchmarker_factory or default_factory(timing, execution)
+    infos = [(probe or cuda_probe)(d).for_execution(execution) for d in devices]
     check_one_model([(f"GPU {d}", info) for d, info in zip(devices, infos)])
     target = resolve_path(path)
     if len(devices) == 1:

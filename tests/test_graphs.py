@@ -1,0 +1,129 @@
+"""Graph execution logic (ucudnn.graphs) with a fake capturer: when graphs are captured, kept,
+replayed and given up on, and that replays compute what direct dispatch does (NumPy reference)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from test_dispatch import configuration, expected_output, make_operands
+
+from ucudnn.dispatch import NumpyExecutor, compile_plan
+from ucudnn.errors import GraphCaptureError, UcudnnWarning
+from ucudnn.graphs import GraphedProgram
+from ucudnn.problem import ConvProblem
+
+
+class FakeGraph:
+    def __init__(self, run):
+        self.run = run
+
+
+class FakeCapturer:
+    """Captures by keeping the thunk (running nothing, as stream capture queues nothing);
+    a launch runs it. `fail` makes every capture raise; `busy` says the caller is capturing."""
+
+    def __init__(self, fail: bool = False, busy: bool = False):
+        self.fail, self.busy = fail, busy
+        self.captured, self.launched = [], []
+
+    def capture(self, run):
+        if self.fail:
+            raise GraphCaptureError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
+        graph = FakeGraph(run)
+        self.captured.append(graph)
+        return graph
+
+    def launch(self, graph):
+        self.launched.append(graph)
+        graph.run()
+
+    def capturing(self):
+        return self.busy
+
+
+class Recorder:
+    """A program that records the addresses it ran with."""
+
+    def __init__(self):
+        self.runs = []
+
+    def __call__(self, *addresses):
+        self.runs.append(addresses)
+
+
+def test_first_run_direct_second_captures_then_replays():
+    program, capturer = Recorder(), FakeCapturer()
+    graphed = GraphedProgram(program, capturer)
+    for _ in range(4):
+        graphed(1, 2, 3, 4, 5)
+    assert len(capturer.captured) == 1 and len(capturer.launched) == 3
+    assert program.runs == [(1, 2, 3, 4, 5)] * 4  # one direct run, three replays of the capture
+    assert (graphed.direct_runs, graphed.captures, graphed.replays) == (1, 1, 3)
+
+
+def test_each_set_of_addresses_gets_its_own_graph():
+    program, capturer = Recorder(), FakeCapturer()
+    graphed = GraphedProgram(program, capturer)
+    for addresses in [(1, 2, 3, 0, 0), (7, 2, 3, 0, 0), (1, 2, 3, 0, 0), (7, 2, 3, 0, 0), (1, 2, 3, 9, 64)]:
+        graphed(*addresses)
+    assert set(graphed.graphs) == {(1, 2, 3, 0, 0), (7, 2, 3, 0, 0)}
+    assert program.runs[-1] == (1, 2, 3, 9, 64)  # another workspace is another graph: first run direct
+    assert graphed.direct_runs == 3
+
+
+def test_addresses_that_never_repeat_are_never_captured():
+    program, capturer = Recorder(), FakeCapturer()
+    graphed = GraphedProgram(program, capturer, max_seen=4)
+    for x in range(100):
+        graphed(x, 1, 2)
+    assert capturer.captured == [] and graphed.direct_runs == 100 and len(graphed._seen) == 4
+
+
+def test_graphs_beyond_the_bound_drop_the_least_recently_used():
+    graphed = GraphedProgram(Recorder(), FakeCapturer(), max_graphs=2)
+    for x in (1, 1, 2, 2, 1, 3, 3):  # 1 replayed after 2 was captured: 2 is the oldest when 3 comes
+        graphed(x, 0, 0)
+    assert list(graphed.graphs) == [(1, 0, 0, 0, 0), (3, 0, 0, 0, 0)]
+
+
+def test_a_capture_failure_warns_once_and_runs_directly_from_then_on():
+    program, capturer = Recorder(), FakeCapturer(fail=True)
+    graphed = GraphedProgram(program, capturer, kernel="conv2/F")
+    graphed(1, 2, 3)
+    with pytest.warns(UcudnnWarning, match=r"conv2/F cannot be captured.*StreamCaptureUnsupported.*UCUDNN_EXECUTION=direct"):
+        graphed(1, 2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            graphed(1, 2, 3)
+    assert len(program.runs) == 5 and graphed.direct_runs == 5  # every call still ran, once
+    assert "StreamCaptureUnsupported" in graphed.capture_failure
+
+
+def test_a_caller_that_is_capturing_gets_direct_calls_into_its_own_graph():
+    program, capturer = Recorder(), FakeCapturer(busy=True)
+    graphed = GraphedProgram(program, capturer)
+    for _ in range(3):
+        graphed(1, 2, 3)
+    assert capturer.captured == [] and graphed.direct_runs == 3
+
+
+@pytest.mark.parametrize("kind, alpha, beta", [("F", 1.0, 0.0), ("BD", 0.5, 1.5), ("BF", 2.0, 0.75)])
+def test_replays_compute_what_direct_dispatch_does(kind, alpha, beta):
+    """BF accumulates (beta, then 1) and beta != 0 blends: a replay must run each call exactly
+    once, in order, on the same memory, or these differ from the undivided reference."""
+    p = ConvProblem(kind, (7, 3, 9, 9), (4, 3, 3, 3), pads=(1, 1), strides=(2, 1), dtype="float64")
+    program = compile_plan(p, configuration([3, 3, 1]), NumpyExecutor(), alpha, beta)
+    memory = {}  # address -> the array "at" it; refilled before each call, as a training loop does
+    graphed = GraphedProgram(lambda x, w, y, ws, n: program(memory[x], memory[w], memory[y], ws, n),
+                             FakeCapturer())
+    rng = np.random.default_rng(0)
+    for _ in range(4):  # direct, capture + replay, replay, replay
+        flats = make_operands(p, rng)
+        memory.update({11: flats["x"], 22: flats["w"], 33: flats["y"]})
+        expected = expected_output(p, flats, alpha, beta)
+        graphed(11, 22, 33)
+        written = flats[{"F": "y", "BD": "x", "BF": "w"}[kind]]
+        np.testing.assert_allclose(written, expected, rtol=1e-12, atol=1e-12)
+    assert (graphed.direct_runs, graphed.captures, graphed.replays) == (1, 1, 3)
