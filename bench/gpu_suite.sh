@@ -38,7 +38,7 @@ for stage in "${stages[@]}"; do
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
-    layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --cache "$OUT/layers.db" ;;
+    layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --policies ${RESNET_POLICIES:-powerOfTwo,all} --cache "$OUT/layers.db" ;;
     layers-direct) seed_layers; run layers-direct python3 bench/layers.py --out "$OUT" --nets alexnet:256 --policies powerOfTwo --execution direct --cache "$OUT/layers.db" ;;
     # the shipped recording: adds the measurements for graph (record) or direct execution to cache/
     record) run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;

@@ -10,7 +10,7 @@ from ucudnn.device import DeviceInfo
 from ucudnn.measurements import OK, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.problem import ConvProblem
 
-DEVICE = DeviceInfo("Synthetic GPU", "9.0", 90100, 0, host="test")
+DEVICE = DeviceInfo("Synthetic GPU", "9.0", 90100, 0, host="test", execution="graph")
 
 # algo: (GFLOP/s, overhead ms, workspace bytes per byte of one input sample per sample); None: unsupported
 ALGORITHMS = {0: (4e3, 0.010, 0), 1: (7e3, 0.020, 0.01), 2: (2e4, 0.050, 4), 3: None, 4: (1.4e4, 0.030, 1)}

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gpu_support import bound_for, expected, host_operands, relative_error
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.problem import ConvKind, ConvProblem
 
 pytestmark = pytest.mark.gpu
@@ -146,27 +147,28 @@ def test_graph_replays_match_direct_execution(tmp_path, kind):
     from gpu_support import OUTPUT
 
     p = ConvProblem(kind, math="fma", **LAYER)
-    cache = Cache(tmp_path / "bench.db")
-    handles = {execution: Handle(cache=cache, workspace_limit="1MiB", execution=execution)
+    handles = {execution: Handle(cache=Cache(tmp_path / "bench.db"), execution=execution)
                for execution in ("graph", "direct")}
+    algo = {ConvKind.FORWARD: 1, ConvKind.BACKWARD_DATA: 1, ConvKind.BACKWARD_FILTER: 1}[kind]  # direct GEMM-class
+    configuration = Configuration(tuple(MicroConfig(algo, 8, 0.0, 0) for _ in range(4)))  # many calls
     buffers = {execution: {k: cp.empty(s, cp.float32) for k, s in
                            (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape))} for execution in handles}
-    configuration = handles["graph"].configuration(p)
-    assert len(configuration.micro) > 1, configuration.describe()  # many calls: what graphs are for
+    workspace = cp.empty(64 * 2**20, cp.uint8)
+    programs = {e: h.program(p, configuration, 1.5, 0.5) for e, h in handles.items()}
     for step in range(4):
         host = host_operands(np.random.default_rng(10 + step), p)
         want = expected(p, host, 1.5, 0.5)
         got = {}
-        for execution, handle in handles.items():
-            for name, array in buffers[execution].items():
+        for execution, program in programs.items():
+            arrays = buffers[execution]
+            for name, array in arrays.items():
                 array[...] = cp.asarray(host[name])  # same addresses, new data
-            handle.convolve(p, buffers[execution]["x"], buffers[execution]["w"], buffers[execution]["y"], 1.5, 0.5)
-            got[execution] = cp.asnumpy(buffers[execution][OUTPUT[kind]])
-        algos = [m.algo for h in handles.values() for m in h.configuration(p).micro]
-        bound = bound_for(kind, algos, 1e-5)
-        assert relative_error(got["graph"], want) <= bound and relative_error(got["direct"], want) <= bound
-        assert relative_error(got["graph"], got["direct"]) <= bound
-    graphed = handles["graph"]._programs[p, 1.5, 0.5].args[0]
+            program(arrays["x"].data.ptr, arrays["w"].data.ptr, arrays["y"].data.ptr, workspace.data.ptr,
+                    workspace.nbytes)
+            got[execution] = cp.asnumpy(arrays[OUTPUT[kind]])
+        assert relative_error(got["graph"], want) <= 1e-5 and relative_error(got["direct"], want) <= 1e-5
+        assert relative_error(got["graph"], got["direct"]) <= 1e-5
+    graphed = programs["graph"]
     assert (graphed.direct_runs, graphed.captures, graphed.replays) == (1, 1, 3), graphed.capture_failure
     for handle in handles.values():
         handle.close()
