@@ -173,11 +173,27 @@ class ConfigurationTimer:
         return self._graphs
 
 
+SWEEP_MS, SWEEP_CALLS = 0.5, 16
+
+
 def _time(run, timing: TimingSettings, stream: int, hide_host: bool = False) -> list[float]:
     """Warm up, then time enough calls to fill the target (see TimingSettings). The warm-up only
-    sizes the repeats, so it is never hidden behind a spin (that would cost a spin per measurement)."""
-    warm = gpu.time_calls(run, timing.warmup, stream)
-    return gpu.time_calls(run, timing.repeats(min(warm)), stream, hide_host)
+    sizes the repeats, so it is never hidden behind a spin (that would cost a spin per measurement).
+
+    With `hide_host` (graph execution) each sample is a sweep of back-to-back calls (about
+    SWEEP_MS of them, at most SWEEP_CALLS) between one pair of events, divided by the calls: a
+    CUDA graph runs a kernel's calls back to back, and events around every single call added
+    8-19% to 30 µs calls (bench/results/2026-11-23/graph-single-call/)."""
+    estimate = min(gpu.time_calls(run, timing.warmup, stream))
+    if not hide_host:
+        return gpu.time_calls(run, timing.repeats(estimate), stream)
+    calls = max(1, min(SWEEP_CALLS, round(SWEEP_MS / max(estimate, 1e-3))))
+
+    def sweep():
+        for _ in range(calls):
+            run()
+
+    return [t / calls for t in gpu.time_calls(sweep, timing.repeats(estimate * calls), stream, hide_host=True)]
 
 
 def _failure(exc: CudnnError) -> str:
