@@ -41,7 +41,7 @@ for stage in "${stages[@]}"; do
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --policies ${RESNET_POLICIES:-powerOfTwo,all} --cache "$OUT/layers.db" ;;
     layers-direct) seed_layers; run layers-direct python3 bench/layers.py --out "$OUT" --nets alexnet:256 --policies powerOfTwo --execution direct --cache "$OUT/layers.db" ;;
     # the shipped recording: adds the measurements for graph (record) or direct execution to cache/
-    record) run record python3 bench/record.py --out cache; cp cache/*.db "$OUT/" ;;
+    record) run record python3 bench/record.py --out cache ${RECORD_SPECS:+--specs "$RECORD_SPECS"}; cp cache/*.db "$OUT/" ;;
     record-direct) run record-direct python3 bench/record.py --out cache --execution direct; cp cache/*.db "$OUT/" ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
     # is torch's CUDNN_CONV_WSCAP_DBG honoured? at 1 MiB it must slow torch down if it is

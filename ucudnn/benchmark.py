@@ -10,7 +10,7 @@ from . import gpu
 from .bindings.enums import algo_count
 from .device import DeviceInfo
 from .dispatch import compile_plan
-from .errors import ConfigError, CudnnError, MissingMeasurementsError
+from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
 from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
 from .problem import ConvProblem
 
@@ -75,8 +75,8 @@ class Scratch:
 
 class CudnnBenchmarker:
     """Times every cuDNN algorithm of a kernel at each micro-batch size, on one GPU and stream,
-    as `execution` will run it: `direct`, each call as the host issues it; `graph`, the GPU's
-    time alone (gpu.time_calls(hide_host=True)), as calls replayed in a CUDA graph take.
+    as `execution` will run it: `direct`, each call as the host issues it; `graph`, calls
+    replayed from a CUDA graph, GPU time alone (see _time).
     Failures (unsupported, errors, out of memory) are recorded, not raised."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
@@ -90,6 +90,15 @@ class CudnnBenchmarker:
         self.device = gpu.device_info().for_execution(execution)
         self.calls = 0  # (algorithm, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
+        self._graphs = None
+
+    def _capturer(self) -> "gpu.GraphCapturer | None":
+        """Graph execution: captures on this benchmarker's handle (made on first need)."""
+        from .bindings import cudnn
+
+        if self.device.execution == "graph" and self._graphs is None:
+            self._graphs = cudnn.graph_capturer(self.handle, lambda: self.stream)
+        return self._graphs
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None) -> list[Measurement]:
         from .bindings.descriptors import KernelDescriptors
@@ -125,9 +134,11 @@ class CudnnBenchmarker:
             convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, 0.0, p.dtype)
 
         try:
-            times = _time(run, self.timing, self.stream, hide_host=self.device.execution == "graph")
+            times = _time(run, self.timing, self.stream, self._capturer())
         except CudnnError as exc:
             return Measurement(algo, p.batch, None, ws, _failure(exc))
+        except GraphCaptureError:  # graph execution would run it directly, host-paced: not a candidate
+            return Measurement(algo, p.batch, None, ws, FAILED)
         return Measurement(algo, p.batch, statistics.median(times), ws, OK, len(times))
 
 
@@ -168,24 +179,24 @@ class ConfigurationTimer:
         from .bindings import cudnn
 
         if self._graphs is None:
-            self._graphs = gpu.GraphCapturer(lambda stream: cudnn.set_stream(self.handle, stream),
-                                             lambda: self.stream)
+            self._graphs = cudnn.graph_capturer(self.handle, lambda: self.stream)
         return self._graphs
 
 
 SWEEP_MS, SWEEP_CALLS = 0.5, 16
 
 
-def _time(run, timing: TimingSettings, stream: int, hide_host: bool = False) -> list[float]:
-    """Warm up, then time enough calls to fill the target (see TimingSettings). The warm-up only
-    sizes the repeats, so it is never hidden behind a spin (that would cost a spin per measurement).
+def _time(run, timing: TimingSettings, stream: int, capturer: "gpu.GraphCapturer | None" = None) -> list[float]:
+    """Warm up, then time enough calls to fill the target (see TimingSettings); the warm-up
+    only sizes the repeats.
 
-    With `hide_host` (graph execution) each sample is a sweep of back-to-back calls (about
-    SWEEP_MS of them, at most SWEEP_CALLS) between one pair of events, divided by the calls: a
-    CUDA graph runs a kernel's calls back to back, and events around every single call added
-    8-19% to 30 µs calls (bench/results/2026-11-23/graph-single-call/)."""
+    With a `capturer` (graph execution), run() is timed as graph execution runs it: about
+    SWEEP_MS of calls (at most SWEEP_CALLS) captured back to back into one CUDA graph, each
+    launch timed with the host hidden and divided by the calls. Timing single calls instead
+    overstated 30 µs calls by 8-19%, and sweeps on a stream by up to 14%: graphs launch
+    dependent kernels with shorter gaps (bench/results/2026-11-23/graph-single-call/)."""
     estimate = min(gpu.time_calls(run, timing.warmup, stream))
-    if not hide_host:
+    if capturer is None:
         return gpu.time_calls(run, timing.repeats(estimate), stream)
     calls = max(1, min(SWEEP_CALLS, round(SWEEP_MS / max(estimate, 1e-3))))
 
@@ -193,7 +204,9 @@ def _time(run, timing: TimingSettings, stream: int, hide_host: bool = False) -> 
         for _ in range(calls):
             run()
 
-    return [t / calls for t in gpu.time_calls(sweep, timing.repeats(estimate * calls), stream, hide_host=True)]
+    graph = capturer.capture(sweep)
+    times = gpu.time_calls(lambda: capturer.launch(graph), timing.repeats(estimate * calls), stream, hide_host=True)
+    return [t / calls for t in times]
 
 
 def _failure(exc: CudnnError) -> str:

@@ -85,8 +85,7 @@ class Handle:
         if self.settings.execution == "direct":
             return program
         if self._capturer is None:
-            self._capturer = gpu.GraphCapturer(functools.partial(cudnn.set_stream, self.cudnn_handle),
-                                               lambda: self.stream)
+            self._capturer = cudnn.graph_capturer(self.cudnn_handle, lambda: self.stream)
         return GraphedProgram(program, self._capturer, problem.describe())
 
     def plan(self, problem: ConvProblem) -> KernelPlan:

@@ -6,6 +6,7 @@ the status when cuDNN returns anything but CUDNN_STATUS_SUCCESS.
 from __future__ import annotations
 
 import ctypes
+import functools
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_void_p
 
 from ..errors import CudnnError
@@ -100,6 +101,13 @@ def destroy_handle(handle) -> None:
 
 def set_stream(handle, stream: int) -> None:
     call("cudnnSetStream", handle, c_void_p(stream))
+
+
+def graph_capturer(handle, stream):
+    """A gpu.GraphCapturer for the calls made on `handle`; `stream()` is where graphs run."""
+    from .. import gpu
+
+    return gpu.GraphCapturer(functools.partial(set_stream, handle), stream)
 
 
 def scalar(value: float, dtype: str):
