@@ -35,6 +35,7 @@ for stage in "${stages[@]}"; do
     probe) run probe python3 bench/probe.py ;;
     alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
     hostbound) run hostbound python3 bench/host_bound.py --out "$OUT" ;;
+    betaprobe) run betaprobe python3 bench/beta_probe.py --out "$OUT" ;;
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;

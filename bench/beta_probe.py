@@ -1,0 +1,55 @@
+"""Does accumulating (beta = 1) change a backward-filter call's time? Dispatch runs every BF
+micro-batch but the first with beta = 1, while measurements are taken with beta = 0. Times
+`calls` calls of one micro-batch, captured in a CUDA graph, at beta 0 and at beta 1.
+
+    python3 bench/beta_probe.py --out OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from ucudnn import gpu
+from ucudnn.benchmark import Scratch
+from ucudnn.bindings import cudnn
+from ucudnn.bindings.enums import ALGORITHMS
+from ucudnn.bindings.executor import CudnnExecutor
+from ucudnn.dispatch import Step
+from ucudnn.nets import get_network
+
+CASES = [("resnet50", 64, "layer3.0.downsample.0/BF", 2, "ALGO_1", 32),
+         ("alexnet", 256, "conv4/BF", 4, "ALGO_1", 64),
+         ("alexnet", 256, "conv5/BF", 10, "ALGO_1", 25)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="out")
+    args = parser.parse_args(argv)
+    stream = gpu.current_stream()
+    handle = cudnn.create_handle(stream)
+    executor, capturer, rows = CudnnExecutor(handle), cudnn.graph_capturer(handle, lambda: stream), []
+    for net, batch, name, b, algo_name, calls in CASES:
+        problem = next(k for k in get_network(net).problems(batch) if k.name == name).problem
+        micro = problem.with_batch(b)
+        algo = ALGORITHMS[problem.kind].index(algo_name)
+        scratch = Scratch()
+        ptrs, workspace = scratch.operands(problem), scratch.workspace(256 * 2**20)
+        row = dict(net=net, kernel=name, micro_batch=b, algo=algo_name, calls=calls)
+        for beta in (0.0, 1.0):
+            call = executor.prepare(Step(micro, algo, 0, 0, 0, 1.0, beta))
+            graph = capturer.capture(lambda: [call(ptrs["x"], ptrs["w"], ptrs["y"], workspace, 256 * 2**20)
+                                              for _ in range(calls)])
+            gpu.time_calls(lambda: capturer.launch(graph), 2, stream)
+            row[f"beta{beta:g}_ms"] = statistics.median(gpu.time_calls(lambda: capturer.launch(graph), 10, stream))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "beta_probe.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
