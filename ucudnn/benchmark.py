@@ -12,7 +12,7 @@ from .device import DeviceInfo
 from .dispatch import compile_plan
 from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
 from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
-from .problem import ConvProblem
+from .problem import ConvKind, ConvProblem
 
 
 class Benchmarker(Protocol):
@@ -76,7 +76,9 @@ class Scratch:
 class CudnnBenchmarker:
     """Times every cuDNN algorithm of a kernel at each micro-batch size, on one GPU and stream,
     as `execution` will run it: `direct`, each call as the host issues it; `graph`, calls
-    replayed from a CUDA graph, GPU time alone (see _time).
+    replayed from a CUDA graph, GPU time alone (see _time). A backward-filter micro-batch
+    smaller than the kernel's batch is timed accumulating (beta = 1), as dispatch runs all of a
+    configuration's BF calls but the first: that can cost 2.8x (bench/beta_probe.py).
     Failures (unsupported, errors, out of memory) are recorded, not raised."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
@@ -109,12 +111,13 @@ class CudnnBenchmarker:
         try:
             for b in sizes:
                 descs = KernelDescriptors(problem.with_batch(b))
-                results += [self._measure_one(descs, ptrs, algo, cap) for algo in range(algo_count(problem.kind))]
+                beta = 1.0 if problem.kind is ConvKind.BACKWARD_FILTER and b < problem.batch else 0.0
+                results += [self._measure_one(descs, ptrs, algo, cap, beta) for algo in range(algo_count(problem.kind))]
         finally:
             self.scratch.release()
         return results
 
-    def _measure_one(self, descs, ptrs: dict, algo: int, cap: int | None) -> Measurement:
+    def _measure_one(self, descs, ptrs: dict, algo: int, cap: int | None, beta: float) -> Measurement:
         from .bindings.convolution import convolve, workspace_size
 
         p = descs.problem
@@ -131,7 +134,7 @@ class CudnnBenchmarker:
             return Measurement(algo, p.batch, None, ws, OUT_OF_MEMORY)
 
         def run():
-            convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, 0.0, p.dtype)
+            convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, beta, p.dtype)
 
         try:
             times = _time(run, self.timing, self.stream, self._capturer())
