@@ -9,14 +9,12 @@ process, to check that the two agree.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-from pathlib import Path
+
+from probe_setup import start, write_report
 
 from ucudnn import gpu
 from ucudnn.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings
-from ucudnn.bindings import cudnn
 from ucudnn.bindings.convolution import convolve, workspace_size
 from ucudnn.bindings.descriptors import KernelDescriptors
 from ucudnn.bindings.enums import algo_count, algo_name
@@ -59,11 +57,7 @@ def time_at_offsets(handle, stream: int, problem, algo: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="out")
-    args = parser.parse_args(argv)
-    stream = gpu.current_stream()
-    handle = cudnn.create_handle(stream)
+    out, stream, handle = start(__doc__, argv)
     report = {"device": gpu.device_info().describe(), "offsets": list(OFFSETS), "cases": []}
     print(report["device"])
     print("kernel        b  dtype    algo                    " + "".join(f"{o:>9d}B" for o in OFFSETS))
@@ -86,8 +80,7 @@ def main(argv=None) -> int:
         report.setdefault("benchmark_vs_timer", []).append(dict(algo=algo, benchmark=m.time_ms, timer=executed))
         print(f"conv4/BD b=256 {algo_name(p.kind, algo):10s} benchmarker {m.time_ms:.3f} ms, executed "
               + ", ".join(f"{t:.3f}" for t in executed), flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "alignment.json").write_text(json.dumps(report, indent=1))
+    write_report(out, "alignment.json", report)
     return 0
 
 

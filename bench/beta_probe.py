@@ -1,15 +1,16 @@
 """Does accumulating (beta = 1) change a backward-filter call's time? Dispatch runs every BF
-micro-batch but the first with beta = 1, while measurements are taken with beta = 0. Times
-`calls` calls of one micro-batch, captured in a CUDA graph, at beta 0 and at beta 1.
+micro-batch but the first with beta = 1; measurements were taken with beta = 0 until this probe
+said yes (CudnnBenchmarker now times BF micro-batches accumulating). Times `calls` calls of one
+micro-batch, captured in a CUDA graph, at beta 0 and at beta 1.
 
     python3 bench/beta_probe.py --out OUT
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-from pathlib import Path
+
+from probe_setup import start, write_report
 
 from ucudnn import gpu
 from ucudnn.benchmark import Scratch
@@ -25,11 +26,7 @@ CASES = [("resnet50", 64, "layer3.0.downsample.0/BF", 2, "ALGO_1", 32),
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="out")
-    args = parser.parse_args(argv)
-    stream = gpu.current_stream()
-    handle = cudnn.create_handle(stream)
+    out, stream, handle = start(__doc__, argv)
     executor, capturer, rows = CudnnExecutor(handle), cudnn.graph_capturer(handle, lambda: stream), []
     for net, batch, name, b, algo_name, calls in CASES:
         problem = next(k for k in get_network(net).problems(batch) if k.name == name).problem
@@ -46,8 +43,7 @@ def main(argv=None) -> int:
             row[f"beta{beta:g}_ms"] = statistics.median(gpu.time_calls(lambda: capturer.launch(graph), 10, stream))
         rows.append(row)
         print(json.dumps(row), flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "beta_probe.json").write_text(json.dumps(rows, indent=1))
+    write_report(out, "beta_probe.json", rows)
     return 0
 
 

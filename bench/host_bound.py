@@ -7,15 +7,13 @@ executed with the host hidden behind a spinning kernel (GPU time alone).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
+
+from probe_setup import start, write_report
 
 from ucudnn import gpu
 from ucudnn.benchmark import Scratch
-from ucudnn.bindings import cudnn
 from ucudnn.bindings.enums import ALGORITHMS
 from ucudnn.bindings.executor import CudnnExecutor
 from ucudnn.cache import Cache, recorded_path
@@ -41,11 +39,7 @@ def configuration(problem, table, parts) -> Configuration:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="out")
-    args = parser.parse_args(argv)
-    stream = gpu.current_stream()
-    handle = cudnn.create_handle(stream)
+    out, stream, handle = start(__doc__, argv)
     executor, cache, device = CudnnExecutor(handle), Cache(recorded_path(), readonly=True), gpu.device_info()
     rows = []
     print(f"{device.describe()}\nkernel               configuration                     predicted  executed  GPU-only  host/run")
@@ -73,8 +67,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"{net[:6]} {name:18s} {row['configuration']:32s} {config.time_ms:9.3f} {times[False]:9.3f} "
               f"{times[True]:9.3f} {host:9.3f}", flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "host_bound.json").write_text(json.dumps(dict(device=device.describe(), rows=rows), indent=1))
+    write_report(out, "host_bound.json", dict(device=device.describe(), rows=rows))
     return 0
 
 

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 from . import gpu
 from .bindings.enums import algo_count
-from .device import DeviceInfo
+from .device import DeviceInfo, check_execution
 from .dispatch import compile_plan
 from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
 from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
@@ -92,15 +92,7 @@ class CudnnBenchmarker:
         self.device = gpu.device_info().for_execution(execution)
         self.calls = 0  # (algorithm, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
-        self._graphs = None
-
-    def _capturer(self) -> "gpu.GraphCapturer | None":
-        """Graph execution: captures on this benchmarker's handle (made on first need)."""
-        from .bindings import cudnn
-
-        if self.device.execution == "graph" and self._graphs is None:
-            self._graphs = cudnn.graph_capturer(self.handle, lambda: self.stream)
-        return self._graphs
+        self.capturer = _capturer(execution, self.handle, self.stream)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None) -> list[Measurement]:
         from .bindings.descriptors import KernelDescriptors
@@ -137,7 +129,7 @@ class CudnnBenchmarker:
             convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, beta, p.dtype)
 
         try:
-            times = _time(run, self.timing, self.stream, self._capturer())
+            times = _time(run, self.timing, self.stream, self.capturer)
         except CudnnError as exc:
             return Measurement(algo, p.batch, None, ws, _failure(exc))
         except GraphCaptureError:  # graph execution would run it directly, host-paced: not a candidate
@@ -159,9 +151,9 @@ class ConfigurationTimer:
         self.handle = handle if handle is not None else cudnn.create_handle()
         self.stream = gpu.current_stream() if stream is None else stream
         cudnn.set_stream(self.handle, self.stream)
-        self.timing, self.scratch, self.execution = timing, Scratch(), execution
+        self.timing, self.scratch = timing, Scratch()
         self.executor = CudnnExecutor(self.handle)
-        self._graphs = None
+        self.capturer = _capturer(execution, self.handle, self.stream)
 
     def time_ms(self, problem: ConvProblem, configuration) -> float:
         """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
@@ -170,20 +162,20 @@ class ConfigurationTimer:
         ptrs = self.scratch.operands(problem)
         workspace = self.scratch.workspace(configuration.workspace)
         program = compile_plan(problem, configuration, self.executor)
-        if self.execution == "graph":  # the warm-up runs it directly, then captures it
-            program = GraphedProgram(program, self._capturer(), problem.describe())
+        if self.capturer is not None:  # the warm-up runs it directly, then captures it
+            program = GraphedProgram(program, self.capturer, problem.describe())
 
         def run():
             program(ptrs["x"], ptrs["w"], ptrs["y"], workspace, configuration.workspace)
 
         return statistics.median(_time(run, self.timing, self.stream))
 
-    def _capturer(self) -> "gpu.GraphCapturer":
-        from .bindings import cudnn
 
-        if self._graphs is None:
-            self._graphs = cudnn.graph_capturer(self.handle, lambda: self.stream)
-        return self._graphs
+def _capturer(execution: str, handle, stream: int) -> "gpu.GraphCapturer | None":
+    """What captures `handle`'s calls for graph execution; None for direct execution."""
+    from .bindings import cudnn
+
+    return cudnn.graph_capturer(handle, lambda: stream) if check_execution(execution) == "graph" else None
 
 
 SWEEP_MS, SWEEP_CALLS = 0.5, 16

@@ -50,7 +50,8 @@ class Handle:
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
         self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
-        self._capturer: gpu.GraphCapturer | None = None
+        self._capturer = (cudnn.graph_capturer(self.cudnn_handle, lambda: self.stream)
+                          if self.settings.execution == "graph" else None)
 
     def set_stream(self, stream: int) -> None:
         """Later convolutions run on `stream` (a cudaStream_t address)."""
@@ -82,10 +83,8 @@ class Handle:
         """`configuration` compiled for this handle: run(x, w, y, workspace, workspace_size)
         on device addresses, as the execution setting says (graph: see ucudnn.graphs)."""
         program = compile_plan(problem, configuration, self.executor, alpha, beta)
-        if self.settings.execution == "direct":
-            return program
         if self._capturer is None:
-            self._capturer = cudnn.graph_capturer(self.cudnn_handle, lambda: self.stream)
+            return program
         return GraphedProgram(program, self._capturer, problem.describe())
 
     def plan(self, problem: ConvProblem) -> KernelPlan:
