@@ -21,7 +21,7 @@ from torch import nn  # noqa: E402
 import ucudnn.torch as ut  # noqa: E402
 from fakes import FakeAllocator, FakeBenchmarker  # noqa: E402
 from ucudnn.cache import Cache  # noqa: E402
-from ucudnn.dispatch import NumpyExecutor  # noqa: E402
+from ucudnn.dispatch import NumpyExecutor, compile_plan  # noqa: E402
 from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
 from ucudnn.plans import Plans  # noqa: E402
@@ -41,6 +41,9 @@ class NumpyHandle:
 
     def plan(self, problem):
         return self.plans.get(problem)
+
+    def program(self, problem, configuration, alpha=1.0, beta=0.0):
+        return compile_plan(problem, configuration, self.executor, alpha, beta)
 
     def finalize(self):
         self.plans.finalize()
