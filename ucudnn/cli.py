@@ -392,7 +392,7 @@ def cache_list(args) -> int:
                                                   "measurements": n} for p, n in kernels]}
             for device, kernels in listing]})
         return 0
-    print(f"{path}: measurements of {len(listing)} GPU and cuDNN pair(s)")
+    print(f"{path}: {len(listing)} recording(s), one per GPU, cuDNN version and execution")
     for device, kernels in listing:
         print(f"\n{device.describe()}: {len(kernels)} kernels, {sum(n for _, n in kernels)} measurements")
         print(_table((*_KERNEL_HEADERS, "measurements"), [(*_kernel_cells(p), n) for p, n in kernels]))
