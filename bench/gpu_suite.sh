@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
-#   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment hostbound record
+#   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment hostbound betaprobe
+#                                          l2probe record
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd torchcap train (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
@@ -36,6 +37,7 @@ for stage in "${stages[@]}"; do
     alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
     hostbound) run hostbound python3 bench/host_bound.py --out "$OUT" ;;
     betaprobe) run betaprobe python3 bench/beta_probe.py --out "$OUT" ;;
+    l2probe) run l2probe python3 bench/l2_probe.py --out "$OUT" ;;
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
