@@ -9,16 +9,13 @@ process, to check that the two agree.
 """
 from __future__ import annotations
 
-import statistics
-
-from probe_setup import start, write_report
+from probe_setup import median_ms, problem_of, start, write_report
 
 from ucudnn import gpu
 from ucudnn.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings
 from ucudnn.bindings.convolution import convolve, workspace_size
 from ucudnn.bindings.descriptors import KernelDescriptors
 from ucudnn.bindings.enums import algo_count, algo_name
-from ucudnn.nets import get_network
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
 OFFSETS = (0, 4, 16, 32, 64, 128, 256)
@@ -27,10 +24,6 @@ CASES = [("conv1/BD", 8, "float32", "nchw"), ("conv1/BF", 16, "float32", "nchw")
          ("conv1/F", 16, "float32", "nchw"), ("conv2/F", 16, "float32", "nchw"),
          ("conv2/BF", 16, "float32", "nchw"), ("conv2/F", 16, "float16", "nhwc"),
          ("conv1/BD", 8, "float16", "nhwc")]
-
-
-def kernel(name: str, dtype: str, layout: str):
-    return next(k for k in get_network("alexnet").problems(256, dtype, "default", layout) if k.name == name)
 
 
 def time_at_offsets(handle, stream: int, problem, algo: int) -> dict:
@@ -51,8 +44,7 @@ def time_at_offsets(handle, stream: int, problem, algo: int) -> dict:
         def run():
             convolve(handle, problem.kind, descs, ptrs, algo, workspace.ptr, ws, 1.0, 0.0, problem.dtype)
 
-        gpu.time_calls(run, 2, stream)
-        times[offset] = statistics.median(gpu.time_calls(run, 10, stream))
+        times[offset] = median_ms(run, stream, 2, 10)
     return {"workspace": ws, "ms": times}
 
 
@@ -62,7 +54,7 @@ def main(argv=None) -> int:
     print(report["device"])
     print("kernel        b  dtype    algo                    " + "".join(f"{o:>9d}B" for o in OFFSETS))
     for name, b, dtype, layout in CASES:
-        problem = kernel(name, dtype, layout).problem.with_batch(b)
+        problem = problem_of("alexnet", 256, name, dtype, layout).with_batch(b)
         for algo in range(algo_count(problem.kind)):
             result = time_at_offsets(handle, stream, problem, algo)
             report["cases"].append(dict(kernel=name, batch=b, dtype=dtype, algo=algo, **result))
@@ -70,7 +62,7 @@ def main(argv=None) -> int:
                 print(f"{name:12s} {b:3d}  {dtype:8s} {algo_name(problem.kind, algo):22s} "
                       + "".join(f"{result['ms'][o]:10.3f}" for o in OFFSETS), flush=True)
     # benchmarker vs timer on the same configuration, in one process
-    p = kernel("conv4/BD", "float32", "nchw").problem
+    p = problem_of("alexnet", 256, "conv4/BD")
     bench = CudnnBenchmarker(timing=TimingSettings(min_repeats=10), execution="direct")
     timer = ConfigurationTimer(execution="direct")
     measured = {m.algo: m for m in bench.measure(p, [256], None) if m.available}

@@ -8,17 +8,14 @@ micro-batch, captured in a CUDA graph, at beta 0 and at beta 1.
 from __future__ import annotations
 
 import json
-import statistics
 
-from probe_setup import start, write_report
+from probe_setup import graph_ms, problem_of, start, write_report
 
-from ucudnn import gpu
 from ucudnn.benchmark import Scratch
 from ucudnn.bindings import cudnn
 from ucudnn.bindings.enums import ALGORITHMS
 from ucudnn.bindings.executor import CudnnExecutor
 from ucudnn.dispatch import Step
-from ucudnn.nets import get_network
 
 CASES = [("resnet50", 64, "layer3.0.downsample.0/BF", 2, "ALGO_1", 32),
          ("alexnet", 256, "conv4/BF", 4, "ALGO_1", 64),
@@ -29,7 +26,7 @@ def main(argv=None) -> int:
     out, stream, handle = start(__doc__, argv)
     executor, capturer, rows = CudnnExecutor(handle), cudnn.graph_capturer(handle, lambda: stream), []
     for net, batch, name, b, algo_name, calls in CASES:
-        problem = next(k for k in get_network(net).problems(batch) if k.name == name).problem
+        problem = problem_of(net, batch, name)
         micro = problem.with_batch(b)
         algo = ALGORITHMS[problem.kind].index(algo_name)
         scratch = Scratch()
@@ -37,10 +34,8 @@ def main(argv=None) -> int:
         row = dict(net=net, kernel=name, micro_batch=b, algo=algo_name, calls=calls)
         for beta in (0.0, 1.0):
             call = executor.prepare(Step(micro, algo, 0, 0, 0, 1.0, beta))
-            graph = capturer.capture(lambda: [call(ptrs["x"], ptrs["w"], ptrs["y"], workspace, 256 * 2**20)
-                                              for _ in range(calls)])
-            gpu.time_calls(lambda: capturer.launch(graph), 2, stream)
-            row[f"beta{beta:g}_ms"] = statistics.median(gpu.time_calls(lambda: capturer.launch(graph), 10, stream))
+            row[f"beta{beta:g}_ms"] = graph_ms(capturer, stream, lambda: [
+                call(ptrs["x"], ptrs["w"], ptrs["y"], workspace, 256 * 2**20) for _ in range(calls)], 2, 10)
         rows.append(row)
         print(json.dumps(row), flush=True)
     write_report(out, "beta_probe.json", rows)

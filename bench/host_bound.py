@@ -7,10 +7,9 @@ executed with the host hidden behind a spinning kernel (GPU time alone).
 """
 from __future__ import annotations
 
-import statistics
 import time
 
-from probe_setup import start, write_report
+from probe_setup import median_ms, problem_of, start, write_report
 
 from ucudnn import gpu
 from ucudnn.benchmark import Scratch
@@ -18,7 +17,6 @@ from ucudnn.bindings.enums import ALGORITHMS
 from ucudnn.bindings.executor import CudnnExecutor
 from ucudnn.cache import Cache, recorded_path
 from ucudnn.dispatch import compile_plan
-from ucudnn.nets import get_network
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
 CASES = [("alexnet", 256, "conv4/F", [(64, 4, "IMPLICIT_PRECOMP_GEMM")]),
@@ -44,7 +42,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"{device.describe()}\nkernel               configuration                     predicted  executed  GPU-only  host/run")
     for net, batch, name, parts in CASES:
-        problem = next(k for k in get_network(net).problems(batch) if k.name == name).problem
+        problem = problem_of(net, batch, name)
         config = configuration(problem, cache.table(problem, device), parts)
         scratch = Scratch()
         ptrs, workspace = scratch.operands(problem), scratch.workspace(config.workspace)
@@ -53,10 +51,7 @@ def main(argv=None) -> int:
         def run():
             program(ptrs["x"], ptrs["w"], ptrs["y"], workspace, config.workspace)
 
-        times = {}
-        for hide in (False, True):
-            gpu.time_calls(run, 2, stream, hide_host=hide)
-            times[hide] = statistics.median(gpu.time_calls(run, 10, stream, hide_host=hide))
+        times = {hide: median_ms(run, stream, 2, 10, hide_host=hide) for hide in (False, True)}
         gpu.cupy().cuda.runtime.streamSynchronize(stream)
         began = time.perf_counter()
         run()

@@ -12,12 +12,10 @@ predicted, and AlexNet's worst prediction.
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import replace
 
-from probe_setup import start, write_report
+from probe_setup import graph_ms, problem_of, start, write_report
 
-from ucudnn import gpu
 from ucudnn.benchmark import Scratch
 from ucudnn.bindings import cudnn
 from ucudnn.bindings.convolution import workspace_size
@@ -25,7 +23,6 @@ from ucudnn.bindings.descriptors import KernelDescriptors
 from ucudnn.bindings.enums import ALGORITHMS
 from ucudnn.bindings.executor import CudnnExecutor
 from ucudnn.dispatch import plan
-from ucudnn.nets import get_network
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
 # (net, batch, kernel, micro-batch size, algorithm)
@@ -37,17 +34,11 @@ CASES = [("resnet50", 64, "layer1.0.conv1/BD", 16, "ALGO_1"),
          ("alexnet", 256, "conv2/F", 32, "IMPLICIT_PRECOMP_GEMM")]
 
 
-def time_graph(capturer, stream: int, calls) -> float:
-    graph = capturer.capture(lambda: [call() for call in calls])
-    gpu.time_calls(lambda: capturer.launch(graph), 3, stream)
-    return statistics.median(gpu.time_calls(lambda: capturer.launch(graph), 20, stream, hide_host=True))
-
-
 def main(argv=None) -> int:
     out, stream, handle = start(__doc__, argv)
     executor, capturer, rows = CudnnExecutor(handle), cudnn.graph_capturer(handle, lambda: stream), []
     for net, batch, name, b, algo_name in CASES:
-        problem = next(k for k in get_network(net).problems(batch) if k.name == name).problem
+        problem = problem_of(net, batch, name)
         algo = ALGORITHMS[problem.kind].index(algo_name)
         n = batch // b
         ws = workspace_size(handle, problem.kind, KernelDescriptors(problem.with_batch(b)), algo)
@@ -56,13 +47,15 @@ def main(argv=None) -> int:
         walk = plan(problem, Configuration(tuple(MicroConfig(algo, b, 0.0, ws) for _ in range(n))))
         same = [replace(step, x_offset=0, y_offset=0) for step in walk]
 
-        def calls(steps):
-            return [lambda c=executor.prepare(s): c(ptrs["x"], ptrs["w"], ptrs["y"], workspace, ws) for s in steps]
+        def ms_per_call(steps) -> float:
+            prepared = [executor.prepare(step) for step in steps]
+            return graph_ms(capturer, stream, lambda: [call(ptrs["x"], ptrs["w"], ptrs["y"], workspace, ws)
+                                                       for call in prepared], 3, 20, hide_host=True) / n
 
         row = dict(net=net, kernel=name, micro_batch=b, calls=n, algo=algo_name,
                    x_mb=round(problem.sample_bytes("x") * b / 1e6, 1), y_mb=round(problem.sample_bytes("y") * b / 1e6, 1))
-        row["same_ms_per_call"] = time_graph(capturer, stream, calls(same)) / n
-        row["walk_ms_per_call"] = time_graph(capturer, stream, calls(walk)) / n
+        row["same_ms_per_call"] = ms_per_call(same)
+        row["walk_ms_per_call"] = ms_per_call(walk)
         row["walk_over_same"] = row["walk_ms_per_call"] / row["same_ms_per_call"]
         scratch.release()
         rows.append(row)

@@ -1,13 +1,17 @@
-"""What the single-question GPU probes of bench/ (alignment, host_bound, beta_probe) share: an
-`--out` folder, a cuDNN handle on the current stream, and one JSON report written at the end."""
+"""What the single-question GPU probes of bench/ (alignment, host_bound, beta_probe, l2_probe)
+share: an `--out` folder, a cuDNN handle on the current stream, a kernel looked up by name,
+graph timing, and one JSON report written at the end."""
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from ucudnn import gpu
 from ucudnn.bindings import cudnn
+from ucudnn.nets import find_kernel, get_network
+from ucudnn.problem import ConvProblem
 
 
 def start(doc: str, argv=None) -> tuple[Path, int, object]:
@@ -17,6 +21,23 @@ def start(doc: str, argv=None) -> tuple[Path, int, object]:
     args = parser.parse_args(argv)
     stream = gpu.current_stream()
     return Path(args.out), stream, cudnn.create_handle(stream)
+
+
+def problem_of(net: str, batch: int, name: str, dtype: str = "float32", layout: str = "nchw") -> ConvProblem:
+    """The kernel `name` ("conv2/F") of network `net` at mini-batch `batch`, default math."""
+    return find_kernel(get_network(net).problems(batch, dtype, "default", layout), name).problem
+
+
+def median_ms(run, stream: int, warmup: int, repeats: int, hide_host: bool = False) -> float:
+    """Median milliseconds of run() after `warmup` untimed calls (see gpu.time_calls)."""
+    gpu.time_calls(run, warmup, stream, hide_host=hide_host)
+    return statistics.median(gpu.time_calls(run, repeats, stream, hide_host=hide_host))
+
+
+def graph_ms(capturer, stream: int, run, warmup: int, repeats: int, hide_host: bool = False) -> float:
+    """median_ms of one launch of run(), captured once into a CUDA graph."""
+    graph = capturer.capture(run)
+    return median_ms(lambda: capturer.launch(graph), stream, warmup, repeats, hide_host)
 
 
 def write_report(out: Path, name: str, report) -> None:
