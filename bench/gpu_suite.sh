@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment hostbound betaprobe
-#                                          l2probe record
+#                                          l2probe record vstorch
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd torchcap train (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
@@ -46,6 +46,9 @@ for stage in "${stages[@]}"; do
     # the shipped recording: adds the measurements for graph (record) or direct execution to cache/
     record) run record python3 bench/record.py --out cache ${RECORD_SPECS:+--specs "$RECORD_SPECS"}; cp cache/*.db "$OUT/" ;;
     record-direct) run record-direct python3 bench/record.py --out cache --execution direct; cp cache/*.db "$OUT/" ;;
+    # torch's own kernels beside ucudnn.Handle (unlimited, WR per limit), per kernel, on the shipped
+    # recording (VS_TORCH_ARGS: e.g. --net torchvision:alexnet --dtype float16 --layout nhwc)
+    vstorch) run vstorch python3 bench/vs_torch.py --out "$OUT" --cache "$(ls cache/*.db | tail -n 1)" ${VS_TORCH_ARGS:-} ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
     # is torch's CUDNN_CONV_WSCAP_DBG honoured? at 1 MiB it must slow torch down if it is
     torchcap) run torchcap python3 bench/train_step.py --out "$OUT/cap1MiB" --nets alexnet:256 --precisions fp32 --variants capped,native --limit 1MiB ;;

@@ -24,8 +24,8 @@ def start(doc: str, argv=None) -> tuple[Path, int, object]:
 
 
 def problem_of(net: str, batch: int, name: str, dtype: str = "float32", layout: str = "nchw") -> ConvProblem:
-    """The kernel `name` ("conv2/F") of network `net` at mini-batch `batch`, default math."""
-    return find_kernel(get_network(net).problems(batch, dtype, "default", layout), name).problem
+    """The kernel `name` ("conv2/F") of network `net` at mini-batch `batch`, its dtype's default math."""
+    return find_kernel(get_network(net).problems(batch, dtype, layout=layout), name).problem
 
 
 def median_ms(run, stream: int, warmup: int, repeats: int, hide_host: bool = False) -> float:

@@ -20,12 +20,14 @@ from ucudnn.cache import Cache
 from ucudnn.config import batch_sizes
 from ucudnn.nets import get_network
 
-# net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want
+# net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want, with
+# tensor-op math (the default math of half types, problem.default_math)
+# (torchvision:alexnet is traced from torchvision: the recording needs it installed, planning
+# from the file needs it too)
+NETS = ("alexnet:256", "resnet18:128", "resnet50:32", "resnet50:64", "densenet40:256", "googlenet:128",
+        "torchvision:alexnet:256")
 DEFAULT_SPECS = ",".join(
-    f"{net}:{dtype}:{policy}"
-    for policy in ("powerOfTwo",)
-    for dtype in ("float32:nchw", "float16:nhwc")
-    for net in ("alexnet:256", "resnet18:128", "resnet50:32", "resnet50:64", "densenet40:256")
+    f"{net}:{dtype}:powerOfTwo" for dtype in ("float16:nhwc", "float32:nchw") for net in NETS
 ) + ",alexnet:256:float32:nchw:all"
 
 
@@ -35,8 +37,8 @@ def database_name(gpu_name: str, cudnn_version: int) -> str:
 
 
 def record(spec: str, cache: Cache, bench: CudnnBenchmarker) -> dict:
-    net, batch, dtype, layout, policy = spec.split(":")
-    kernels = get_network(net).problems(int(batch), dtype, "default", layout)
+    net, batch, dtype, layout, policy = spec.rsplit(":", 4)  # the net may hold a colon
+    kernels = get_network(net).problems(int(batch), dtype, layout=layout)
     start, calls = time.perf_counter(), bench.calls
     ensure_tables([k.problem for k in kernels], lambda p: batch_sizes(policy, p.batch), None, cache, bench)
     summary = dict(spec=spec, kernels=len(kernels), measured=bench.calls - calls,

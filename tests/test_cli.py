@@ -38,10 +38,12 @@ def ok(*args: str) -> str:
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> str:
-    """AlexNet at batch 256 and ResNet-18 at batch 32, powerOfTwo, on a synthetic GPU."""
+    """AlexNet at batch 256 (fp32 NCHW and fp16 NHWC) and ResNet-18 at batch 32, powerOfTwo, on a
+    synthetic GPU."""
     path = tmp_path_factory.mktemp("cache") / "synthetic.db"
     with BenchmarkDatabase(path) as database:
         synthetic.record_network(database, get_network("alexnet").problems(256))
+        synthetic.record_network(database, get_network("alexnet").problems(256, "float16", layout="nhwc"))
         synthetic.record_network(database, get_network("resnet18").problems(32))
     return str(path)
 
@@ -79,6 +81,17 @@ def test_optimize_json_is_complete_and_consistent(db):
     assert total["time_ms"] == pytest.approx(sum(k["count"] * k["configuration"]["time_ms"] for k in plan["kernels"]))
     assert total["speedup"] == pytest.approx(total["undivided_time_ms"] / total["time_ms"])
     assert total["gap_to_best"] == pytest.approx(total["time_ms"] / total["best_time_ms"])
+
+
+def test_optimize_plans_half_types_with_tensor_op_math(db):
+    """Half types default to tensor-op math (cuDNN's tensor-core kernels need it); the math is
+    part of every kernel's key, so fp16 measurements taken with another math are not used."""
+    plan = optimize(db, "--net", "alexnet", "--dtype", "float16", "--layout", "nhwc")
+    assert plan["math"] == "tensor_op" and len(plan["kernels"]) == 15
+    assert optimize(db, "--net", "alexnet")["math"] == "default"
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--dtype", "float16",
+                 "--layout", "nhwc", "--math", "default")
+    assert result.returncode == 2 and "math=default" in result.stderr
 
 
 def test_optimize_wd_keeps_to_the_total(db):
@@ -183,7 +196,7 @@ def test_a_network_file_plans_like_its_builtin(capsys, db, tmp_path):
 def test_cache_list_show_verify(capsys, db):
     listing = json.loads(ok("cache", "list", "--cache", db, "--json"))
     (device,) = listing["devices"]
-    assert device["gpu_name"] == "Synthetic GPU" and len(device["kernels"]) == 15 + 33
+    assert device["gpu_name"] == "Synthetic GPU" and len(device["kernels"]) == 15 + 15 + 33
     assert "Synthetic GPU" in inline(capsys, "cache", "list", "--cache", db)[1]
     show = ("cache", "show", "--net", "alexnet", "--kernel", "conv2/F", "--cache", db)
     assert re.search(r"256\s+FFT\s+ok", ok(*show))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ucudnn.errors import ConfigError
-from ucudnn.problem import DTYPES, ITEMSIZE, LAYOUTS, MATH_TYPES, MODES, ConvKind, ConvProblem
+from ucudnn.problem import DTYPES, ITEMSIZE, LAYOUTS, MATH_TYPES, MODES, ConvKind, ConvProblem, default_math
 
 BASE = dict(kind="F", x_shape=(8, 6, 14, 12), w_shape=(4, 3, 3, 3), pads=(1, 0), strides=(2, 1),
             dilations=(1, 2), groups=2, dtype="float32", compute_type="float32", math="default",
@@ -246,6 +246,27 @@ def test_unknown_choice_lists_the_accepted_ones(field, value):
         base(**{field: value})
     for choice in choices:
         assert choice in str(info.value)
+
+
+@pytest.mark.parametrize("dtype, math", [("float32", "default"), ("float64", "default"),
+                                         ("float16", "tensor_op"), ("bfloat16", "tensor_op")])
+def test_math_defaults_per_dtype(dtype, math):
+    """Half types run on tensor cores only with tensor-op math; float32 keeps `default` (TF32
+    where allowed). An explicit math type is kept."""
+    assert base(dtype=dtype, math="").math == math == default_math(dtype)
+    assert ConvProblem("F", (2, 3, 8, 8), (4, 3, 3, 3), dtype=dtype).math == math
+    assert base(dtype=dtype, math="fma").math == "fma"
+    assert replace(base(dtype=dtype, math=""), x_shape=(4, 6, 14, 12)).math == math
+
+
+def test_network_kernels_use_the_default_math_of_their_dtype():
+    from ucudnn.nets import get_network
+
+    net = get_network("alexnet")
+    assert {k.problem.math for k in net.problems(32, "float16", layout="nhwc")} == {"tensor_op"}
+    assert {k.problem.math for k in net.problems(32, "bfloat16")} == {"tensor_op"}
+    assert {k.problem.math for k in net.problems(32)} == {"default"}
+    assert {k.problem.math for k in net.problems(32, "float16", "default")} == {"default"}
 
 
 def test_problem_is_immutable():

@@ -277,9 +277,12 @@ def test_geometry_and_math():
     allow = torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cudnn.allow_tf32 = False
-        assert integration.math_type("float32") == "fma" and integration.math_type("float16") == "default"
+        assert integration.math_type("float32") == "fma"
         torch.backends.cudnn.allow_tf32 = True
         assert integration.math_type("float32") == "default"
+        for flag in (False, True):  # half types run on tensor cores whatever TF32 says, as in torch
+            torch.backends.cudnn.allow_tf32 = flag
+            assert integration.math_type("float16") == integration.math_type("bfloat16") == "tensor_op"
     finally:
         torch.backends.cudnn.allow_tf32 = allow
 

@@ -20,7 +20,7 @@ from .device import EXECUTIONS, DeviceInfo
 from .errors import CacheError, ConfigError, GpuUnavailableError, MissingMeasurementsError, UcudnnError
 from .nets import Kernel, Network, find_kernel, get_network, list_networks
 from .planner import Plan, algo_name, limits, make_plan
-from .problem import LAYOUTS, MATH_TYPES
+from .problem import LAYOUTS, MATH_TYPES, default_math
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -244,6 +244,7 @@ def _settings(args) -> Settings:
 
 def _kernels(args) -> tuple[Network, list[Kernel]]:
     network = get_network(args.net)
+    args.math = args.math or default_math(args.dtype)  # printed with the plan
     return network, network.problems(args.batch, args.dtype, args.math, args.layout)
 
 
@@ -492,7 +493,9 @@ _NETWORK = _parent(
                       help="a built-in network (see `ucudnn nets`), a network file, or a torchvision model")),
     (("--batch",), dict(type=_batch, default=256, help="mini-batch size (default 256)")),
     (("--dtype",), dict(choices=DTYPES, default="float32", help="data type (default float32)")),
-    (("--math",), dict(choices=MATH_TYPES, default="default", help="cuDNN math type (default: default)")),
+    (("--math",), dict(choices=MATH_TYPES, help=(
+        "cuDNN math type (default: tensor_op for float16 and bfloat16, whose tensor-core kernels "
+        "need it; default for float32, which allows TF32)"))),
     (("--layout",), dict(choices=LAYOUTS, default="nchw", help="tensor layout (default nchw)")),
 )
 _POLICY = _parent(

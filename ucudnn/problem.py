@@ -24,6 +24,10 @@ class ConvKind(str, Enum):
 
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": None, "float64": np.float64}
 MATH_TYPES = ("default", "tensor_op", "tensor_op_allow_conversion", "fma")
+# Half types run on tensor cores only with tensor-op math: with `default` math cuDNN picks
+# non-tensor-core kernels, 10-28x slower than torch's on an H100 (docs/results.md). float32
+# keeps `default`, which allows TF32 where cuDNN may use it.
+HALF_TYPES = ("float16", "bfloat16")
 LAYOUTS = ("nchw", "nhwc")
 MODES = ("cross_correlation", "convolution")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -46,6 +50,11 @@ def _check(value: str, name: str, choices) -> str:
     return value
 
 
+def default_math(dtype: str) -> str:
+    """The math type ucudnn uses for `dtype` unless told otherwise: tensor_op for half types."""
+    return "tensor_op" if dtype in HALF_TYPES else "default"
+
+
 @dataclass(frozen=True)
 class ConvProblem:
     """One convolution kernel. Shapes are logical (N, C, *spatial) and (K, C/groups, *kernel)
@@ -60,7 +69,7 @@ class ConvProblem:
     groups: int = 1
     dtype: str = "float32"
     compute_type: str = ""  # "": float32 (float64 for float64 data)
-    math: str = "default"
+    math: str = ""  # "": default_math(dtype)
     layout: str = "nchw"
     mode: str = "cross_correlation"
 
@@ -79,6 +88,7 @@ class ConvProblem:
         _check(self.dtype, "dtype", DTYPES)
         set_("compute_type", self.compute_type or ("float64" if self.dtype == "float64" else "float32"))
         _check(self.compute_type, "compute_type", DTYPES)
+        set_("math", self.math or default_math(self.dtype))
         _check(self.math, "math", MATH_TYPES)
         _check(self.layout, "layout", LAYOUTS)
         _check(self.mode, "mode", MODES)

@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from ..config import Settings, format_size
 from ..errors import ConfigError, NoAlgorithmError, UcudnnWarning, UnsupportedProblemError
-from ..problem import ConvKind, ConvProblem
+from ..problem import ConvKind, ConvProblem, default_math
 
 __all__ = ["Conv2d", "Context", "CudaBackend", "convert", "default_context", "learn", "network"]
 
@@ -88,8 +88,11 @@ def geometry(module: nn.Conv2d) -> Geometry | str:
 
 
 def math_type(dtype: str) -> str:
-    """cuDNN math type matching torch: float32 uses TF32 tensor cores only where torch allows them."""
-    return "fma" if dtype == "float32" and not torch.backends.cudnn.allow_tf32 else "default"
+    """cuDNN math type matching torch: half types on tensor cores; float32 uses TF32 tensor
+    cores only where torch allows them."""
+    if dtype == "float32" and not torch.backends.cudnn.allow_tf32:
+        return "fma"
+    return default_math(dtype)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ class ConvLayer:
     def output_size(self) -> Pair:
         return self.problem(ConvKind.FORWARD, 1).y_shape[2:]
 
-    def problem(self, kind: ConvKind | str, batch: int, dtype: str = "float32", math: str = "default",
+    def problem(self, kind: ConvKind | str, batch: int, dtype: str = "float32", math: str = "",
                 layout: str = "nchw") -> ConvProblem:
         return ConvProblem(
             kind, x_shape=(batch, self.in_channels, *self.input_size),
@@ -128,7 +128,7 @@ class Network:
         """Convolution layers in the network, identical ones included."""
         return sum(layer.count for layer in self.layers)
 
-    def problems(self, batch: int, dtype: str = "float32", math: str = "default", layout: str = "nchw",
+    def problems(self, batch: int, dtype: str = "float32", math: str = "", layout: str = "nchw",
                  kinds=tuple(ConvKind)) -> list[Kernel]:
         """Every kernel of every distinct layer at mini-batch `batch`."""
         return [Kernel(layer.name, layer.problem(kind, batch, dtype, math, layout), layer.count)
