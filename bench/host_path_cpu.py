@@ -6,13 +6,15 @@ ucudnn adds around cuDNN's own calls. Plans come from the CPU tests' fake benchm
     PYTHONPATH=. python3 bench/host_path_cpu.py [--calls 2000] [--profile 25]
 
 Prints microseconds per forward (no grad) and per F+BD+BF step for an NCHW fp32 layer and an
-autocast fp16 channels_last one, then (with --profile N) cProfile's top N of the steps.
+autocast fp16 channels_last one, beside torch's own layer on the same (tiny) CPU tensors, whose
+times include its CPU convolutions; then (with --profile N) cProfile's top N of ucudnn's steps.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import cProfile
+import itertools
 import pstats
 import sys
 import tempfile
@@ -91,7 +93,10 @@ CASES = {"nchw fp32": (False, False), "channels_last autocast fp16": (True, True
 
 
 def layer(context, channels_last: bool) -> nn.Module:
-    conv = ut.convert(nn.Conv2d(8, 8, 3, padding=1), context=context)
+    """The layer timed: converted into `context`, or torch's own (computing on the CPU) for None."""
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+    if context is not None:
+        ut.convert(conv, context=context)
     return conv.to(memory_format=torch.channels_last) if channels_last else conv
 
 
@@ -134,16 +139,17 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         context = ut.Context(backend=NullBackend(), cache=Cache(Path(tmp) / "bench.db"), workspace_limit="64MiB")
-        for name, (channels_last, amp) in CASES.items():
-            conv = layer(context, channels_last)
-            x = torch.randn(2, 8, 4, 4).requires_grad_()
+        for (name, (channels_last, amp)), which in itertools.product(CASES.items(), ("ucudnn", "torch")):
+            conv = layer(context if which == "ucudnn" else None, channels_last)
+            x = torch.randn(2, 8, 4, 4)
             if channels_last:
-                x = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+                x = x.contiguous(memory_format=torch.channels_last)
+            x.requires_grad_()
             forward_us = per_call_us(runner(conv, x, amp, backward=False), args.calls)
             step = runner(conv, x, amp, backward=True)
             step_us = per_call_us(step, args.calls)
-            print(f"{name:28s} forward {forward_us:6.1f} us   F+BD+BF step {step_us:6.1f} us")
-            if args.profile:
+            print(f"{which:6s} {name:28s} forward {forward_us:6.1f} us   F+BD+BF step {step_us:6.1f} us")
+            if args.profile and which == "ucudnn":
                 profile = cProfile.Profile()
                 profile.runcall(lambda: [step() for _ in range(args.calls)])
                 pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
