@@ -488,3 +488,149 @@ def test_unplannable_kernels_run_through_torch(numpy_context):
 def test_import_ucudnn_torch_exports():
     assert ut.Conv2d is integration.Conv2d and ut.convert is integration.convert
     assert set(integration.__all__) <= set(dir(ut))
+
+
+# --- call sites: what a steady-state call skips ---------------------------------------------------
+
+def count_resolves_and_compiles(monkeypatch, context):
+    """Counters of prepare's slow path (_resolve) and of kernel compilations (handle.program)."""
+    counts = {"resolve": 0, "program": 0}
+    resolve, handle = integration._resolve, context.handle(torch.device("cpu"))
+    program = handle.program
+
+    def counting_resolve(*args):
+        counts["resolve"] += 1
+        return resolve(*args)
+
+    def counting_program(*args, **kwargs):
+        counts["program"] += 1
+        return program(*args, **kwargs)
+
+    monkeypatch.setattr(integration, "_resolve", counting_resolve)
+    monkeypatch.setattr(handle, "program", counting_program)
+    return counts
+
+
+def test_steady_state_calls_resolve_and_compile_once(numpy_context, monkeypatch):
+    context = numpy_context()
+    conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+    counts = count_resolves_and_compiles(monkeypatch, context)
+    x = torch.randn(4, 3, 6, 6)
+    for _ in range(3):
+        run_step(conv, x)
+    assert counts == {"resolve": 1, "program": 3}  # one signature; F, BD, BF compiled once each
+    assert len(context.sites) == 1 and context.runs["ucudnn", "BF"] == 3
+    twin = ut.convert(nn.Conv2d(3, 4, 3), context=context)  # an equal layer shares the site
+    run_step(twin, x)
+    assert counts == {"resolve": 1, "program": 3}
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "layout", "module", "padding", "deterministic"])
+def test_a_new_signature_resolves_again(change, numpy_context, monkeypatch):
+    torch.manual_seed(0)
+    context = numpy_context()
+    conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+    counts = count_resolves_and_compiles(monkeypatch, context)
+    x = torch.randn(4, 3, 6, 6)
+    run_step(conv, x)
+    expected = 2
+    if change == "shape":
+        x = torch.randn(2, 3, 7, 6)
+    elif change == "dtype":
+        conv.half()  # ucudnn runs it (NumPy's float16), a kernel of its own
+        x = x.half()
+    elif change == "layout":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif change == "module":
+        conv = ut.convert(nn.Conv2d(3, 4, 3, bias=False, stride=2), context=context)
+    elif change == "padding":
+        conv.padding = (1, 1)
+    with contextlib.ExitStack() as stack:
+        if change == "deterministic":
+            torch.use_deterministic_algorithms(True)
+            stack.callback(torch.use_deterministic_algorithms, False)
+            stack.enter_context(pytest.warns(UcudnnWarning, match="deterministic"))
+        got = run_step(conv, x)
+    assert counts["resolve"] == expected
+    if change != "deterministic":
+        plain = nn.Conv2d(3, 4, 3)
+        plain.__dict__.update({k: v for k, v in conv.__dict__.items() if k != "ucudnn_context"})
+        want = run_step(plain, x)
+        for a, b in zip(got, want):  # float16: NumPy's float64 rounds once, torch's CPU kernel more often
+            tolerance = 1e-2 if change == "dtype" else 1e-4
+            torch.testing.assert_close(a.float(), b.float(), rtol=tolerance,
+                                       atol=tolerance * max(1.0, b.abs().max().item()))
+
+
+def test_autocast_and_tf32_are_part_of_the_signature(numpy_context, monkeypatch):
+    context = numpy_context()
+    conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+    counts = count_resolves_and_compiles(monkeypatch, context)
+    x = torch.randn(4, 3, 6, 6)
+    run_step(conv, x)
+    with torch.autocast("cpu", dtype=torch.float16):
+        conv(x)
+    allow = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = not allow
+        conv(x)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow
+    assert counts["resolve"] == 3
+    math = {k["kernel"].split("math=")[1].split()[0] for k in context.summary()["kernels"] if "float32" in k["kernel"]}
+    assert math == {"default", "fma"}
+
+
+def test_fallback_decisions_are_remembered_but_still_counted_and_warned_once(monkeypatch):
+    conv = ut.convert(nn.Conv2d(2, 2, 3))
+    context = conv.ucudnn_context
+    resolved = []
+    resolve = integration._resolve
+    monkeypatch.setattr(integration, "_resolve", lambda *args: resolved.append(1) or resolve(*args))
+    x = torch.randn(1, 2, 5, 5)
+    with pytest.warns(UcudnnWarning, match="input on cpu") as caught:
+        conv(x)
+        conv(x)
+    assert len(resolved) == 1 and len(caught) == 1
+    assert context.fallbacks["input on cpu (ucudnn runs CUDA tensors only)"] == 2
+
+
+def test_reset_forgets_sites_and_a_backward_in_flight_uses_the_new_plans(numpy_context, monkeypatch):
+    context = numpy_context()
+    conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+    x = torch.randn(4, 3, 6, 6)
+    run_step(conv, x)
+    counts = count_resolves_and_compiles(monkeypatch, context)
+    y = conv(x.clone().requires_grad_())
+    context.reset()
+    assert len(context.sites) == 0
+    y.sum().backward()  # BD and BF planned and compiled afresh, not the forgotten kernels
+    assert counts == {"resolve": 0, "program": 2}
+    run_step(conv, x)
+    assert counts == {"resolve": 1, "program": 3}
+
+
+def test_sites_are_bounded():
+    sites = integration.Sites(max_sites=2)
+    call = integration.Call(torch.device("cpu"), (1, 1, 3, 3), (1, 1, 1, 1), integration.Geometry((0, 0), (1, 1), (1, 1), 1),
+                            "float32", "default", "nchw")
+    first = sites.get("a", lambda: call)
+    first.kernels["F"] = object()
+    assert sites.get("a", lambda: pytest.fail("resolved again")) is first
+    assert sites.get("b", lambda: "a reason") == "a reason" and sites.get("c", lambda: None) is None
+    assert len(sites) == 1 and not first.kernels and sites.resolved == 3
+
+
+def test_stream_changes_reach_the_handle(numpy_context):
+    """A kernel follows torch's current stream: the handle is pointed at it when it changes."""
+    context = numpy_context()
+    conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+    handle = context.handle(torch.device("cpu"))
+    seen = []
+    handle.set_stream = lambda stream: (seen.append(stream), setattr(handle, "stream", stream))
+    streams = iter([7, 7, 7, 9, 9, 9])
+    context.backend.stream = lambda device: next(streams)
+    x = torch.randn(4, 3, 6, 6)
+    run_step(conv, x)
+    run_step(conv, x)
+    assert seen == [7, 9]

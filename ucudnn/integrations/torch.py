@@ -18,7 +18,7 @@ import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 try:
     import torch
@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable
 from ..config import Settings, format_size
 from ..errors import ConfigError, NoAlgorithmError, UcudnnWarning, UnsupportedProblemError
 from ..problem import ConvKind, ConvProblem, default_math
+from .torch_sites import Site, Sites, signature
 
 __all__ = ["Conv2d", "Context", "CudaBackend", "convert", "default_context", "learn", "network"]
 
@@ -122,14 +123,17 @@ class Call:
                            dtype=self.dtype, math=self.math, layout=self.layout)
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A layer call ready for ucudnn: packed, cast operands and their Call."""
+class Prepared(NamedTuple):
+    """A layer call ready for ucudnn: packed, cast operands and the Site of their Call."""
 
     x: Tensor
     weight: Tensor
     bias: Tensor | None
-    call: Call
+    site: Site
+
+    @property
+    def call(self) -> Call:
+        return self.site.call
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -196,32 +200,52 @@ def _fallback_reason(input: Tensor, dtype: torch.dtype, context: "Context") -> s
 
 def prepare(module: nn.Conv2d, input: Tensor, context: "Context") -> Prepared | str | None:
     """The call ready for ucudnn; a reason string when ucudnn cannot run it; None when torch
-    should handle it because the call is invalid (torch raises the error users expect)."""
+    should handle it because the call is invalid (torch raises the error users expect). What
+    follows from the tensors' metadata is decided once per signature (see torch_sites)."""
     dtype, autocast = _compute_dtype(input)
+    weight = module.weight
+    math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
+    site = context.sites.get(signature(module, input, weight, dtype, autocast, math),
+                             lambda: _resolve(module, input, weight, dtype, autocast, math, context))
+    if not isinstance(site, Site):
+        return site
+    fmt, bias = site.memory_format, module.bias
+    # Packed in the chosen layout: a no-op for packed tensors, a copy otherwise (as in torch).
+    return Prepared(_padded(module, input).to(dtype).contiguous(memory_format=fmt),
+                    weight.to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype), site)
+
+
+def _padded(module: nn.Conv2d, input: Tensor) -> Tensor:
+    """The input batched, and padded by F.pad for a non-zeros padding mode."""
+    x = input if input.dim() == 4 else input.unsqueeze(0)
+    if module.padding_mode != "zeros":
+        x = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode)
+    return x
+
+
+def _resolve(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
+             math: str | None, context: "Context") -> Call | str | None:
+    """prepare()'s decision for a new signature: the Call, a fallback reason, or None."""
     shape = geometry(module)
     if not _is_valid(module, input, autocast, shape):
         return None
     reason = _fallback_reason(input, dtype, context)
     if reason or isinstance(shape, str):
         return reason or shape
-    x = input if input.dim() == 4 else input.unsqueeze(0)
-    if module.padding_mode != "zeros":
-        x = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode)
-    out = shape.output_size(tuple(x.shape[2:]), tuple(module.weight.shape[2:]))
-    # torch's rule for cuDNN: channels_last when the input or the weight suggests it.
-    layout = "nhwc" if _suggests_channels_last(x) or _suggests_channels_last(module.weight) else "nchw"
-    call = Call(x.device, tuple(x.shape), tuple(module.weight.shape), shape, DTYPES[dtype],
-                math_type(DTYPES[dtype]), layout)
-    if max(x.numel(), module.weight.numel(), x.shape[0] * module.out_channels * out[0] * out[1]) > INDEX_LIMIT:
+    x = _padded(module, input)
+    out = shape.output_size(tuple(x.shape[2:]), tuple(weight.shape[2:]))
+    if max(x.numel(), weight.numel(), x.shape[0] * module.out_channels * out[0] * out[1]) > INDEX_LIMIT:
         return "a tensor with 2**31 or more elements (cuDNN's legacy API indexes with 32-bit ints)"
-    # Packed in the chosen layout: a no-op for packed tensors, a copy otherwise (as in torch).
-    fmt = call.memory_format
-    bias = module.bias.to(dtype) if module.bias is not None else None
-    return Prepared(x.to(dtype).contiguous(memory_format=fmt),
-                    module.weight.to(dtype).contiguous(memory_format=fmt), bias, call)
+    # torch's rule for cuDNN: channels_last when the input or the weight suggests it.
+    layout = "nhwc" if _suggests_channels_last(x) or _suggests_channels_last(weight) else "nchw"
+    return Call(x.device, tuple(x.shape), tuple(weight.shape), shape, DTYPES[dtype], math, layout)
 
 
 # --- where kernels run ---------------------------------------------------------------------------
+
+# The current stream's address without building a torch.cuda.Stream: ~10x cheaper per call.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
 
 def _no_persistent_workspace(nbytes: int) -> int:
     """WR plans get no buffer of their own (address 0): each call borrows its workspace from
@@ -243,7 +267,9 @@ class CudaBackend:
         return contextlib.nullcontext()
 
     def stream(self, device: torch.device) -> int | None:
-        return torch.cuda.current_stream(device).cuda_stream
+        if _raw_stream is None:  # pragma: no cover - torch builds without CUDA
+            return torch.cuda.current_stream(device).cuda_stream
+        return _raw_stream(torch.cuda.current_device() if device.index is None else device.index)
 
     def make_handle(self, settings: Settings, cache, device: torch.device):
         from ..handle import Handle
@@ -274,6 +300,7 @@ class UcudnnKernel:
     def __init__(self, problem: ConvProblem, handle, plan, backend: CudaBackend):
         self.problem, self.handle, self.plan, self.backend = problem, handle, plan, backend
         self.program = handle.program(problem, plan.configuration)
+        self.counted = (self.via, problem.kind.value)  # its key in Context.runs
 
     def __call__(self, x: Tensor, w: Tensor, y: Tensor) -> None:
         backend, device = self.backend, x.device
@@ -295,6 +322,7 @@ class TorchKernel:
 
     def __init__(self, problem: ConvProblem):
         self.problem = problem
+        self.counted = (self.via, problem.kind.value)
 
     def __call__(self, x: Tensor, w: Tensor, y: Tensor) -> None:
         p = self.problem
@@ -331,6 +359,7 @@ class Context:
         self._cache = cache
         self._handles: dict[torch.device, Any] = {}
         self._kernels: dict[tuple[ConvKind, Call], UcudnnKernel | TorchKernel] = {}
+        self.sites = Sites()  # what layer calls resolve to, by signature (see torch_sites)
         self._lock = threading.RLock()
         self._recording = False
         # WD without a sample input: the first pass runs through torch while recording (see records()).
@@ -350,12 +379,16 @@ class Context:
     def __reduce__(self):
         return (_rebuild_context, (self.settings,))
 
-    def run(self, call: Call, kind: ConvKind, x: Tensor, w: Tensor, y: Tensor) -> None:
-        """Run kernel `kind` of `call` on x, w, y (F writes y, BD writes x, BF writes w)."""
-        kernel = self._kernels.get((kind, call)) or self._kernel(call, kind)
-        self.runs[kernel.via, kind.value] += 1
-        with self.backend.device_guard(call.device):
+    def run(self, site: Site, kind: ConvKind, x: Tensor, w: Tensor, y: Tensor) -> None:
+        """Run kernel `kind` of the site's Call on x, w, y (F writes y, BD writes x, BF writes w)."""
+        kernel = site.kernels.get(kind) or self._site_kernel(site, kind)
+        self.runs[kernel.counted] += 1
+        with self.backend.device_guard(site.call.device):
             kernel(x, w, y)
+
+    def _site_kernel(self, site: Site, kind: ConvKind) -> UcudnnKernel | TorchKernel:
+        kernel = site.kernels[kind] = self._kernels.get((kind, site.call)) or self._kernel(site.call, kind)
+        return kernel
 
     def _kernel(self, call: Call, kind: ConvKind) -> UcudnnKernel | TorchKernel:
         with self._lock, self.backend.device_guard(call.device):
@@ -437,6 +470,7 @@ class Context:
                 self.backend.synchronize(device)
                 handle.plans.reset()
             self._kernels.clear()
+            self.sites.clear()
 
     def summary(self) -> dict:
         """Settings, every planned kernel's configuration and workspace, calls, fallbacks and
@@ -491,29 +525,29 @@ class _Convolution(torch.autograd.Function):
     """y = conv(x, w) + b with F, BD and BF through ucudnn. Inputs are already packed and cast."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, context: Context, call: Call) -> Tensor:
-        y = torch.empty(call.y_shape, dtype=x.dtype, device=x.device, memory_format=call.memory_format)
-        context.run(call, F_, x, weight, y)
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, context: Context, site: Site) -> Tensor:
+        y = torch.empty(site.y_shape, dtype=x.dtype, device=x.device, memory_format=site.memory_format)
+        context.run(site, F_, x, weight, y)
         if bias is not None:
             y.add_(bias.view(1, -1, 1, 1))
         ctx.save_for_backward(x, weight)
-        ctx.context, ctx.call, ctx.has_bias = context, call, bias is not None
+        ctx.context, ctx.site, ctx.has_bias = context, site, bias is not None
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy: Tensor):
         x, weight = ctx.saved_tensors
-        context, call = ctx.context, ctx.call
-        dy = dy.contiguous(memory_format=call.memory_format)
+        context, site = ctx.context, ctx.site
+        fmt = site.memory_format
+        dy = dy.contiguous(memory_format=fmt)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=call.memory_format)
-            context.run(call, BD, dx, weight, dy)
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+            context.run(site, BD, dx, weight, dy)
         if ctx.needs_input_grad[1]:
-            dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device,
-                             memory_format=call.memory_format)
-            context.run(call, BF, x, dw, dy)
+            dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fmt)
+            context.run(site, BF, x, dw, dy)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum((0, 2, 3))
         return dx, dw, db, None, None
@@ -538,7 +572,7 @@ class Conv2d(nn.Conv2d):
         if context.records(self):
             context.record(prepared.call, _kinds_needed(prepared))
             return super().forward(input)
-        y = _Convolution.apply(prepared.x, prepared.weight, prepared.bias, context, prepared.call)
+        y = _Convolution.apply(prepared.x, prepared.weight, prepared.bias, context, prepared.site)
         return y if input.dim() == 4 else y.squeeze(0)
 
     def extra_repr(self) -> str:

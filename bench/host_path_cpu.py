@@ -1,0 +1,160 @@
+"""Host time of ucudnn.torch's path per layer call, on the CPU: the whole Python path of a
+converted convolution (Conv2d.forward, prepare, the autograd Function, Context.run, the kernel
+object, a GraphedProgram) with kernels that do nothing, so what is timed is the host work
+ucudnn adds around cuDNN's own calls. Plans come from the CPU tests' fake benchmarker.
+
+    PYTHONPATH=. python3 bench/host_path_cpu.py [--calls 2000] [--profile 25]
+
+Prints microseconds per forward (no grad) and per F+BD+BF step for an NCHW fp32 layer and an
+autocast fp16 channels_last one, beside torch's own layer on the same (tiny) CPU tensors, whose
+times include its CPU convolutions; then (with --profile N) cProfile's top N of ucudnn's steps.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import itertools
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import ucudnn.torch as ut  # noqa: E402
+from fakes import FakeAllocator, FakeBenchmarker  # noqa: E402
+from ucudnn.cache import Cache  # noqa: E402
+from ucudnn.graphs import GraphedProgram  # noqa: E402
+from ucudnn.plans import Plans  # noqa: E402
+
+
+class NullCapturer:
+    """Graphs that are never run: a launch costs nothing, as the GPU's replay costs the host ~nothing."""
+
+    def capture(self, run):
+        return run
+
+    def launch(self, graph) -> None:
+        pass
+
+    def capturing(self) -> bool:
+        return False
+
+
+class NullHandle:
+    """ucudnn.Handle's interface over real Plans whose compiled programs do nothing."""
+
+    def __init__(self, settings, cache):
+        self.plans = Plans(settings, cache, FakeBenchmarker, FakeAllocator(), pointer=lambda address: address)
+        self.stream = None
+
+    def query(self, problem):
+        self.plans.record(problem)
+
+    def plan(self, problem):
+        return self.plans.get(problem)
+
+    def program(self, problem, configuration, alpha=1.0, beta=0.0):
+        return GraphedProgram(lambda *operands: None, NullCapturer(), problem.describe())
+
+    def finalize(self):
+        self.plans.finalize()
+
+
+class NullBackend(ut.CudaBackend):
+    """CPU tensors stand in for CUDA ones; operands are their addresses, as on the GPU."""
+
+    def runs_on(self, device):
+        return device.type == "cpu"
+
+    def device_guard(self, device):
+        return contextlib.nullcontext()
+
+    def stream(self, device):
+        return None
+
+    def make_handle(self, settings, cache, device):
+        return NullHandle(settings, cache)
+
+    def borrow(self, nbytes, device):
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def synchronize(self, device):
+        pass
+
+
+CASES = {"nchw fp32": (False, False), "channels_last autocast fp16": (True, True)}
+
+
+def layer(context, channels_last: bool) -> nn.Module:
+    """The layer timed: converted into `context`, or torch's own (computing on the CPU) for None."""
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+    if context is not None:
+        ut.convert(conv, context=context)
+    return conv.to(memory_format=torch.channels_last) if channels_last else conv
+
+
+def runner(conv, x, amp: bool, backward: bool):
+    autocast = torch.autocast("cpu", dtype=torch.float16, enabled=amp)
+
+    def forward_only():
+        with torch.no_grad(), autocast:
+            conv(x)
+
+    def step():
+        with autocast:
+            y = conv(x)
+        y.backward(dy)
+        conv.weight.grad = conv.bias.grad = x.grad = None
+
+    if backward:
+        with autocast:
+            dy = torch.ones_like(conv(x))
+    return step if backward else forward_only
+
+
+def per_call_us(run, calls: int) -> float:
+    for _ in range(20):
+        run()
+    best = float("inf")
+    for _ in range(5):  # best of 5: the least disturbed measurement
+        began = time.perf_counter()
+        for _ in range(calls):
+            run()
+        best = min(best, (time.perf_counter() - began) / calls * 1e6)
+    return best
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N of the steps")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        context = ut.Context(backend=NullBackend(), cache=Cache(Path(tmp) / "bench.db"), workspace_limit="64MiB")
+        for (name, (channels_last, amp)), which in itertools.product(CASES.items(), ("ucudnn", "torch")):
+            conv = layer(context if which == "ucudnn" else None, channels_last)
+            x = torch.randn(2, 8, 4, 4)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            x.requires_grad_()
+            forward_us = per_call_us(runner(conv, x, amp, backward=False), args.calls)
+            step = runner(conv, x, amp, backward=True)
+            step_us = per_call_us(step, args.calls)
+            print(f"{which:6s} {name:28s} forward {forward_us:6.1f} us   F+BD+BF step {step_us:6.1f} us")
+            if args.profile and which == "ucudnn":
+                profile = cProfile.Profile()
+                profile.runcall(lambda: [step() for _ in range(args.calls)])
+                pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
+        assert not context.fallbacks, context.fallbacks
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Call sites of converted layers: what one layer call resolves to, remembered between iterations.
+
+A training step calls each layer with the same tensors' metadata every iteration. Everything
+prepare() decides from that metadata (fallback or not, the Call, its output shape and memory
+format) and the kernels the Call runs are found once per signature and kept in a Site, so a
+steady-state call only builds a small tuple, looks it up, and runs its kernels.
+
+A signature holds everything that decision reads, so a site is a pure function of its signature
+(and the Context holding it): layers with equal signatures share one site.
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+import torch
+from torch import Tensor, nn
+
+MAX_SITES = 4096  # per Context: beyond it (inputs of ever new shapes) the cache starts afresh
+
+
+def signature(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
+              math: str) -> tuple:
+    """What prepare() reads of `module`, `input` and torch's global state, as a cheap key."""
+    return (input.shape, input.stride(), input.dtype, input.device, weight.shape, weight.stride(),
+            weight.dtype, weight.device, dtype, autocast, math, module.padding, module.stride,
+            module.dilation, module.groups, module.padding_mode, module.in_channels, module.out_channels,
+            torch.are_deterministic_algorithms_enabled())
+
+
+class Site:
+    """A Call ucudnn runs, with what each of its calls needs: the output's shape and memory
+    format, and its kernels by kind (filled by the Context on first run)."""
+
+    __slots__ = ("call", "y_shape", "memory_format", "kernels")
+
+    def __init__(self, call: Any):
+        self.call = call
+        self.y_shape = call.y_shape
+        self.memory_format = call.memory_format
+        self.kernels: dict = {}
+
+
+class Sites:
+    """signature -> Site, or the fallback reason (str), or None (a call torch must reject)."""
+
+    def __init__(self, max_sites: int = MAX_SITES):
+        self._sites: dict[Hashable, Site | str | None] = {}
+        self.max_sites = max_sites
+        self.resolved = 0  # signatures resolved (cache misses): what tests and benchmarks check
+
+    def get(self, key: Hashable, resolve) -> Site | str | None:
+        """The site of `key`, from `resolve()` (a Call, a reason or None) on first sight."""
+        try:
+            return self._sites[key]
+        except KeyError:
+            pass
+        resolved = resolve()
+        site = resolved if resolved is None or isinstance(resolved, str) else Site(resolved)
+        if len(self._sites) >= self.max_sites:
+            self.clear()
+        self._sites[key] = site
+        self.resolved += 1
+        return site
+
+    def clear(self) -> None:
+        """Forget every site; a layer call still in flight (a backward after Context.reset())
+        looks its kernels up again rather than running forgotten plans."""
+        for site in self._sites.values():
+            if isinstance(site, Site):
+                site.kernels.clear()
+        self._sites.clear()
+
+    def __len__(self) -> int:
+        return len(self._sites)
