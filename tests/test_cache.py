@@ -12,13 +12,15 @@ import warnings
 from pathlib import Path
 
 import pytest
+from fakes import damage_middle
 
 from ucudnn import CacheError, ConvProblem, DeviceInfo, Measurement
 from ucudnn.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaError, default_path, merge,
                           recorded_path, recorded_paths, shard_path)
 from ucudnn.cache import database as database_module
 from ucudnn.cache import paths as paths_module
-from ucudnn.errors import ConfigError, UcudnnWarning
+from ucudnn.cache.database import read_export
+from ucudnn.errors import ConfigError, DamagedDatabaseError, ReadOnlyDatabaseError, UcudnnWarning
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
@@ -451,6 +453,56 @@ def test_truncated_file_warns_once_and_carries_on(filled):
         assert_carries_on(cache, FakeBenchmarker(H100))
         cache.tables(resnet50(), H100)
     assert len(warned) == 1
+
+
+def test_damage_in_the_middle_is_a_named_error_of_the_database(filled):
+    damage_middle(filled)
+    with pytest.raises(DamagedDatabaseError, match="damaged.*ucudnn cache verify") as raised:
+        BenchmarkDatabase(filled, check=True)  # the whole file checked at once
+    assert str(filled) in str(raised.value)
+    with BenchmarkDatabase(filled, readonly=True) as db:  # else where a read meets the damage
+        for read in (db.devices, db.kernels, lambda: db.tables(resnet50(), H100)):
+            with pytest.raises(DamagedDatabaseError):
+                read()
+        assert db.verify()[0].startswith("integrity:")
+
+
+def test_damage_in_the_middle_warns_once_on_every_read_path(filled):
+    damage_middle(filled)
+    with pytest.warns(UcudnnWarning, match="damaged.*ucudnn cache verify") as warned:
+        cache = Cache(filled)
+        cache.tables(resnet50(), H100)  # reads the damaged page: set aside, carries on
+        table_or_benchmark(cache, resnet50()[0], FakeBenchmarker(H100))
+        assert_carries_on(cache, FakeBenchmarker(H100))
+    assert len(warned) == 1 and str(filled) in str(warned[0].message) and not cache.using_file
+
+
+def test_merge_of_a_damaged_shard_changes_nothing(filled, tmp_path):
+    good, target = tmp_path / "good.db", tmp_path / "merged.db"
+    filled.rename(good)
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(good.read_bytes())
+    damage_middle(damaged)
+    with pytest.raises(DamagedDatabaseError, match=str(damaged)):
+        merge([good, damaged], target)
+    assert not target.exists()  # nothing made: no empty file left behind
+    merge([good], target)
+    before = target.read_bytes()
+    with pytest.raises(DamagedDatabaseError):
+        merge([good, damaged], target)
+    assert target.read_bytes() == before
+
+
+def test_import_of_a_bad_export_writes_nothing(db_path, tmp_path):
+    bad = tmp_path / "bad.json"
+    for text in ("{}", "not json", '{"format": "ucudnn-benchmarks"}'):
+        bad.write_text(text)
+        with pytest.raises(CacheError, match="bad.json is not a ucudnn benchmark export"):
+            read_export(bad)
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(CacheError, match="not a ucudnn benchmark export"):
+        read_export(bad)
+    assert not db_path.exists()
 
 
 def test_read_only_file_is_read_but_not_written(filled, monkeypatch):
