@@ -57,6 +57,7 @@ def _measurement_row(device: DeviceInfo, shape_key: str, m: Measurement, recorde
         "batch": m.batch, "algo": m.algo, "time_ms": m.time_ms, "workspace": m.workspace,
         "status": m.status, "repeats": m.repeats, "compute_capability": device.compute_capability,
         "driver_version": device.driver_version, "host": device.host, "recorded_at": recorded_at,
+        "timing": device.timing,
     }
 
 
@@ -142,7 +143,7 @@ class BenchmarkDatabase:
     def record(self, problem: ConvProblem, device: DeviceInfo, measurements: Iterable[Measurement]) -> None:
         """Store measurements of `problem`'s shape key taken on `device`, in one short transaction;
         a measurement already stored for the same (GPU, cuDNN, execution, shape key, batch, algo)
-        is replaced."""
+        is replaced, unless it was timed with the default preset and `device.timing` is quick."""
         now, shape_key = _now(), problem.shape_key()
         rows = [_measurement_row(device, shape_key, m, now) for m in measurements]
         self._write(lambda: self._upsert([_kernel_row(problem)], rows))
