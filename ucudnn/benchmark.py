@@ -34,7 +34,7 @@ class TimingSettings:
     min_repeats: int = 3
     max_repeats: int = 10
     target_ms: float = 20.0
-    name: str = "default"  # the preset its measurements are stored as (device.TIMING_PRESETS): quick never replaces default
+    name: str = "default"  # stored with its measurements (device.TIMING_PRESETS): quick never replaces default
 
     def __post_init__(self):
         check_timing(self.name)
