@@ -308,6 +308,9 @@ def test_verify_finds_damage_and_names_the_file_once(capsys, damaged):
     status, out, _ = inline(capsys, "cache", "verify", "--cache", str(damaged))
     assert status == 1 and out.startswith(f"{damaged}: integrity:")
     assert all(line.count(str(damaged)) == 1 for line in out.splitlines())
+    damaged.write_bytes(bytes(range(256)) * 64)  # too damaged to open: still a problem found
+    status, out, _ = inline(capsys, "cache", "verify", "--cache", str(damaged))
+    assert status == 1 and out == f"{damaged}: integrity: file is not a database\n"
 
 
 def test_import_into_a_damaged_database_changes_nothing(capsys, db, damaged, tmp_path):

@@ -478,7 +478,7 @@ def cache_verify(args) -> int:
         with _database(path, check=False) as database:
             problems = database.verify()
     except DamagedDatabaseError as exc:  # too damaged to open
-        problems = [f"integrity: {exc.__cause__ or exc}"]
+        problems = [f"integrity: {exc.reason}"]
     for problem in problems:
         print(f"{path}: {problem}")
     if not problems:

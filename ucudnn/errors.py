@@ -62,7 +62,7 @@ class DamagedDatabaseError(CacheError):
     """A benchmark database file is damaged (SQLite finds it malformed or not a database)."""
 
     def __init__(self, path, reason: object):
-        self.path = path
+        self.path, self.reason = path, reason
         super().__init__(
             f"benchmark database {path} is damaged ({reason}): check it with `ucudnn cache verify "
             f"--cache {path}`; rebuild it by moving it away (ucudnn starts a new file there) and "

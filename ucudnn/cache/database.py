@@ -235,7 +235,7 @@ class BenchmarkDatabase:
         try:
             return self._read(check)
         except DamagedDatabaseError as error:  # damaged beyond what the checks can read
-            return [f"integrity: {error.__cause__ or error}"]
+            return [f"integrity: {error.reason}"]
 
 
 def read_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
