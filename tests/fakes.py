@@ -43,3 +43,15 @@ class FakeAllocator:
         self.sizes.append(nbytes)
         address, self._next = self._next, self._next + nbytes + 4096
         return address
+
+
+def damage_middle(path, seed: int = 16) -> None:
+    """Overwrite the page in the middle of an SQLite file with random bytes (fixed seed), as a
+    disk or copy error would: the file still opens, its header is intact."""
+    import random
+
+    data = bytearray(open(path, "rb").read())
+    page_size = int.from_bytes(data[16:18], "big")
+    middle = len(data) // page_size // 2 * page_size
+    data[middle:middle + page_size] = random.Random(seed).randbytes(page_size)
+    open(path, "wb").write(bytes(data))

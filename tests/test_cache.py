@@ -12,13 +12,15 @@ import warnings
 from pathlib import Path
 
 import pytest
+from fakes import damage_middle
 
 from ucudnn import CacheError, ConvProblem, DeviceInfo, Measurement
 from ucudnn.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaError, default_path, merge,
                           recorded_path, recorded_paths, shard_path)
 from ucudnn.cache import database as database_module
 from ucudnn.cache import paths as paths_module
-from ucudnn.errors import ConfigError, UcudnnWarning
+from ucudnn.cache.database import read_export
+from ucudnn.errors import ConfigError, DamagedDatabaseError, ReadOnlyDatabaseError, UcudnnWarning
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
@@ -275,9 +277,88 @@ def test_v1_rows_become_direct_execution_rows_and_graph_rows_live_beside_them(db
         assert {d.execution for d in db.devices()} == {"direct", "graph"}
         assert db.verify() == []
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 2
         keys = [row[1] for row in conn.execute("PRAGMA table_info(measurements)") if row[5]]
         assert "execution" in keys
+
+
+QUICK = H100.for_timing("quick")
+
+
+def stored_times(path: Path) -> list[tuple]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT algo, time_ms, timing FROM measurements ORDER BY algo").fetchall()
+
+
+def test_quick_timing_never_replaces_default_timing(db_path):
+    problem = conv(64, 64, 56, 3)
+    with BenchmarkDatabase(db_path) as db:
+        db.record(problem, H100, [Measurement(0, 4, 2.0, 0, OK, 9), Measurement(1, 4, 2.0, 0, OK, 9)])
+        db.record(problem, QUICK, [Measurement(0, 4, 1.0, 0, OK, 1)])  # newer, but quick: ignored
+        db.record(problem, QUICK, [Measurement(2, 4, 1.0, 0, OK, 1)])  # nothing to replace: kept
+        db.record(problem, QUICK, [Measurement(2, 4, 0.5, 0, OK, 1)])  # quick replaces older quick
+        db.record(problem, H100, [Measurement(2, 4, 3.0, 0, OK, 9)])  # default replaces quick
+        db.record(problem, H100, [Measurement(1, 4, 1.5, 0, OK, 9)])  # newer default replaces default
+        assert sorted(db.table(problem, QUICK), key=lambda m: m.algo) == [  # reads: timing is not in the reuse key
+            Measurement(0, 4, 2.0, 0, OK, 9), Measurement(1, 4, 1.5, 0, OK, 9), Measurement(2, 4, 3.0, 0, OK, 9)]
+    assert stored_times(db_path) == [(0, 2.0, "default"), (1, 1.5, "default"), (2, 3.0, "default")]
+
+
+def test_merge_prefers_default_timing_whatever_the_order(tmp_path):
+    problem = conv(64, 64, 56, 3)
+    careful, quick = tmp_path / "careful.db", tmp_path / "quick.db"
+    with BenchmarkDatabase(careful) as db:
+        db.record(problem, H100, [Measurement(0, 4, 2.0, 0, OK, 9)])
+    with BenchmarkDatabase(quick) as db:  # recorded later
+        db.record(problem, QUICK, [Measurement(0, 4, 1.0, 0, OK, 1)])
+    for order in ((careful, quick), (quick, careful)):
+        target = tmp_path / f"merged-{order[0].stem}.db"
+        merge(order, target)
+        assert stored_times(target) == [(0, 2.0, "default")]
+
+
+def make_v2(path: Path) -> ConvProblem:
+    """A file as ucudnn wrote it before v3: `execution` in the key, no `timing`."""
+    problem = make_v1(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE m2 (gpu_name TEXT NOT NULL, cudnn_version INTEGER NOT NULL, "
+                     "execution TEXT NOT NULL DEFAULT 'direct', shape_key TEXT NOT NULL, batch INTEGER NOT NULL, "
+                     "algo INTEGER NOT NULL, time_ms REAL, workspace INTEGER NOT NULL, status TEXT NOT NULL, "
+                     "repeats INTEGER NOT NULL DEFAULT 0, compute_capability TEXT NOT NULL DEFAULT '', "
+                     "driver_version INTEGER NOT NULL DEFAULT 0, host TEXT NOT NULL DEFAULT '', "
+                     "recorded_at TEXT NOT NULL DEFAULT '', "
+                     "PRIMARY KEY (gpu_name, cudnn_version, execution, shape_key, batch, algo)) WITHOUT ROWID")
+        conn.execute("INSERT INTO m2 SELECT gpu_name, cudnn_version, 'direct', shape_key, batch, algo, time_ms, "
+                     "workspace, status, repeats, compute_capability, driver_version, host, recorded_at "
+                     "FROM measurements")
+        conn.execute("DROP TABLE measurements")
+        conn.execute("ALTER TABLE m2 RENAME TO measurements")
+        conn.execute("PRAGMA user_version = 2")
+    return problem
+
+
+def test_a_v2_file_is_read_as_is_read_only_and_migrated_when_writable(db_path):
+    problem = make_v2(db_path)
+    before = db_path.read_bytes()
+    with BenchmarkDatabase(db_path, readonly=True) as db:  # as the shipped, read-only recordings are
+        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 7)]
+        assert [d.execution for d in db.devices()] == ["direct"]
+    assert db_path.read_bytes() == before
+    with BenchmarkDatabase(db_path) as db:
+        db.record(problem, QUICK, [Measurement(1, 4, 0.25, 1024, OK, 1)])  # v2 rows were default-timed
+        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 7)]
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert stored_times(db_path) == [(1, 0.5, "default")]
+
+
+def test_timing_presets_label_what_they_measure():
+    from ucudnn.parallel.devices import TIMINGS, default_factory
+
+    assert {name: timing.name for name, timing in TIMINGS.items()} == {"default": "default", "quick": "quick"}
+    assert default_factory("quick").keywords["timing"].name == "quick"
+    with pytest.raises(ConfigError, match="'fast'.*default, quick"):
+        DeviceInfo("GPU", "9.0", 91900, timing="fast")
 
 
 def test_the_memo_keeps_executions_apart(db_path):
@@ -451,6 +532,56 @@ def test_truncated_file_warns_once_and_carries_on(filled):
         assert_carries_on(cache, FakeBenchmarker(H100))
         cache.tables(resnet50(), H100)
     assert len(warned) == 1
+
+
+def test_damage_in_the_middle_is_a_named_error_of_the_database(filled):
+    damage_middle(filled)
+    with pytest.raises(DamagedDatabaseError, match="damaged.*ucudnn cache verify") as raised:
+        BenchmarkDatabase(filled, check=True)  # the whole file checked at once
+    assert str(filled) in str(raised.value)
+    with BenchmarkDatabase(filled, readonly=True) as db:  # else where a read meets the damage
+        for read in (db.devices, db.kernels, lambda: db.tables(resnet50(), H100)):
+            with pytest.raises(DamagedDatabaseError):
+                read()
+        assert db.verify()[0].startswith("integrity:")
+
+
+def test_damage_in_the_middle_warns_once_on_every_read_path(filled):
+    damage_middle(filled)
+    with pytest.warns(UcudnnWarning, match="damaged.*ucudnn cache verify") as warned:
+        cache = Cache(filled)
+        cache.tables(resnet50(), H100)  # reads the damaged page: set aside, carries on
+        table_or_benchmark(cache, resnet50()[0], FakeBenchmarker(H100))
+        assert_carries_on(cache, FakeBenchmarker(H100))
+    assert len(warned) == 1 and str(filled) in str(warned[0].message) and not cache.using_file
+
+
+def test_merge_of_a_damaged_shard_changes_nothing(filled, tmp_path):
+    good, target = tmp_path / "good.db", tmp_path / "merged.db"
+    filled.rename(good)
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(good.read_bytes())
+    damage_middle(damaged)
+    with pytest.raises(DamagedDatabaseError, match=str(damaged)):
+        merge([good, damaged], target)
+    assert not target.exists()  # nothing made: no empty file left behind
+    merge([good], target)
+    before = target.read_bytes()
+    with pytest.raises(DamagedDatabaseError):
+        merge([good, damaged], target)
+    assert target.read_bytes() == before
+
+
+def test_import_of_a_bad_export_writes_nothing(db_path, tmp_path):
+    bad = tmp_path / "bad.json"
+    for text in ("{}", "not json", '{"format": "ucudnn-benchmarks"}'):
+        bad.write_text(text)
+        with pytest.raises(CacheError, match="bad.json is not a ucudnn benchmark export"):
+            read_export(bad)
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(CacheError, match="not a ucudnn benchmark export"):
+        read_export(bad)
+    assert not db_path.exists()
 
 
 def test_read_only_file_is_read_but_not_written(filled, monkeypatch):

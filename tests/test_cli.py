@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic
+from fakes import damage_middle
 
 from ucudnn.cache import BenchmarkDatabase, recorded_path
 from ucudnn.cli import main
@@ -285,6 +286,100 @@ def test_errors_in_a_subprocess_have_no_traceback(db):
     result = run("optimize", "--net", "alexnet", "--workspace", "lots", "--cache", db)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+# ---- damaged, read-only and missing files: one line naming the file, exit 2, nothing changed
+
+
+@pytest.fixture
+def damaged(db, tmp_path) -> Path:
+    path = tmp_path / "damaged.db"
+    path.write_bytes(Path(db).read_bytes())
+    damage_middle(path)
+    return path
+
+
+def one_line_naming(err: str, *words: str) -> bool:
+    return err.count("\n") == 1 and err.startswith("ucudnn") and all(word in err for word in words)
+
+
+def test_a_damaged_database_is_one_line_in_every_command(capsys, damaged, tmp_path):
+    before = damaged.read_bytes()
+    export = tmp_path / "export.json"
+    for argv in (("optimize", "--offline", "--net", "alexnet"), ("cache", "list"),
+                 ("cache", "show", "--net", "alexnet", "--kernel", "conv2/F"), ("cache", "export", str(export)),
+                 ("cache", "merge", str(damaged), "--into", str(tmp_path / "merged.db"))):
+        status, out, err = inline(capsys, *argv, *(() if "merge" in argv else ("--cache", str(damaged))))
+        assert status == 2 and out == "", argv
+        assert one_line_naming(err, str(damaged), "damaged", "ucudnn cache verify"), (argv, err)
+    assert damaged.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["damaged.db"]
+    result = run("cache", "list", "--cache", str(damaged))  # as users run it: no traceback
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_verify_finds_damage_and_names_the_file_once(capsys, damaged):
+    status, out, _ = inline(capsys, "cache", "verify", "--cache", str(damaged))
+    assert status == 1 and out.startswith(f"{damaged}: integrity:")
+    assert all(line.count(str(damaged)) == 1 for line in out.splitlines())
+    damaged.write_bytes(bytes(range(256)) * 64)  # too damaged to open: still a problem found
+    status, out, _ = inline(capsys, "cache", "verify", "--cache", str(damaged))
+    assert status == 1 and out == f"{damaged}: integrity: file is not a database\n"
+
+
+def test_import_into_a_damaged_database_changes_nothing(capsys, db, damaged, tmp_path):
+    export = tmp_path / "export.json"
+    ok("cache", "export", str(export), "--cache", db)
+    before = damaged.read_bytes()
+    status, _, err = inline(capsys, "cache", "import", str(export), "--cache", str(damaged))
+    assert status == 2 and one_line_naming(err, str(damaged), "damaged")
+    assert damaged.read_bytes() == before
+
+
+def test_import_into_a_read_only_database_says_so(capsys, db, tmp_path, monkeypatch):
+    """SQLite opens a write-protected file read-only, and root may write to a 0o444 file: so the
+    file is opened as SQLite would open it for anyone else (mode=ro); the chmod test below runs
+    as any other user."""
+    from ucudnn.cache import database as database_module
+
+    export, target = tmp_path / "export.json", tmp_path / "ro.db"
+    ok("cache", "export", str(export), "--cache", db)
+    BenchmarkDatabase(target).close()
+    before = target.read_bytes()
+    real_connect = database_module.connect
+    monkeypatch.setattr(database_module, "connect", lambda path, **kw: real_connect(path, **{**kw, "readonly": True}))
+    status, _, err = inline(capsys, "cache", "import", str(export), "--cache", str(target))
+    assert status == 2 and one_line_naming(err, str(target), "read-only", "writable")
+    assert target.read_bytes() == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to 0o444 files; the mode=ro test covers it")
+def test_import_into_a_chmod_read_only_database(db, tmp_path):
+    export, target = tmp_path / "export.json", tmp_path / "ro.db"
+    ok("cache", "export", str(export), "--cache", db)
+    BenchmarkDatabase(target).close()
+    target.chmod(0o444)
+    result = run("cache", "import", str(export), "--cache", str(target))
+    assert result.returncode == 2 and one_line_naming(result.stderr, str(target))
+    assert "Traceback" not in result.stderr
+
+
+def test_failed_import_and_merge_leave_no_file(capsys, damaged, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    status, _, err = inline(capsys, "cache", "import", str(bad), "--cache", str(tmp_path / "new.db"))
+    assert status == 2 and one_line_naming(err, str(bad), "not a ucudnn benchmark export")
+    status, _, err = inline(capsys, "cache", "merge", str(damaged), "--into", str(tmp_path / "merged.db"))
+    assert status == 2 and not (tmp_path / "new.db").exists() and not (tmp_path / "merged.db").exists()
+
+
+def test_named_folders_must_exist_for_every_written_file(capsys, db, tmp_path):
+    missing = tmp_path / "missing"
+    for argv in (("cache", "import", str(tmp_path / "x.json"), "--cache", str(missing / "x.db")),
+                 ("cache", "merge", db, "--into", str(missing / "x.db")),
+                 ("cache", "export", str(missing / "x.json"), "--cache", db)):
+        status, _, err = inline(capsys, *argv)
+        assert status == 2 and one_line_naming(err, f"folder {missing} does not exist"), (argv, err)
+    assert not missing.exists()
 
 
 def test_bench_needs_a_gpu(capsys):

@@ -299,3 +299,16 @@ def test_settings_are_immutable():
     s = Settings.load(env={})
     with pytest.raises(AttributeError):
         s.workspace_limit = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("variable, value", [("UCUDNN_BATCH_SIZE_POLICY", "foo"), ("UCUDNN_WORKSPACE_LIMIT", "64XB"),
+                                             ("UCUDNN_OPTIMIZER", "best"), ("UCUDNN_VERBOSE", "maybe")])
+def test_an_env_error_names_the_variable_the_user_set(variable, value):
+    with pytest.raises(ConfigError) as raised:
+        Settings.load(env={variable: value})
+    assert str(raised.value).startswith(f"{variable}={value!r}")
+
+
+def test_a_keyword_error_names_the_keyword():
+    with pytest.raises(ConfigError, match="^batch_size_policy='foo'"):
+        Settings.load(env={}, batch_size_policy="foo")

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 from . import gpu
 from .bindings.enums import algo_count
-from .device import DeviceInfo, check_execution
+from .device import DeviceInfo, check_execution, check_timing
 from .dispatch import compile_plan
 from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
 from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
@@ -34,8 +34,10 @@ class TimingSettings:
     min_repeats: int = 3
     max_repeats: int = 10
     target_ms: float = 20.0
+    name: str = "default"  # stored with its measurements (device.TIMING_PRESETS): quick never replaces default
 
     def __post_init__(self):
+        check_timing(self.name)
         if self.warmup < 1 or self.min_repeats < 1 or self.max_repeats < self.min_repeats:
             raise ConfigError(f"{self}: need warmup >= 1 and 1 <= min_repeats <= max_repeats")
 
@@ -89,7 +91,7 @@ class CudnnBenchmarker:
         self.stream = gpu.current_stream() if stream is None else stream
         cudnn.set_stream(self.handle, self.stream)
         self.timing = timing
-        self.device = gpu.device_info().for_execution(execution)
+        self.device = gpu.device_info().for_execution(execution).for_timing(timing.name)
         self.calls = 0  # (algorithm, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
         self.capturer = _capturer(execution, self.handle, self.stream)

@@ -89,8 +89,9 @@ def _write_path(cache: str | None):
     return Settings.load(cache_path=cache).cache_path or default_path()
 
 
-def _database(path, readonly: bool = True):
-    """The benchmark database at `path`; an error naming the fix where there is none."""
+def _database(path, check: bool = True):
+    """The benchmark database at `path`, read-only, checked whole unless `check` is False; an
+    error naming the fix where there is none or it is damaged."""
     import sqlite3
 
     from .cache.database import BenchmarkDatabase
@@ -98,12 +99,25 @@ def _database(path, readonly: bool = True):
     if path is None:
         raise MissingMeasurementsError("no recorded measurements are shipped with this ucudnn; "
                                        "pass --cache FILE with a database from `ucudnn bench`")
-    if readonly and not Path(path).is_file():
+    if not Path(path).is_file():
         raise CacheError(f"no benchmark database at {path}; pass --cache FILE with one from `ucudnn bench`")
     try:
-        return BenchmarkDatabase(path, readonly=readonly)
+        return BenchmarkDatabase(path, readonly=True, check=check)
     except sqlite3.DatabaseError as exc:
         raise CacheError(f"{path} is not a usable benchmark database ({exc}); check the path") from None
+
+
+def _target(path) -> Path:
+    """A database a command writes into, checked as any output file is (its folder must exist);
+    only ucudnn's own default folder is made."""
+    from .cache.paths import default_path
+
+    if Path(path) == default_path():
+        return Path(path)
+    try:
+        return _output(str(path))
+    except argparse.ArgumentTypeError as exc:
+        raise CacheError(str(exc)) from None
 
 
 def _devices_in(database) -> list[DeviceInfo]:
@@ -432,7 +446,7 @@ def cache_merge(args) -> int:
     for shard in args.shards:
         if not Path(shard).is_file():
             raise CacheError(f"shard {shard} does not exist; check the path")
-    target = args.into or _write_path(None)
+    target = args.into or _target(_write_path(None))
     count = merge(args.shards, target)
     print(f"merged {count} measurements from {len(args.shards)} shard(s) into {target}")
     return 0
@@ -447,21 +461,25 @@ def cache_export(args) -> int:
 
 
 def cache_import(args) -> int:
-    path = _write_path(args.cache)
-    try:
-        with _database(path, readonly=False) as database:
-            count = database.import_json(args.file)
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise CacheError(f"{args.file} is not a ucudnn benchmark export ({exc}); write one with "
-                         "`ucudnn cache export`") from None
+    from .cache.database import read_export, writing
+
+    path = _target(_write_path(args.cache))
+    rows = read_export(args.file)
+    with writing(path) as database:
+        count = database.add_rows(*rows)
     print(f"imported {count} measurements from {args.file} into {path}")
     return 0
 
 
 def cache_verify(args) -> int:
+    from .errors import DamagedDatabaseError
+
     path = _read_path(args.cache)
-    with _database(path) as database:
-        problems = database.verify()
+    try:
+        with _database(path, check=False) as database:
+            problems = database.verify()
+    except DamagedDatabaseError as exc:  # too damaged to open
+        problems = [f"integrity: {exc.reason}"]
     for problem in problems:
         print(f"{path}: {problem}")
     if not problems:

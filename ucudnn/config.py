@@ -103,11 +103,11 @@ class Settings:
         unknown = set(overrides) - names
         if unknown:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}")
-        raw = {name: env[f"UCUDNN_{name.upper()}"] for name in names if f"UCUDNN_{name.upper()}" in env}
-        if "UCUDNN_CACHE" in env:
-            raw["cache_path"] = env["UCUDNN_CACHE"]
-        raw.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cls(), **{k: _PARSERS[k](v, k) for k, v in raw.items()})
+        # each value with the name an error should show: the variable the user set, or the argument
+        variables = {f"UCUDNN_{name.upper()}": name for name in names} | {"UCUDNN_CACHE": "cache_path"}
+        raw = {name: (env[variable], variable) for variable, name in variables.items() if variable in env}
+        raw.update({k: (v, k) for k, v in overrides.items() if v is not None})
+        return replace(cls(), **{k: _PARSERS[k](value, label) for k, (value, label) in raw.items()})
 
 
 _PARSERS = {

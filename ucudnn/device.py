@@ -1,5 +1,6 @@
 """The GPU and cuDNN a measurement was taken on, and the execution it was timed for: results are
-reused only where all three match."""
+reused only where all three match. The timing preset it was taken with is provenance that ranks
+measurements: a `quick` one never replaces a `default` one."""
 from __future__ import annotations
 
 import socket
@@ -11,12 +12,20 @@ from .errors import ConfigError
 #   direct - one host call per micro-batch, timed as such (host time shows where it outlasts the GPU's)
 #   graph  - the calls captured once into a CUDA graph and replayed, timed on the GPU alone
 EXECUTIONS = ("graph", "direct")
+# How carefully measurements were timed (ucudnn.parallel.devices.TIMINGS), best first
+TIMING_PRESETS = ("default", "quick")
 
 
 def check_execution(execution: str) -> str:
     if execution not in EXECUTIONS:
         raise ConfigError(f"execution {execution!r} is unknown; use one of {', '.join(EXECUTIONS)}")
     return execution
+
+
+def check_timing(timing: str) -> str:
+    if timing not in TIMING_PRESETS:
+        raise ConfigError(f"timing {timing!r} is unknown; use one of {', '.join(TIMING_PRESETS)}")
+    return timing
 
 
 @dataclass(frozen=True)
@@ -29,9 +38,11 @@ class DeviceInfo:
     driver_version: int = 0
     host: str = field(default_factory=socket.gethostname)
     execution: str = "direct"  # what the times predict (EXECUTIONS)
+    timing: str = "default"  # the timing preset of the measurements it records (TIMING_PRESETS); not part of reuse_key
 
     def __post_init__(self):
         check_execution(self.execution)
+        check_timing(self.timing)
 
     @property
     def reuse_key(self) -> tuple[str, int, str]:
@@ -39,6 +50,9 @@ class DeviceInfo:
 
     def for_execution(self, execution: str) -> "DeviceInfo":
         return replace(self, execution=execution)
+
+    def for_timing(self, timing: str) -> "DeviceInfo":
+        return replace(self, timing=timing)
 
     def describe(self) -> str:
         v = self.cudnn_version

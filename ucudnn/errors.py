@@ -58,6 +58,30 @@ class CacheError(UcudnnError):
     """The benchmark database cannot be used (e.g. it was written by a newer ucudnn)."""
 
 
+class DamagedDatabaseError(CacheError):
+    """A benchmark database file is damaged (SQLite finds it malformed or not a database)."""
+
+    def __init__(self, path, reason: object):
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"benchmark database {path} is damaged ({reason}): check it with `ucudnn cache verify "
+            f"--cache {path}`; rebuild it by moving it away (ucudnn starts a new file there) and "
+            f"re-measuring or importing an export (`ucudnn cache import`), or point UCUDNN_CACHE "
+            f"(or --cache) at another file"
+        )
+
+
+class ReadOnlyDatabaseError(CacheError):
+    """A benchmark database (or its folder, where SQLite writes its journal) cannot be written."""
+
+    def __init__(self, path, reason: object):
+        self.path = path
+        super().__init__(
+            f"benchmark database {path} is read-only ({reason}): make the file and its folder "
+            f"writable, or point UCUDNN_CACHE (or --cache) at a writable path"
+        )
+
+
 class UcudnnWarning(UserWarning):
     """Something went wrong that ucudnn can work around (e.g. an unusable benchmark database):
     it carries on, possibly slower, and says so once."""

@@ -1,22 +1,24 @@
 """The file database of raw measurements with their provenance, shared by processes and nodes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import sqlite_utils
 
 from ..device import DeviceInfo
-from ..errors import CacheError
+from ..errors import CacheError, DamagedDatabaseError
 from ..measurements import OK, STATUSES, KernelTable, Measurement
 from ..problem import ConvProblem
 from . import schema
 from .connection import connect, in_write_transaction, retrying
+from .faults import named
 from .paths import default_path, recorded_path, recorded_paths, shard_path
 
 __all__ = ["BenchmarkDatabase", "merge", "shard_path", "default_path", "recorded_path", "recorded_paths"]
@@ -55,6 +57,7 @@ def _measurement_row(device: DeviceInfo, shape_key: str, m: Measurement, recorde
         "batch": m.batch, "algo": m.algo, "time_ms": m.time_ms, "workspace": m.workspace,
         "status": m.status, "repeats": m.repeats, "compute_capability": device.compute_capability,
         "driver_version": device.driver_version, "host": device.host, "recorded_at": recorded_at,
+        "timing": device.timing,
     }
 
 
@@ -69,34 +72,48 @@ def _chunks(rows: list, size: int = ROWS_PER_TRANSACTION) -> Iterable[list]:
 class BenchmarkDatabase:
     """Raw measurements t(a, b), ws(a, b) per (GPU model, cuDNN version, shape key), in one SQLite
     file that many processes may read and write at once. Thread-safe; use as a context manager
-    or call close()."""
+    or call close().
 
-    def __init__(self, path: str | os.PathLike, *, timeout_s: float = 60.0, readonly: bool = False):
+    A damaged file raises DamagedDatabaseError where SQLite notices (with `check=True`, at once:
+    the whole file is checked on opening), a file that cannot be written ReadOnlyDatabaseError
+    at the first write; other faults raise sqlite3.Error or OSError."""
+
+    def __init__(self, path: str | os.PathLike, *, timeout_s: float = 60.0, readonly: bool = False,
+                 check: bool = False):
         self.path, self.timeout_s, self.readonly = Path(path), timeout_s, readonly
         self._lock = threading.RLock()
-        self._conn = connect(self.path, timeout_s=timeout_s, readonly=readonly)
+        self._conn = self._named_faults(lambda: connect(self.path, timeout_s=timeout_s, readonly=readonly))
         self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
         try:
-            self._prepare()
+            self._prepare(check)
         except BaseException:
             self._conn.close()
             raise
 
-    def _prepare(self) -> None:
+    def _prepare(self, check: bool) -> None:
         if not self.readonly:
             # WAL needs shared memory, which network filesystems lack; and WAL persists in the
             # file, so one process that turned it on would break every other node
             self._read(lambda: self._conn.execute("PRAGMA journal_mode=DELETE"))
+        if check:
+            self.check()
         if schema.check(self.path, self._read(lambda: schema.version(self._db)), self.readonly):
             self._write(lambda: schema.migrate(self._db))
 
+    def _named_faults(self, action: Callable[[], T]) -> T:
+        try:
+            return action()
+        except sqlite3.Error as error:
+            raise named(self.path, error) from error
+
     def _read(self, action: Callable[[], T]) -> T:
         with self._lock:
-            return retrying(action, self.timeout_s)
+            return self._named_faults(lambda: retrying(action, self.timeout_s))
 
     def _write(self, action: Callable[[], T]) -> T:
         with self._lock:
-            return retrying(lambda: in_write_transaction(self._conn, action), self.timeout_s)
+            return self._named_faults(lambda: retrying(lambda: in_write_transaction(self._conn, action),
+                                                       self.timeout_s))
 
     def _upsert(self, kernels: list[dict], measurements: list[dict]) -> None:
         self._conn.executemany(schema.INSERT_KERNEL, kernels)
@@ -126,7 +143,7 @@ class BenchmarkDatabase:
     def record(self, problem: ConvProblem, device: DeviceInfo, measurements: Iterable[Measurement]) -> None:
         """Store measurements of `problem`'s shape key taken on `device`, in one short transaction;
         a measurement already stored for the same (GPU, cuDNN, execution, shape key, batch, algo)
-        is replaced."""
+        is replaced, unless it was timed with the default preset and `device.timing` is quick."""
         now, shape_key = _now(), problem.shape_key()
         rows = [_measurement_row(device, shape_key, m, now) for m in measurements]
         self._write(lambda: self._upsert([_kernel_row(problem)], rows))
@@ -189,20 +206,20 @@ class BenchmarkDatabase:
 
     def import_json(self, path: str | os.PathLike) -> int:
         """Add the contents of an `export_json` file (newest measurement wins); returns the
-        number of measurements read."""
-        document = json.loads(Path(path).read_text())
-        if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-            raise CacheError(f"{path} is not a ucudnn benchmark export (no \"format\": "
-                             f"\"{EXPORT_FORMAT}\"); write one with BenchmarkDatabase.export_json")
-        if document.get("schema_version", 0) > schema.SCHEMA_VERSION:
-            raise schema.NewerSchemaError(Path(path), document["schema_version"])
-        rows = [{**schema.DEFAULTS, **row} for row in document["measurements"]]
-        for row in rows:
-            missing = [c for c in schema.MEASUREMENT_COLUMNS if c not in row]
-            if missing:
-                raise CacheError(f"{path}: measurement {row} lacks {', '.join(missing)}; "
-                                 f"re-export it with BenchmarkDatabase.export_json")
-        return self._upsert_in_chunks(document["kernels"], rows)
+        number of measurements read. The whole file is read and checked before anything is
+        written."""
+        return self.add_rows(*read_export(path))
+
+    def add_rows(self, kernels: list[dict], measurements: list[dict]) -> int:
+        """Add kernel and measurement rows (as `read_export` gives them); returns their number."""
+        return self._upsert_in_chunks(kernels, measurements)
+
+    def check(self) -> None:
+        """Raise DamagedDatabaseError unless SQLite's quick check of the whole file passes
+        (tens of milliseconds for the shipped file)."""
+        found = self._read(lambda: [row[0] for row in self._conn.execute("PRAGMA quick_check")])
+        if found != ["ok"]:
+            raise DamagedDatabaseError(self.path, "; ".join(found[:3]))
 
     def verify(self) -> list[str]:
         """Integrity problems found (SQLite's integrity check, then bad values); [] if none."""
@@ -217,20 +234,62 @@ class BenchmarkDatabase:
             return problems
         try:
             return self._read(check)
-        except sqlite3.DatabaseError as error:
-            return [f"{self.path}: {error}"]
+        except DamagedDatabaseError as error:  # damaged beyond what the checks can read
+            return [f"integrity: {error.reason}"]
+
+
+def read_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """The kernel and measurement rows of an `export_json` file, checked; CacheError naming the
+    file if it is not one."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+            raise CacheError(f"no \"format\": \"{EXPORT_FORMAT}\"")
+        if document.get("schema_version", 0) > schema.SCHEMA_VERSION:
+            raise schema.NewerSchemaError(Path(path), document["schema_version"])
+        kernels, rows = list(document["kernels"]), [{**schema.DEFAULTS, **row} for row in document["measurements"]]
+    except schema.NewerSchemaError:
+        raise
+    except (ValueError, KeyError, TypeError, CacheError) as error:  # ValueError: bad JSON or UTF-8
+        raise CacheError(f"{path} is not a ucudnn benchmark export ({error}); write one with "
+                         f"`ucudnn cache export` (BenchmarkDatabase.export_json)") from None
+    for row in rows:
+        missing = [c for c in schema.MEASUREMENT_COLUMNS if c not in row]
+        if missing:
+            raise CacheError(f"{path}: measurement {row} lacks {', '.join(missing)}; "
+                             f"re-export it with BenchmarkDatabase.export_json")
+    return kernels, rows
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, **options) -> Iterator[BenchmarkDatabase]:
+    """`BenchmarkDatabase(path, check=True, **options)` for a command that writes into it: a
+    file this makes is removed again if the command fails, so a failed command leaves nothing."""
+    path = Path(path)
+    existed = path.exists()
+    try:
+        with BenchmarkDatabase(path, check=True, **options) as database:
+            yield database
+    except BaseException:
+        if not existed:
+            for leftover in (path, path.with_name(path.name + "-journal")):
+                leftover.unlink(missing_ok=True)
+        raise
 
 
 def merge(shards: Iterable[str | os.PathLike], target: str | os.PathLike) -> int:
     """Add every measurement of the shard files to `target` (created if absent), newest
     measurement winning, so the result is what one writer of all of them would have written.
     Returns the number of measurements read from the shards. The target itself is skipped if
-    listed among the shards."""
+    listed among the shards. Every shard is read (and checked) before the target is touched, so
+    a damaged or unreadable shard changes nothing."""
+    target = Path(target)
+    sources = [Path(shard) for shard in shards if Path(shard).resolve() != target.resolve()]
+    for shard in sources:
+        BenchmarkDatabase(shard, check=True).close()  # writable, so an older shard is migrated
     merged = 0
-    with BenchmarkDatabase(target) as into:
-        for shard in shards:
-            if Path(shard).resolve() == into.path.resolve():
-                continue
-            with BenchmarkDatabase(shard) as source:  # writable, so an older shard is migrated
-                merged += into._upsert_in_chunks(*source._dump())
+    with writing(target) as into:
+        for shard in sources:
+            with BenchmarkDatabase(shard) as source:
+                merged += into.add_rows(*source._dump())
     return merged

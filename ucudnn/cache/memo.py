@@ -22,6 +22,7 @@ from ..measurements import KernelTable, Measurement
 from ..optimizers.configuration import Configuration
 from ..problem import ConvProblem
 from .database import BenchmarkDatabase
+from .faults import describe
 from .paths import default_path, shard_path
 from .schema import NewerSchemaError
 
@@ -45,22 +46,6 @@ def resolve_path(path: str | os.PathLike | None) -> Path:
     """`path`, else $UCUDNN_CACHE, else the default file; a directory means this host's shard in it."""
     chosen = Path(path or os.environ.get("UCUDNN_CACHE") or default_path()).expanduser()
     return shard_path(chosen) if chosen.is_dir() else chosen
-
-
-# What to do about a fault, by words of its message; the last entry catches the rest.
-_ADVICE = (
-    (("readonly", "read-only", "permission"), "make the file writable, or set UCUDNN_CACHE to a writable path"),
-    (("locked",), "another process held the file locked too long; if the filesystem's locking is "
-                  "unreliable, use per-host shards (docs/cache.md)"),
-    (("unable to open", "no such file", "not a directory", "file exists"),
-     "make sure the path exists (or can be created) and is accessible, or set UCUDNN_CACHE to another path"),
-    (("",), "the file may be damaged: move it away (ucudnn makes a new one) or set UCUDNN_CACHE to another path"),
-)
-
-
-def _advice(error: Exception) -> str:
-    message = str(error).lower()
-    return next(advice for words, advice in _ADVICE if any(word in message for word in words))
 
 
 class Cache:
@@ -103,10 +88,8 @@ class Cache:
         self.stats.file_errors += 1
         if not self._warned:
             self._warned = True
-            warnings.warn(
-                f"ucudnn: benchmark database {self.path} cannot be {verb} "
-                f"({type(error).__name__}: {error}); carrying on with results in memory, so kernels "
-                f"may be benchmarked again. Fix: {_advice(error)}", UcudnnWarning, stacklevel=4)
+            warnings.warn(f"ucudnn: {describe(self.path, error, verb)}. Carrying on with results in "
+                          f"memory, so kernels may be benchmarked again", UcudnnWarning, stacklevel=4)
 
     def close(self) -> None:
         """Stop using the file (the memo stays)."""

@@ -3,7 +3,8 @@
 One row per measurement, provenance included, so shards merge without renumbering anything.
 A row is reused only when the GPU model, the cuDNN version, the execution it was timed for and the
 whole shape key match: those four are the first columns of the primary key, which is also the
-index every lookup uses.
+index every lookup uses. The timing preset is provenance that ranks rows: a `default`-timed
+measurement is never replaced by a `quick` one, whatever their order.
 """
 from __future__ import annotations
 
@@ -12,29 +13,37 @@ from typing import Callable
 
 import sqlite_utils
 
+from ..device import TIMING_PRESETS
 from ..errors import CacheError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# A file this old or newer is read without migrating it (a read-only file cannot be): v3 only
+# added `timing`, which no read needs.
+READABLE_FROM = 2
 
 KEY = ("gpu_name", "cudnn_version", "execution", "shape_key", "batch", "algo")
 MEASUREMENT_COLUMNS = {
     "gpu_name": str, "cudnn_version": int, "execution": str, "shape_key": str, "batch": int, "algo": int,
     "time_ms": float, "workspace": int, "status": str, "repeats": int,
-    "compute_capability": str, "driver_version": int, "host": str, "recorded_at": str,
+    "compute_capability": str, "driver_version": int, "host": str, "recorded_at": str, "timing": str,
 }
 # What rows of older files (and exports) that lack a column are given: before v2 every
-# measurement was timed one host call at a time, as direct execution runs it.
-DEFAULTS = {"execution": "direct", "repeats": 0, "compute_capability": "", "driver_version": 0, "host": "", "recorded_at": ""}
+# measurement was timed one host call at a time, as direct execution runs it; before v3 every
+# measurement ucudnn shipped was taken with the default timing.
+DEFAULTS = {"execution": "direct", "repeats": 0, "compute_capability": "", "driver_version": 0, "host": "",
+            "recorded_at": "", "timing": TIMING_PRESETS[0]}
 KERNEL_COLUMNS = {"shape_key": str, "problem": str}  # problem: ConvProblem.to_dict() JSON, batch 1
 
 _placeholders = ", ".join(f":{c}" for c in MEASUREMENT_COLUMNS)
 _updates = ", ".join(f"{c} = excluded.{c}" for c in MEASUREMENT_COLUMNS if c not in KEY)
-# The newest measurement wins whatever order rows arrive in, so merging shards gives what one
-# writer would have. (sqlite-utils' upsert cannot take this condition: plain SQL here.)
+# A default-timed measurement beats a quick one, else the newest wins, whatever order rows arrive
+# in, so merging shards gives what one writer would have. (sqlite-utils' upsert cannot take this
+# condition: plain SQL here.)
+_RANK = "({table}.timing = '" + TIMING_PRESETS[0] + "', {table}.recorded_at)"
 UPSERT_MEASUREMENT = (
     f"INSERT INTO measurements ({', '.join(MEASUREMENT_COLUMNS)}) VALUES ({_placeholders}) "
     f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {_updates} "
-    "WHERE excluded.recorded_at >= measurements.recorded_at"
+    f"WHERE {_RANK.format(table='excluded')} >= {_RANK.format(table='measurements')}"
 )
 INSERT_KERNEL = "INSERT INTO kernels (shape_key, problem) VALUES (:shape_key, :problem) ON CONFLICT DO NOTHING"
 
@@ -58,13 +67,13 @@ def check(path: Path, found: int, readonly: bool) -> bool:
     """Whether a file of version `found` needs migrating; raises if it cannot be used."""
     if found > SCHEMA_VERSION:
         raise NewerSchemaError(path, found)
-    if found < SCHEMA_VERSION and readonly:
+    if found < READABLE_FROM and readonly:
         raise CacheError(
             f"benchmark database {path} has schema version {found}, older than {SCHEMA_VERSION}, "
             f"and is open read-only, so it cannot be migrated: open it writable once "
             f"(BenchmarkDatabase(path)) to migrate it"
         )
-    return found < SCHEMA_VERSION
+    return found < SCHEMA_VERSION and not readonly
 
 
 def _add_missing_columns(table: sqlite_utils.db.Table, columns: dict) -> None:
@@ -103,8 +112,13 @@ def _to_v2(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE measurements_v2 RENAME TO measurements")
 
 
+def _to_v3(db: sqlite_utils.Database) -> None:
+    """v2 to v3: the `timing` provenance column; v2 rows were all timed with the default preset."""
+    _add_missing_columns(db["measurements"], {"timing": str})
+
+
 # MIGRATIONS[v] brings a file of version v to version v + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1, _to_v2]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1, _to_v2, _to_v3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

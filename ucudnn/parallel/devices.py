@@ -16,7 +16,7 @@ DEVICES_VARIABLE = "UCUDNN_BENCH_DEVICES"
 TIMINGS = {
     "default": TimingSettings(),
     # one warm-up, then 1 to 3 timed calls: sweeps of the `all` policy in minutes, noisier times
-    "quick": TimingSettings(warmup=1, min_repeats=1, max_repeats=3, target_ms=3.0),
+    "quick": TimingSettings(warmup=1, min_repeats=1, max_repeats=3, target_ms=3.0, name="quick"),
 }
 
 
