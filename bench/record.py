@@ -20,12 +20,13 @@ from ucudnn.cache import Cache
 from ucudnn.config import batch_sizes
 from ucudnn.nets import get_network
 
-# net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want
+# net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want. Each built-in
+# network's default_batch (ucudnn/nets/builtin.py) must be among these: it is what commands plan at.
 DEFAULT_SPECS = ",".join(
     f"{net}:{dtype}:{policy}"
     for policy in ("powerOfTwo",)
     for dtype in ("float32:nchw", "float16:nhwc")
-    for net in ("alexnet:256", "resnet18:128", "resnet50:32", "resnet50:64", "densenet40:256")
+    for net in ("alexnet:256", "resnet18:128", "resnet50:32", "resnet50:64", "densenet40:256", "googlenet:128")
 ) + ",alexnet:256:float32:nchw:all"
 
 

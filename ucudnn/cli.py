@@ -124,11 +124,14 @@ def _device_with_most(database, problems, path, execution: str) -> DeviceInfo:
     return max(devices, key=lambda d: sum(len(t) > 0 for t in database.tables(problems, d).values()))
 
 
-def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, measure: bool, progress=None):
+def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, measure: bool, progress=None,
+            network: Network | None = None, request=None):
     """Tables of every kernel by problem.key, complete for the policy's sizes within `cap` bytes
     and for the whole batch with no cap (the unlimited reference), with the device they are
-    from and the database's path: measured here where `measure`, else read from the database."""
+    from and the database's path: measured here where `measure`, else read from the database
+    (missing ones are an error that says what the database has of `network`)."""
     from .benchmark import ensure_tables
+    from .coverage import explain_missing
 
     problems = [k.problem for k in kernels]
     if measure:
@@ -141,9 +144,14 @@ def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, meas
         benchmarker, path = None, _read_path(settings.cache_path)
         source = _database(path)
         device = _device_with_most(source, problems, path, settings.execution)
-    ensure_tables(problems, _sizes_for(settings.batch_size_policy), cap, source, benchmarker, progress,
-                  device=device)
-    tables = ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device)
+    try:
+        ensure_tables(problems, _sizes_for(settings.batch_size_policy), cap, source, benchmarker, progress,
+                      device=device)
+        tables = ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device)
+    except MissingMeasurementsError as exc:
+        if network is None or measure:
+            raise
+        raise explain_missing(exc, source, device, network, request) from None
     return tables, device, path or source.path
 
 
@@ -243,8 +251,16 @@ def _settings(args) -> Settings:
 
 
 def _kernels(args) -> tuple[Network, list[Kernel]]:
+    """The network and its kernels; args.batch, if not given, becomes the network's default."""
     network = get_network(args.net)
+    args.batch = args.batch or network.default_batch
     return network, network.problems(args.batch, args.dtype, args.math, args.layout)
+
+
+def _request(args, settings: Settings):
+    from .coverage import Request
+
+    return Request(args.net, args.batch, args.dtype, args.layout, args.math, settings.batch_size_policy)
 
 
 def bench(args) -> int:
@@ -318,7 +334,8 @@ def optimize(args) -> int:
     measured = not args.offline and _gpu_available()
     limit, _ = limits(settings, len(kernels))
     tables, device, path = _tables(kernels, settings, limit, measured,
-                                   ProgressBar({k.problem.key: k.name for k in kernels}) if measured else None)
+                                   ProgressBar({k.problem.key: k.name for k in kernels}) if measured else None,
+                                   network, _request(args, settings))
     plan = make_plan(kernels, tables, settings)
     if args.plot:
         _plot(args, network, plan, tables)
@@ -350,12 +367,13 @@ def nets(args) -> int:
     if args.name is None:
         networks = list_networks()
         if args.json:
-            _print_json([{"name": n.name, "description": n.description, "conv_layers": n.conv_layers,
-                          "distinct_layers": len(n.layers)} for n in networks])
+            _print_json([{"name": n.name, "description": n.description, "default_batch": n.default_batch,
+                          "conv_layers": n.conv_layers, "distinct_layers": len(n.layers)} for n in networks])
         else:
-            print(_table(("network", "conv layers", "distinct", "description"),
-                         [(n.name, n.conv_layers, len(n.layers), n.description) for n in networks]))
-            print("\nalso: a network file NAME.json (`ucudnn nets NAME --json` writes one) or, with torch "
+            print(_table(("network", "batch", "conv layers", "distinct", "description"),
+                         [(n.name, n.default_batch, n.conv_layers, len(n.layers), n.description) for n in networks]))
+            print("\nbatch: the default --batch, one the shipped recording covers")
+            print("also: a network file NAME.json (`ucudnn nets NAME --json` writes one) or, with torch "
                   "and torchvision installed, any torchvision model by name")
         return 0
     network = get_network(args.name)
@@ -384,17 +402,21 @@ _KERNEL_HEADERS = ("kind", "input", "filter", "pad", "stride", "dil", "groups", 
 
 def cache_list(args) -> int:
     path = _read_path(args.cache)
+    from .coverage import recordings
+
     with _database(path) as database:
-        listing = [(device, database.kernels(device)) for device in _devices_in(database)]
+        listing = [(device, database.kernels(device), recordings(database, device))
+                   for device in _devices_in(database)]
     if args.json:
         _print_json({"database": str(path), "devices": [
-            {**_device_json(device), "kernels": [{"shape_key": p.shape_key(), "problem": p.to_dict(),
-                                                  "measurements": n} for p, n in kernels]}
-            for device, kernels in listing]})
+            {**_device_json(device), "recordings": [r.to_json() for r in covered],
+             "kernels": [{"shape_key": p.shape_key(), "problem": p.to_dict(), "measurements": n} for p, n in kernels]}
+            for device, kernels, covered in listing]})
         return 0
     print(f"{path}: {len(listing)} recording(s), one per GPU, cuDNN version and execution")
-    for device, kernels in listing:
+    for device, kernels, covered in listing:
         print(f"\n{device.describe()}: {len(kernels)} kernels, {sum(n for _, n in kernels)} measurements")
+        print(f"built-in networks it plans: {', '.join(r.describe() for r in covered) or 'none completely'}")
         print(_table((*_KERNEL_HEADERS, "measurements"), [(*_kernel_cells(p), n) for p, n in kernels]))
     return 0
 
@@ -490,7 +512,9 @@ def _parent(*options: tuple[tuple, dict]) -> argparse.ArgumentParser:
 _NETWORK = _parent(
     (("--net",), dict(required=True, metavar="NAME|FILE.json",
                       help="a built-in network (see `ucudnn nets`), a network file, or a torchvision model")),
-    (("--batch",), dict(type=_batch, default=256, help="mini-batch size (default 256)")),
+    (("--batch",), dict(type=_batch, help=(
+        "mini-batch size (default: the network's, which the shipped recording covers: see `ucudnn nets`; "
+        "256 for a network file or torchvision model that names none)"))),
     (("--dtype",), dict(choices=DTYPES, default="float32", help="data type (default float32)")),
     (("--math",), dict(choices=MATH_TYPES, default="default", help="cuDNN math type (default: default)")),
     (("--layout",), dict(choices=LAYOUTS, default="nchw", help="tensor layout (default nchw)")),

@@ -51,7 +51,12 @@ class InfeasibleError(UcudnnError):
 
 
 class MissingMeasurementsError(UcudnnError):
-    """The optimizer needs measurements that are neither cached nor measurable here."""
+    """The optimizer needs measurements that are neither cached nor measurable here: where known,
+    of `problem` (a ConvProblem) at the micro-batch sizes `missing`."""
+
+    def __init__(self, message: str, problem=None, missing: tuple[int, ...] = ()):
+        self.problem, self.missing = problem, tuple(missing)
+        super().__init__(message)
 
 
 class CacheError(UcudnnError):
