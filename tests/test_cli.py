@@ -23,8 +23,8 @@ MIB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")}
+def run(*args: str, cwd: Path | None = None, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")} | (env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "ucudnn", *args], capture_output=True, text=True, env=env,
                           cwd=cwd, timeout=120)
@@ -86,6 +86,54 @@ def test_optimize_wd_keeps_to_the_total(db):
     assert (plan["optimizer"], plan["limit"]) == ("wd", 100 * MIB)
     assert plan["total"]["workspace"] <= 100 * MIB
     assert plan["solver"]["variables"] > 0
+
+
+def test_a_total_workspace_means_wd_even_zero_or_from_the_environment(db):
+    plan = optimize(db, "--net", "alexnet", "--total-workspace", "0")
+    assert (plan["optimizer"], plan["limit"], plan["total"]["workspace"]) == ("wd", 0, 0)
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--json",
+                 env_extra={"UCUDNN_TOTAL_WORKSPACE_LIMIT": "100MiB"})
+    assert result.returncode == 0, result.stderr
+    assert (json.loads(result.stdout)["optimizer"], json.loads(result.stdout)["limit"]) == ("wd", 100 * MIB)
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--optimizer", "wr",
+                 env_extra={"UCUDNN_TOTAL_WORKSPACE_LIMIT": "100MiB"})
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "is the WD optimizer's limit, but optimizer='wr'" in result.stderr
+
+
+@pytest.mark.parametrize("name, message", [("plan.txt", "extension .txt is not a plot format; end it in .png"),
+                                           ("plan", "has no extension; end it in .png")])
+def test_a_plot_file_matplotlib_cannot_write_is_refused_before_planning(tmp_path, name, message):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / name
+    # the cache does not exist: the plot file is checked first, before anything is read or planned
+    result = run("optimize", "--net", "alexnet", "--cache", str(tmp_path / "none.db"), "--plot", str(path))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+    assert str(path) in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_the_division_bar_counts_each_distinct_kernel_once():
+    """WD divides one workspace among distinct kernels: repeated ones share theirs, so the bar's
+    height is the plan's workspace, within the total."""
+    pytest.importorskip("matplotlib")
+    from ucudnn.config import Settings
+    from ucudnn.planner import make_plan
+    from ucudnn.plots import _pyplot, draw_division
+
+    kernels = get_network("resnet50").problems(32)
+    assert any(k.count > 1 for k in kernels)
+    tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
+    plan = make_plan(kernels, tables, Settings.load(env={}, total_workspace_limit="200MiB"))
+    figure, ax = _pyplot().subplots()
+    try:
+        draw_division(ax, plan)
+        heights = {}
+        for patch in ax.patches:
+            x = round(patch.get_x() + patch.get_width() / 2)
+            heights[x] = heights.get(x, 0) + patch.get_height()
+    finally:
+        _pyplot().close(figure)
+    assert heights[1] == pytest.approx(plan.workspace / MIB, rel=1e-3) and heights[1] <= 200
 
 
 def test_optimize_plots_wr_and_wd(db, tmp_path):
@@ -229,6 +277,8 @@ def inline(capsys, *argv: str) -> tuple[int, str, str]:
     (("optimize", "--net", "alexnet", "--optimizer", "wr", "--total-workspace", "1GiB"), "use --optimizer wd"),
     (("nets", "/nonexistent/net.json"), "network file /nonexistent/net.json does not exist"),
     (("optimize", "--net", "alexnet", "--total-workspace", "0", "--optimizer", "wr"), "use --optimizer wd"),
+    (("optimize", "--net", "alexnet", "--workspace", "-1MiB"), "size='-1MiB' is negative; sizes are >= 0"),
+    (("optimize", "--net", "alexnet", "--total-workspace", "-5"), "size='-5' is negative; sizes are >= 0"),
 ])
 def test_bad_input_gets_one_line(capsys, argv, message):
     status, _, err = inline(capsys, *argv)

@@ -485,3 +485,11 @@ def test_unplannable_kernels_run_through_torch(numpy_context):
 def test_import_ucudnn_torch_exports():
     assert ut.Conv2d is integration.Conv2d and ut.convert is integration.convert
     assert set(integration.__all__) <= set(dir(ut))
+
+
+@pytest.mark.parametrize("keyword, value, named", [("policy", "foo", "policy='foo'"),
+                                                   ("total_limit", "lots", "total_limit='lots'")])
+def test_convert_errors_name_its_own_keywords(keyword, value, named):
+    with pytest.raises(ConfigError) as error:
+        ut.convert(nn.Conv2d(1, 1, 1), **{keyword: value})
+    assert named in str(error.value) and "batch_size_policy" not in str(error.value)

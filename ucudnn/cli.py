@@ -60,6 +60,17 @@ def _output(text: str) -> Path:
     return path
 
 
+def _plot_output(text: str) -> Path:
+    from .plots import check_plot_path
+
+    path = _output(text)
+    try:
+        check_plot_path(path)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return path
+
+
 # ---- where measurements come from
 
 
@@ -246,7 +257,7 @@ def _settings(args) -> Settings:
     if total is not None and optimizer == "wr":
         raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
     return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
-                         total_workspace_limit=total, optimizer=optimizer or ("wd" if total else None),
+                         total_workspace_limit=total, optimizer=optimizer,
                          cache_path=args.cache, execution=args.execution)
 
 
@@ -494,6 +505,12 @@ def cache_verify(args) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # a value such as "-1MiB" is a value (refused by its type), not an unknown option; no
+        # option of ucudnn looks like a negative number
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str):
         """One line, not the usage: the message names the value and the fix."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -564,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", type=_size, metavar="SIZE", help="WR limit per kernel (default 64MiB)")
     p.add_argument("--total-workspace", type=_size, metavar="SIZE",
                    help="WD limit for the network (implies --optimizer wd; default: --workspace times the kernels)")
-    p.add_argument("--plot", type=_output, metavar="FILE.png",
+    p.add_argument("--plot", type=_plot_output, metavar="FILE.png",
                    help="draw a kernel's Pareto front, per-layer times and (WD) the workspace division")
     p.add_argument("--kernel", metavar="LAYER/KIND", help="the kernel --plot shows, e.g. conv2/F (default: slowest)")
     p.add_argument("--offline", action="store_true", help="plan from the cache only, even where a GPU could measure")
