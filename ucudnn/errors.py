@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 
+# ucudnn is not on PyPI: its GPU extras install from a clone of the repository
+GPU_INSTALL = "pip install '.[cuda13]' (or '.[cuda12]') in a clone of the ucudnn repository"
+
+
 class UcudnnError(Exception):
     """Base of every error ucudnn raises on purpose."""
 
