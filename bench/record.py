@@ -21,7 +21,8 @@ from ucudnn.config import batch_sizes
 from ucudnn.nets import get_network
 
 # net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want, with
-# tensor-op math (the default math of half types, problem.default_math)
+# tensor-op math (the default math of half types, problem.default_math). Each built-in network's
+# default_batch (ucudnn/nets/builtin.py) must be among these: it is what commands plan at.
 # (torchvision:alexnet is traced from torchvision: the recording needs it installed, planning
 # from the file needs it too)
 NETS = ("alexnet:256", "resnet18:128", "resnet50:32", "resnet50:64", "densenet40:256", "googlenet:128",

@@ -17,15 +17,15 @@ from fakes import damage_middle
 
 from ucudnn.cache import BenchmarkDatabase, recorded_path
 from ucudnn.cli import main
-from ucudnn.nets import get_network
+from ucudnn.nets import get_network, list_networks
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")}
+def run(*args: str, cwd: Path | None = None, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")} | (env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "ucudnn", *args], capture_output=True, text=True, env=env,
                           cwd=cwd, timeout=120)
@@ -100,6 +100,54 @@ def test_optimize_wd_keeps_to_the_total(db):
     assert (plan["optimizer"], plan["limit"]) == ("wd", 100 * MIB)
     assert plan["total"]["workspace"] <= 100 * MIB
     assert plan["solver"]["variables"] > 0
+
+
+def test_a_total_workspace_means_wd_even_zero_or_from_the_environment(db):
+    plan = optimize(db, "--net", "alexnet", "--total-workspace", "0")
+    assert (plan["optimizer"], plan["limit"], plan["total"]["workspace"]) == ("wd", 0, 0)
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--json",
+                 env_extra={"UCUDNN_TOTAL_WORKSPACE_LIMIT": "100MiB"})
+    assert result.returncode == 0, result.stderr
+    assert (json.loads(result.stdout)["optimizer"], json.loads(result.stdout)["limit"]) == ("wd", 100 * MIB)
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--optimizer", "wr",
+                 env_extra={"UCUDNN_TOTAL_WORKSPACE_LIMIT": "100MiB"})
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "is the WD optimizer's limit, but optimizer='wr'" in result.stderr
+
+
+@pytest.mark.parametrize("name, message", [("plan.txt", "extension .txt is not a plot format; end it in .png"),
+                                           ("plan", "has no extension; end it in .png")])
+def test_a_plot_file_matplotlib_cannot_write_is_refused_before_planning(tmp_path, name, message):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / name
+    # the cache does not exist: the plot file is checked first, before anything is read or planned
+    result = run("optimize", "--net", "alexnet", "--cache", str(tmp_path / "none.db"), "--plot", str(path))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+    assert str(path) in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_the_division_bar_counts_each_distinct_kernel_once():
+    """WD divides one workspace among distinct kernels: repeated ones share theirs, so the bar's
+    height is the plan's workspace, within the total."""
+    pytest.importorskip("matplotlib")
+    from ucudnn.config import Settings
+    from ucudnn.planner import make_plan
+    from ucudnn.plots import _pyplot, draw_division
+
+    kernels = get_network("resnet50").problems(32)
+    assert any(k.count > 1 for k in kernels)
+    tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
+    plan = make_plan(kernels, tables, Settings.load(env={}, total_workspace_limit="200MiB"))
+    figure, ax = _pyplot().subplots()
+    try:
+        draw_division(ax, plan)
+        heights = {}
+        for patch in ax.patches:
+            x = round(patch.get_x() + patch.get_width() / 2)
+            heights[x] = heights.get(x, 0) + patch.get_height()
+    finally:
+        _pyplot().close(figure)
+    assert heights[1] == pytest.approx(plan.workspace / MIB, rel=1e-3) and heights[1] <= 200
 
 
 def test_optimize_plots_wr_and_wd(db, tmp_path):
@@ -242,6 +290,9 @@ def inline(capsys, *argv: str) -> tuple[int, str, str]:
     (("optimize", "--net", "alexnet", "--cache", "/nonexistent/x.db"), "no benchmark database at /nonexistent/x.db"),
     (("optimize", "--net", "alexnet", "--optimizer", "wr", "--total-workspace", "1GiB"), "use --optimizer wd"),
     (("nets", "/nonexistent/net.json"), "network file /nonexistent/net.json does not exist"),
+    (("optimize", "--net", "alexnet", "--total-workspace", "0", "--optimizer", "wr"), "use --optimizer wd"),
+    (("optimize", "--net", "alexnet", "--workspace", "-1MiB"), "size='-1MiB' is negative; sizes are >= 0"),
+    (("optimize", "--net", "alexnet", "--total-workspace", "-5"), "size='-5' is negative; sizes are >= 0"),
 ])
 def test_bad_input_gets_one_line(capsys, argv, message):
     status, _, err = inline(capsys, *argv)
@@ -249,11 +300,82 @@ def test_bad_input_gets_one_line(capsys, argv, message):
     assert err.count("\n") == 1 and err.startswith("ucudnn") and message in err
 
 
+BAD_LAYER = {"name": "c1", "in_channels": 3, "out_channels": 8, "kernel": 3, "input_size": 32}
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe", "is not UTF-8 text (byte 0xff at offset 0); save it as UTF-8 JSON"),
+    (json.dumps({"layers": [{**BAD_LAYER, "in_channels": "three"}]}).encode(),
+     "layer c1: in_channels='three' must be a positive integer"),
+    (json.dumps({"layers": [{**BAD_LAYER, "input_size": 32.5}]}).encode(),
+     "layer c1: input_size=32.5 must be an integer or a pair of integers"),
+    (json.dumps({"layers": [{**BAD_LAYER, "stride": None}]}).encode(),
+     "layer c1: stride=None must be an integer or a pair of integers"),
+    (json.dumps({"layers": [BAD_LAYER], "default_batch": 0}).encode(), "default_batch=0 must be a positive integer"),
+])
+def test_a_bad_network_file_names_the_file_layer_field_and_value(tmp_path, content, message):
+    path = tmp_path / "b.json"
+    path.write_bytes(content)
+    result = run("nets", str(path))
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and f"network file {path}" in result.stderr and message in result.stderr
+    assert path.read_bytes() == content
+
+
 def test_missing_measurements_with_no_gpu(capsys, db):
     # measurements are shared by batch sizes: 512 needs the one size that is missing
     status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--batch", "512", "--cache", db)
     assert status == 2 and err.count("\n") == 1
-    assert "no measurements of" in err and "run `ucudnn bench`" in err
+    assert "has no measurements for alexnet at batch 512" in err
+    assert "it has alexnet any batch up to 256 float32 nchw (all)" not in err  # synthetic: powerOfTwo
+    assert "it has alexnet batch 256 float16 nhwc (powerOfTwo), alexnet batch 256 float32 nchw (powerOfTwo)" in err
+    assert "`ucudnn bench --net alexnet --batch 512` on a GPU" in err
+
+
+def test_a_huge_batch_names_its_missing_sizes_in_brief(capsys, db):
+    status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--batch", "100000",
+                            "--policy", "all", "--cache", db)
+    assert status == 2 and err.count("\n") == 1 and len(err) < 1500
+    assert re.search(r"at 99\d\d\d micro-batch sizes from 3 to 100000 \(3, 5, 6, 7, [\d, ]+\.\.\.\)", err)
+    assert "`ucudnn bench --net alexnet --batch 100000 --policy all`" in err
+
+
+@pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+@pytest.mark.parametrize("variant", [("float32", "nchw"), ("float16", "nhwc")])
+@pytest.mark.parametrize("net", [network.name for network in list_networks()])
+def test_every_builtin_network_plans_offline_at_its_documented_batch(capsys, net, variant):
+    """Every built-in network plans offline at its documented batch size from the shipped file."""
+    dtype, layout = variant
+    status, out, err = inline(capsys, "optimize", "--offline", "--net", net, "--dtype", dtype, "--layout", layout,
+                              "--json")
+    assert status == 0, err
+    plan = json.loads(out)
+    assert plan["batch"] == get_network(net).default_batch
+    assert re.search(rf"^{net}\s+{plan['batch']}\s", inline(capsys, "nets")[1], re.M)  # `ucudnn nets` says so
+
+
+@pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+def test_the_shipped_recordings_say_what_they_cover():
+    from ucudnn.coverage import recordings
+
+    with BenchmarkDatabase(recorded_path(), readonly=True) as database:
+        device = next(d for d in database.devices() if d.execution == "graph")
+        covered = {(r.network, r.dtype, r.layout): r for r in recordings(database, device)}
+    assert covered["alexnet", "float32", "nchw"].describe() == "alexnet any batch up to 256 float32 nchw (all)"
+    assert covered["resnet50", "float16", "nhwc"].batch == 64
+    assert covered["resnet18", "float32", "nchw"].covers(128, "powerOfTwo")
+    assert not covered["resnet18", "float32", "nchw"].covers(100, "powerOfTwo")
+    listing = json.loads(ok("cache", "list", "--json"))
+    assert {"network": "alexnet", "batch": 256, "dtype": "float32", "layout": "nchw", "math": "default",
+            "policy": "all"} in listing["devices"][0]["recordings"]
+
+
+@pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+def test_a_batch_the_shipped_file_lacks_names_what_it_has_and_the_command(capsys):
+    status, _, err = inline(capsys, "optimize", "--net", "resnet50", "--batch", "256")
+    assert status == 2 and err.count("\n") == 1
+    assert "it has resnet50 batch 64 float16 nhwc (powerOfTwo), resnet50 batch 64 float32 nchw" in err
+    assert "`ucudnn bench --net resnet50 --batch 256` on a GPU" in err
 
 
 def test_plot_kernel_must_exist(capsys, db, tmp_path):

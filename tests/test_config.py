@@ -159,7 +159,7 @@ CASES = {
     "batch_size_policy": ("UCUDNN_BATCH_SIZE_POLICY", "all", "all", "undivided", "undivided"),
     "workspace_limit": ("UCUDNN_WORKSPACE_LIMIT", "8MiB", 8 * MiB, "512KiB", 512 * KiB),
     "total_workspace_limit": ("UCUDNN_TOTAL_WORKSPACE_LIMIT", "1.5GiB", 3 * GiB // 2, 2 * GiB, 2 * GiB),
-    "optimizer": ("UCUDNN_OPTIMIZER", "wd", "wd", "wr", "wr"),
+    "optimizer": ("UCUDNN_OPTIMIZER", "WD", "wd", "wd", "wd"),  # not wr: every case here has a total
     "execution": ("UCUDNN_EXECUTION", "direct", "direct", "graph", "graph"),
     "verbose": ("UCUDNN_VERBOSE", "1", True, False, False),
     "cache_path": ("UCUDNN_CACHE", "/tmp/env.db", "/tmp/env.db", "/tmp/kw.db", "/tmp/kw.db"),
@@ -199,7 +199,27 @@ def test_precedence_per_setting(name, source):
     expected = dict(DEFAULTS)
     expected[name] = {"default": DEFAULTS[name], "env": parsed, "kwarg": kwarg_parsed,
                       "both": kwarg_parsed}[source]
+    if name == "total_workspace_limit" and source != "default":
+        expected["optimizer"] = "wd"  # a total means WD
     assert _values(Settings.load(env=env, **kwargs)) == expected
+
+
+@pytest.mark.parametrize("env, kwargs", [
+    ({"UCUDNN_TOTAL_WORKSPACE_LIMIT": "0"}, {}),
+    ({}, {"total_workspace_limit": 0}),
+    ({"UCUDNN_TOTAL_WORKSPACE_LIMIT": "1GiB"}, {"optimizer": None}),
+])
+def test_a_total_workspace_limit_means_wd(env, kwargs):
+    assert Settings.load(env=env, **kwargs).optimizer == "wd"
+
+
+@pytest.mark.parametrize("env, kwargs", [
+    ({"UCUDNN_TOTAL_WORKSPACE_LIMIT": "1GiB"}, {"optimizer": "wr"}),
+    ({"UCUDNN_OPTIMIZER": "wr"}, {"total_workspace_limit": "0"}),
+])
+def test_a_total_workspace_limit_with_wr_is_an_error(env, kwargs):
+    with pytest.raises(ConfigError, match="is the WD optimizer's limit, but optimizer='wr'; drop the total"):
+        Settings.load(env=env, **kwargs)
 
 
 def test_none_kwarg_means_not_given():

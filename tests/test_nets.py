@@ -121,7 +121,7 @@ def test_unknown_networks_and_files():
             get_network("torchvision:resnet18")
 
 
-@pytest.mark.skipif(not tv.available(), reason="torch and torchvision are not installed")
+@pytest.mark.skipif(not tv.available(), reason=f"{' and '.join(tv.missing_packages())} not installed")
 def test_traced_torchvision_resnet50_matches_the_builtin_table():
     traced, builtin = get_network("torchvision:resnet50"), get_network("resnet50")
     assert {x.geometry: x.count for x in traced.layers} == {x.geometry: x.count for x in builtin.layers}

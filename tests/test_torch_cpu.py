@@ -634,3 +634,11 @@ def test_stream_changes_reach_the_handle(numpy_context):
     run_step(conv, x)
     run_step(conv, x)
     assert seen == [7, 9]
+
+
+@pytest.mark.parametrize("keyword, value, named", [("policy", "foo", "policy='foo'"),
+                                                   ("total_limit", "lots", "total_limit='lots'")])
+def test_convert_errors_name_its_own_keywords(keyword, value, named):
+    with pytest.raises(ConfigError) as error:
+        ut.convert(nn.Conv2d(1, 1, 1), **{keyword: value})
+    assert named in str(error.value) and "batch_size_policy" not in str(error.value)

@@ -11,7 +11,8 @@ from .bindings.enums import algo_count
 from .device import DeviceInfo, check_execution, check_timing
 from .dispatch import compile_plan
 from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
-from .measurements import FAILED, OK, OVER_CAP, OUT_OF_MEMORY, UNSUPPORTED, KernelTable, Measurement
+from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement,
+                           describe_sizes)
 from .problem import ConvKind, ConvProblem
 
 
@@ -229,10 +230,10 @@ def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProb
         missing = table.missing(sizes_for(p), cap)
         if missing and benchmarker is None:
             raise MissingMeasurementsError(
-                f"no measurements of {p.describe()} at micro-batch sizes {missing} on "
+                f"no measurements of {p.describe()} at {describe_sizes(missing)} on "
                 f"{device.describe()} in the cache, and no GPU to measure them; run `ucudnn bench` "
-                "for this network on such a GPU, or point --cache at a database that has them"
-            )
+                "for this network on such a GPU, or point --cache at a database that has them",
+                problem=p, missing=missing)
         if missing:
             cache.record(p, device, benchmarker.measure(p, missing, cap))
             table = cache.table(p, device)

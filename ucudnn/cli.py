@@ -60,6 +60,17 @@ def _output(text: str) -> Path:
     return path
 
 
+def _plot_output(text: str) -> Path:
+    from .plots import check_plot_path
+
+    path = _output(text)
+    try:
+        check_plot_path(path)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return path
+
+
 # ---- where measurements come from
 
 
@@ -138,11 +149,14 @@ def _device_with_most(database, problems, path, execution: str) -> DeviceInfo:
     return max(devices, key=lambda d: sum(len(t) > 0 for t in database.tables(problems, d).values()))
 
 
-def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, measure: bool, progress=None):
+def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, measure: bool, progress=None,
+            network: Network | None = None, request=None):
     """Tables of every kernel by problem.key, complete for the policy's sizes within `cap` bytes
     and for the whole batch with no cap (the unlimited reference), with the device they are
-    from and the database's path: measured here where `measure`, else read from the database."""
+    from and the database's path: measured here where `measure`, else read from the database
+    (missing ones are an error that says what the database has of `network`)."""
     from .benchmark import ensure_tables
+    from .coverage import explain_missing
 
     problems = [k.problem for k in kernels]
     if measure:
@@ -155,9 +169,14 @@ def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, meas
         benchmarker, path = None, _read_path(settings.cache_path)
         source = _database(path)
         device = _device_with_most(source, problems, path, settings.execution)
-    ensure_tables(problems, _sizes_for(settings.batch_size_policy), cap, source, benchmarker, progress,
-                  device=device)
-    tables = ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device)
+    try:
+        ensure_tables(problems, _sizes_for(settings.batch_size_policy), cap, source, benchmarker, progress,
+                      device=device)
+        tables = ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device)
+    except MissingMeasurementsError as exc:
+        if network is None or measure:
+            raise
+        raise explain_missing(exc, source, device, network, request) from None
     return tables, device, path or source.path
 
 
@@ -252,14 +271,22 @@ def _settings(args) -> Settings:
     if total is not None and optimizer == "wr":
         raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
     return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
-                         total_workspace_limit=total, optimizer=optimizer or ("wd" if total else None),
+                         total_workspace_limit=total, optimizer=optimizer,
                          cache_path=args.cache, execution=args.execution)
 
 
 def _kernels(args) -> tuple[Network, list[Kernel]]:
+    """The network and its kernels; args.batch, if not given, becomes the network's default."""
     network = get_network(args.net)
+    args.batch = args.batch or network.default_batch
     args.math = args.math or default_math(args.dtype)  # printed with the plan
     return network, network.problems(args.batch, args.dtype, args.math, args.layout)
+
+
+def _request(args, settings: Settings):
+    from .coverage import Request
+
+    return Request(args.net, args.batch, args.dtype, args.layout, args.math, settings.batch_size_policy)
 
 
 def bench(args) -> int:
@@ -333,7 +360,8 @@ def optimize(args) -> int:
     measured = not args.offline and _gpu_available()
     limit, _ = limits(settings, len(kernels))
     tables, device, path = _tables(kernels, settings, limit, measured,
-                                   ProgressBar({k.problem.key: k.name for k in kernels}) if measured else None)
+                                   ProgressBar({k.problem.key: k.name for k in kernels}) if measured else None,
+                                   network, _request(args, settings))
     plan = make_plan(kernels, tables, settings)
     if args.plot:
         _plot(args, network, plan, tables)
@@ -365,12 +393,13 @@ def nets(args) -> int:
     if args.name is None:
         networks = list_networks()
         if args.json:
-            _print_json([{"name": n.name, "description": n.description, "conv_layers": n.conv_layers,
-                          "distinct_layers": len(n.layers)} for n in networks])
+            _print_json([{"name": n.name, "description": n.description, "default_batch": n.default_batch,
+                          "conv_layers": n.conv_layers, "distinct_layers": len(n.layers)} for n in networks])
         else:
-            print(_table(("network", "conv layers", "distinct", "description"),
-                         [(n.name, n.conv_layers, len(n.layers), n.description) for n in networks]))
-            print("\nalso: a network file NAME.json (`ucudnn nets NAME --json` writes one) or, with torch "
+            print(_table(("network", "batch", "conv layers", "distinct", "description"),
+                         [(n.name, n.default_batch, n.conv_layers, len(n.layers), n.description) for n in networks]))
+            print("\nbatch: the default --batch, one the shipped recording covers")
+            print("also: a network file NAME.json (`ucudnn nets NAME --json` writes one) or, with torch "
                   "and torchvision installed, any torchvision model by name")
         return 0
     network = get_network(args.name)
@@ -399,17 +428,21 @@ _KERNEL_HEADERS = ("kind", "input", "filter", "pad", "stride", "dil", "groups", 
 
 def cache_list(args) -> int:
     path = _read_path(args.cache)
+    from .coverage import recordings
+
     with _database(path) as database:
-        listing = [(device, database.kernels(device)) for device in _devices_in(database)]
+        listing = [(device, database.kernels(device), recordings(database, device))
+                   for device in _devices_in(database)]
     if args.json:
         _print_json({"database": str(path), "devices": [
-            {**_device_json(device), "kernels": [{"shape_key": p.shape_key(), "problem": p.to_dict(),
-                                                  "measurements": n} for p, n in kernels]}
-            for device, kernels in listing]})
+            {**_device_json(device), "recordings": [r.to_json() for r in covered],
+             "kernels": [{"shape_key": p.shape_key(), "problem": p.to_dict(), "measurements": n} for p, n in kernels]}
+            for device, kernels, covered in listing]})
         return 0
     print(f"{path}: {len(listing)} recording(s), one per GPU, cuDNN version and execution")
-    for device, kernels in listing:
+    for device, kernels, covered in listing:
         print(f"\n{device.describe()}: {len(kernels)} kernels, {sum(n for _, n in kernels)} measurements")
+        print(f"built-in networks it plans: {', '.join(r.describe() for r in covered) or 'none completely'}")
         print(_table((*_KERNEL_HEADERS, "measurements"), [(*_kernel_cells(p), n) for p, n in kernels]))
     return 0
 
@@ -491,6 +524,12 @@ def cache_verify(args) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # a value such as "-1MiB" is a value (refused by its type), not an unknown option; no
+        # option of ucudnn looks like a negative number
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str):
         """One line, not the usage: the message names the value and the fix."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -509,7 +548,9 @@ def _parent(*options: tuple[tuple, dict]) -> argparse.ArgumentParser:
 _NETWORK = _parent(
     (("--net",), dict(required=True, metavar="NAME|FILE.json",
                       help="a built-in network (see `ucudnn nets`), a network file, or a torchvision model")),
-    (("--batch",), dict(type=_batch, default=256, help="mini-batch size (default 256)")),
+    (("--batch",), dict(type=_batch, help=(
+        "mini-batch size (default: the network's, which the shipped recording covers: see `ucudnn nets`; "
+        "256 for a network file or torchvision model that names none)"))),
     (("--dtype",), dict(choices=DTYPES, default="float32", help="data type (default float32)")),
     (("--math",), dict(choices=MATH_TYPES, help=(
         "cuDNN math type (default: tensor_op for float16 and bfloat16, whose tensor-core kernels "
@@ -561,7 +602,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", type=_size, metavar="SIZE", help="WR limit per kernel (default 64MiB)")
     p.add_argument("--total-workspace", type=_size, metavar="SIZE",
                    help="WD limit for the network (implies --optimizer wd; default: --workspace times the kernels)")
-    p.add_argument("--plot", type=_output, metavar="FILE.png",
+    p.add_argument("--plot", type=_plot_output, metavar="FILE.png",
                    help="draw a kernel's Pareto front, per-layer times and (WD) the workspace division")
     p.add_argument("--kernel", metavar="LAYER/KIND", help="the kernel --plot shows, e.g. conv2/F (default: slowest)")
     p.add_argument("--offline", action="store_true", help="plan from the cache only, even where a GPU could measure")

@@ -33,6 +33,8 @@ def parse_size(value: str | int, name: str = "size") -> int:
         if value < 0:
             raise ConfigError(f"{name}={value} is negative; use {SIZE_FORMS}")
         return value
+    if str(value).strip().startswith("-"):
+        raise ConfigError(f"{name}={value!r} is negative; sizes are >= 0: use {SIZE_FORMS}")
     match = _SIZE.match(str(value))
     unit = match and match.group(2).lower()
     if not match or unit not in _UNITS:
@@ -107,7 +109,18 @@ class Settings:
         variables = {f"UCUDNN_{name.upper()}": name for name in names} | {"UCUDNN_CACHE": "cache_path"}
         raw = {name: (env[variable], variable) for variable, name in variables.items() if variable in env}
         raw.update({k: (v, k) for k, v in overrides.items() if v is not None})
-        return replace(cls(), **{k: _PARSERS[k](value, label) for k, (value, label) in raw.items()})
+        settings = replace(cls(), **{k: _PARSERS[k](value, label) for k, (value, label) in raw.items()})
+        return _with_total_meaning_wd(settings, "optimizer" in raw)
+
+
+def _with_total_meaning_wd(settings: Settings, optimizer_given: bool) -> Settings:
+    """A total workspace limit is WD's: given one, the optimizer is WD, and an explicit WR is an error."""
+    if settings.total_workspace_limit is None or settings.optimizer == "wd":
+        return settings
+    if optimizer_given:
+        raise ConfigError(f"total_workspace_limit={settings.total_workspace_limit} is the WD optimizer's limit, "
+                          "but optimizer='wr'; drop the total or use optimizer='wd'")
+    return replace(settings, optimizer="wd")
 
 
 _PARSERS = {

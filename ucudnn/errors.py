@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 
+# ucudnn is not on PyPI: its GPU extras install from a clone of the repository
+GPU_INSTALL = "pip install '.[cuda13]' (or '.[cuda12]') in a clone of the ucudnn repository"
+
+
 class UcudnnError(Exception):
     """Base of every error ucudnn raises on purpose."""
 
@@ -51,7 +55,12 @@ class InfeasibleError(UcudnnError):
 
 
 class MissingMeasurementsError(UcudnnError):
-    """The optimizer needs measurements that are neither cached nor measurable here."""
+    """The optimizer needs measurements that are neither cached nor measurable here: where known,
+    of `problem` (a ConvProblem) at the micro-batch sizes `missing`."""
+
+    def __init__(self, message: str, problem=None, missing: tuple[int, ...] = ()):
+        self.problem, self.missing = problem, tuple(missing)
+        super().__init__(message)
 
 
 class CacheError(UcudnnError):

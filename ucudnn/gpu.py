@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from .device import DeviceInfo
-from .errors import GpuUnavailableError, GraphCaptureError
+from .errors import GPU_INSTALL, GpuUnavailableError, GraphCaptureError
 
 
 def cupy():
@@ -15,7 +15,7 @@ def cupy():
         import cupy as cp
     except ImportError as exc:
         raise GpuUnavailableError(
-            "CuPy is not installed; install ucudnn with a GPU extra: pip install 'ucudnn[cuda13]'"
+            f"CuPy is not installed; install ucudnn with a GPU extra: {GPU_INSTALL}"
         ) from exc
     return cp
 

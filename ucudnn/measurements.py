@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 # Statuses of a measurement. Only OK ones are candidates for the optimizers.
 OK = "ok"
@@ -71,3 +71,11 @@ class KernelTable:
 
     def missing(self, sizes: Iterable[int], limit: int | None) -> list[int]:
         return [b for b in sizes if not self.complete_for(b, limit)]
+
+
+def describe_sizes(sizes: Sequence[int], shown: int = 10) -> str:
+    """'micro-batch sizes [1, 2, 4]', or for a long list its count, range and first few."""
+    if len(sizes) <= shown:
+        return f"micro-batch sizes {list(sizes)}"
+    first = ", ".join(map(str, sizes[:shown]))
+    return f"{len(sizes)} micro-batch sizes from {min(sizes)} to {max(sizes)} ({first}, ...)"

@@ -23,6 +23,19 @@ def _pyplot():
     return plt
 
 
+def check_plot_path(path: str | Path) -> None:
+    """A ConfigError, before any planning, for a file name whose extension matplotlib cannot write."""
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    extension = Path(path).suffix.lower().lstrip(".")
+    if extension not in formats:
+        what = f"extension .{extension} is not a plot format" if extension else "has no extension"
+        raise ConfigError(f"plot file {path}: {what}; end it in .png, .pdf, .svg or another of "
+                          f"{', '.join(sorted(formats))}")
+
+
 def _save(figure, path: str | Path) -> None:
     try:
         figure.savefig(path, dpi=120)
@@ -104,8 +117,8 @@ def draw_layer_times(ax, plan: Plan) -> None:
 def draw_division(ax, plan: Plan) -> None:
     """Fig. 14: the workspace each kernel gets, cuDNN undivided at the per-kernel limit against WD's
     division."""
-    def workspace(which: str) -> dict[str, float]:
-        return {row.kernel.name: row.kernel.count * getattr(row, which).workspace / MIB for row in plan.rows}
+    def workspace(which: str) -> dict[str, float]:  # once per distinct kernel: repeats share it
+        return {row.kernel.name: getattr(row, which).workspace / MIB for row in plan.rows}
 
     _stacked(ax, {f"cuDNN undivided\n{plan.kernel_limit / MIB:.1f} MiB each": workspace("undivided"),
                   f"WD\n{plan.limit / MIB:.0f} MiB total": workspace("configuration")}, "workspace (MiB)")

@@ -9,7 +9,7 @@ import ctypes
 import functools
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_void_p
 
-from ..errors import CudnnError
+from ..errors import CudnnError, GpuUnavailableError
 from . import library
 from .enums import SUCCESS, AlgoPerf
 
@@ -89,7 +89,14 @@ def version() -> int:
 def create_handle(stream: int | None = None) -> c_void_p:
     """A new cuDNN handle, on `stream` if given (else cuDNN's default, the legacy stream)."""
     handle = c_void_p()
-    call("cudnnCreate", ctypes.byref(handle))
+    try:
+        call("cudnnCreate", ctypes.byref(handle))
+    except CudnnError as exc:
+        if exc.status_name != "CUDNN_STATUS_NOT_INITIALIZED":
+            raise
+        # what cuDNN says where its library loads but no GPU or driver is usable
+        raise GpuUnavailableError(f"cuDNN cannot start: {exc}; no usable NVIDIA GPU or driver here "
+                                  "(nvidia-smi should list one)") from None
     if stream is not None:
         set_stream(handle, stream)
     return handle

@@ -7,7 +7,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ..errors import LibraryNotFoundError
+from ..errors import GPU_INSTALL, LibraryNotFoundError
 
 SONAME = "libcudnn.so.9"
 
@@ -59,6 +59,6 @@ def load() -> tuple[ctypes.CDLL, str]:
                 ) from exc
             errors.append(f"{origin}: {exc}")
     raise LibraryNotFoundError(
-        "cuDNN 9 was not found (" + "; ".join(errors) + "). Install it with "
-        "`pip install ucudnn[cuda13]` (or [cuda12]), or set UCUDNN_CUDNN_LIBRARY to libcudnn.so.9"
+        "cuDNN 9 was not found (" + "; ".join(errors) + f"). Install it with `{GPU_INSTALL}`, "
+        "or set UCUDNN_CUDNN_LIBRARY to libcudnn.so.9"
     )

@@ -25,6 +25,8 @@ def shard_path(directory: str | os.PathLike, host: str | None = None, *, pid: in
 
 
 def _recordings_dir() -> Path:
+    if (_CHECKOUT_RECORDINGS / "__init__.py").is_file():  # this source checkout's, not an installed copy's
+        return _CHECKOUT_RECORDINGS
     try:
         return Path(str(resources.files(RECORDINGS_PACKAGE)))
     except ModuleNotFoundError:  # a source checkout: the package exists only once installed

@@ -338,9 +338,15 @@ class TorchKernel:
 
 def _settings(workspace_limit=None, optimizer=None, policy=None, total_limit=None, cache_path=None,
               execution=None, verbose=None) -> Settings:
-    return Settings.load(workspace_limit=workspace_limit, optimizer=optimizer, batch_size_policy=policy,
-                         total_workspace_limit=total_limit, cache_path=cache_path, execution=execution,
-                         verbose=verbose)
+    try:
+        return Settings.load(workspace_limit=workspace_limit, optimizer=optimizer, batch_size_policy=policy,
+                             total_workspace_limit=total_limit, cache_path=cache_path, execution=execution,
+                             verbose=verbose)
+    except ConfigError as exc:  # name the keywords convert() takes, not the settings they set
+        message = str(exc)
+        for setting, keyword in (("batch_size_policy=", "policy="), ("total_workspace_limit=", "total_limit=")):
+            message = message.replace(setting, keyword)
+        raise ConfigError(message) from None
 
 
 class Context:

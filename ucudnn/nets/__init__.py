@@ -42,9 +42,12 @@ def get_network(name_or_path: str) -> Network:
 def load_network(path: str | Path) -> Network:
     """A network file: {"name": ..., "description": ..., "layers": [{"name": ..., ...}, ...]}."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"network file {path} does not exist; check the path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"network file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                          f"offset {exc.start}); save it as UTF-8 JSON") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"network file {path} cannot be read: {exc}") from None
     try:

@@ -4,6 +4,9 @@ AlexNet is Caffe's (227x227) in its single-column form: every layer has groups=1
 two-GPU model splits conv2, conv4 and conv5 into 2 groups. ResNets follow torchvision (stride in
 the 3x3 conv, 1x1 downsample convs), DenseNet-40 TensorFlow's benchmark model (16-channel stem,
 transitions keep the channel count), GoogLeNet Caffe's bvlc_googlenet (5x5 branches).
+
+Each network's default batch is one the shipped recording covers (bench/record.py's DEFAULT_SPECS),
+so `ucudnn optimize --net NAME` plans without a GPU; tests/test_cli.py checks it.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ def alexnet() -> Network:
         ConvLayer("conv3", 256, 384, 3, 13, pad=1),
         ConvLayer("conv4", 384, 384, 3, 13, pad=1),
         ConvLayer("conv5", 384, 256, 3, 13, pad=1),
-    ), "Caffe AlexNet, single column (groups=1), 227x227")
+    ), "Caffe AlexNet, single column (groups=1), 227x227", default_batch=256)
 
 
 def _downsample(prefix: str, channels: int, out: int, size: int, stride: int) -> list[ConvLayer]:
@@ -40,7 +43,7 @@ def _bottleneck(prefix: str, channels: int, width: int, size: int, stride: int):
     return [conv1, conv2, conv3, *_downsample(prefix, channels, out, size, stride)], out
 
 
-def _resnet(name: str, block, blocks_per_stage: tuple[int, ...]) -> Network:
+def _resnet(name: str, block, blocks_per_stage: tuple[int, ...], default_batch: int) -> Network:
     layers = [ConvLayer("conv1", 3, 64, 7, 224, stride=2, pad=3)]
     channels, size = 64, 56  # after the stride-2 3x3 max pool
     for stage, blocks in enumerate(blocks_per_stage):
@@ -49,15 +52,15 @@ def _resnet(name: str, block, blocks_per_stage: tuple[int, ...]) -> Network:
             added, channels = block(f"layer{stage + 1}.{index}", channels, 64 << stage, size, stride)
             layers += added
             size = added[-1].output_size
-    return Network(name, tuple(layers), f"torchvision {name}, 224x224")
+    return Network(name, tuple(layers), f"torchvision {name}, 224x224", default_batch)
 
 
 def resnet18() -> Network:
-    return _resnet("resnet18", _basic_block, (2, 2, 2, 2))
+    return _resnet("resnet18", _basic_block, (2, 2, 2, 2), default_batch=128)
 
 
 def resnet50() -> Network:
-    return _resnet("resnet50", _bottleneck, (3, 4, 6, 3))
+    return _resnet("resnet50", _bottleneck, (3, 4, 6, 3), default_batch=64)
 
 
 def densenet40(growth: int = 40, layers_per_block: int = 12) -> Network:
@@ -70,7 +73,8 @@ def densenet40(growth: int = 40, layers_per_block: int = 12) -> Network:
         if block < 3:  # a 1x1 conv, then a 2x2 average pool
             layers.append(ConvLayer(f"transition{block}", channels, channels, 1, size))
             size //= 2
-    return Network("densenet40", tuple(layers), f"DenseNet-40 (k={growth}), CIFAR 32x32")
+    return Network("densenet40", tuple(layers), f"DenseNet-40 (k={growth}), CIFAR 32x32",
+                   default_batch=256)
 
 
 # Inception modules: 1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection output channels.
@@ -107,7 +111,8 @@ def googlenet() -> Network:
     for name, widths in _INCEPTION.items():
         added, channels = _inception(name, channels, widths)
         layers += added
-    return Network("googlenet", tuple(layers), "GoogLeNet (Inception v1, Caffe bvlc_googlenet), 224x224")
+    return Network("googlenet", tuple(layers), "GoogLeNet (Inception v1, Caffe bvlc_googlenet), 224x224",
+                   default_batch=128)
 
 
 BUILTIN = {"alexnet": alexnet, "resnet18": resnet18, "resnet50": resnet50, "densenet40": densenet40,

@@ -9,13 +9,25 @@ from ..problem import ConvKind, ConvProblem
 
 Pair = tuple[int, int]
 _PAIRS = ("kernel", "input_size", "stride", "pad", "dilation")
+_COUNTS = ("in_channels", "out_channels", "groups", "count")  # positive integers
+DEFAULT_BATCH = 256  # of a network that names none
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _pair(value, name: str) -> Pair:
-    values = (value, value) if isinstance(value, int) else tuple(value)
-    if len(values) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    values = (value, value) if _is_int(value) else tuple(value) if isinstance(value, (list, tuple)) else ()
+    if len(values) != 2 or not all(_is_int(v) for v in values):
         raise ConfigError(f"{name}={value!r} must be an integer or a pair of integers [height, width]")
     return values
+
+
+def _positive(value, name: str) -> int:
+    if not _is_int(value) or value < 1:
+        raise ConfigError(f"{name}={value!r} must be a positive integer")
+    return value
 
 
 @dataclass(frozen=True)
@@ -34,11 +46,11 @@ class ConvLayer:
     count: int = 1
 
     def __post_init__(self):
-        for name in _PAIRS:
-            object.__setattr__(self, name, _pair(getattr(self, name), name))
-        if not isinstance(self.count, int) or self.count < 1:
-            raise ConfigError(f"layer {self.name}: count={self.count!r} must be a positive integer")
         try:
+            for name in _PAIRS:
+                object.__setattr__(self, name, _pair(getattr(self, name), name))
+            for name in _COUNTS:
+                _positive(getattr(self, name), name)
             self.problem(ConvKind.FORWARD, 1)
         except ConfigError as exc:
             raise ConfigError(f"layer {self.name}: {exc}") from None
@@ -117,8 +129,10 @@ class Network:
     name: str
     layers: tuple[ConvLayer, ...]
     description: str = ""
+    default_batch: int = DEFAULT_BATCH  # the mini-batch size commands use when given none
 
     def __post_init__(self):
+        _positive(self.default_batch, f"network {self.name}: default_batch")
         object.__setattr__(self, "layers", merge_identical(self.layers))
         if not self.layers:
             raise ConfigError(f"network {self.name!r} has no convolution layers")
@@ -135,7 +149,7 @@ class Network:
                 for layer in self.layers for kind in kinds]
 
     def to_json(self) -> dict:
-        return {"name": self.name, "description": self.description,
+        return {"name": self.name, "description": self.description, "default_batch": self.default_batch,
                 "layers": [layer.to_json() for layer in self.layers]}
 
     @classmethod
@@ -143,4 +157,4 @@ class Network:
         if not isinstance(d, dict) or not isinstance(d.get("layers"), list):
             raise ConfigError('a network file is a JSON object {"name": ..., "layers": [...]}; see docs/cli.md')
         return cls(str(d.get("name", "custom")), tuple(ConvLayer.from_json(x) for x in d["layers"]),
-                   str(d.get("description", "")))
+                   str(d.get("description", "")), d.get("default_batch", DEFAULT_BATCH))

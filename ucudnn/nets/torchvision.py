@@ -8,8 +8,13 @@ from ..errors import ConfigError
 from .layers import ConvLayer, Network
 
 
+def missing_packages() -> list[str]:
+    """Which of torch and torchvision tracing needs are not installed."""
+    return [name for name in ("torch", "torchvision") if importlib.util.find_spec(name) is None]
+
+
 def available() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in ("torch", "torchvision"))
+    return not missing_packages()
 
 
 def model_names() -> list[str]:
@@ -21,7 +26,9 @@ def model_names() -> list[str]:
 def trace(name: str, input_size: int = 224) -> Network:
     """The nn.Conv2d layers of torchvision model `name` on a 1 x 3 x input_size^2 input."""
     if not available():
-        raise ConfigError(f"network {name!r} needs torch and torchvision to trace; pip install torch torchvision")
+        missing = " and ".join(missing_packages())
+        raise ConfigError(f"network {name!r} needs torch and torchvision to trace, and {missing} "
+                          f"{'is' if ' ' not in missing else 'are'} not installed; pip install {missing}")
     import torch
     import torchvision
 

@@ -1,0 +1,52 @@
+"""The docs say what the code does now: docs/cli.md's examples print what they show (re-run by
+bench/docs_examples.py), and docs/results.md's counts are those of the shipped file."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ucudnn.cache import BenchmarkDatabase, recorded_path
+
+REPO = Path(__file__).resolve().parents[1]
+REGENERATE = "python3 bench/docs_examples.py"
+
+
+def _docs_examples():
+    spec = importlib.util.spec_from_file_location("docs_examples", REPO / "bench" / "docs_examples.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+def test_every_example_of_cli_md_prints_what_the_page_shows():
+    """Fails when a command of docs/cli.md prints other than the page shows (wall and solver
+    seconds aside); the torchvision example depends on what is installed and is not compared."""
+    examples = _docs_examples()
+    page = examples.PAGE.read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, env = examples._scratch(Path(tmp))
+        now = examples.render(page, folder, env, skip=lambda command: "torchvision" in command)
+    assert examples.masked(now) == examples.masked(page), f"docs/cli.md is stale: run `{REGENERATE}`"
+
+
+def test_the_examples_are_found_and_cat_blocks_are_inputs(tmp_path):
+    examples = _docs_examples()
+    page = "```console\n$ cat a.txt\nhello\n```\n\n```console\n$ cat a.txt; echo \"exit $?\"\nstale\n```\n"
+    folder, env = examples._scratch(tmp_path)
+    assert examples.render(page, folder, env) == page.replace("stale\n", "hello\nexit 0\n")
+
+
+@pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+def test_results_md_counts_the_shipped_measurements():
+    text = (REPO / "docs" / "results.md").read_text()
+    stated = re.search(r"The shipped file holds ([\d,]+) measurements for direct execution\s+and ([\d,]+) for "
+                       r"graph execution", text)
+    assert stated, "docs/results.md no longer states the shipped file's counts"
+    with BenchmarkDatabase(recorded_path(), readonly=True) as database:
+        counts = {d.execution: sum(n for _, n in database.kernels(d)) for d in database.devices()}
+    assert [int(n.replace(",", "")) for n in stated.groups()] == [counts["direct"], counts["graph"]]

@@ -1,0 +1,118 @@
+"""What a benchmark database covers: the networks, mini-batch sizes, data types, layouts and
+micro-batch policies it can plan without a GPU, derived from the measurements it holds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .config import batch_sizes
+from .device import DeviceInfo
+from .errors import MissingMeasurementsError
+from .measurements import describe_sizes
+from .nets import Network, list_networks
+from .problem import default_math
+
+POLICY_ORDER = ("all", "powerOfTwo")  # the first one a recording satisfies describes it
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A network measured at every micro-batch size `policy` needs up to `batch`, on one device:
+    with "all", any batch up to `batch` plans offline; with "powerOfTwo", `batch` and the powers
+    of two below it."""
+
+    network: str
+    batch: int
+    dtype: str
+    layout: str
+    math: str
+    policy: str
+
+    def covers(self, batch: int, policy: str) -> bool:
+        if self.policy == "all":
+            return batch <= self.batch
+        return batch <= self.batch and batch & (batch - 1) == 0 and policy != "all"
+
+    def describe(self) -> str:
+        sizes = f"any batch up to {self.batch}" if self.policy == "all" else f"batch {self.batch}"
+        math = "" if self.math == default_math(self.dtype) else f" math {self.math}"
+        return f"{self.network} {sizes} {self.dtype} {self.layout}{math} ({self.policy})"
+
+    def to_json(self) -> dict:
+        return {"network": self.network, "batch": self.batch, "dtype": self.dtype, "layout": self.layout,
+                "math": self.math, "policy": self.policy}
+
+
+def _variants(database, device: DeviceInfo) -> list[tuple[str, str, str]]:
+    """The (dtype, layout, math) combinations the database has any kernel of on `device`."""
+    return sorted({(p.dtype, p.layout, p.math) for p, _ in database.kernels(device)})
+
+
+def _measured_sizes(database, device: DeviceInfo, network: Network, variant: tuple[str, str, str]) -> set[int]:
+    """The micro-batch sizes at which every kernel of `network` is completely measured."""
+    dtype, layout, math = variant
+    keys = [k.problem.shape_key() for k in network.problems(1, dtype, math, layout)]
+    tables = database.lookup(keys, device).values()
+    sizes = [{b for b in table.sizes if table.complete_for(b, None)} for table in tables]
+    return set.intersection(*sizes) if sizes else set()
+
+
+def _largest(sizes: set[int], policy: str) -> int | None:
+    """The largest mini-batch all of whose `policy` micro-batch sizes are in `sizes`."""
+    fitting = [b for b in sizes if sizes.issuperset(batch_sizes(policy, b))]
+    return max(fitting, default=None)
+
+
+def _recording(network: Network, variant: tuple[str, str, str], sizes: set[int]) -> Recording | None:
+    batch = _largest(sizes, "powerOfTwo")
+    if batch is None:
+        return None
+    policy = next(p for p in POLICY_ORDER if sizes.issuperset(batch_sizes(p, batch)))
+    return Recording(network.name, batch, *variant, policy)
+
+
+def recordings(database, device: DeviceInfo, networks: Sequence[Network] | None = None) -> list[Recording]:
+    """What `database` (a BenchmarkDatabase) can plan on `device`'s GPU, cuDNN and execution: for
+    each network (default: the built-in ones) and data type, layout and math type it holds, the
+    largest mini-batch it covers."""
+    found = []
+    for variant in _variants(database, device):
+        for network in networks if networks is not None else list_networks():
+            recording = _recording(network, variant, _measured_sizes(database, device, network, variant))
+            if recording:
+                found.append(recording)
+    return found
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a command was asked to plan; `net` as the user named it (a name or a network file)."""
+
+    net: str
+    batch: int
+    dtype: str = "float32"
+    layout: str = "nchw"
+    math: str = "default"
+    policy: str = "powerOfTwo"
+
+    def bench_command(self) -> str:
+        """The `ucudnn bench` command that measures what planning this needs (defaults left out)."""
+        defaults = Request(self.net, self.batch, math=default_math(self.dtype))
+        flags = [f"--{name} {getattr(self, name)}" for name in ("dtype", "layout", "math", "policy")
+                 if getattr(self, name) != getattr(defaults, name)]
+        return " ".join(["ucudnn bench --net", self.net, "--batch", str(self.batch), *flags])
+
+
+def explain_missing(error: MissingMeasurementsError, database, device: DeviceInfo, network: Network,
+                    request: Request) -> MissingMeasurementsError:
+    """`error` of a plan from `database` alone, retold: what it lacks, what of `network` it has,
+    and the command that measures the rest."""
+    lacking = (f": {error.problem.describe()} at {describe_sizes(error.missing)}" if error.problem else "")
+    found = [r.describe() for r in recordings(database, device, [network])]
+    has = ", ".join(found) if found else (f"no complete recording of {network.name} "
+                                          "(`ucudnn cache list` lists what it has)")
+    return MissingMeasurementsError(
+        f"{database.path} has no measurements for {network.name} at batch {request.batch} {request.dtype} "
+        f"{request.layout} ({request.policy}) on {device.describe()}{lacking}; it has {has}; measure them "
+        f"with `{request.bench_command()}` on a GPU, or point --cache at a database that has them",
+        problem=error.problem, missing=error.missing)
