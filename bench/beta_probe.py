@@ -12,10 +12,10 @@ import json
 from probe_setup import graph_ms, problem_of, start, write_report
 
 from ucudnn.benchmark import Scratch
-from ucudnn.bindings import cudnn
 from ucudnn.bindings.enums import ALGORITHMS
 from ucudnn.bindings.executor import CudnnExecutor
 from ucudnn.dispatch import Step
+from ucudnn.graphs import cudnn_capturer
 
 CASES = [("resnet50", 64, "layer3.0.downsample.0/BF", 2, "ALGO_1", 32),
          ("alexnet", 256, "conv4/BF", 4, "ALGO_1", 64),
@@ -24,7 +24,7 @@ CASES = [("resnet50", 64, "layer3.0.downsample.0/BF", 2, "ALGO_1", 32),
 
 def main(argv=None) -> int:
     out, stream, handle = start(__doc__, argv)
-    executor, capturer, rows = CudnnExecutor(handle), cudnn.graph_capturer(handle, lambda: stream), []
+    executor, capturer, rows = CudnnExecutor(handle), cudnn_capturer(handle, lambda: stream), []
     for net, batch, name, b, algo_name, calls in CASES:
         problem = problem_of(net, batch, name)
         micro = problem.with_batch(b)

@@ -28,21 +28,17 @@ import io
 import pstats
 import shutil
 import statistics
-import sys
 import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import torch
+import torchvision
+from torch import nn
 
-import torch  # noqa: E402
-import torchvision  # noqa: E402
-from torch import nn  # noqa: E402
-
-import ucudnn.torch as ut  # noqa: E402
-from probe_setup import write_report  # noqa: E402
-from ucudnn.cache.paths import recorded_path  # noqa: E402
+import ucudnn.torch as ut
+from probe_setup import write_report
+from ucudnn.cache.paths import recorded_path
 
 BAR_MS = 0.15
 SPEC = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")

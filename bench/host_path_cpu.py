@@ -3,7 +3,7 @@ converted convolution (Conv2d.forward, prepare, the autograd Function, Context.r
 object, a GraphedProgram) with kernels that do nothing, so what is timed is the host work
 ucudnn adds around cuDNN's own calls. Plans come from the CPU tests' fake benchmarker.
 
-    PYTHONPATH=. python3 bench/host_path_cpu.py [--calls 2000] [--profile 25]
+    PYTHONPATH=.:tests python3 bench/host_path_cpu.py [--calls 2000] [--profile 25]
 
 Prints microseconds per forward (no grad) and per F+BD+BF step for an NCHW fp32 layer and an
 autocast fp16 channels_last one, beside torch's own layer on the same (tiny) CPU tensors, whose
@@ -16,22 +16,18 @@ import contextlib
 import cProfile
 import itertools
 import pstats
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-import ucudnn.torch as ut  # noqa: E402
-from fakes import FakeAllocator, FakeBenchmarker  # noqa: E402
-from ucudnn.cache import Cache  # noqa: E402
-from ucudnn.graphs import GraphedProgram  # noqa: E402
-from ucudnn.plans import Plans  # noqa: E402
+import ucudnn.torch as ut
+from fakes import FakeAllocator, FakeBenchmarker
+from ucudnn.cache import Cache
+from ucudnn.graphs import GraphedProgram
+from ucudnn.plans import Plans
 
 
 class NullCapturer:

@@ -17,12 +17,12 @@ from dataclasses import replace
 from probe_setup import graph_ms, problem_of, start, write_report
 
 from ucudnn.benchmark import Scratch
-from ucudnn.bindings import cudnn
 from ucudnn.bindings.convolution import workspace_size
 from ucudnn.bindings.descriptors import KernelDescriptors
 from ucudnn.bindings.enums import ALGORITHMS
 from ucudnn.bindings.executor import CudnnExecutor
 from ucudnn.dispatch import plan
+from ucudnn.graphs import cudnn_capturer
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
 # (net, batch, kernel, micro-batch size, algorithm)
@@ -36,7 +36,7 @@ CASES = [("resnet50", 64, "layer1.0.conv1/BD", 16, "ALGO_1"),
 
 def main(argv=None) -> int:
     out, stream, handle = start(__doc__, argv)
-    executor, capturer, rows = CudnnExecutor(handle), cudnn.graph_capturer(handle, lambda: stream), []
+    executor, capturer, rows = CudnnExecutor(handle), cudnn_capturer(handle, lambda: stream), []
     for net, batch, name, b, algo_name in CASES:
         problem = problem_of(net, batch, name)
         algo = ALGORITHMS[problem.kind].index(algo_name)

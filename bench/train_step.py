@@ -278,7 +278,6 @@ def main(argv=None) -> None:
     parser.add_argument("--variant", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from ucudnn.config import parse_size
 
     args.limit_bytes = parse_size(args.limit, "--limit")

@@ -1,6 +1,6 @@
 """How long the WD optimizer takes: desirable sets, ILP variables, build and solve seconds.
 
-    python bench/wd_solve.py [--database FILE.db [--network resnet50] [--gpu NAME]]
+    PYTHONPATH=. python bench/wd_solve.py [--database FILE.db [--network resnet50] [--gpu NAME]]
                              [--kernels 160] [--batch 32] [--policy powerOfTwo]
                              [--limit-per-kernel 16MiB | --limit 2544MiB] [--solver cbc] [--seed 0]
 
@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ucudnn.config import batch_sizes, format_size, parse_size  # noqa: E402
-from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement  # noqa: E402
-from ucudnn.optimizers.wd import WDKernel, WDResult, optimize_wd  # noqa: E402
+from ucudnn.config import batch_sizes, format_size, parse_size
+from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement
+from ucudnn.optimizers.wd import WDKernel, WDResult, optimize_wd
 
 # Shapes of cuDNN's forward algorithms: time per sample relative to IMPLICIT_GEMM, the overhead
 # of a call in samples' worth of time (small micro-batches run less efficiently), workspace per

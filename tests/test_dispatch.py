@@ -1,4 +1,4 @@
-"""Dispatch: plan() + dispatch() + NumpyExecutor on flat arrays equals the undivided reference call."""
+"""Dispatch: plan() + dispatch() + NumpyExecutor (tests/executors.py) on flat arrays equals the undivided reference call."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +6,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from executors import NumpyExecutor, dispatch
 from strategies import geometry
 
 from ucudnn import reference
-from ucudnn.dispatch import NumpyExecutor, Step, dispatch, plan
+from ucudnn.dispatch import Step, plan
 from ucudnn.errors import ConfigError
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.problem import ConvKind, ConvProblem

@@ -10,8 +10,8 @@ import zlib
 import numpy as np
 import pytest
 
+from executors import dispatch
 from gpu_support import CASES, OUTPUT, expected, host_operands, random_problem, relative_error
-from ucudnn.dispatch import dispatch
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.problem import ConvKind
 

@@ -6,9 +6,10 @@ import warnings
 
 import numpy as np
 import pytest
+from executors import NumpyExecutor
 from test_dispatch import configuration, expected_output, make_operands
 
-from ucudnn.dispatch import NumpyExecutor, compile_plan
+from ucudnn.dispatch import compile_plan
 from ucudnn.errors import GraphCaptureError, UcudnnWarning
 from ucudnn.graphs import GraphedProgram
 from ucudnn.problem import ConvProblem

@@ -9,7 +9,7 @@ from fakes import FAKE_DEVICE, FakeAllocator, FakeBenchmarker
 from ucudnn import reference
 from ucudnn.cache import Cache
 from ucudnn.config import Settings
-from ucudnn.dispatch import NumpyExecutor, dispatch
+from executors import NumpyExecutor, dispatch
 from ucudnn.plans import Plans
 from ucudnn.problem import ConvKind, ConvProblem
 

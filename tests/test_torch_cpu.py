@@ -21,7 +21,8 @@ from torch import nn  # noqa: E402
 import ucudnn.torch as ut  # noqa: E402
 from fakes import FakeAllocator, FakeBenchmarker  # noqa: E402
 from ucudnn.cache import Cache  # noqa: E402
-from ucudnn.dispatch import NumpyExecutor, compile_plan  # noqa: E402
+from executors import NumpyExecutor  # noqa: E402
+from ucudnn.dispatch import compile_plan  # noqa: E402
 from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
 from ucudnn.plans import Plans  # noqa: E402

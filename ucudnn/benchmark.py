@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
 from . import gpu
-from .bindings.enums import algo_count
+from .bindings.enums import algo_count, refuses_problem
 from .device import DeviceInfo, check_execution, check_timing
 from .dispatch import compile_plan
 from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
+from .graphs import GraphCapturer, GraphedProgram, cudnn_capturer
 from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement,
                            describe_sizes)
 from .problem import ConvKind, ConvProblem
@@ -160,8 +161,6 @@ class ConfigurationTimer:
 
     def time_ms(self, problem: ConvProblem, configuration) -> float:
         """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
-        from .graphs import GraphedProgram
-
         ptrs = self.scratch.operands(problem)
         workspace = self.scratch.workspace(configuration.workspace)
         program = compile_plan(problem, configuration, self.executor)
@@ -174,17 +173,15 @@ class ConfigurationTimer:
         return statistics.median(_time(run, self.timing, self.stream))
 
 
-def _capturer(execution: str, handle, stream: int) -> "gpu.GraphCapturer | None":
+def _capturer(execution: str, handle, stream: int) -> "GraphCapturer | None":
     """What captures `handle`'s calls for graph execution; None for direct execution."""
-    from .bindings import cudnn
-
-    return cudnn.graph_capturer(handle, lambda: stream) if check_execution(execution) == "graph" else None
+    return cudnn_capturer(handle, lambda: stream) if check_execution(execution) == "graph" else None
 
 
 SWEEP_MS, SWEEP_CALLS = 0.5, 16
 
 
-def _time(run, timing: TimingSettings, stream: int, capturer: "gpu.GraphCapturer | None" = None) -> list[float]:
+def _time(run, timing: TimingSettings, stream: int, capturer: "GraphCapturer | None" = None) -> list[float]:
     """Warm up, then time enough calls to fill the target (see TimingSettings); the warm-up
     only sizes the repeats.
 
@@ -208,7 +205,7 @@ def _time(run, timing: TimingSettings, stream: int, capturer: "gpu.GraphCapturer
 
 
 def _failure(exc: CudnnError) -> str:
-    return UNSUPPORTED if exc.status // 1000 in (2, 3) else FAILED
+    return UNSUPPORTED if refuses_problem(exc.status) else FAILED
 
 
 def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProblem], Sequence[int]],

@@ -1,19 +1,16 @@
 """Run a configuration: one cuDNN call per micro-batch, operands offset along N.
 
 The plan (which samples, which byte offsets, which alpha/beta) is pure and shared by every
-executor: the cuDNN executor on the GPU and the NumPy executor the CPU tests check it with.
+executor: the cuDNN executor on the GPU (bindings/executor.py) and the NumPy executor the CPU
+tests check it with (tests/executors.py).
 Operands are named after the forward convolution: x (input), w (filter), y (output). F reads x
 and w and writes y; BD reads y (dy) and w and writes x (dx); BF reads x and y (dy) and writes w (dw).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-import numpy as np
-
-from . import reference
 from .errors import ConfigError
 from .optimizers.configuration import Configuration
 from .problem import ConvKind, ConvProblem
@@ -76,42 +73,3 @@ class Program:
 def compile_plan(problem: ConvProblem, configuration: Configuration, executor: Executor,
                  alpha: float = 1.0, beta: float = 0.0) -> Program:
     return Program([executor.prepare(step) for step in plan(problem, configuration, alpha, beta)])
-
-
-def dispatch(problem: ConvProblem, configuration: Configuration, executor: Executor, x: Any, w: Any,
-             y: Any, alpha: float = 1.0, beta: float = 0.0, workspace: Any = None,
-             workspace_size: int = 0) -> None:
-    compile_plan(problem, configuration, executor, alpha, beta)(x, w, y, workspace, workspace_size)
-
-
-class NumpyExecutor:
-    """Runs steps on flat NumPy arrays with the float64 reference, honouring byte offsets exactly
-    as the cuDNN executor does with pointers. Records the steps it ran."""
-
-    def __init__(self):
-        self.steps: list[Step] = []
-
-    def prepare(self, step: Step) -> Call:
-        return functools.partial(self, step)
-
-    def __call__(self, step: Step, x: np.ndarray, w: np.ndarray, y: np.ndarray, workspace=None,
-                 workspace_size: int = 0) -> None:
-        self.steps.append(step)
-        p = step.problem
-        views = {
-            "x": self._view(x, step.x_offset, p.x_shape, p),
-            "y": self._view(y, step.y_offset, p.y_shape, p),
-            "w": self._view(w, 0, p.w_shape, p),
-        }
-        out = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}[p.kind]
-        logical = {k: reference.to_logical(v, p.layout) for k, v in views.items()}
-        result = reference.convolve(p, logical["x"], logical["w"], logical["y"])
-        prior = logical[out].astype(np.float64)
-        blended = step.alpha * result + (step.beta * prior if step.beta else 0.0)
-        views[out][...] = reference.from_logical(blended, p.layout)
-
-    @staticmethod
-    def _view(flat: np.ndarray, offset: int, shape: tuple[int, ...], p: ConvProblem) -> np.ndarray:
-        start = offset // flat.itemsize
-        count = int(np.prod(shape))
-        return flat[start:start + count].reshape(reference.stored_shape(shape, p.layout))

@@ -1,13 +1,12 @@
 """The little of CUDA that ucudnn needs, through CuPy: device facts, memory, streams, events."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from typing import Any
 
 from .device import DeviceInfo
-from .errors import GPU_INSTALL, GpuUnavailableError, GraphCaptureError
+from .errors import GPU_INSTALL, GpuUnavailableError
 
 
 def cupy():
@@ -114,69 +113,3 @@ def time_calls(run, repeats: int, stream: int, hide_host: bool = False) -> list[
         for pair in events:
             for event in pair:
                 rt.eventDestroy(event)
-
-
-# --- CUDA graphs ----------------------------------------------------------------------------------
-
-_CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal: other threads' CUDA calls stay legal
-
-
-class Graph:
-    """An instantiated CUDA graph: the work captured once, replayed by one launch."""
-
-    def __init__(self, executable: int):
-        self._executable = executable
-        self._destroy = cupy().cuda.runtime.graphExecDestroy
-
-    def launch(self, stream: int) -> None:
-        cupy().cuda.runtime.graphLaunch(self._executable, stream)
-
-    def __del__(self):
-        # safe while a launch is in flight: CUDA frees the graph when it completes
-        self._destroy(self._executable)
-
-
-class GraphCapturer:
-    """Captures what a library queues on its stream into CUDA graphs, and launches them.
-
-    Work is captured on a private stream (a caller's stream may be the legacy default stream,
-    which cannot capture): `redirect(stream)` points the library at a stream (for cuDNN,
-    cudnnSetStream on its handle) and `stream()` names the caller's stream, where graphs run."""
-
-    def __init__(self, redirect, stream):
-        self._redirect, self._stream = redirect, stream
-        self._private = cupy().cuda.runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
-
-    def capture(self, run) -> Graph:
-        """A graph of the work `run()` queues; GraphCaptureError if any of it cannot be captured."""
-        rt = cupy().cuda.runtime
-        self._redirect(self._private)
-        try:
-            rt.streamBeginCapture(self._private, _CAPTURE_THREAD_LOCAL)
-            try:
-                run()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    rt.graphDestroy(rt.streamEndCapture(self._private))
-                raise
-            graph = rt.streamEndCapture(self._private)  # raises if the capture was invalidated
-            try:
-                return Graph(rt.graphInstantiate(graph))
-            finally:
-                rt.graphDestroy(graph)
-        except Exception as exc:
-            raise GraphCaptureError(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            self._redirect(self._stream())
-
-    def launch(self, graph: Graph) -> None:
-        graph.launch(self._stream())
-
-    def capturing(self) -> bool:
-        """Whether the caller's stream is itself being captured (its own graph takes our calls)."""
-        stream = self._stream()
-        return stream != 0 and cupy().cuda.runtime.streamIsCapturing(stream)
-
-    def __del__(self):
-        with contextlib.suppress(Exception):
-            cupy().cuda.runtime.streamDestroy(self._private)

@@ -9,15 +9,19 @@ A graph holds the device addresses it was captured with, so one is kept per set 
 workspace addresses. The first run with a set runs directly; the second captures a graph; later
 ones replay it. Buffers that move every call (nothing reused) therefore cost nothing extra.
 
-Pure logic over a capturer (ucudnn.gpu.GraphCapturer on the GPU; a fake in the CPU tests).
+GraphedProgram is pure logic over a capturer: `GraphCapturer` (CUDA, through CuPy) on the GPU,
+`cudnn_capturer(handle, stream)` for the calls of a cuDNN handle; a fake in the CPU tests.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Protocol
 
 from .errors import GraphCaptureError, UcudnnWarning
+from .gpu import cupy
 
 MAX_GRAPHS = 8  # per kernel: address sets in use at once (e.g. torch's caching allocator ping-pong)
 MAX_SEEN = 32  # per kernel: address sets seen once, waiting for a second sight
@@ -86,3 +90,76 @@ class GraphedProgram:
         if len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)  # the graph is freed once any replay in flight ends
         return graph
+
+
+# --- CUDA graphs through CuPy ----------------------------------------------------------------------
+
+_CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal: other threads' CUDA calls stay legal
+
+
+class Graph:
+    """An instantiated CUDA graph: the work captured once, replayed by one launch."""
+
+    def __init__(self, executable: int):
+        self._executable = executable
+        self._destroy = cupy().cuda.runtime.graphExecDestroy
+
+    def launch(self, stream: int) -> None:
+        cupy().cuda.runtime.graphLaunch(self._executable, stream)
+
+    def __del__(self):
+        # safe while a launch is in flight: CUDA frees the graph when it completes
+        self._destroy(self._executable)
+
+
+class GraphCapturer:
+    """Captures what a library queues on its stream into CUDA graphs, and launches them.
+
+    Work is captured on a private stream (a caller's stream may be the legacy default stream,
+    which cannot capture): `redirect(stream)` points the library at a stream (for cuDNN,
+    cudnnSetStream on its handle) and `stream()` names the caller's stream, where graphs run."""
+
+    def __init__(self, redirect, stream):
+        self._redirect, self._stream = redirect, stream
+        self._private = cupy().cuda.runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
+
+    def capture(self, run) -> Graph:
+        """A graph of the work `run()` queues; GraphCaptureError if any of it cannot be captured."""
+        rt = cupy().cuda.runtime
+        self._redirect(self._private)
+        try:
+            rt.streamBeginCapture(self._private, _CAPTURE_THREAD_LOCAL)
+            try:
+                run()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    rt.graphDestroy(rt.streamEndCapture(self._private))
+                raise
+            graph = rt.streamEndCapture(self._private)  # raises if the capture was invalidated
+            try:
+                return Graph(rt.graphInstantiate(graph))
+            finally:
+                rt.graphDestroy(graph)
+        except Exception as exc:
+            raise GraphCaptureError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._redirect(self._stream())
+
+    def launch(self, graph: Graph) -> None:
+        graph.launch(self._stream())
+
+    def capturing(self) -> bool:
+        """Whether the caller's stream is itself being captured (its own graph takes our calls)."""
+        stream = self._stream()
+        return stream != 0 and cupy().cuda.runtime.streamIsCapturing(stream)
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            cupy().cuda.runtime.streamDestroy(self._private)
+
+
+def cudnn_capturer(handle, stream: Callable[[], int]) -> GraphCapturer:
+    """A GraphCapturer for the calls made on cuDNN `handle`; `stream()` is where graphs run."""
+    from .bindings import cudnn
+
+    return GraphCapturer(functools.partial(cudnn.set_stream, handle), stream)

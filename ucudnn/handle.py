@@ -18,7 +18,7 @@ from .bindings.enums import VIRTUAL_ALGO
 from .bindings.executor import CudnnExecutor
 from .config import Settings
 from .dispatch import compile_plan
-from .graphs import GraphedProgram
+from .graphs import GraphedProgram, cudnn_capturer
 from .optimizers.configuration import Configuration
 from .plans import KernelPlan, Plans
 from .problem import ConvProblem
@@ -50,7 +50,7 @@ class Handle:
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
         self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
-        self._capturer = (cudnn.graph_capturer(self.cudnn_handle, lambda: self.stream)
+        self._capturer = (cudnn_capturer(self.cudnn_handle, lambda: self.stream)
                           if self.settings.execution == "graph" else None)
 
     def set_stream(self, stream: int) -> None:

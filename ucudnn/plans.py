@@ -87,7 +87,7 @@ class Plans:
         base = self._buffer(self.wd_result.total_workspace)
         for key, configuration in self.wd_result.configurations.items():
             segment = self.wd_result.segments[key]
-            self._plans[key] = KernelPlan(configuration, base + segment.offset if segment.size else 0,
+            self._plans[key] = KernelPlan(configuration, segment.pointer(base) if segment.size else 0,
                                           segment.size)
         self._network_solved = True
 

@@ -6,7 +6,6 @@ the status when cuDNN returns anything but CUDNN_STATUS_SUCCESS.
 from __future__ import annotations
 
 import ctypes
-import functools
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_void_p
 
 from ..errors import CudnnError, GpuUnavailableError
@@ -23,7 +22,6 @@ PROTOTYPES: dict[str, list] = {
     "cudnnCreate": [POINTER(P)],
     "cudnnDestroy": [P],
     "cudnnSetStream": [P, P],
-    "cudnnGetStream": [P, POINTER(P)],
     "cudnnCreateTensorDescriptor": [POINTER(P)],
     "cudnnSetTensorNdDescriptor": [P, c_int, c_int, INT_P, INT_P],
     "cudnnGetTensorNdDescriptor": [P, c_int, INT_P, INT_P, INT_P, INT_P],
@@ -43,8 +41,6 @@ PROTOTYPES: dict[str, list] = {
     # The three kernels share argument shapes: (input1, input2, output) descriptors in cuDNN's
     # order: F (x, w, y), BD (w, dy, dx), BF (x, dy, dw).
     **{f"cudnnGet{k}Algorithm_v7": [P, P, P, P, P, c_int, INT_P, PERF_P] for k in
-       ("ConvolutionForward", "ConvolutionBackwardData", "ConvolutionBackwardFilter")},
-    **{f"cudnnGet{k}AlgorithmMaxCount": [P, INT_P] for k in
        ("ConvolutionForward", "ConvolutionBackwardData", "ConvolutionBackwardFilter")},
     **{f"cudnnFind{k}AlgorithmEx": [P, P, P, P, P, P, P, P, c_int, INT_P, PERF_P, P, c_size_t] for k in
        ("ConvolutionForward", "ConvolutionBackwardData", "ConvolutionBackwardFilter")},
@@ -108,13 +104,6 @@ def destroy_handle(handle) -> None:
 
 def set_stream(handle, stream: int) -> None:
     call("cudnnSetStream", handle, c_void_p(stream))
-
-
-def graph_capturer(handle, stream):
-    """A gpu.GraphCapturer for the calls made on `handle`; `stream()` is where graphs run."""
-    from .. import gpu
-
-    return gpu.GraphCapturer(functools.partial(set_stream, handle), stream)
 
 
 def scalar(value: float, dtype: str):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 from ctypes import byref, c_int, c_void_p
 
-import numpy as np
 
 from ..errors import UnsupportedProblemError
 from ..problem import ConvKind, ConvProblem
@@ -128,8 +127,3 @@ def read_problem(kind: ConvKind | str, x_desc, w_desc, conv_desc) -> ConvProblem
         )
     return ConvProblem(kind=ConvKind(kind), x_shape=tuple(x_shape), w_shape=tuple(w_shape), dtype=dtype,
                        layout=layout, **_read_convolution(conv_desc))
-
-
-def nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    from ..problem import ITEMSIZE
-    return int(np.prod(shape)) * ITEMSIZE[dtype]
