@@ -16,7 +16,7 @@ from ucudnn.benchmark import Scratch
 from ucudnn.bindings.enums import ALGORITHMS
 from ucudnn.bindings.executor import CudnnExecutor
 from ucudnn.cache import Cache, recorded_path
-from ucudnn.dispatch import compile_plan
+from ucudnn.dispatch import compile_program
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
 CASES = [("alexnet", 256, "conv4/F", [(64, 4, "IMPLICIT_PRECOMP_GEMM")]),
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         config = configuration(problem, cache.table(problem, device), parts)
         scratch = Scratch()
         ptrs, workspace = scratch.operands(problem), scratch.workspace(config.workspace)
-        program = compile_plan(problem, config, executor)
+        program = compile_program(problem, config, executor)
 
         def run():
             program(ptrs["x"], ptrs["w"], ptrs["y"], workspace, config.workspace)

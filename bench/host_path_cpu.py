@@ -1,7 +1,7 @@
 """Host time of ucudnn.torch's path per layer call, on the CPU: the whole Python path of a
 converted convolution (Conv2d.forward, prepare, the autograd Function, Context.run, the kernel
 object, a GraphedProgram) with kernels that do nothing, so what is timed is the host work
-ucudnn adds around cuDNN's own calls. Plans come from the CPU tests' fake benchmarker.
+ucudnn adds around cuDNN's own calls. Assignments come from the CPU tests' fake benchmarker.
 
     PYTHONPATH=.:tests python3 bench/host_path_cpu.py [--calls 2000] [--profile 25]
 
@@ -27,7 +27,7 @@ import ucudnn.torch as ut
 from fakes import FakeAllocator, FakeBenchmarker
 from ucudnn.cache import Cache
 from ucudnn.graphs import GraphedProgram
-from ucudnn.plans import Plans
+from ucudnn.assignment import Assignments
 
 
 class NullCapturer:
@@ -44,23 +44,25 @@ class NullCapturer:
 
 
 class NullHandle:
-    """ucudnn.Handle's interface over real Plans whose compiled programs do nothing."""
+    """ucudnn.Handle's interface over real Assignments whose compiled programs do nothing."""
 
     def __init__(self, settings, cache):
-        self.plans = Plans(settings, cache, FakeBenchmarker, FakeAllocator(), pointer=lambda address: address)
+        self.settings = settings
+        self.assignments = Assignments(settings, cache, FakeBenchmarker, FakeAllocator(),
+                                       pointer=lambda address: address)
         self.stream = None
 
     def query(self, problem):
-        self.plans.record(problem)
+        self.assignments.record(problem)
 
-    def plan(self, problem):
-        return self.plans.get(problem)
+    def assignment(self, problem):
+        return self.assignments.get(problem)
 
     def program(self, problem, configuration, alpha=1.0, beta=0.0):
         return GraphedProgram(lambda *operands: None, NullCapturer(), problem.describe())
 
     def finalize(self):
-        self.plans.finalize()
+        self.assignments.finalize()
 
 
 class NullBackend(ut.CudaBackend):

@@ -21,7 +21,7 @@ from ucudnn.bindings.convolution import workspace_size
 from ucudnn.bindings.descriptors import KernelDescriptors
 from ucudnn.bindings.enums import ALGORITHMS
 from ucudnn.bindings.executor import CudnnExecutor
-from ucudnn.dispatch import plan
+from ucudnn.dispatch import steps
 from ucudnn.graphs import cudnn_capturer
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         ws = workspace_size(handle, problem.kind, KernelDescriptors(problem.with_batch(b)), algo)
         scratch = Scratch()
         ptrs, workspace = scratch.operands(problem), scratch.workspace(ws)
-        walk = plan(problem, Configuration(tuple(MicroConfig(algo, b, 0.0, ws) for _ in range(n))))
+        walk = steps(problem, Configuration(tuple(MicroConfig(algo, b, 0.0, ws) for _ in range(n))))
         same = [replace(step, x_offset=0, y_offset=0) for step in walk]
 
         def ms_per_call(steps) -> float:

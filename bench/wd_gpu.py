@@ -18,7 +18,7 @@ from ucudnn import Handle, format_size, gpu, parse_size
 from ucudnn.benchmark import Scratch
 from ucudnn.cache import Cache, recorded_path
 from ucudnn.nets import get_network
-from ucudnn.planner import algo_name
+from ucudnn.report import algo_name
 
 REPEATS, WARMUP = 10, 2
 UNLIMITED = 64 * 2**30
@@ -48,8 +48,8 @@ def measure(kernels, operands: dict, cache: Cache, settings: dict) -> dict:
         calls = {k.name: (lambda p=k.problem, o=operands[k.name]: handle.convolve(p, *o)) for k in kernels}
         per_kernel = {name: median_ms(call, handle.stream) for name, call in calls.items()}
         whole = median_ms(lambda: [call() for call in calls.values()], handle.stream)
-        plans = {k.name: handle.plan(k.problem) for k in kernels}
-        wd = handle.plans.wd_result
+        plans = {k.name: handle.assignment(k.problem) for k in kernels}
+        wd = handle.wd_result
         return dict(
             measured_ms=whole, measured_sum_ms=sum(per_kernel.values()),
             predicted_ms=sum(p.configuration.time_ms for p in plans.values()),

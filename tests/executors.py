@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ucudnn import reference
-from ucudnn.dispatch import Call, Executor, Step, compile_plan
+from ucudnn.dispatch import Call, Executor, Step, compile_program
 from ucudnn.optimizers.configuration import Configuration
 from ucudnn.problem import ConvKind, ConvProblem
 
@@ -17,7 +17,7 @@ from ucudnn.problem import ConvKind, ConvProblem
 def dispatch(problem: ConvProblem, configuration: Configuration, executor: Executor, x: Any, w: Any,
              y: Any, alpha: float = 1.0, beta: float = 0.0, workspace: Any = None,
              workspace_size: int = 0) -> None:
-    compile_plan(problem, configuration, executor, alpha, beta)(x, w, y, workspace, workspace_size)
+    compile_program(problem, configuration, executor, alpha, beta)(x, w, y, workspace, workspace_size)
 
 
 class NumpyExecutor:

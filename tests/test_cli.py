@@ -131,13 +131,13 @@ def test_the_division_bar_counts_each_distinct_kernel_once():
     height is the plan's workspace, within the total."""
     pytest.importorskip("matplotlib")
     from ucudnn.config import Settings
-    from ucudnn.planner import make_plan
+    from ucudnn.report import make_report
     from ucudnn.plots import _pyplot, draw_division
 
     kernels = get_network("resnet50").problems(32)
     assert any(k.count > 1 for k in kernels)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
-    plan = make_plan(kernels, tables, Settings.load(env={}, total_workspace_limit="200MiB"))
+    plan = make_report(kernels, tables, Settings.load(env={}, total_workspace_limit="200MiB"))
     figure, ax = _pyplot().subplots()
     try:
         draw_division(ax, plan)
@@ -162,12 +162,12 @@ def test_division_bar_is_labelled_cudnn_undivided():
     """The left bar of the WD division is the cuDNN-undivided reference at the per-kernel limit."""
     pytest.importorskip("matplotlib")
     from ucudnn.config import Settings
-    from ucudnn.planner import make_plan
+    from ucudnn.report import make_report
     from ucudnn.plots import _pyplot, draw_division
 
     kernels = get_network("alexnet").problems(32)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
-    plan = make_plan(kernels, tables, Settings.load(env={}, total_workspace_limit="150MiB", optimizer="wd"))
+    plan = make_report(kernels, tables, Settings.load(env={}, total_workspace_limit="150MiB", optimizer="wd"))
     figure, ax = _pyplot().subplots()
     try:
         draw_division(ax, plan)

@@ -1,4 +1,4 @@
-"""Dispatch: plan() + dispatch() + NumpyExecutor (tests/executors.py) on flat arrays equals the undivided reference call."""
+"""Dispatch: steps() + dispatch() + NumpyExecutor (tests/executors.py) on flat arrays equals the undivided reference call."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +10,8 @@ from executors import NumpyExecutor, dispatch
 from strategies import geometry
 
 from ucudnn import reference
-from ucudnn.dispatch import Step, plan
+from ucudnn import dispatch as dispatching
+from ucudnn.dispatch import Step
 from ucudnn.errors import ConfigError
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.problem import ConvKind, ConvProblem
@@ -67,12 +68,12 @@ def run_and_check(p: ConvProblem, config: Configuration, alpha: float, beta: flo
     np.testing.assert_allclose(flats[out].astype(np.float64), expected, rtol=tol, atol=tol * scale)
     for name in set(flats) - {out}:  # the operands it reads are left alone
         np.testing.assert_array_equal(flats[name], original[name])
-    assert executor.steps == plan(p, config, alpha, beta)
-    check_plan(p, config, executor.steps, alpha, beta)
+    assert executor.steps == dispatching.steps(p, config, alpha, beta)
+    check_steps(p, config, executor.steps, alpha, beta)
     return executor.steps
 
 
-def check_plan(p: ConvProblem, config: Configuration, steps: list[Step], alpha: float, beta: float) -> None:
+def check_steps(p: ConvProblem, config: Configuration, steps: list[Step], alpha: float, beta: float) -> None:
     assert len(steps) == len(config.micro)
     n0 = 0
     for i, (step, part) in enumerate(zip(steps, config.micro)):
@@ -175,7 +176,7 @@ def test_defaults_are_alpha_one_beta_zero(rng):
     expected = expected_output(p, flats, 1.0, 0.0)
     dispatch(p, configuration([3, 1]), NumpyExecutor(), flats["x"], flats["w"], flats["y"])
     np.testing.assert_allclose(flats["y"], expected, rtol=1e-12)
-    steps = plan(p, configuration([3, 1]))
+    steps = dispatching.steps(p, configuration([3, 1]))
     assert [(s.alpha, s.beta) for s in steps] == [(1.0, 0.0), (1.0, 0.0)]
 
 
@@ -187,7 +188,7 @@ def test_defaults_are_alpha_one_beta_zero(rng):
 def test_plan_offsets_and_coefficients(kind, layout, dtype, itemsize):
     p = ConvProblem(kind, (13, 6, 10, 9), (4, 3, 3, 3), pads=(1, 0), strides=(1, 2), groups=2,
                     dtype=dtype, layout=layout)
-    steps = plan(p, configuration([8, 4, 1], [5, 1, 0]), alpha=0.75, beta=0.25)
+    steps = dispatching.steps(p, configuration([8, 4, 1], [5, 1, 0]), alpha=0.75, beta=0.25)
     x_sample, y_sample = 6 * 10 * 9 * itemsize, 4 * 10 * 4 * itemsize
     assert p.y_shape == (13, 4, 10, 4)
     assert [s.first_sample for s in steps] == [0, 8, 12]
@@ -203,7 +204,7 @@ def test_plan_offsets_and_coefficients(kind, layout, dtype, itemsize):
 @given(dispatch_cases(max_batch=40))
 def test_plan_properties(case):
     p, config, alpha, beta, _ = case
-    check_plan(p, config, plan(p, config, alpha, beta), alpha, beta)
+    check_steps(p, config, dispatching.steps(p, config, alpha, beta), alpha, beta)
 
 
 @pytest.mark.parametrize("parts", [[4, 4], [8, 2], [10], [1] * 8, [3, 3, 2], [3, 3, 2, 1, 1], []])
@@ -212,7 +213,7 @@ def test_mismatched_configuration_batch(parts, kind):
     p = ConvProblem(kind, (9, 2, 5, 5), (2, 2, 3, 3))
     config = configuration(parts)
     with pytest.raises(ConfigError) as info:
-        plan(p, config)
+        dispatching.steps(p, config)
     message = str(info.value)
     assert str(sum(parts)) in message and "9" in message
     with pytest.raises(ConfigError):
@@ -232,7 +233,7 @@ def test_executor_writes_only_its_slice(rng):
     p = ConvProblem("F", (7, 2, 4, 4), (3, 2, 3, 3), pads=1, dtype="float64", layout="nhwc")
     flats = make_operands(p, rng)
     before = flats["y"].copy()
-    step = plan(p, configuration([2, 3, 2]), 1.0, 0.0)[1]
+    step = dispatching.steps(p, configuration([2, 3, 2]), 1.0, 0.0)[1]
     NumpyExecutor()(step, flats["x"], flats["w"], flats["y"])
     per_sample = int(np.prod(p.y_shape[1:]))
     changed = np.flatnonzero(flats["y"] != before)

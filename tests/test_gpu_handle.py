@@ -109,7 +109,7 @@ def test_wd_handle_divides_one_workspace(tmp_path):
         with handle.network():
             for p in problems:
                 assert handle.query(p) == (0, 0)
-        result = handle.plans.wd_result
+        result = handle.wd_result
         assert result is not None and result.total_workspace <= 24 * 2**20
         for p in problems:
             host = host_operands(np.random.default_rng(2), p)
@@ -120,6 +120,10 @@ def test_wd_handle_divides_one_workspace(tmp_path):
             assert relative_error(got, expected(p, host, 1.0, 0.0)) <= bound_for(p.kind, algos, 1e-5)
         print("WD:", {str(p.kind): handle.configuration(p).describe() for p in problems},
               result.total_workspace, "bytes of", 24 * 2**20)
+        handle.reset()  # between iterations: every known kernel is solved again, as one network
+        assert handle.wd_result is None and len(handle) == 0
+        handle.convolve(problems[0], arrays["x"], arrays["w"], arrays["y"])
+        assert handle.wd_result is not None and len(handle) == len(problems)
 
 
 def test_benchmarker_records_every_algorithm():

@@ -22,7 +22,7 @@ from ucudnn.config import batch_sizes
 from ucudnn.device import DeviceInfo
 from ucudnn.errors import ConfigError, MissingMeasurementsError
 from ucudnn.nets import get_network
-from ucudnn.parallel import Task, bench_on_devices, bench_with_mpi, calls, partition, plan_tasks
+from ucudnn.parallel import Task, bench_on_devices, bench_with_mpi, calls, partition, split_tasks
 
 BATCH = 12
 PROBLEMS = [k.problem for k in get_network("alexnet").problems(BATCH)]  # 15 kernels
@@ -132,11 +132,11 @@ def test_partition_needs_a_worker():
 
 def test_plan_is_what_the_database_lacks(tmp_path):
     with BenchmarkDatabase(tmp_path / "plan.db") as db:
-        tasks = plan_tasks(PROBLEMS + PROBLEMS, sizes_for, None, db, FAKE_DEVICE)
+        tasks = split_tasks(PROBLEMS + PROBLEMS, sizes_for, None, db, FAKE_DEVICE)
         assert len(tasks) == len(PROBLEMS) * BATCH  # duplicates once
         assert [t.batch for t in tasks[:BATCH]] == list(range(1, BATCH + 1))
         db.record(PROBLEMS[0], FAKE_DEVICE, FakeBenchmarker().measure(PROBLEMS[0], [1, 2, 3], None))
-        again = plan_tasks(PROBLEMS, sizes_for, None, db, FAKE_DEVICE)
+        again = split_tasks(PROBLEMS, sizes_for, None, db, FAKE_DEVICE)
     assert len(again) == len(tasks) - 3 and Task(PROBLEMS[0], 2) not in again
 
 
@@ -175,7 +175,7 @@ def test_a_dead_worker_is_reported_and_the_cache_keeps_the_rest(tmp_path, single
     kernels, measurements = rows(tmp_path / "crash.db")
     assert measurements < single[1] and kernels <= single[0] and not leftovers(tmp_path)
     with BenchmarkDatabase(tmp_path / "empty.db") as empty:
-        shares = partition(plan_tasks(PROBLEMS, sizes_for, None, empty, FAKE_DEVICE), 2)
+        shares = partition(split_tasks(PROBLEMS, sizes_for, None, empty, FAKE_DEVICE), 2)
     shape_key, batch = (list(schema.MEASUREMENT_COLUMNS).index(c) for c in ("shape_key", "batch"))
     kept = {(m[shape_key], m[batch]) for m in measurements}
     assert {(t.problem.shape_key(), t.batch) for t in shares[0]} <= kept  # GPU 0's whole share

@@ -22,3 +22,26 @@ def test_readme_gives_an_install_and_run_command_and_a_test_command():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert _commands()[1] in ci
+
+
+def _layout_paths() -> set[str]:
+    """Every ucudnn path README.md's layout table names (names after the first in a cell are
+    beside the first one)."""
+    section = (ROOT / "README.md").read_text().split("## Layout")[1].split("\n## ")[0]
+    paths = set()
+    for row in section.splitlines():
+        cells = row.split("|")
+        if len(cells) < 3 or "`ucudnn/" not in cells[1]:
+            continue
+        names = [name.strip().strip("`") for name in cells[1].split(",")]
+        folder = names[0].rstrip("/").rpartition("/")[0]
+        paths |= {names[0].rstrip("/")} | {f"{folder}/{name.rstrip('/')}" for name in names[1:]}
+    return paths
+
+
+def test_readme_layout_table_matches_the_tree():
+    named = _layout_paths()
+    package = ROOT / "ucudnn"
+    tree = {f"ucudnn/{p.name}" for p in package.iterdir()
+            if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}
+    assert named == tree, f"in the table only: {sorted(named - tree)}; in the tree only: {sorted(tree - named)}"

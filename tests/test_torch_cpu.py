@@ -1,7 +1,7 @@
 """CPU: the PyTorch integration. Conversion (nested modules, identity, hooks, state_dict, pickling),
 torch's fallback (exact results, one warning per reason), and the whole ucudnn path of a layer
 (prepare, autograd Function, plans, micro-batched dispatch, WD recording) run on the CPU through
-a NumPy backend: Plans with a fake benchmarker and the float64 NumPy executor in place of cuDNN."""
+a NumPy backend: Assignments with a fake benchmarker and the float64 NumPy executor in place of cuDNN."""
 from __future__ import annotations
 
 import contextlib
@@ -22,32 +22,44 @@ import ucudnn.torch as ut  # noqa: E402
 from fakes import FakeAllocator, FakeBenchmarker  # noqa: E402
 from ucudnn.cache import Cache  # noqa: E402
 from executors import NumpyExecutor  # noqa: E402
-from ucudnn.dispatch import compile_plan  # noqa: E402
+from ucudnn.dispatch import compile_program  # noqa: E402
 from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
-from ucudnn.plans import Plans  # noqa: E402
+from ucudnn.assignment import Assignments  # noqa: E402
 from ucudnn.problem import ConvKind  # noqa: E402
 
 
 class NumpyHandle:
-    """ucudnn.Handle's interface over real Plans, a fake benchmarker and the NumPy executor."""
+    """ucudnn.Handle's interface over real Assignments, a fake benchmarker and the NumPy executor."""
 
     def __init__(self, settings, cache):
-        self.plans = Plans(settings, cache, FakeBenchmarker, FakeAllocator(), pointer=lambda address: address)
+        self.settings = settings
+        self.assignments = Assignments(settings, cache, FakeBenchmarker, FakeAllocator(),
+                                       pointer=lambda address: address)
         self.executor = NumpyExecutor()
         self.stream = None
 
     def query(self, problem):
-        self.plans.record(problem)
+        self.assignments.record(problem)
 
-    def plan(self, problem):
-        return self.plans.get(problem)
+    def assignment(self, problem):
+        return self.assignments.get(problem)
 
     def program(self, problem, configuration, alpha=1.0, beta=0.0):
-        return compile_plan(problem, configuration, self.executor, alpha, beta)
+        return compile_program(problem, configuration, self.executor, alpha, beta)
 
     def finalize(self):
-        self.plans.finalize()
+        self.assignments.finalize()
+
+    def reset(self):
+        self.assignments.reset()
+
+    @property
+    def wd_result(self):
+        return self.assignments.wd_result
+
+    def __len__(self):
+        return len(self.assignments)
 
 
 class NumpyBackend(integration.CudaBackend):
@@ -418,14 +430,14 @@ def test_wd_learns_the_network_from_a_sample_then_solves_once(numpy_context):
     context = numpy_context(optimizer="wd", workspace_limit="32KiB")
     ours = ut.convert(copy.deepcopy(model), context=context, sample_input=torch.randn(8, 3, 6, 6))
     assert not context.runs  # the sample pass ran through torch
-    result = context.handle(torch.device("cpu")).plans.wd_result
+    result = context.handle(torch.device("cpu")).wd_result
     kinds = sorted(key.split("|")[0] for key in result.configurations)
     assert kinds == sorted(["F"] * 3 + ["BD"] * 2 + ["BF"] * 3)  # no BD for the first layer's input
     assert result.total_workspace <= 8 * 32 * 2**10
     x = torch.randn(8, 3, 6, 6)
     assert_matches(run_step(ours, x), run_step(model, x))
     assert context.summary()["wd"][0]["total_workspace"] == result.total_workspace
-    assert result is context.handle(torch.device("cpu")).plans.wd_result  # solved once
+    assert result is context.handle(torch.device("cpu")).wd_result  # solved once
 
 
 def test_wd_without_sample_learns_during_the_first_pass(numpy_context, monkeypatch):
@@ -436,7 +448,7 @@ def test_wd_without_sample_learns_during_the_first_pass(numpy_context, monkeypat
     model(x).sum().backward()
     assert not context.runs  # first pass: torch, recording
     model(x).sum().backward()
-    assert context.handle(torch.device("cpu")).plans.wd_result is not None
+    assert context.handle(torch.device("cpu")).wd_result is not None
     assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
 
 
@@ -445,7 +457,7 @@ def test_learning_under_no_grad_records_forward_kernels_only(numpy_context):
     model = ut.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3)), context=context)
     with torch.no_grad():
         ut.learn(model, torch.randn(2, 3, 8, 8))
-    keys = context.handle(torch.device("cpu")).plans.wd_result.configurations
+    keys = context.handle(torch.device("cpu")).wd_result.configurations
     assert [key.split("|")[0] for key in keys] == ["F", "F"]
 
 
@@ -477,7 +489,7 @@ def test_unplannable_kernels_run_through_torch(numpy_context):
     def refuse(problem):
         raise integration.NoAlgorithmError(f"no algorithm of {problem.describe()} fits")
 
-    context.handle(torch.device("cpu")).plan = refuse
+    context.handle(torch.device("cpu")).assignment = refuse
     x = torch.randn(3, 2, 6, 6)
     with pytest.warns(UcudnnWarning, match="no algorithm"):
         got = run_step(conv, x)

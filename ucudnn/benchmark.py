@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 from . import gpu
 from .bindings.enums import algo_count, refuses_problem
 from .device import DeviceInfo, check_execution, check_timing
-from .dispatch import compile_plan
+from .dispatch import compile_program
 from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
 from .graphs import GraphCapturer, GraphedProgram, cudnn_capturer
 from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement,
@@ -163,7 +163,7 @@ class ConfigurationTimer:
         """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
         ptrs = self.scratch.operands(problem)
         workspace = self.scratch.workspace(configuration.workspace)
-        program = compile_plan(problem, configuration, self.executor)
+        program = compile_program(problem, configuration, self.executor)
         if self.capturer is not None:  # the warm-up runs it directly, then captures it
             program = GraphedProgram(program, self.capturer, problem.describe())
 

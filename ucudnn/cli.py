@@ -15,11 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from .config import OPTIMIZERS, POLICIES, Settings, batch_sizes, format_size, parse_size
+from .config import OPTIMIZERS, POLICIES, Settings, format_size, parse_size
 from .device import EXECUTIONS, DeviceInfo
 from .errors import CacheError, ConfigError, GpuUnavailableError, MissingMeasurementsError, UcudnnError
 from .nets import Kernel, Network, find_kernel, get_network, list_networks
-from .planner import Plan, algo_name, limits, make_plan
+from .report import Report, algo_name, make_report
 from .problem import LAYOUTS, MATH_TYPES, default_math
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -80,10 +80,6 @@ def _gpu_available() -> bool:
     except ImportError:
         return False
     return gpu_available()
-
-
-def _sizes_for(policy: str):
-    return lambda problem: batch_sizes(policy, problem.batch)
 
 
 def _read_path(cache: str | None):
@@ -170,7 +166,7 @@ def _tables(kernels: Sequence[Kernel], settings: Settings, cap: int | None, meas
         source = _database(path)
         device = _device_with_most(source, problems, path, settings.execution)
     try:
-        ensure_tables(problems, _sizes_for(settings.batch_size_policy), cap, source, benchmarker, progress,
+        ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress,
                       device=device)
         tables = ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device)
     except MissingMeasurementsError as exc:
@@ -224,31 +220,31 @@ def _ms(value: float) -> str:
     return f"{value:.3f}"
 
 
-def _render_plan(network: Network, plan: Plan, args, device: DeviceInfo, measured: bool, path) -> str:
+def _render_report(network: Network, report: Report, args, device: DeviceInfo, measured: bool, path) -> str:
     where = "measured here" if measured else "recorded"
-    limit = (f"WR, {format_size(plan.limit)} per kernel" if plan.optimizer == "wr"
-             else f"WD, {format_size(plan.limit)} in total")
+    limit = (f"WR, {format_size(report.limit)} per kernel" if report.optimizer == "wr"
+             else f"WD, {format_size(report.limit)} in total")
     rows = [(r.kernel.name, r.kernel.count, r.describe(r.configuration), _ms(r.configuration.time_ms),
              format_size(r.configuration.workspace), _ms(r.undivided.time_ms), f"{r.speedup:.2f}x",
-             _ms(r.best.time_ms)) for r in plan.rows]
-    rows.append(("total", sum(r.kernel.count for r in plan.rows), "", _ms(plan.time_ms()),
-                 format_size(plan.workspace), _ms(plan.time_ms("undivided")), f"{plan.speedup:.2f}x",
-                 _ms(plan.time_ms("best"))))
+             _ms(r.best.time_ms)) for r in report.rows]
+    rows.append(("total", sum(r.kernel.count for r in report.rows), "", _ms(report.time_ms()),
+                 format_size(report.workspace), _ms(report.time_ms("undivided")), f"{report.speedup:.2f}x",
+                 _ms(report.time_ms("best"))))
     lines = [
         f"{network.name}: {network.description}",
-        f"batch {args.batch}, {args.dtype}, {args.layout}, math {args.math}; policy {plan.policy}; {limit}",
+        f"batch {args.batch}, {args.dtype}, {args.layout}, math {args.math}; policy {report.policy}; {limit}",
         f"times are predicted from measurements {where} on {device.describe()} (database {path})",
         "",
         _table(("kernel", "n", "configuration", "ms", "workspace", "cuDNN ms", "speedup", "best ms"), rows),
         "",
-        f"speedup over cuDNN undivided at {format_size(plan.kernel_limit)} per kernel: {plan.speedup:.2f}x "
-        f"({_ms(plan.time_ms('undivided'))} -> {_ms(plan.time_ms())} ms per iteration, predicted)",
-        f"unlimited best (cuDNN undivided, no workspace limit): {_ms(plan.time_ms('best'))} ms with "
-        f"{format_size(plan.reference_workspace('best'))}; the plan takes {plan.gap_to_best:.2f}x its time",
+        f"speedup over cuDNN undivided at {format_size(report.kernel_limit)} per kernel: {report.speedup:.2f}x "
+        f"({_ms(report.time_ms('undivided'))} -> {_ms(report.time_ms())} ms per iteration, predicted)",
+        f"unlimited best (cuDNN undivided, no workspace limit): {_ms(report.time_ms('best'))} ms with "
+        f"{format_size(report.reference_workspace('best'))}; the plan takes {report.gap_to_best:.2f}x its time",
         "n: occurrences in the network; totals count the time of each, the workspace of each distinct kernel once",
     ]
-    if plan.solver:
-        s = plan.solver
+    if report.solver:
+        s = report.solver
         lines.append(f"WD: {s['variables']} binary variables, built in {s['build_seconds']:.3f} s, "
                      f"solved by {s['solver']} in {s['solve_seconds']:.3f} s")
     return "\n".join(lines)
@@ -308,7 +304,7 @@ def bench(args) -> int:
         with gpu.cupy().cuda.Device(devices[0]):
             _, device, path = _tables(kernels, settings, None, measure=True, progress=progress)
     summary = {"network": network.name, "batch": args.batch, "kernels": len(kernels),
-               "sizes": list(batch_sizes(settings.batch_size_policy, args.batch)),
+               "sizes": list(settings.sizes(args.batch)),
                "device": device.describe(), "database": str(path), "seconds": time.monotonic() - start}
     if args.json:
         _print_json(summary)
@@ -341,7 +337,7 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
         raise ConfigError("benchmarking on several GPUs is not in this version of ucudnn; "
                           "use one, e.g. --devices 0") from None
     path = _write_path(settings.cache_path)
-    problems, sizes_for = [k.problem for k in kernels], _sizes_for(settings.batch_size_policy)
+    problems, sizes_for = [k.problem for k in kernels], settings.sizes_for
     timing, mpi = getattr(args, "timing", "default"), getattr(args, "mpi", None)
     if mpi:
         device = bench_with_mpi(problems, sizes_for, None, path, devices, shared=mpi == "shared",
@@ -358,35 +354,35 @@ def optimize(args) -> int:
     if args.kernel:  # with or without --plot: a kernel not in the network is a mistake to report
         find_kernel(kernels, args.kernel)
     measured = not args.offline and _gpu_available()
-    limit, _ = limits(settings, len(kernels))
+    limit = settings.limit(len(kernels))
     tables, device, path = _tables(kernels, settings, limit, measured,
                                    ProgressBar({k.problem.key: k.name for k in kernels}) if measured else None,
                                    network, _request(args, settings))
-    plan = make_plan(kernels, tables, settings)
+    report = make_report(kernels, tables, settings)
     if args.plot:
-        _plot(args, network, plan, tables)
+        _plot(args, network, report, tables, settings)
     if args.json:
         _print_json({"network": network.name, "description": network.description, "batch": args.batch,
                      "dtype": args.dtype, "math": args.math, "layout": args.layout,
                      "device": _device_json(device),
-                     "measured": measured, "database": str(path), **plan.to_json()})
+                     "measured": measured, "database": str(path), **report.to_json()})
     else:
-        print(_render_plan(network, plan, args, device, measured, path))
+        print(_render_report(network, report, args, device, measured, path))
         if args.plot:
             print(f"plot: {args.plot}")
     return 0
 
 
-def _plot(args, network: Network, plan: Plan, tables) -> None:
+def _plot(args, network: Network, report: Report, tables, settings: Settings) -> None:
     from .optimizers.pareto import desirable_set
-    from .plots import plot_plan
+    from .plots import plot_report
 
-    row = plan.row(args.kernel) if args.kernel else plan.slowest()
+    row = report.row(args.kernel) if args.kernel else report.slowest()
     problem = row.kernel.problem
-    front = desirable_set(tables[problem.key], problem.batch, batch_sizes(plan.policy, problem.batch),
-                          plan.limit, problem.batch_quantum())
-    plot_plan(plan, row, front, args.plot,
-              f"{network.name}, batch {args.batch}, {plan.optimizer.upper()} at {format_size(plan.limit)}")
+    front = desirable_set(tables[problem.key], problem.batch, settings.sizes(problem.batch),
+                          report.limit, problem.batch_quantum())
+    plot_report(report, row, front, args.plot,
+              f"{network.name}, batch {args.batch}, {report.optimizer.upper()} at {format_size(report.limit)}")
 
 
 def nets(args) -> int:

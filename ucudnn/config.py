@@ -97,6 +97,25 @@ class Settings:
     verbose: bool = False
     cache_path: str | None = None  # None: the default file under the user's cache directory
 
+    def sizes(self, batch: int) -> tuple[int, ...]:
+        """The micro-batch sizes the batch size policy considers for a mini-batch of `batch`."""
+        return batch_sizes(self.batch_size_policy, batch)
+
+    def sizes_for(self, problem) -> tuple[int, ...]:
+        """sizes() of a kernel's batch (what benchmark.ensure_tables asks for)."""
+        return self.sizes(problem.batch)
+
+    def limit(self, kernels: int) -> int:
+        """The optimizer's limit in bytes: per kernel (WR), or for `kernels` distinct kernels
+        together (WD)."""
+        return self.workspace_limit if self.optimizer == "wr" else self.total_limit(kernels)
+
+    def total_limit(self, kernels: int) -> int:
+        """WD's total for a network of `kernels` distinct kernels: total_workspace_limit, else the
+        per-kernel limit times the kernels."""
+        total = self.total_workspace_limit
+        return self.workspace_limit * kernels if total is None else total
+
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
         """Keyword arguments win over UCUDNN_* variables, which win over the defaults."""

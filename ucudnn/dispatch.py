@@ -1,6 +1,6 @@
 """Run a configuration: one cuDNN call per micro-batch, operands offset along N.
 
-The plan (which samples, which byte offsets, which alpha/beta) is pure and shared by every
+The steps (which samples, which byte offsets, which alpha/beta) are pure and shared by every
 executor: the cuDNN executor on the GPU (bindings/executor.py) and the NumPy executor the CPU
 tests check it with (tests/executors.py).
 Operands are named after the forward convolution: x (input), w (filter), y (output). F reads x
@@ -29,7 +29,7 @@ class Step:
     beta: float
 
 
-def plan(problem: ConvProblem, configuration: Configuration, alpha: float = 1.0,
+def steps(problem: ConvProblem, configuration: Configuration, alpha: float = 1.0,
          beta: float = 0.0) -> list[Step]:
     """The calls that run `configuration` on `problem`. F and BD apply alpha and beta to each
     slice of their output; BF accumulates into the whole dw: beta first, then 1."""
@@ -70,6 +70,6 @@ class Program:
             call(x, w, y, workspace, workspace_size)
 
 
-def compile_plan(problem: ConvProblem, configuration: Configuration, executor: Executor,
+def compile_program(problem: ConvProblem, configuration: Configuration, executor: Executor,
                  alpha: float = 1.0, beta: float = 0.0) -> Program:
-    return Program([executor.prepare(step) for step in plan(problem, configuration, alpha, beta)])
+    return Program([executor.prepare(step) for step in steps(problem, configuration, alpha, beta)])

@@ -2,7 +2,7 @@
 
 Frameworks ask for an algorithm and a workspace size, then convolve. With a ucudnn handle the
 query answers a virtual algorithm and zero workspace, and the convolution runs the kernel's
-optimized configuration (see ucudnn.plans) in the handle's own workspace, on the handle's stream:
+optimized configuration (see ucudnn.assignment) in the handle's own workspace, on the handle's stream:
 replayed as a CUDA graph (ucudnn.graphs) unless the execution setting is `direct`.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from .bindings import cudnn
 from .bindings.enums import VIRTUAL_ALGO
 from .bindings.executor import CudnnExecutor
 from .config import Settings
-from .dispatch import compile_plan
+from .dispatch import compile_program
 from .graphs import GraphedProgram, cudnn_capturer
 from .optimizers.configuration import Configuration
-from .plans import KernelPlan, Plans
+from .assignment import Assignment, Assignments
 from .problem import ConvProblem
 
 
@@ -43,7 +43,7 @@ class Handle:
         self.stream = gpu.current_stream() if stream is None else stream
         cudnn.set_stream(self.cudnn_handle, self.stream)
         self.executor = CudnnExecutor(self.cudnn_handle)
-        self.plans = Plans(
+        self.assignments = Assignments(
             self.settings, cache if cache is not None else Cache(self.settings.cache_path),
             benchmarker=lambda: benchmarker or CudnnBenchmarker(stream=self.stream,
                                                                 execution=self.settings.execution),
@@ -60,7 +60,7 @@ class Handle:
 
     def query(self, problem: ConvProblem) -> tuple[int, int]:
         """(algorithm, workspace bytes) to report for an algorithm query: virtual and zero."""
-        self.plans.record(problem)
+        self.assignments.record(problem)
         return VIRTUAL_ALGO, 0
 
     def convolve(self, problem: ConvProblem, x, w, y, alpha: float = 1.0, beta: float = 0.0) -> None:
@@ -72,7 +72,7 @@ class Handle:
     def _compile(self, problem: ConvProblem, alpha: float, beta: float) -> Callable[[int, int, int], None]:
         """The kernel's plan compiled once into cuDNN calls, so that a convolution costs little
         more host time than cuDNN's own (it matters for kernels of tens of microseconds)."""
-        kernel = self.plans.get(problem)
+        kernel = self.assignments.get(problem)
         program = self.program(problem, kernel.configuration, alpha, beta)
         run = functools.partial(_run, program, kernel.workspace, kernel.workspace_size)
         self._programs[problem, alpha, beta] = run
@@ -82,36 +82,49 @@ class Handle:
                 beta: float = 0.0) -> Callable[[int, int, int, int, int], None]:
         """`configuration` compiled for this handle: run(x, w, y, workspace, workspace_size)
         on device addresses, as the execution setting says (graph: see ucudnn.graphs)."""
-        program = compile_plan(problem, configuration, self.executor, alpha, beta)
+        program = compile_program(problem, configuration, self.executor, alpha, beta)
         if self._capturer is None:
             return program
         return GraphedProgram(program, self._capturer, problem.describe())
 
-    def plan(self, problem: ConvProblem) -> KernelPlan:
-        return self.plans.get(problem)
+    def assignment(self, problem: ConvProblem) -> Assignment:
+        """The kernel's configuration and workspace, optimizing it (WD: solving) if needed."""
+        return self.assignments.get(problem)
 
     def configuration(self, problem: ConvProblem) -> Configuration:
-        return self.plans.get(problem).configuration
+        return self.assignments.get(problem).configuration
+
+    @property
+    def wd_result(self):
+        """WD: the last solve's result (configurations, division, ILP size), else None."""
+        return self.assignments.wd_result
+
+    def __len__(self) -> int:
+        """Kernels assigned so far."""
+        return len(self.assignments)
 
     def finalize(self) -> None:
         """WD: the network is complete; solve it now rather than at the first convolution."""
-        self.plans.finalize()
+        self.assignments.finalize()
 
     @contextlib.contextmanager
     def network(self):
         """`with handle.network(): <queries for every layer>` solves WD on exit."""
         yield self
-        self.plans.finalize()
+        self.assignments.finalize()
 
-    def reoptimize(self) -> None:
-        """Plan every known kernel again on next use (WD: as one network). Between iterations only."""
+    def reset(self) -> None:
+        """Assign every known kernel again on next use (WD: solving them as one network), after
+        the handle's stream has finished with the old workspaces. Between iterations only."""
         gpu.cupy().cuda.runtime.streamSynchronize(self.stream)
+        self._forget()
+
+    def _forget(self) -> None:
         self._programs.clear()
-        self.plans.reset()
+        self.assignments.reset()
 
     def close(self) -> None:
-        self._programs.clear()
-        self.plans.reset()
+        self._forget()
         if self._owns_handle and self.cudnn_handle is not None:
             cudnn.destroy_handle(self.cudnn_handle)
         self.cudnn_handle = self._as_parameter_ = None
@@ -125,7 +138,7 @@ class Handle:
     def __repr__(self) -> str:
         s = self.settings
         return (f"ucudnn.Handle(optimizer={s.optimizer!r}, policy={s.batch_size_policy!r}, "
-                f"workspace_limit={s.workspace_limit}, execution={s.execution!r}, kernels={len(self.plans)})")
+                f"workspace_limit={s.workspace_limit}, execution={s.execution!r}, kernels={len(self)})")
 
 
 def _run(program: Callable[..., None], workspace: int, workspace_size: int, x: int, w: int, y: int) -> None:

@@ -1,4 +1,4 @@
-"""The paper's figures from a plan: a kernel's desirable configurations (Fig. 8), per-layer times
+"""The paper's figures from a report: a kernel's desirable configurations (Fig. 8), per-layer times
 (Fig. 10) and WD's division of the workspace (Fig. 14). Needs matplotlib; draws off-screen."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from .config import format_size
 from .errors import ConfigError
 from .optimizers.configuration import Configuration
-from .planner import KernelPlan, Plan, algo_name
+from .report import KernelReport, Report, algo_name
 
 MIB = 2**20
 
@@ -45,9 +45,9 @@ def _save(figure, path: str | Path) -> None:
         _pyplot().close(figure)
 
 
-def draw_front(points_ax, parts_ax, row: KernelPlan, front: list[Configuration], limit: int) -> None:
+def draw_front(points_ax, parts_ax, row: KernelReport, front: list[Configuration], limit: int) -> None:
     """Fig. 8: the desirable configurations in (workspace, time), and each one's micro-batches
-    as a bar coloured by algorithm; the plan's choice starred."""
+    as a bar coloured by algorithm; the report's choice starred."""
     workspace = [c.workspace / MIB for c in front]
     time = [c.time_ms for c in front]
     points_ax.step(workspace, time, where="post", color="0.75", zorder=1)
@@ -62,7 +62,7 @@ def draw_front(points_ax, parts_ax, row: KernelPlan, front: list[Configuration],
     parts_ax.set(xlabel="samples", title="micro-batches of each desirable configuration")
 
 
-def _draw_parts(ax, row: KernelPlan, front: list[Configuration]) -> None:
+def _draw_parts(ax, row: KernelReport, front: list[Configuration]) -> None:
     """Configuration y as a row of boxes, one per micro-batch, one colour per algorithm (one
     collection per algorithm: fronts have hundreds of boxes)."""
     from matplotlib.collections import PolyCollection
@@ -81,10 +81,10 @@ def _draw_parts(ax, row: KernelPlan, front: list[Configuration]) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize="small")
 
 
-def _by_layer(plan: Plan, which: str) -> dict[str, float]:
-    """Milliseconds per layer (its kernels, every occurrence) of the plan or a reference."""
+def _by_layer(report: Report, which: str) -> dict[str, float]:
+    """Milliseconds per layer (its kernels, every occurrence) of the report or a reference."""
     times: dict[str, float] = {}
-    for row in plan.rows:
+    for row in report.rows:
         times[row.kernel.layer] = times.get(row.kernel.layer, 0.0) + row.kernel.count * getattr(row, which).time_ms
     return times
 
@@ -106,37 +106,37 @@ def _stacked(ax, bars: dict[str, dict[str, float]], unit: str, legend_max: int =
         ax.legend(fontsize="small", ncol=2)
 
 
-def draw_layer_times(ax, plan: Plan) -> None:
-    """Fig. 10: predicted time per layer of cuDNN at the limit, the plan, and the unlimited best."""
-    _stacked(ax, {"cuDNN undivided": _by_layer(plan, "undivided"),
-                  f"μ-cuDNN {plan.optimizer.upper()}": _by_layer(plan, "configuration"),
-                  "unlimited best": _by_layer(plan, "best")}, "time per iteration (ms, predicted)")
+def draw_layer_times(ax, report: Report) -> None:
+    """Fig. 10: predicted time per layer of cuDNN at the limit, the report, and the unlimited best."""
+    _stacked(ax, {"cuDNN undivided": _by_layer(report, "undivided"),
+                  f"μ-cuDNN {report.optimizer.upper()}": _by_layer(report, "configuration"),
+                  "unlimited best": _by_layer(report, "best")}, "time per iteration (ms, predicted)")
     ax.set_title("per-layer times")
 
 
-def draw_division(ax, plan: Plan) -> None:
+def draw_division(ax, report: Report) -> None:
     """Fig. 14: the workspace each kernel gets, cuDNN undivided at the per-kernel limit against WD's
     division."""
     def workspace(which: str) -> dict[str, float]:  # once per distinct kernel: repeats share it
-        return {row.kernel.name: getattr(row, which).workspace / MIB for row in plan.rows}
+        return {row.kernel.name: getattr(row, which).workspace / MIB for row in report.rows}
 
-    _stacked(ax, {f"cuDNN undivided\n{plan.kernel_limit / MIB:.1f} MiB each": workspace("undivided"),
-                  f"WD\n{plan.limit / MIB:.0f} MiB total": workspace("configuration")}, "workspace (MiB)")
+    _stacked(ax, {f"cuDNN undivided\n{report.kernel_limit / MIB:.1f} MiB each": workspace("undivided"),
+                  f"WD\n{report.limit / MIB:.0f} MiB total": workspace("configuration")}, "workspace (MiB)")
     ax.set_title("workspace division")
 
 
-def plot_plan(plan: Plan, row: KernelPlan, front: list[Configuration], path: str | Path, title: str) -> None:
+def plot_report(report: Report, row: KernelReport, front: list[Configuration], path: str | Path, title: str) -> None:
     """One PNG: `row`'s Pareto front (`front`: its desirable set), per-layer times and, for WD,
     the workspace division."""
     plt = _pyplot()
     figure = plt.figure(figsize=(14, 10), layout="constrained")
     grid = figure.add_gridspec(2, 2)
-    draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), row, front, plan.limit)
-    if plan.optimizer == "wd":
-        draw_layer_times(figure.add_subplot(grid[1, 0]), plan)
-        draw_division(figure.add_subplot(grid[1, 1]), plan)
+    draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), row, front, report.limit)
+    if report.optimizer == "wd":
+        draw_layer_times(figure.add_subplot(grid[1, 0]), report)
+        draw_division(figure.add_subplot(grid[1, 1]), report)
     else:
-        draw_layer_times(figure.add_subplot(grid[1, :]), plan)
+        draw_layer_times(figure.add_subplot(grid[1, :]), report)
     figure.suptitle(title)
     _save(figure, path)
 

@@ -297,9 +297,9 @@ class UcudnnKernel:
 
     via = "ucudnn"
 
-    def __init__(self, problem: ConvProblem, handle, plan, backend: CudaBackend):
-        self.problem, self.handle, self.plan, self.backend = problem, handle, plan, backend
-        self.program = handle.program(problem, plan.configuration)
+    def __init__(self, problem: ConvProblem, handle, assignment, backend: CudaBackend):
+        self.problem, self.handle, self.assignment, self.backend = problem, handle, assignment, backend
+        self.program = handle.program(problem, assignment.configuration)
         self.counted = (self.via, problem.kind.value)  # its key in Context.runs
 
     def __call__(self, x: Tensor, w: Tensor, y: Tensor) -> None:
@@ -307,7 +307,7 @@ class UcudnnKernel:
         stream = backend.stream(device)
         if stream is not None and stream != self.handle.stream:
             self.handle.set_stream(stream)
-        workspace, size, borrowed = self.plan.workspace, self.plan.workspace_size, None
+        workspace, size, borrowed = self.assignment.workspace, self.assignment.workspace_size, None
         if size and not workspace:
             borrowed = backend.borrow(size, device)  # released after the call: stream-ordered reuse is safe
             workspace = backend.operand(borrowed)
@@ -402,7 +402,7 @@ class Context:
                 problem = call.problem(kind)
                 handle = self.handle(call.device)
                 try:
-                    kernel = UcudnnKernel(problem, handle, handle.plan(problem), self.backend)
+                    kernel = UcudnnKernel(problem, handle, handle.assignment(problem), self.backend)
                 except UNPLANNABLE as exc:
                     _warn_once(f"{problem.describe()}: {exc}")
                     kernel = TorchKernel(problem)
@@ -452,7 +452,7 @@ class Context:
     def recording(self) -> Iterator["Context"]:
         """Layers only record their kernels inside; on a clean exit the kernels are planned (WD:
         the network, known kernels included, is solved once)."""
-        if self.wd and any(h.plans.wd_result is not None for h in self._handles.values()):
+        if self.wd and any(h.wd_result is not None for h in self._handles.values()):
             self.reset()  # learning again: solve the known kernels and the new ones together
         self._learn_first_pass, self._recording = False, True
         try:
@@ -469,12 +469,12 @@ class Context:
                     handle.finalize()
 
     def reset(self) -> None:
-        """Forget every plan: kernels are planned again on next use (WD: as one network).
+        """Forget every assignment: kernels are planned again on next use (WD: as one network).
         Waits for the GPUs first, since running kernels may still use the old workspaces."""
         with self._lock:
             for device, handle in self._handles.items():
                 self.backend.synchronize(device)
-                handle.plans.reset()
+                handle.reset()
             self._kernels.clear()
             self.sites.clear()
 
@@ -487,9 +487,9 @@ class Context:
                    runs={f"{via}:{kind}": n for (via, kind), n in self.runs.items()},
                    fallbacks=dict(self.fallbacks))
         if self.wd:
-            out["wd"] = [dict(total_limit=h.plans.total_limit(len(h.plans)), total_workspace=r.total_workspace,
+            out["wd"] = [dict(total_limit=h.settings.total_limit(len(h)), total_workspace=r.total_workspace,
                               variables=r.variables, solve_seconds=r.solve_seconds, solver=r.solver)
-                         for h in self._handles.values() if (r := h.plans.wd_result) is not None]
+                         for h in self._handles.values() if (r := h.wd_result) is not None]
         return out
 
     def __repr__(self) -> str:
@@ -503,9 +503,9 @@ def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel) -> dict:
 
     out = dict(kind=kind.value, kernel=kernel.problem.describe(), via=kernel.via)
     if isinstance(kernel, UcudnnKernel):
-        configuration = kernel.plan.configuration
+        configuration = kernel.assignment.configuration
         out.update(configuration=configuration.describe(lambda a: algo_name(kind, a)),
-                   parts=len(configuration.micro), workspace=kernel.plan.workspace_size,
+                   parts=len(configuration.micro), workspace=kernel.assignment.workspace_size,
                    predicted_ms=configuration.time_ms)
     return out
 

@@ -20,11 +20,11 @@ from .mpi import LAUNCHER_SIZE_VARIABLES, bench_with_mpi, check_ranks_fit, check
 from .pool import (EXIT_GRACE_S, PoolRound, WorkerJob, bench_on_devices, exit_reason, merge_shards, new_shard_dir,
                    remove_if_empty, run_worker)
 from .tasks import (RETRIES, SIZES_PER_CALL, TASK_OVERHEAD_FLOPS, KernelProgress, Progress, SizesFor, Task, calls,
-                    measure_share, missing_message, partition, plan_tasks, sweep)
+                    measure_share, missing_message, partition, split_tasks, sweep)
 
 __all__ = [
     # tasks
-    "Task", "plan_tasks", "partition", "calls", "measure_share", "KernelProgress", "sweep", "missing_message",
+    "Task", "split_tasks", "partition", "calls", "measure_share", "KernelProgress", "sweep", "missing_message",
     "SizesFor", "Progress", "SIZES_PER_CALL", "TASK_OVERHEAD_FLOPS", "RETRIES",
     # devices
     "TIMINGS", "DEVICES_VARIABLE", "Factory", "timing_settings", "cuda_benchmarker", "default_factory",

@@ -17,7 +17,7 @@ from ..errors import ConfigError, GpuUnavailableError, UcudnnError
 from ..problem import ConvProblem
 from .devices import Factory, check_one_model, cuda_device_count, default_factory
 from .pool import merge_shards, new_shard_dir, remove_if_empty
-from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, plan_tasks, sweep
+from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep
 
 # Variables by which launchers tell a process how many were started (to catch a mismatched mpi4py).
 LAUNCHER_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -123,10 +123,10 @@ def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: in
     folder = None if shared else Path(on_root(comm, lambda: str(new_shard_dir(target))))
 
     def replan() -> list[Task]:
-        def plan() -> list[Task]:
+        def split() -> list[Task]:
             with BenchmarkDatabase(target) as database:
-                return plan_tasks(problems, sizes_for, cap, database, device)
-        return on_root(comm, plan)
+                return split_tasks(problems, sizes_for, cap, database, device)
+        return on_root(comm, split)
 
     def run_round(tasks: list[Task], alive: list[int]) -> dict[int, str]:
         mine = partition(tasks, len(alive))[alive.index(rank)] if rank in alive else []

@@ -19,7 +19,7 @@ from ..device import DeviceInfo
 from ..errors import ConfigError
 from ..problem import ConvProblem
 from .devices import DEVICES_VARIABLE, Factory, check_devices, check_one_model, cuda_probe, default_factory
-from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, plan_tasks, sweep
+from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep
 
 EXIT_GRACE_S = 60  # how long a worker that closed its pipe may take to exit before it is terminated
 
@@ -173,7 +173,7 @@ def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: 
     if len(devices) == 1:
         return _bench_in_process(problems, sizes_for, cap, target, factory(devices[0]), progress)
     with BenchmarkDatabase(target) as database:
-        tasks = plan_tasks(problems, sizes_for, cap, database, infos[0])
+        tasks = split_tasks(problems, sizes_for, cap, database, infos[0])
     if not tasks:
         return infos[0]
     folder = new_shard_dir(target)
@@ -189,7 +189,7 @@ def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: 
 
     def replan() -> list[Task]:
         with BenchmarkDatabase(target) as database:
-            return plan_tasks(problems, sizes_for, cap, database, infos[0])
+            return split_tasks(problems, sizes_for, cap, database, infos[0])
 
     try:
         sweep(tasks, devices, run_round, replan, lambda d: f"the worker on GPU {d}", target, retries)

@@ -44,7 +44,7 @@ def _sample_flops(problem: ConvProblem) -> int:
     return problem.with_batch(1).flops()  # flops are linear in the batch
 
 
-def plan_tasks(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, database,
+def split_tasks(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, database,
                device: DeviceInfo) -> list[Task]:
     """The tasks a single-GPU `ensure_tables` would measure: for each kernel (in order of first
     appearance) the sizes `sizes_for` asks for whose measurements `database` (a Cache or

@@ -1,10 +1,10 @@
-"""Plans: the configuration and workspace of every kernel a handle has seen.
+"""Assignments: the configuration and workspace of every kernel a handle has seen, at run time.
 
 - WR: each kernel is optimized on first sight (memoized) and gets a workspace of its own.
 - WD: kernels are only recorded until `finalize()` (the handle calls it at the first
   convolution); then one ILP divides one buffer into a segment per kernel. A kernel first seen
   after that is optimized by WR within what the total limit has left, in a buffer of its own, so
-  no segment in use ever moves. `reset()` forgets every plan so that the next use solves all
+  no segment in use ever moves. `reset()` forgets every assignment so that the next use solves all
   known kernels again as one network: call it between iterations, never during one.
 
 Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive it with fakes.
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .benchmark import Benchmarker, ensure_tables
-from .config import Settings, batch_sizes
+from .config import Settings
 from .optimizers.configuration import Configuration
-from .optimizers.wr import optimize_wr
 from .problem import ConvProblem
+from .solve import Kernel, solve, solve_wr
 
 
 @dataclass(frozen=True)
-class KernelPlan:
+class Assignment:
     """How one kernel runs: its configuration and the workspace it may use."""
 
     configuration: Configuration
@@ -30,7 +30,9 @@ class KernelPlan:
     workspace_size: int
 
 
-class Plans:
+class Assignments:
+    """Every kernel's Assignment, made on first need (WR) or for the network at once (WD)."""
+
     def __init__(self, settings: Settings, cache, benchmarker: Callable[[], Benchmarker],
                  allocator: Callable[[int], Any], pointer: Callable[[Any], int]):
         self.settings = settings
@@ -38,10 +40,10 @@ class Plans:
         self._make_benchmarker = benchmarker  # called on first need: creating one touches the GPU
         self._benchmarker: Benchmarker | None = None
         self._allocate, self._pointer = allocator, pointer
-        self._plans: dict[str, KernelPlan] = {}
-        self._known: dict[str, ConvProblem] = {}  # every kernel seen, planned or not
+        self._assigned: dict[str, Assignment] = {}
+        self._known: dict[str, ConvProblem] = {}  # every kernel seen, assigned or not
         self._pending: dict[str, ConvProblem] = {}  # WD: recorded, waiting for finalize()
-        self._buffers: list[Any] = []  # keeps every workspace alive while its plan is in use
+        self._buffers: list[Any] = []  # keeps every workspace alive while its assignment is in use
         self._network_solved = False
         self._late_workspace = 0  # WD: bytes given to kernels that came after the solve
         self.wd_result = None
@@ -51,72 +53,64 @@ class Plans:
         return self.settings.optimizer == "wd"
 
     def record(self, problem: ConvProblem) -> None:
-        """An algorithm query: WR plans the kernel now; WD waits for the whole network."""
+        """An algorithm query: WR assigns the kernel now; WD waits for the whole network."""
         self._known[problem.key] = problem
-        if problem.key in self._plans:
+        if problem.key in self._assigned:
             return
         if self.wd and not self._network_solved:
             self._pending[problem.key] = problem
         else:
             self.get(problem)
 
-    def get(self, problem: ConvProblem) -> KernelPlan:
-        """The kernel's plan, optimizing it (WD: solving the recorded network) if needed."""
+    def get(self, problem: ConvProblem) -> Assignment:
+        """The kernel's assignment, optimizing it (WD: solving the recorded network) if needed."""
         self._known[problem.key] = problem
-        if problem.key not in self._plans:
+        if problem.key not in self._assigned:
             if self.wd and not self._network_solved:
                 self._pending[problem.key] = problem
                 self.finalize()
             else:
-                self._plan_alone(problem)
-        return self._plans[problem.key]
+                self._assign_alone(problem)
+        return self._assigned[problem.key]
 
     def finalize(self) -> None:
         """WD: solve the ILP over every recorded kernel and divide one workspace among them."""
-        from .optimizers.wd import WDKernel, optimize_wd
-
         if not self.wd or self._network_solved:
             return
         pending, self._pending = list(self._pending.values()), {}
         if not pending:
             return
-        total = self.total_limit(len(pending))
-        tables = self._tables(pending, total)
-        kernels = [WDKernel(p.key, tables[p.key], p.batch, quantum=p.batch_quantum()) for p in pending]
-        self.wd_result = optimize_wd(kernels, self._sizes, total)
+        tables = self._tables(pending, self.settings.total_limit(len(pending)))
+        solution = solve([Kernel(p.key, p) for p in pending], tables, self.settings)
+        self.wd_result = solution.wd
         base = self._buffer(self.wd_result.total_workspace)
-        for key, configuration in self.wd_result.configurations.items():
+        for key, configuration in solution.configurations.items():
             segment = self.wd_result.segments[key]
-            self._plans[key] = KernelPlan(configuration, segment.pointer(base) if segment.size else 0,
-                                          segment.size)
+            self._assigned[key] = Assignment(configuration, segment.pointer(base) if segment.size else 0,
+                                             segment.size)
         self._network_solved = True
 
     def reset(self) -> None:
-        """Forget every plan and workspace; known kernels are planned again on next use (WD: as
+        """Forget every assignment and workspace; known kernels are assigned again on next use (WD: as
         one network). The caller must make sure no convolution still uses the old workspaces."""
-        self._plans, self._buffers, self.wd_result = {}, [], None
+        self._assigned, self._buffers, self.wd_result = {}, [], None
         self._network_solved, self._late_workspace = False, 0
         if self.wd:
             self._pending = dict(self._known)
 
-    def total_limit(self, kernels: int) -> int:
-        """WD's total: UCUDNN_TOTAL_WORKSPACE_LIMIT, else the per-kernel limit times the kernels."""
-        total = self.settings.total_workspace_limit
-        return total if total is not None else self.settings.workspace_limit * kernels
-
     def __len__(self) -> int:
-        return len(self._plans)
+        return len(self._assigned)
 
-    def _plan_alone(self, problem: ConvProblem) -> None:
+    def _assign_alone(self, problem: ConvProblem) -> None:
         limit = self.settings.workspace_limit
         if self.wd:  # came after the network was solved: only what the total has left
             used = self.wd_result.total_workspace if self.wd_result else 0
-            limit = max(self.total_limit(len(self._plans) + 1) - used - self._late_workspace, 0)
+            limit = max(self.settings.total_limit(len(self._assigned) + 1) - used - self._late_workspace, 0)
         configuration = self._optimize_wr(problem, limit)
         if self.wd:
             self._late_workspace += configuration.workspace
-        self._plans[problem.key] = KernelPlan(configuration, self._buffer(configuration.workspace),
-                                              configuration.workspace)
+        self._assigned[problem.key] = Assignment(configuration, self._buffer(configuration.workspace),
+                                                 configuration.workspace)
 
     def _optimize_wr(self, problem: ConvProblem, limit: int) -> Configuration:
         memo_key = (self.benchmarker.device.reuse_key, problem.key, self.settings.batch_size_policy,
@@ -124,16 +118,12 @@ class Plans:
         configuration = self.cache.configuration(memo_key)
         if configuration is None:
             table = self._tables([problem], limit)[problem.key]
-            configuration = optimize_wr(table, problem.batch, self._sizes(problem.batch), limit,
-                                        kernel=problem.describe(), quantum=problem.batch_quantum())
+            configuration = solve_wr(Kernel(problem.describe(), problem), table, self.settings, limit)
             self.cache.remember(memo_key, configuration)
         return configuration
 
     def _tables(self, problems: list[ConvProblem], cap: int) -> dict:
-        return ensure_tables(problems, lambda p: self._sizes(p.batch), cap, self.cache, self.benchmarker)
-
-    def _sizes(self, batch: int) -> tuple[int, ...]:
-        return batch_sizes(self.settings.batch_size_policy, batch)
+        return ensure_tables(problems, self.settings.sizes_for, cap, self.cache, self.benchmarker)
 
     @property
     def benchmarker(self) -> Benchmarker:

@@ -1,15 +1,17 @@
-"""Plans for a whole network: the WR or WD configuration of every kernel, beside the two
-references that say what it buys: cuDNN undivided at the same per-kernel limit (what cuDNN
-itself would pick) and undivided with no limit (the best cuDNN can do with unbounded memory).
+"""The offline report of a whole network: the WR or WD configuration of every kernel (by
+solve.solve, as the handle plans at run time), beside the two references that say what it buys:
+cuDNN undivided at the same per-kernel limit (what cuDNN itself would pick) and undivided with
+no limit (the best cuDNN can do with unbounded memory).
 
-Pure CPU: kernels and their measurement tables in, a Plan out.
+Pure CPU: kernels and their measurement tables in, a Report out.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .config import Settings, batch_sizes
+from . import solve
+from .config import Settings
 from .measurements import KernelTable
 from .nets import Kernel, find_kernel
 from .optimizers.configuration import Configuration
@@ -27,9 +29,9 @@ def algo_name(kind: ConvKind, algo: int) -> str:
 
 
 @dataclass(frozen=True)
-class KernelPlan:
+class KernelReport:
     kernel: Kernel
-    configuration: Configuration  # the plan's
+    configuration: Configuration  # the one solve() chose
     undivided: Configuration  # cuDNN's pick at the same per-kernel limit
     best: Configuration  # undivided, unlimited workspace
 
@@ -41,7 +43,7 @@ class KernelPlan:
         return configuration.describe(lambda algo: algo_name(self.kernel.problem.kind, algo))
 
 
-def _configuration_json(row: KernelPlan, configuration: Configuration) -> dict:
+def _configuration_json(row: KernelReport, configuration: Configuration) -> dict:
     return {"time_ms": configuration.time_ms, "workspace": configuration.workspace,
             "description": row.describe(configuration),
             "micro": [{**part, "algo_name": algo_name(row.kernel.problem.kind, part["algo"])}
@@ -49,17 +51,17 @@ def _configuration_json(row: KernelPlan, configuration: Configuration) -> dict:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Report:
     optimizer: str  # "wr" or "wd"
     policy: str
     limit: int  # bytes: per kernel (WR) or for the whole network (WD)
     kernel_limit: int  # bytes each kernel gets in the undivided reference
-    rows: tuple[KernelPlan, ...]
-    workspace: int  # bytes the plan allocates in all (WD: the divided buffer, aligned)
+    rows: tuple[KernelReport, ...]
+    workspace: int  # bytes the chosen configurations allocate in all (WD: the divided buffer, aligned)
     solver: dict | None = None  # WD: the ILP's size and timings
 
     def time_ms(self, which: str = "configuration") -> float:
-        """Predicted time of every kernel once per occurrence: of the plan, or of the
+        """Predicted time of every kernel once per occurrence: of the chosen configurations, or of the
         "undivided" or "best" reference."""
         return sum(row.kernel.count * getattr(row, which).time_ms for row in self.rows)
 
@@ -75,15 +77,15 @@ class Plan:
 
     @property
     def gap_to_best(self) -> float:
-        """The plan's time over the unlimited best's: 1.0 means nothing is left to gain."""
+        """The chosen time over the unlimited best's: 1.0 means nothing is left to gain."""
         return self.time_ms() / self.time_ms("best")
 
-    def row(self, name: str) -> KernelPlan:
+    def row(self, name: str) -> KernelReport:
         kernel = find_kernel([row.kernel for row in self.rows], name)
         return next(row for row in self.rows if row.kernel == kernel)
 
-    def slowest(self) -> KernelPlan:
-        """The kernel that takes the most of the plan's time."""
+    def slowest(self) -> KernelReport:
+        """The kernel that takes the most of the chosen time."""
         return max(self.rows, key=lambda row: row.kernel.count * row.configuration.time_ms)
 
     def to_json(self) -> dict:
@@ -107,44 +109,26 @@ class Plan:
         }
 
 
-def limits(settings: Settings, kernels: int) -> tuple[int, int]:
-    """(the plan's limit, the per-kernel limit of the undivided reference) in bytes for a network
-    of `kernels` distinct kernels: WR's limit is per kernel; WD's total defaults to the per-kernel
-    limit times the kernels, as the handle's does."""
-    if settings.optimizer == "wr":
-        return settings.workspace_limit, settings.workspace_limit
-    total = settings.total_workspace_limit
-    total = settings.workspace_limit * kernels if total is None else total
-    return total, total // kernels
-
-
-def make_plan(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings: Settings,
-              solver: str = "cbc") -> Plan:
-    """WR at settings.workspace_limit per kernel, or WD at settings.total_workspace_limit (see
-    `limits`). `tables` holds each kernel's measurements by problem.key, complete for the
-    policy's sizes within the limit and for the whole batch with none (benchmark.ensure_tables)."""
-    batch = kernels[0].problem.batch
-    sizes = batch_sizes(settings.batch_size_policy, batch)
-    limit, kernel_limit = limits(settings, len(kernels))
-    solver_stats = None
-    if settings.optimizer == "wr":
-        chosen = {k.name: optimize_wr(tables[k.problem.key], batch, sizes, limit, kernel=k.name,
-                                      quantum=k.problem.batch_quantum())
-                  for k in kernels}
-        workspace = sum(configuration.workspace for configuration in chosen.values())
+def make_report(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings: Settings,
+                solver: str = "cbc") -> Report:
+    """WR at settings.workspace_limit per kernel, or WD at settings.total_limit(kernels) with
+    the undivided reference at an equal share of it. `tables` holds each kernel's measurements
+    by problem.key, complete for the policy's sizes within the limit and for the whole batch with
+    none (benchmark.ensure_tables)."""
+    solution = solve.solve([solve.Kernel(k.name, k.problem, k.count) for k in kernels], tables, settings, solver)
+    kernel_limit = solution.limit if settings.optimizer == "wr" else solution.limit // len(kernels)
+    if solution.wd is None:
+        workspace, solver_stats = sum(c.workspace for c in solution.configurations.values()), None
     else:
-        from .optimizers.wd import WDKernel, optimize_wd
-
-        result = optimize_wd([WDKernel(k.name, tables[k.problem.key], batch, k.count, k.problem.batch_quantum())
-                              for k in kernels],
-                             sizes, limit, solver=solver)
-        chosen, workspace = result.configurations, result.total_workspace
+        result = solution.wd
+        workspace = result.total_workspace
         solver_stats = {"solver": result.solver, "variables": result.variables,
                         "build_seconds": result.build_seconds, "solve_seconds": result.solve_seconds}
-    rows = tuple(KernelPlan(
-        k, chosen[k.name],
+    batch = kernels[0].problem.batch
+    rows = tuple(KernelReport(
+        k, solution.configurations[k.name],
         undivided=optimize_wr(tables[k.problem.key], batch, (batch,), kernel_limit, kernel=k.name),
         best=optimize_wr(tables[k.problem.key], batch, (batch,), None, kernel=k.name),
     ) for k in kernels)
-    return Plan(settings.optimizer, settings.batch_size_policy, limit, kernel_limit, rows, workspace,
-                solver_stats)
+    return Report(settings.optimizer, settings.batch_size_policy, solution.limit, kernel_limit, rows, workspace,
+                  solver_stats)

@@ -10,94 +10,94 @@ from ucudnn import reference
 from ucudnn.cache import Cache
 from ucudnn.config import Settings
 from executors import NumpyExecutor, dispatch
-from ucudnn.plans import Plans
+from ucudnn.assignment import Assignments
 from ucudnn.problem import ConvKind, ConvProblem
 
 LAYERS = [ConvProblem(kind, (32, 16, 12, 12), (24, 16, 3, 3), pads=1) for kind in ConvKind] + [
     ConvProblem("F", (32, 24, 12, 12), (8, 24, 1, 1))]
 
 
-def make_plans(tmp_path, bench=None, **settings):
+def make_assignments(tmp_path, bench=None, **settings):
     bench = bench or FakeBenchmarker()
     allocator = FakeAllocator()
-    plans = Plans(Settings.load(env={}, **settings), Cache(tmp_path / "bench.db"), lambda: bench,
+    assignments = Assignments(Settings.load(env={}, **settings), Cache(tmp_path / "bench.db"), lambda: bench,
                   allocator, pointer=lambda address: address)
-    return plans, bench, allocator
+    return assignments, bench, allocator
 
 
 def test_wr_plans_each_kernel_once_within_its_limit(tmp_path):
-    plans, bench, allocator = make_plans(tmp_path, workspace_limit="256KiB")
+    assignments, bench, allocator = make_assignments(tmp_path, workspace_limit="256KiB")
     for p in LAYERS * 3:
-        plans.record(p)
-        plan = plans.get(p)
+        assignments.record(p)
+        plan = assignments.get(p)
         assert plan.configuration.batch == p.batch
         assert plan.workspace_size == plan.configuration.workspace <= 256 * 2**10
-    assert len(plans) == len(LAYERS)
-    assert len(allocator.sizes) == sum(1 for p in LAYERS if plans.get(p).workspace_size)
+    assert len(assignments) == len(LAYERS)
+    assert len(allocator.sizes) == sum(1 for p in LAYERS if assignments.get(p).workspace_size)
     assert bench.calls == len(LAYERS) * 6 * 3  # 6 power-of-two sizes of 32, 3 algorithms, once each
 
 
 def test_tight_limit_splits_the_batch(tmp_path):
-    plans, _, _ = make_plans(tmp_path, workspace_limit="256KiB")
-    assert len(plans.get(LAYERS[0]).configuration.micro) > 1
-    loose, _, _ = make_plans(tmp_path / "loose", workspace_limit="1GiB")
+    assignments, _, _ = make_assignments(tmp_path, workspace_limit="256KiB")
+    assert len(assignments.get(LAYERS[0]).configuration.micro) > 1
+    loose, _, _ = make_assignments(tmp_path / "loose", workspace_limit="1GiB")
     assert len(loose.get(LAYERS[0]).configuration.micro) == 1
 
 
 def test_wd_waits_for_the_network_then_divides_one_buffer(tmp_path):
-    plans, bench, allocator = make_plans(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
+    assignments, bench, allocator = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
     for p in LAYERS:
-        plans.record(p)
-    assert len(plans) == 0 and bench.calls == 0  # only recorded
-    first = plans.get(LAYERS[0])  # the first convolution solves the whole network
-    assert len(plans) == len(LAYERS) and plans.wd_result.variables >= len(LAYERS)
-    assert allocator.sizes == [plans.wd_result.total_workspace] and sum(allocator.sizes) <= 2**20
-    segments = sorted((plans.get(p).workspace, plans.get(p).workspace_size) for p in LAYERS if plans.get(p).workspace_size)
+        assignments.record(p)
+    assert len(assignments) == 0 and bench.calls == 0  # only recorded
+    first = assignments.get(LAYERS[0])  # the first convolution solves the whole network
+    assert len(assignments) == len(LAYERS) and assignments.wd_result.variables >= len(LAYERS)
+    assert allocator.sizes == [assignments.wd_result.total_workspace] and sum(allocator.sizes) <= 2**20
+    segments = sorted((assignments.get(p).workspace, assignments.get(p).workspace_size) for p in LAYERS if assignments.get(p).workspace_size)
     for (start, size), (next_start, _) in zip(segments, segments[1:]):
         assert start + size <= next_start
     assert first.configuration.batch == 32
 
 
 def test_wd_late_kernel_gets_only_what_is_left(tmp_path):
-    plans, _, allocator = make_plans(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
+    assignments, _, allocator = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
     with_network = LAYERS[:3]
     for p in with_network:
-        plans.record(p)
-    plans.finalize()
-    used = plans.wd_result.total_workspace
-    late = plans.get(LAYERS[3])
+        assignments.record(p)
+    assignments.finalize()
+    used = assignments.wd_result.total_workspace
+    late = assignments.get(LAYERS[3])
     assert late.workspace_size <= 2**20 - used
     assert sum(allocator.sizes) <= 2**20
 
 
 def test_reset_solves_all_known_kernels_together(tmp_path):
-    plans, _, _ = make_plans(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
+    assignments, _, _ = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
     for p in LAYERS[:3]:
-        plans.get(p)  # first one solves a network of one kernel; the others come late
-    plans.reset()
-    plans.get(LAYERS[0])
-    assert set(plans.wd_result.configurations) == {p.key for p in LAYERS[:3]}
+        assignments.get(p)  # first one solves a network of one kernel; the others come late
+    assignments.reset()
+    assignments.get(LAYERS[0])
+    assert set(assignments.wd_result.configurations) == {p.key for p in LAYERS[:3]}
 
 
 def test_second_process_with_same_device_benchmarks_nothing(tmp_path):
-    first, bench1, _ = make_plans(tmp_path)
+    first, bench1, _ = make_assignments(tmp_path)
     for p in LAYERS:
         first.get(p)
-    second, bench2, _ = make_plans(tmp_path)  # fresh memo, same file, same GPU and cuDNN
+    second, bench2, _ = make_assignments(tmp_path)  # fresh memo, same file, same GPU and cuDNN
     for p in LAYERS:
         assert second.get(p).configuration == first.get(p).configuration
     assert bench1.calls > 0 and bench2.calls == 0
     other_cudnn = FakeBenchmarker(device=FAKE_DEVICE.__class__("Fake GPU", "0.0", 90100))
-    third, bench3, _ = make_plans(tmp_path, bench=other_cudnn)
+    third, bench3, _ = make_assignments(tmp_path, bench=other_cudnn)
     third.get(LAYERS[0])
     assert bench3.calls > 0
 
 
 @pytest.mark.parametrize("kind", list(ConvKind), ids=str)
 def test_planned_dispatch_matches_reference(tmp_path, kind, rng):
-    plans, _, _ = make_plans(tmp_path, workspace_limit="20KiB", batch_size_policy="all")
+    assignments, _, _ = make_assignments(tmp_path, workspace_limit="20KiB", batch_size_policy="all")
     p = ConvProblem(kind, (13, 4, 7, 7), (6, 2, 3, 3), pads=1, strides=2, groups=2, dtype="float64")
-    configuration = plans.get(p).configuration
+    configuration = assignments.get(p).configuration
     assert len(configuration.micro) > 1
     host = {r: rng.uniform(-1, 1, s) for r, s in (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape))}
     flat = {r: a.ravel().copy() for r, a in host.items()}

@@ -1,4 +1,4 @@
-"""Network plans from synthetic tables: WR and WD against their references."""
+"""Network reports from synthetic tables: WR and WD against their references."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from ucudnn.config import Settings
 from ucudnn.errors import ConfigError
 from ucudnn.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.planner import make_plan
+from ucudnn.report import make_report
 
 MIB = 2**20
 
@@ -25,12 +25,12 @@ def tables(kernels):
     return {k.problem.key: synthetic.table(k.problem) for k in kernels}
 
 
-def plan(kernels, tables, **settings):
-    return make_plan(kernels, tables, Settings.load(env={}, **settings))
+def report(kernels, tables, **settings):
+    return make_report(kernels, tables, Settings.load(env={}, **settings))
 
 
 def test_wr_plan_is_wr_per_kernel_beside_cudnns_choices(kernels, tables):
-    p = plan(kernels, tables, workspace_limit="8MiB")
+    p = report(kernels, tables, workspace_limit="8MiB")
     assert (p.optimizer, p.limit, p.kernel_limit) == ("wr", 8 * MIB, 8 * MIB)
     for row in p.rows:
         table = tables[row.kernel.problem.key]
@@ -47,14 +47,14 @@ def test_wr_plan_is_wr_per_kernel_beside_cudnns_choices(kernels, tables):
 
 
 def test_undivided_policy_is_cudnn_itself(kernels, tables):
-    p = plan(kernels, tables, batch_size_policy="undivided")
+    p = report(kernels, tables, batch_size_policy="undivided")
     assert p.speedup == pytest.approx(1.0)
     assert all(row.configuration == row.undivided for row in p.rows)
 
 
 def test_wd_beats_wr_at_the_same_total(kernels, tables):
-    wr = plan(kernels, tables, workspace_limit="8MiB")
-    wd = plan(kernels, tables, workspace_limit="8MiB", optimizer="wd")
+    wr = report(kernels, tables, workspace_limit="8MiB")
+    wd = report(kernels, tables, workspace_limit="8MiB", optimizer="wd")
     assert (wd.limit, wd.kernel_limit) == (8 * MIB * len(kernels), 8 * MIB)
     assert wd.workspace <= wd.limit
     assert wd.time_ms() <= wr.time_ms() + 1e-9  # WR's answer is feasible for WD
@@ -62,13 +62,13 @@ def test_wd_beats_wr_at_the_same_total(kernels, tables):
 
 
 def test_wd_with_an_explicit_total(kernels, tables):
-    p = plan(kernels, tables, optimizer="wd", total_workspace_limit="40MiB")
+    p = report(kernels, tables, optimizer="wd", total_workspace_limit="40MiB")
     assert (p.limit, p.kernel_limit) == (40 * MIB, 40 * MIB // len(kernels))
     assert sum(row.configuration.workspace for row in p.rows) <= p.workspace <= 40 * MIB
 
 
 def test_plan_json_is_plain_and_consistent(kernels, tables):
-    p = plan(kernels, tables)
+    p = report(kernels, tables)
     data = json.loads(json.dumps(p.to_json()))
     assert len(data["kernels"]) == len(kernels)
     first = data["kernels"][0]
@@ -80,7 +80,7 @@ def test_plan_json_is_plain_and_consistent(kernels, tables):
 
 
 def test_rows_by_name_and_the_slowest(kernels, tables):
-    p = plan(kernels, tables)
+    p = report(kernels, tables)
     assert p.row("conv1/BF").kernel.name == "conv1/BF"
     slowest = p.slowest()
     assert all(r.kernel.count * r.configuration.time_ms <= slowest.kernel.count * slowest.configuration.time_ms
