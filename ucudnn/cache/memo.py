@@ -23,7 +23,7 @@ from ..optimizers.configuration import Configuration
 from ..problem import ConvProblem
 from .database import BenchmarkDatabase
 from .faults import describe
-from .paths import default_path, shard_path
+from .paths import cache_path, shard_path
 from .schema import NewerSchemaError
 
 T = TypeVar("T")
@@ -43,8 +43,8 @@ class CacheStats:
 
 
 def resolve_path(path: str | os.PathLike | None) -> Path:
-    """`path`, else $UCUDNN_CACHE, else the default file; a directory means this host's shard in it."""
-    chosen = Path(path or os.environ.get("UCUDNN_CACHE") or default_path()).expanduser()
+    """The file `cache_path` picks; a directory means this host's shard in it."""
+    chosen = cache_path(path)
     return shard_path(chosen) if chosen.is_dir() else chosen
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections import Counter
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..benchmark import Benchmarker, TimingSettings
 from ..device import DeviceInfo, check_execution
@@ -21,6 +22,28 @@ TIMINGS = {
 
 
 # ---- devices
+
+
+def parse_devices(text: str) -> list[int]:
+    """GPU numbers from "0" or "0,1"."""
+    parts = text.split(",")
+    if not all(part.strip().isdigit() for part in parts):
+        raise ConfigError(f"{text!r} is not a list of GPU numbers; use e.g. 0 or 0,1")
+    return [int(part) for part in parts]
+
+
+def bench_devices(devices: Sequence[int] | None = None, mpi: bool = False,
+                  env: Mapping[str, str] | None = None) -> list[int] | None:
+    """`devices`, else $UCUDNN_BENCH_DEVICES, else GPU 0 (with `mpi`: None, every GPU of the node)."""
+    if devices:
+        return list(devices)
+    text = (os.environ if env is None else env).get(DEVICES_VARIABLE, "").strip()
+    if text:
+        try:
+            return parse_devices(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{DEVICES_VARIABLE}: {exc}") from None
+    return None if mpi else [0]
 
 
 def timing_settings(timing: str | TimingSettings) -> TimingSettings:
