@@ -13,7 +13,7 @@ from .cache.database import BenchmarkDatabase
 from .cache.memo import Cache
 from .cache.paths import cache_path
 from .config import Settings, batch_sizes
-from .device import DeviceInfo
+from .device import Provenance
 from .errors import CacheError, MissingMeasurementsError
 from .measurements import KernelTable
 from .problem import ConvProblem
@@ -27,7 +27,7 @@ class Measurements:
     in, and whether they were measured here (else read from a recording)."""
 
     tables: dict[str, KernelTable]
-    device: DeviceInfo
+    device: Provenance
     path: Path
     measured: bool
 
@@ -38,7 +38,7 @@ def _sizes_for(policy: str):
 
 def complete_tables(problems: Sequence[ConvProblem], policy: str, cap: int | None, source,
                     benchmarker: Benchmarker | None, progress: Progress | None = None, *,
-                    device: DeviceInfo | None = None) -> dict[str, KernelTable]:
+                    device: Provenance | None = None) -> dict[str, KernelTable]:
     """Tables complete for the policy's sizes within `cap` bytes and for the whole batch with no
     cap (the unlimited reference); `source` (a Cache or database) lacks only what is measured."""
     ensure_tables(problems, _sizes_for(policy), cap, source, benchmarker, progress, device=device)
@@ -59,12 +59,12 @@ def open_database(path: str | Path | None, check: bool = True) -> BenchmarkDatab
         raise CacheError(f"{path} is not a usable benchmark database ({exc}); check the path") from None
 
 
-def devices_in(database: BenchmarkDatabase) -> list[DeviceInfo]:
+def devices_in(database: BenchmarkDatabase) -> list[Provenance]:
     """One provenance per (GPU, cuDNN, execution): what measurements are shared by."""
     return list({d.reuse_key: d for d in database.devices()}.values())
 
 
-def device_with_most(database: BenchmarkDatabase, problems: Iterable[ConvProblem], execution: str) -> DeviceInfo:
+def device_with_most(database: BenchmarkDatabase, problems: Iterable[ConvProblem], execution: str) -> Provenance:
     """Of the GPUs in a database measured for `execution`, the one with measurements of the
     most of these kernels."""
     every = devices_in(database)
@@ -80,7 +80,7 @@ def device_with_most(database: BenchmarkDatabase, problems: Iterable[ConvProblem
 
 def tables_for(problems: Sequence[ConvProblem], settings: Settings, cap: int | None, *,
                measure: bool | None = None, progress: Progress | None = None,
-               explain: Callable[[MissingMeasurementsError, BenchmarkDatabase, DeviceInfo], Exception] | None = None
+               explain: Callable[[MissingMeasurementsError, BenchmarkDatabase, Provenance], Exception] | None = None
                ) -> Measurements:
     """Tables complete for the policy's sizes within `cap` and for the whole batch (see
     `complete_tables`): measured on this GPU into the cache where `measure` (default: where a GPU

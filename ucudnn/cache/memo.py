@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, TypeVar
 
-from ..device import DeviceInfo
+from ..device import Provenance
 from ..errors import CacheError, UcudnnWarning
 from ..measurements import KernelTable, Measurement
 from ..optimizers.configuration import Configuration
@@ -100,13 +100,13 @@ class Cache:
 
     # --- kernel tables ---
 
-    def table(self, problem: ConvProblem, device: DeviceInfo) -> KernelTable:
+    def table(self, problem: ConvProblem, device: Provenance) -> KernelTable:
         """The measurements of `problem`'s shape key on `device`'s GPU model and cuDNN version:
         from memory, else from the file; empty if neither has any. Never raises on file faults.
         The table is shared with the memo: read it, add to it only through `record`."""
         return self.tables([problem], device)[problem.shape_key()]
 
-    def tables(self, problems: Iterable[ConvProblem], device: DeviceInfo) -> dict[str, KernelTable]:
+    def tables(self, problems: Iterable[ConvProblem], device: Provenance) -> dict[str, KernelTable]:
         """`table` for many problems, with one file query for all those not in memory."""
         keys = list(dict.fromkeys(p.shape_key() for p in problems))
         with self._lock:
@@ -120,13 +120,13 @@ class Cache:
                     self.stats.misses += 1
             return {key: self._tables.get((device.reuse_key, key)) or KernelTable() for key in keys}
 
-    def _from_file(self, shape_keys: list[str], device: DeviceInfo) -> dict[str, KernelTable]:
+    def _from_file(self, shape_keys: list[str], device: Provenance) -> dict[str, KernelTable]:
         empty = {key: KernelTable() for key in shape_keys}
         if not shape_keys or self._file is None:
             return empty
         return self._guard(lambda: self._file.lookup(shape_keys, device), empty)
 
-    def record(self, problem: ConvProblem, device: DeviceInfo, measurements: Iterable[Measurement]) -> None:
+    def record(self, problem: ConvProblem, device: Provenance, measurements: Iterable[Measurement]) -> None:
         """Keep new measurements in memory and store them in the file. Never raises on file faults."""
         measurements = list(measurements)
         with self._lock:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Sequence
 
 from ..config import format_size
-from ..device import DeviceInfo
+from ..device import Provenance
 from ..nets import Network
 from ..planner import Plan
 
@@ -55,7 +55,7 @@ def ms(value: float) -> str:
     return f"{value:.3f}"
 
 
-def render_plan(network: Network, plan: Plan, args, device: DeviceInfo, measured: bool, path) -> str:
+def render_plan(network: Network, plan: Plan, args, device: Provenance, measured: bool, path) -> str:
     where = "measured here" if measured else "recorded"
     limit = (f"WR, {format_size(plan.limit)} per kernel" if plan.optimizer == "wr"
              else f"WD, {format_size(plan.limit)} in total")
@@ -85,7 +85,7 @@ def render_plan(network: Network, plan: Plan, args, device: DeviceInfo, measured
     return "\n".join(lines)
 
 
-def device_json(device: DeviceInfo) -> dict:
+def device_json(device: Provenance) -> dict:
     return {**asdict(device), "description": device.describe()}
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Callable, Mapping, Sequence
 
 from ..benchmark import Benchmarker, TimingSettings
-from ..device import DeviceInfo, check_execution
+from ..device import Provenance, check_execution
 from ..errors import ConfigError
 
 Factory = Callable[[int], Benchmarker]
@@ -74,7 +74,7 @@ def cuda_device_count() -> int:
     return gpu.cupy().cuda.runtime.getDeviceCount()
 
 
-def cuda_probe(device: int) -> DeviceInfo:
+def cuda_probe(device: int) -> Provenance:
     """What GPU `device` is, without making a context on it."""
     from .. import gpu
 
@@ -96,7 +96,7 @@ def check_devices(devices: Sequence[int]) -> list[int]:
     return devices
 
 
-def check_one_model(labelled: Sequence[tuple[str, DeviceInfo]]) -> None:
+def check_one_model(labelled: Sequence[tuple[str, Provenance]]) -> None:
     """Refuse GPUs of different models (or cuDNN versions): measurements are kept per model."""
     if len({info.reuse_key for _, info in labelled}) > 1:
         listing = "; ".join(f"{label}: {info.describe()}" for label, info in labelled)
