@@ -22,24 +22,25 @@ import time
 from pathlib import Path
 
 from ucudnn import format_size, parse_size
-from ucudnn.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings, ensure_tables
+from ucudnn.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings
 from ucudnn.bindings.enums import algo_name
 from ucudnn.cache import Cache
 from ucudnn.config import batch_sizes
 from ucudnn.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
+from ucudnn.sources import complete_tables
 
 VARIANTS = {"undivided": "undivided", "wr_p2": "powerOfTwo", "wr_all": "all", "unlimited": "undivided"}
 
 
 def measure_tables(kernels, limits, policies, bench, cache) -> dict:
     """Tables complete for every policy under the largest limit, and for B with no limit."""
-    problems = [k.problem for k in kernels]
+    problems, tables = [k.problem for k in kernels], {}
     for policy in policies:
         start = time.perf_counter()
-        ensure_tables(problems, lambda p: batch_sizes(policy, p.batch), max(limits), cache, bench)
+        tables = complete_tables(problems, policy, max(limits), cache, bench)
         print(f"  benchmarked {policy}: {time.perf_counter() - start:.1f} s", flush=True)
-    return ensure_tables(problems, lambda p: (p.batch,), None, cache, bench)
+    return tables
 
 
 def compare(kernels, tables, limit, policies, timer, measured: dict) -> list[dict]:

@@ -15,10 +15,10 @@ import re
 import time
 from pathlib import Path
 
-from ucudnn.benchmark import CudnnBenchmarker, ensure_tables
+from ucudnn.benchmark import CudnnBenchmarker
 from ucudnn.cache import Cache
-from ucudnn.config import batch_sizes
 from ucudnn.nets import get_network
+from ucudnn.sources import complete_tables
 
 # net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want, with
 # tensor-op math (the default math of half types, problem.default_math). Each built-in network's
@@ -41,7 +41,7 @@ def record(spec: str, cache: Cache, bench: CudnnBenchmarker) -> dict:
     net, batch, dtype, layout, policy = spec.rsplit(":", 4)  # the net may hold a colon
     kernels = get_network(net).problems(int(batch), dtype, layout=layout)
     start, calls = time.perf_counter(), bench.calls
-    ensure_tables([k.problem for k in kernels], lambda p: batch_sizes(policy, p.batch), None, cache, bench)
+    complete_tables([k.problem for k in kernels], policy, None, cache, bench)  # the batch is a policy size
     summary = dict(spec=spec, kernels=len(kernels), measured=bench.calls - calls,
                    seconds=round(time.perf_counter() - start, 1))
     print(json.dumps(summary), flush=True)

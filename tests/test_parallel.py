@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from ucudnn import parallel
 from ucudnn.benchmark import ensure_tables
 from ucudnn.cache import BenchmarkDatabase, schema
-from ucudnn.cli import _bench_devices, build_parser
+from ucudnn.cli import build_parser
 from ucudnn.config import batch_sizes
 from ucudnn.device import DeviceInfo
 from ucudnn.errors import ConfigError, MissingMeasurementsError
 from ucudnn.nets import get_network
-from ucudnn.parallel import Task, bench_on_devices, bench_with_mpi, calls, partition, split_tasks
+from ucudnn.parallel import Task, bench_devices, bench_on_devices, bench_with_mpi, calls, partition, split_tasks
 
 BATCH = 12
 PROBLEMS = [k.problem for k in get_network("alexnet").problems(BATCH)]  # 15 kernels
@@ -300,12 +300,13 @@ def test_mpi_needs_mpi4py():
 
 def test_bench_devices_come_from_the_flag_then_the_variable(monkeypatch):
     parse = lambda *a: build_parser().parse_args(["bench", "--net", "alexnet", *a])  # noqa: E731
+    devices = lambda args: bench_devices(args.devices, args.mpi)  # noqa: E731  (as `ucudnn bench` asks)
     monkeypatch.delenv("UCUDNN_BENCH_DEVICES", raising=False)
-    assert _bench_devices(parse()) == [0] and _bench_devices(parse("--mpi")) is None
+    assert devices(parse()) == [0] and devices(parse("--mpi")) is None
     monkeypatch.setenv("UCUDNN_BENCH_DEVICES", "0,1")
-    assert _bench_devices(parse()) == [0, 1] and _bench_devices(parse("--devices", "1")) == [1]
+    assert devices(parse()) == [0, 1] and devices(parse("--devices", "1")) == [1]
     args = parse("--mpi", "--timing", "quick")
     assert (args.mpi, args.timing) == ("shards", "quick") and parse("--mpi", "shared").mpi == "shared"
     monkeypatch.setenv("UCUDNN_BENCH_DEVICES", "zero")
     with pytest.raises(ConfigError, match="UCUDNN_BENCH_DEVICES: 'zero' is not a list of GPU numbers"):
-        _bench_devices(parse())
+        devices(parse())

@@ -8,6 +8,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Mapping
 
+from .cache.paths import CACHE_VARIABLE
 from .device import EXECUTIONS
 from .errors import ConfigError
 
@@ -95,7 +96,7 @@ class Settings:
     optimizer: str = "wr"
     execution: str = "graph"  # how a kernel's calls run, and so how it is benchmarked (ucudnn.graphs)
     verbose: bool = False
-    cache_path: str | None = None  # None: the default file under the user's cache directory
+    cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 
     def sizes(self, batch: int) -> tuple[int, ...]:
         """The micro-batch sizes the batch size policy considers for a mini-batch of `batch`."""
@@ -125,7 +126,7 @@ class Settings:
         if unknown:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}")
         # each value with the name an error should show: the variable the user set, or the argument
-        variables = {f"UCUDNN_{name.upper()}": name for name in names} | {"UCUDNN_CACHE": "cache_path"}
+        variables = {f"UCUDNN_{name.upper()}": name for name in names} | {CACHE_VARIABLE: "cache_path"}
         raw = {name: (env[variable], variable) for variable, name in variables.items() if variable in env}
         raw.update({k: (v, k) for k, v in overrides.items() if v is not None})
         settings = replace(cls(), **{k: _PARSERS[k](value, label) for k, (value, label) in raw.items()})

@@ -28,6 +28,7 @@ MATH_TYPES = ("default", "tensor_op", "tensor_op_allow_conversion", "fma")
 # non-tensor-core kernels, 10-28x slower than torch's on an H100 (docs/results.md). float32
 # keeps `default`, which allows TF32 where cuDNN may use it.
 HALF_TYPES = ("float16", "bfloat16")
+TRAINING_DTYPES = ("float32", *HALF_TYPES)  # what networks are planned in (float64 is for checks)
 LAYOUTS = ("nchw", "nhwc")
 MODES = ("cross_correlation", "convolution")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import ctypes
 
-from ..problem import ConvKind
+from typing import Iterable, Mapping
 
-DATA_TYPE = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 9}
-TENSOR_FORMAT = {"nchw": 0, "nhwc": 1}
-MATH_TYPE = {"default": 0, "tensor_op": 1, "tensor_op_allow_conversion": 2, "fma": 3}
-CONV_MODE = {"convolution": 0, "cross_correlation": 1}
+from ..problem import DTYPES, LAYOUTS, MATH_TYPES, MODES, ConvKind
+
+
+def _numbered(names: Iterable[str], numbers: Mapping[str, int]) -> dict[str, int]:
+    """cuDNN's number for each name of ucudnn.problem's vocabulary (in its order); the two must
+    name the same values, else importing fails here rather than at the first call."""
+    names = list(names)
+    if set(names) != set(numbers):
+        raise RuntimeError(f"cuDNN numbers {sorted(numbers)} do not match ucudnn.problem's names {sorted(names)}")
+    return {name: numbers[name] for name in names}
+
+
+DATA_TYPE = _numbered(DTYPES, {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 9})
+TENSOR_FORMAT = _numbered(LAYOUTS, {"nchw": 0, "nhwc": 1})
+MATH_TYPE = _numbered(MATH_TYPES, {"default": 0, "tensor_op": 1, "tensor_op_allow_conversion": 2, "fma": 3})
+CONV_MODE = _numbered(MODES, {"convolution": 0, "cross_correlation": 1})
 
 ALGORITHMS = {
     ConvKind.FORWARD: ("IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT",

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import sqlite_utils
 
-from ..device import DeviceInfo
+from ..device import Provenance
 from ..errors import CacheError, DamagedDatabaseError
 from ..measurements import OK, STATUSES, KernelTable, Measurement
 from ..problem import ConvProblem
@@ -50,7 +50,7 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _measurement_row(device: DeviceInfo, shape_key: str, m: Measurement, recorded_at: str) -> dict:
+def _measurement_row(device: Provenance, shape_key: str, m: Measurement, recorded_at: str) -> dict:
     return {
         "gpu_name": device.gpu_name, "cudnn_version": device.cudnn_version, "execution": device.execution,
         "shape_key": shape_key,
@@ -140,7 +140,7 @@ class BenchmarkDatabase:
 
     # --- measurements ---
 
-    def record(self, problem: ConvProblem, device: DeviceInfo, measurements: Iterable[Measurement]) -> None:
+    def record(self, problem: ConvProblem, device: Provenance, measurements: Iterable[Measurement]) -> None:
         """Store measurements of `problem`'s shape key taken on `device`, in one short transaction;
         a measurement already stored for the same (GPU, cuDNN, execution, shape key, batch, algo)
         is replaced, unless it was timed with the default preset and `device.timing` is quick."""
@@ -148,17 +148,17 @@ class BenchmarkDatabase:
         rows = [_measurement_row(device, shape_key, m, now) for m in measurements]
         self._write(lambda: self._upsert([_kernel_row(problem)], rows))
 
-    def table(self, problem: ConvProblem, device: DeviceInfo) -> KernelTable:
+    def table(self, problem: ConvProblem, device: Provenance) -> KernelTable:
         """Every measurement of `problem`'s shape key (any micro-batch size) on `device`'s GPU
         model and cuDNN version, timed for its execution."""
         return self.tables([problem], device)[problem.shape_key()]
 
-    def tables(self, problems: Iterable[ConvProblem], device: DeviceInfo) -> dict[str, KernelTable]:
+    def tables(self, problems: Iterable[ConvProblem], device: Provenance) -> dict[str, KernelTable]:
         """The tables of many problems in one query, keyed by shape key; every problem asked
         for has an entry, empty if nothing is stored for it."""
         return self.lookup([p.shape_key() for p in problems], device)
 
-    def lookup(self, shape_keys: Iterable[str], device: DeviceInfo) -> dict[str, KernelTable]:
+    def lookup(self, shape_keys: Iterable[str], device: Provenance) -> dict[str, KernelTable]:
         """`tables` for callers that already hold the shape keys."""
         keys = list(dict.fromkeys(shape_keys))
         tables = [KernelTable() for _ in keys]
@@ -171,13 +171,13 @@ class BenchmarkDatabase:
 
     # --- what is stored ---
 
-    def devices(self) -> list[DeviceInfo]:
+    def devices(self) -> list[Provenance]:
         """Every distinct provenance (GPU, compute capability, cuDNN, driver, host, execution) present."""
         sql = ("SELECT DISTINCT gpu_name, compute_capability, cudnn_version, driver_version, host, execution "
                "FROM measurements ORDER BY gpu_name, cudnn_version, execution, host, driver_version")
-        return [DeviceInfo(**row) for row in self._read(lambda: list(self._db.query(sql)))]
+        return [Provenance(**row) for row in self._read(lambda: list(self._db.query(sql)))]
 
-    def kernels(self, device: DeviceInfo | None = None) -> list[tuple[ConvProblem, int]]:
+    def kernels(self, device: Provenance | None = None) -> list[tuple[ConvProblem, int]]:
         """Each stored kernel (as a batch-1 ConvProblem) with its number of measurements,
         on `device`'s GPU model, cuDNN version and execution if given."""
         where, params = (("WHERE m.gpu_name = ? AND m.cudnn_version = ? AND m.execution = ?", device.reuse_key)

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, TypeVar
 
-from ..device import DeviceInfo
+from ..device import Provenance
 from ..errors import CacheError, UcudnnWarning
 from ..measurements import KernelTable, Measurement
 from ..optimizers.configuration import Configuration
 from ..problem import ConvProblem
 from .database import BenchmarkDatabase
 from .faults import describe
-from .paths import default_path, shard_path
+from .paths import cache_path, shard_path
 from .schema import NewerSchemaError
 
 T = TypeVar("T")
@@ -43,8 +43,8 @@ class CacheStats:
 
 
 def resolve_path(path: str | os.PathLike | None) -> Path:
-    """`path`, else $UCUDNN_CACHE, else the default file; a directory means this host's shard in it."""
-    chosen = Path(path or os.environ.get("UCUDNN_CACHE") or default_path()).expanduser()
+    """The file `cache_path` picks; a directory means this host's shard in it."""
+    chosen = cache_path(path)
     return shard_path(chosen) if chosen.is_dir() else chosen
 
 
@@ -100,13 +100,13 @@ class Cache:
 
     # --- kernel tables ---
 
-    def table(self, problem: ConvProblem, device: DeviceInfo) -> KernelTable:
+    def table(self, problem: ConvProblem, device: Provenance) -> KernelTable:
         """The measurements of `problem`'s shape key on `device`'s GPU model and cuDNN version:
         from memory, else from the file; empty if neither has any. Never raises on file faults.
         The table is shared with the memo: read it, add to it only through `record`."""
         return self.tables([problem], device)[problem.shape_key()]
 
-    def tables(self, problems: Iterable[ConvProblem], device: DeviceInfo) -> dict[str, KernelTable]:
+    def tables(self, problems: Iterable[ConvProblem], device: Provenance) -> dict[str, KernelTable]:
         """`table` for many problems, with one file query for all those not in memory."""
         keys = list(dict.fromkeys(p.shape_key() for p in problems))
         with self._lock:
@@ -120,13 +120,13 @@ class Cache:
                     self.stats.misses += 1
             return {key: self._tables.get((device.reuse_key, key)) or KernelTable() for key in keys}
 
-    def _from_file(self, shape_keys: list[str], device: DeviceInfo) -> dict[str, KernelTable]:
+    def _from_file(self, shape_keys: list[str], device: Provenance) -> dict[str, KernelTable]:
         empty = {key: KernelTable() for key in shape_keys}
         if not shape_keys or self._file is None:
             return empty
         return self._guard(lambda: self._file.lookup(shape_keys, device), empty)
 
-    def record(self, problem: ConvProblem, device: DeviceInfo, measurements: Iterable[Measurement]) -> None:
+    def record(self, problem: ConvProblem, device: Provenance, measurements: Iterable[Measurement]) -> None:
         """Keep new measurements in memory and store them in the file. Never raises on file faults."""
         measurements = list(measurements)
         with self._lock:

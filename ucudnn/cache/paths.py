@@ -1,4 +1,5 @@
-"""Where benchmark databases live: the user's default file, per-host shards, the shipped recordings."""
+"""Where benchmark databases live: the user's default file, per-host shards, the shipped recordings,
+and `cache_path`, the one rule that picks among them."""
 from __future__ import annotations
 
 import os
@@ -6,9 +7,22 @@ import re
 import socket
 from importlib import resources
 from pathlib import Path
+from typing import Mapping
 
 RECORDINGS_PACKAGE = "ucudnn.recorded"  # the repository's cache/ folder, once installed
 _CHECKOUT_RECORDINGS = Path(__file__).resolve().parents[2] / "cache"
+CACHE_VARIABLE = "UCUDNN_CACHE"
+
+
+def cache_path(path: str | os.PathLike | None = None, *, readonly: bool = False,
+               env: Mapping[str, str] | None = None) -> Path | None:
+    """The benchmark database to use: `path`, else $UCUDNN_CACHE, else the user's default file
+    or, for `readonly` use, the newest shipped recording (None if none is shipped)."""
+    env = os.environ if env is None else env
+    chosen = path or env.get(CACHE_VARIABLE)
+    if chosen:
+        return Path(chosen).expanduser()
+    return recorded_path() if readonly else default_path()
 
 
 def default_path() -> Path:

@@ -8,14 +8,14 @@ which is deterministic: every MPI rank computes the same shares. Workers write t
 files, merged into the target when they are done; a worker that dies loses nothing it recorded,
 and what it had left is measured again once by the workers that survived, or reported missing.
 
-`python -m ucudnn.parallel ARGS` is `ucudnn bench ARGS`.
+`ucudnn bench` (ucudnn.cli) is its command line; under MPI: `python -m mpi4py -m ucudnn bench --mpi ...`.
 
 Modules: `tasks` (tasks, their partition and the retrying sweep), `devices` (GPU checks and
 timing presets), `pool` (one worker process per GPU, shard files), `mpi` (the ranks of an MPI
 job). Their public names are re-exported here.
 """
-from .devices import (DEVICES_VARIABLE, TIMINGS, Factory, check_devices, check_one_model, cuda_benchmarker,
-                      cuda_device_count, cuda_probe, default_factory, timing_settings)
+from .devices import (DEVICES_VARIABLE, TIMINGS, Factory, bench_devices, check_devices, check_one_model,
+                      cuda_benchmarker, cuda_device_count, cuda_probe, default_factory, parse_devices, timing_settings)
 from .mpi import LAUNCHER_SIZE_VARIABLES, bench_with_mpi, check_ranks_fit, check_world, mpi_world, on_root
 from .pool import (EXIT_GRACE_S, PoolRound, WorkerJob, bench_on_devices, exit_reason, merge_shards, new_shard_dir,
                    remove_if_empty, run_worker)
@@ -28,7 +28,7 @@ __all__ = [
     "SizesFor", "Progress", "SIZES_PER_CALL", "TASK_OVERHEAD_FLOPS", "RETRIES",
     # devices
     "TIMINGS", "DEVICES_VARIABLE", "Factory", "timing_settings", "cuda_benchmarker", "default_factory",
-    "cuda_device_count", "cuda_probe", "check_devices", "check_one_model",
+    "cuda_device_count", "cuda_probe", "check_devices", "check_one_model", "bench_devices", "parse_devices",
     # pool
     "new_shard_dir", "merge_shards", "remove_if_empty", "WorkerJob", "run_worker", "exit_reason", "PoolRound",
     "bench_on_devices", "EXIT_GRACE_S",

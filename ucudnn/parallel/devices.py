@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections import Counter
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..benchmark import Benchmarker, TimingSettings
-from ..device import DeviceInfo, check_execution
+from ..device import Provenance, check_execution
 from ..errors import ConfigError
 
 Factory = Callable[[int], Benchmarker]
@@ -21,6 +22,28 @@ TIMINGS = {
 
 
 # ---- devices
+
+
+def parse_devices(text: str) -> list[int]:
+    """GPU numbers from "0" or "0,1"."""
+    parts = text.split(",")
+    if not all(part.strip().isdigit() for part in parts):
+        raise ConfigError(f"{text!r} is not a list of GPU numbers; use e.g. 0 or 0,1")
+    return [int(part) for part in parts]
+
+
+def bench_devices(devices: Sequence[int] | None = None, mpi: bool = False,
+                  env: Mapping[str, str] | None = None) -> list[int] | None:
+    """`devices`, else $UCUDNN_BENCH_DEVICES, else GPU 0 (with `mpi`: None, every GPU of the node)."""
+    if devices:
+        return list(devices)
+    text = (os.environ if env is None else env).get(DEVICES_VARIABLE, "").strip()
+    if text:
+        try:
+            return parse_devices(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{DEVICES_VARIABLE}: {exc}") from None
+    return None if mpi else [0]
 
 
 def timing_settings(timing: str | TimingSettings) -> TimingSettings:
@@ -51,7 +74,7 @@ def cuda_device_count() -> int:
     return gpu.cupy().cuda.runtime.getDeviceCount()
 
 
-def cuda_probe(device: int) -> DeviceInfo:
+def cuda_probe(device: int) -> Provenance:
     """What GPU `device` is, without making a context on it."""
     from .. import gpu
 
@@ -73,7 +96,7 @@ def check_devices(devices: Sequence[int]) -> list[int]:
     return devices
 
 
-def check_one_model(labelled: Sequence[tuple[str, DeviceInfo]]) -> None:
+def check_one_model(labelled: Sequence[tuple[str, Provenance]]) -> None:
     """Refuse GPUs of different models (or cuDNN versions): measurements are kept per model."""
     if len({info.reuse_key for _, info in labelled}) > 1:
         listing = "; ".join(f"{label}: {info.describe()}" for label, info in labelled)

@@ -12,7 +12,7 @@ from ..benchmark import Benchmarker, TimingSettings
 from ..cache.database import BenchmarkDatabase
 from ..cache.memo import resolve_path
 from ..cache.paths import shard_path
-from ..device import DeviceInfo
+from ..device import Provenance
 from ..errors import ConfigError, GpuUnavailableError, UcudnnError
 from ..problem import ConvProblem
 from .devices import Factory, check_one_model, cuda_device_count, default_factory
@@ -98,7 +98,7 @@ def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: in
                    devices: Sequence[int] | None = None, *, comm=None, shared: bool = False,
                    progress: Progress | None = None, timing: str | TimingSettings = "default",
                    execution: str = "graph", benchmarker_factory: Factory | None = None, device_count: Callable[[], int] | None = None,
-                   retries: int = RETRIES) -> DeviceInfo | None:
+                   retries: int = RETRIES) -> Provenance | None:
     """`bench_on_devices` for the ranks of an MPI job (call it on every rank): the k-th rank of
     each host measures on the k-th GPU of `devices` (default: every GPU of the host), rank r
     takes share r of the same partition and writes its own shard, merged into `path` by rank 0

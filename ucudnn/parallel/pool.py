@@ -15,7 +15,7 @@ from ..benchmark import Benchmarker, TimingSettings, ensure_tables
 from ..cache.database import BenchmarkDatabase, merge
 from ..cache.memo import Cache, resolve_path
 from ..cache.paths import shard_path
-from ..device import DeviceInfo
+from ..device import Provenance
 from ..errors import ConfigError
 from ..problem import ConvProblem
 from .devices import DEVICES_VARIABLE, Factory, check_devices, check_one_model, cuda_probe, default_factory
@@ -98,9 +98,9 @@ class PoolRound:
     share, and what they send: device identity, progress and errors. Each worker has a pipe of
     its own, never a shared queue, whose lock a killed worker could take to its grave."""
 
-    def __init__(self, expected: DeviceInfo, tracker: KernelProgress, worker: Callable = run_worker):
+    def __init__(self, expected: Provenance, tracker: KernelProgress, worker: Callable = run_worker):
         self.expected, self.tracker, self.worker = expected, tracker, worker
-        self.devices: dict[int, DeviceInfo] = {}  # what each worker measured on
+        self.devices: dict[int, Provenance] = {}  # what each worker measured on
         self.errors: dict[int, str] = {}
 
     def run(self, jobs: Sequence[WorkerJob]) -> dict[int, str]:
@@ -143,7 +143,7 @@ class PoolRound:
         else:
             self.errors[device] = rest[0]
 
-    def _check(self, device: int, info: DeviceInfo) -> None:
+    def _check(self, device: int, info: Provenance) -> None:
         if info.reuse_key != self.expected.reuse_key:
             raise ConfigError(f"the worker on GPU {device} measures on {info.describe()}, but the GPUs were "
                               f"probed as {self.expected.describe()}; list GPUs of one model only "
@@ -154,8 +154,8 @@ class PoolRound:
 def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, path,
                      devices: Sequence[int], *, progress: Progress | None = None,
                      timing: str | TimingSettings = "default", execution: str = "graph",
-                     benchmarker_factory: Factory | None = None, probe: Callable[[int], DeviceInfo] | None = None,
-                     worker: Callable | None = None, retries: int = RETRIES) -> DeviceInfo:
+                     benchmarker_factory: Factory | None = None, probe: Callable[[int], Provenance] | None = None,
+                     worker: Callable | None = None, retries: int = RETRIES) -> Provenance:
     """Measure what the database at `path` lacks of `problems` (the sizes `sizes_for` gives,
     within `cap` bytes of workspace) on the GPUs `devices` of this node, one worker process
     each, and merge the results into it; returns the GPU measured on. One GPU is measured in
@@ -200,7 +200,7 @@ def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: 
 
 
 def _bench_in_process(problems, sizes_for: SizesFor, cap: int | None, target: Path, benchmarker: Benchmarker,
-                      progress: Progress | None) -> DeviceInfo:
+                      progress: Progress | None) -> Provenance:
     cache = Cache(target)
     try:
         ensure_tables(problems, sizes_for, cap, cache, benchmarker, progress)

@@ -1,0 +1,152 @@
+"""The `ucudnn` command: bench, optimize, cache and nets, a thin layer over the library.
+
+Every command parses its flags, calls the library and prints text or, with --json, one JSON
+document. Errors ucudnn raises on purpose print one line and exit with status 2. The parser is
+here; the commands are in `commands` and `cache_commands`, what they print in `output`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Sequence
+
+from ..config import OPTIMIZERS, POLICIES
+from ..device import EXECUTIONS
+from ..errors import UcudnnError
+from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
+from .arguments import batch_size, byte_size, device_list, output_file, plot_file
+from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_show, cache_verify
+from .commands import bench, nets, optimize
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # a value such as "-1MiB" is a value (refused by its type), not an unknown option; no
+        # option of ucudnn looks like a negative number
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+    def error(self, message: str):
+        """One line, not the usage: the message names the value and the fix."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def _parent(*options: tuple[tuple, dict]) -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    for flags, kwargs in options:
+        parent.add_argument(*flags, **kwargs)
+    return parent
+
+
+_NETWORK = _parent(
+    (("--net",), dict(required=True, metavar="NAME|FILE.json",
+                      help="a built-in network (see `ucudnn nets`), a network file, or a torchvision model")),
+    (("--batch",), dict(type=batch_size, help=(
+        "mini-batch size (default: the network's, which the shipped recording covers: see `ucudnn nets`; "
+        "256 for a network file or torchvision model that names none)"))),
+    (("--dtype",), dict(choices=TRAINING_DTYPES, default="float32", help="data type (default float32)")),
+    (("--math",), dict(choices=MATH_TYPES, help=(
+        "cuDNN math type (default: tensor_op for float16 and bfloat16, whose tensor-core kernels "
+        "need it; default for float32, which allows TF32)"))),
+    (("--layout",), dict(choices=LAYOUTS, default="nchw", help="tensor layout (default nchw)")),
+)
+_POLICY = _parent(
+    (("--policy",), dict(choices=POLICIES, help="micro-batch sizes to measure (default powerOfTwo)")),
+    (("--execution",), dict(choices=EXECUTIONS, help=(
+        "how kernels will run, which is how they are timed: graph (CUDA graphs, GPU time) or "
+        "direct (one host call per micro-batch) (default: $UCUDNN_EXECUTION, else graph)"))),
+)
+_CACHE = _parent((("--cache",), dict(metavar="PATH", help=(
+    "benchmark database (default: $UCUDNN_CACHE, else your cache file where ucudnn measures or writes, "
+    "and the measurements shipped in cache/ where it only reads)"))))
+_JSON = _parent((("--json",), dict(action="store_true", help="print one JSON document instead of text")))
+
+
+def _command(commands, name: str, help: str, example: str, run, parents=()) -> argparse.ArgumentParser:
+    command = commands.add_parser(name, help=help, description=help, parents=list(parents),
+                                  epilog=f"example:\n  {example}", formatter_class=_FORMATTER)
+    command.set_defaults(run=run)
+    return command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ucudnn", description="Micro-batched cuDNN convolutions: benchmark, plan, inspect.",
+                     epilog="example:\n  ucudnn optimize --net alexnet --batch 256 --workspace 64MiB",
+                     formatter_class=_FORMATTER)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _command(commands, "bench", "measure every kernel (F, BD, BF) of a network into the cache",
+                 "ucudnn bench --net resnet50 --batch 64 --policy powerOfTwo", bench,
+                 [_NETWORK, _POLICY, _CACHE, _JSON])
+    p.add_argument("--devices", type=device_list, metavar="0,1", help=(
+        "GPUs to measure on, one worker process each, all of one model (default: $UCUDNN_BENCH_DEVICES, "
+        "else 0; with --mpi, every GPU of the node, the k-th rank of a node taking the k-th)"))
+    p.add_argument("--mpi", nargs="?", const="shards", choices=("shards", "shared"), help=(
+        "share the sweep among the ranks of mpirun/srun (needs mpi4py: pip install 'ucudnn[mpi]'); "
+        "each rank writes a shard that rank 0 merges (shards, the default) or the database itself (shared)"))
+    p.add_argument("--timing", choices=("default", "quick"), default="default", help=(
+        "quick: one warm-up and at most 3 timed calls per algorithm and size, for long sweeps "
+        "(default: at least 3, up to 10, filling 20 ms)"))
+
+    p = _command(commands, "optimize", "plan micro-batches of every kernel: WR per kernel or WD for the network",
+                 "ucudnn optimize --net alexnet --batch 256 --workspace 64MiB", optimize,
+                 [_NETWORK, _POLICY, _CACHE, _JSON])
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="wr: a limit per kernel; wd: a total limit (default wr)")
+    p.add_argument("--workspace", type=byte_size, metavar="SIZE", help="WR limit per kernel (default 64MiB)")
+    p.add_argument("--total-workspace", type=byte_size, metavar="SIZE",
+                   help="WD limit for the network (implies --optimizer wd; default: --workspace times the kernels)")
+    p.add_argument("--plot", type=plot_file, metavar="FILE.png",
+                   help="draw a kernel's Pareto front, per-layer times and (WD) the workspace division")
+    p.add_argument("--kernel", metavar="LAYER/KIND", help="the kernel --plot shows, e.g. conv2/F (default: slowest)")
+    p.add_argument("--offline", action="store_true", help="plan from the cache only, even where a GPU could measure")
+
+    cache = _command(commands, "cache", "inspect and maintain benchmark databases",
+                     "ucudnn cache show --net alexnet --kernel conv2/F", None)
+    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _command(actions, "list", "the GPUs and kernels a database holds", "ucudnn cache list --cache h100.db",
+             cache_list, [_CACHE, _JSON])
+    p = _command(actions, "show", "every measurement of one kernel", "ucudnn cache show --net alexnet "
+                 "--kernel conv2/F", cache_show, [_NETWORK, _CACHE, _JSON])
+    p.add_argument("--kernel", required=True, metavar="LAYER/KIND", help="e.g. conv2/F, conv2/BD, conv2/BF")
+    p = _command(actions, "merge", "add shard databases into one", "ucudnn cache merge shards/*.db --into all.db",
+                 cache_merge)
+    p.add_argument("shards", nargs="+", metavar="SHARD.db")
+    p.add_argument("--into", type=output_file, metavar="PATH", help="target database (default: your cache file)")
+    p = _command(actions, "export", "write a database as JSON", "ucudnn cache export h100.json --cache h100.db",
+                 cache_export, [_CACHE])
+    p.add_argument("file", type=output_file, metavar="FILE.json")
+    p = _command(actions, "import", "add a JSON export to a database", "ucudnn cache import h100.json --cache my.db",
+                 cache_import, [_CACHE])
+    p.add_argument("file", metavar="FILE.json")
+    _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
+             "--cache h100.db", cache_verify, [_CACHE])
+
+    p = _command(commands, "nets", "list the built-in networks, or one network's conv layers",
+                 "ucudnn nets resnet50", nets, [_JSON])
+    p.add_argument("name", nargs="?", metavar="NAME|FILE.json", help="a network to show")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        status = args.run(args)
+        sys.stdout.flush()  # short output is written here, not at exit where a broken pipe can't be caught
+        return status
+    except UcudnnError as exc:
+        print(f"ucudnn: error: {exc}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader went away (`ucudnn ... | head`): stop quietly, as the Python docs' "Note on
+        # SIGPIPE" advises: point stdout at devnull so the flush at exit cannot fail again, and exit
+        # 141 (128 + SIGPIPE), the status of a command the signal ends (cat, grep), which shells and
+        # `set -o pipefail` treat as "the reader stopped early", not as an error of ours (2).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:  # a file ucudnn was told to read or write
+        print(f"ucudnn: error: {exc}; check the path and its permissions", file=sys.stderr)
+    return 2

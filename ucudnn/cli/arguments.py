@@ -1,0 +1,64 @@
+"""Argument types of the command line: a bad value gets a one-line message that names it and the fix."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..cache.paths import default_path
+from ..config import parse_size
+from ..errors import CacheError, ConfigError
+from ..parallel.devices import parse_devices
+from ..plots import check_plot_path
+
+
+def batch_size(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer; give the mini-batch size, e.g. 256")
+    return int(text)
+
+
+def byte_size(text: str) -> int:
+    try:
+        return parse_size(text, "size")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def device_list(text: str) -> list[int]:
+    try:
+        return parse_devices(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def output_file(text: str) -> Path:
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name such as {path / 'out.png'}")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied; choose a writable path")
+    return path
+
+
+def plot_file(text: str) -> Path:
+    path = output_file(text)
+    try:
+        check_plot_path(path)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return path
+
+
+def target(path) -> Path:
+    """A database a command writes into, checked as any output file is (its folder must exist);
+    only ucudnn's own default folder is made."""
+    if Path(path) == default_path():
+        return Path(path)
+    try:
+        return output_file(str(path))
+    except argparse.ArgumentTypeError as exc:
+        raise CacheError(str(exc)) from None

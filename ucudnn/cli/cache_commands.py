@@ -1,0 +1,111 @@
+"""`ucudnn cache ...`: list, show, merge, export, import and verify benchmark databases."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from ..cache.database import merge, read_export, writing
+from ..cache.paths import cache_path
+from ..config import format_size
+from ..coverage import recordings
+from ..errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
+from ..nets import find_kernel
+from ..report import algo_name
+from ..sources import devices_in, open_database
+from .arguments import target
+from .commands import kernels_of
+from .output import device_json, dims, ms, print_json, table
+
+_KERNEL_HEADERS = ("kind", "input", "filter", "pad", "stride", "dil", "groups", "dtype", "math", "layout")
+
+
+def _kernel_cells(problem) -> tuple:
+    return (problem.kind.value, dims(problem.x_shape[1:]), dims(problem.w_shape), dims(problem.pads),
+            dims(problem.strides), dims(problem.dilations), problem.groups, problem.dtype, problem.math,
+            problem.layout)
+
+
+def cache_list(args) -> int:
+    path = cache_path(args.cache, readonly=True)
+    with open_database(path) as database:
+        listing = [(device, database.kernels(device), recordings(database, device))
+                   for device in devices_in(database)]
+    if args.json:
+        print_json({"database": str(path), "devices": [
+            {**device_json(device), "recordings": [r.to_json() for r in covered],
+             "kernels": [{"shape_key": p.shape_key(), "problem": p.to_dict(), "measurements": n} for p, n in kernels]}
+            for device, kernels, covered in listing]})
+        return 0
+    print(f"{path}: {len(listing)} recording(s), one per GPU, cuDNN version and execution")
+    for device, kernels, covered in listing:
+        print(f"\n{device.describe()}: {len(kernels)} kernels, {sum(n for _, n in kernels)} measurements")
+        print(f"built-in networks it plans: {', '.join(r.describe() for r in covered) or 'none completely'}")
+        print(table((*_KERNEL_HEADERS, "measurements"), [(*_kernel_cells(p), n) for p, n in kernels]))
+    return 0
+
+
+def cache_show(args) -> int:
+    network, kernels = kernels_of(args)
+    kernel = find_kernel(kernels, args.kernel)
+    path = cache_path(args.cache, readonly=True)
+    with open_database(path) as database:
+        found = [(d, database.table(kernel.problem, d)) for d in devices_in(database)]
+    found = [(device, measured) for device, measured in found if len(measured)]
+    if not found:
+        raise MissingMeasurementsError(f"{path} has no measurements of {network.name} {kernel.name}; "
+                                       f"measure them with `ucudnn bench --net {args.net}` on a GPU")
+    ordered = lambda measured: sorted(measured, key=lambda m: (m.batch, m.algo))  # noqa: E731
+    if args.json:
+        print_json({"kernel": kernel.name, "problem": kernel.problem.with_batch(1).to_dict(), "devices": [
+            {**device_json(device), "measurements": [asdict(m) for m in ordered(measured)]}
+            for device, measured in found]})
+        return 0
+    print(f"{network.name} {kernel.name}: {kernel.problem.describe()}")
+    for device, measured in found:
+        print(f"\n{device.describe()}")
+        print(table(("micro-batch", "algorithm", "status", "ms", "workspace", "repeats"), [
+            (m.batch, algo_name(kernel.problem.kind, m.algo), m.status,
+             "" if m.time_ms is None else ms(m.time_ms), format_size(m.workspace), m.repeats)
+            for m in ordered(measured)]))
+    return 0
+
+
+def cache_merge(args) -> int:
+    for shard in args.shards:
+        if not Path(shard).is_file():
+            raise CacheError(f"shard {shard} does not exist; check the path")
+    into = args.into or target(cache_path())
+    count = merge(args.shards, into)
+    print(f"merged {count} measurements from {len(args.shards)} shard(s) into {into}")
+    return 0
+
+
+def cache_export(args) -> int:
+    path = cache_path(args.cache, readonly=True)
+    with open_database(path) as database:
+        count = database.export_json(args.file)
+    print(f"exported {count} measurements from {path} to {args.file}")
+    return 0
+
+
+def cache_import(args) -> int:
+    path = target(cache_path(args.cache))
+    rows = read_export(args.file)
+    with writing(path) as database:
+        count = database.add_rows(*rows)
+    print(f"imported {count} measurements from {args.file} into {path}")
+    return 0
+
+
+def cache_verify(args) -> int:
+    path = cache_path(args.cache, readonly=True)
+    try:
+        with open_database(path, check=False) as database:
+            problems = database.verify()
+    except DamagedDatabaseError as exc:  # too damaged to open
+        problems = [f"integrity: {exc.reason}"]
+    for problem in problems:
+        print(f"{path}: {problem}")
+    if not problems:
+        print(f"{path}: no problems found")
+    return 1 if problems else 0

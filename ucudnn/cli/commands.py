@@ -1,0 +1,153 @@
+"""The commands that plan and measure (bench, optimize) and the one that shows networks (nets)."""
+from __future__ import annotations
+
+import time
+
+from .. import gpu
+from ..cache.paths import cache_path
+from ..config import Settings, format_size
+from ..coverage import Request, explain_missing
+from ..errors import ConfigError, GpuUnavailableError
+from ..nets import Kernel, Network, find_kernel, get_network, list_networks
+from ..optimizers.pareto import desirable_set
+from ..parallel import bench_devices, bench_on_devices, bench_with_mpi
+from ..report import Report, make_report
+from ..plots import plot_report
+from ..problem import default_math
+from ..sources import gpu_available, tables_for
+from .output import ProgressBar, device_json, dims, print_json, render_report, table
+
+
+def _settings(args) -> Settings:
+    optimizer = getattr(args, "optimizer", None)
+    total = getattr(args, "total_workspace", None)
+    if total is not None and optimizer == "wr":
+        raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
+    return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
+                         total_workspace_limit=total, optimizer=optimizer,
+                         cache_path=args.cache, execution=args.execution)
+
+
+def kernels_of(args) -> tuple[Network, list[Kernel]]:
+    """The network and its kernels; args.batch, if not given, becomes the network's default."""
+    network = get_network(args.net)
+    args.batch = args.batch or network.default_batch
+    args.math = args.math or default_math(args.dtype)  # printed with the plan
+    return network, network.problems(args.batch, args.dtype, args.math, args.layout)
+
+
+def _request(args, settings: Settings) -> Request:
+    return Request(args.net, args.batch, args.dtype, args.layout, args.math, settings.batch_size_policy)
+
+
+def _progress(kernels: list[Kernel]) -> ProgressBar:
+    return ProgressBar({k.problem.key: k.name for k in kernels})
+
+
+def bench(args) -> int:
+    settings = _settings(args)
+    network, kernels = kernels_of(args)
+    if not gpu_available():
+        raise GpuUnavailableError("ucudnn bench measures on an NVIDIA GPU with cuDNN and none is usable here; "
+                                  "`ucudnn optimize` plans from recorded measurements without one")
+    progress = _progress(kernels)
+    start = time.monotonic()
+    devices = bench_devices(args.devices, args.mpi)
+    if args.mpi or args.timing != "default" or len(devices) > 1:
+        device, path = _bench_on_devices(kernels, settings, devices, progress, args)
+        if device is None:  # an MPI rank other than 0, which reports for all
+            return 0
+    else:
+        with gpu.cupy().cuda.Device(devices[0]):
+            found = tables_for([k.problem for k in kernels], settings, None, measure=True, progress=progress)
+        device, path = found.device, found.path
+    summary = {"network": network.name, "batch": args.batch, "kernels": len(kernels),
+               "sizes": list(settings.sizes(args.batch)),
+               "device": device.describe(), "database": str(path), "seconds": time.monotonic() - start}
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"measured {summary['kernels']} kernels of {network.name} at batch {args.batch} "
+              f"(micro-batch sizes {', '.join(map(str, summary['sizes']))}) on {summary['device']} "
+              f"into {path} in {summary['seconds']:.1f} s")
+    return 0
+
+
+def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, progress, args=None):
+    """Several GPUs (parallel.bench_on_devices), the ranks of an MPI job (bench_with_mpi), or
+    --timing other than default; the device is None at MPI ranks other than 0."""
+    path = cache_path(settings.cache_path)
+    problems = [k.problem for k in kernels]
+    sizes_for = settings.sizes_for
+    timing, mpi = getattr(args, "timing", "default"), getattr(args, "mpi", None)
+    if mpi:
+        device = bench_with_mpi(problems, sizes_for, None, path, devices, shared=mpi == "shared",
+                                progress=progress, timing=timing, execution=settings.execution)
+    else:
+        device = bench_on_devices(problems, sizes_for, None, path, devices, progress=progress, timing=timing,
+                                  execution=settings.execution)
+    return device, path
+
+
+def optimize(args) -> int:
+    settings = _settings(args)
+    network, kernels = kernels_of(args)
+    if args.kernel:  # with or without --plot: a kernel not in the network is a mistake to report
+        find_kernel(kernels, args.kernel)
+    measured = not args.offline and gpu_available()
+    limit = settings.limit(len(kernels))
+    request = _request(args, settings)
+    found = tables_for([k.problem for k in kernels], settings, limit, measure=measured,
+                       progress=_progress(kernels) if measured else None,
+                       explain=lambda exc, database, device: explain_missing(exc, database, device, network, request))
+    tables, device, path = found.tables, found.device, found.path
+    report = make_report(kernels, tables, settings)
+    if args.plot:
+        _plot(args, network, report, tables, settings)
+    if args.json:
+        print_json({"network": network.name, "description": network.description, "batch": args.batch,
+                    "dtype": args.dtype, "math": args.math, "layout": args.layout,
+                    "device": device_json(device),
+                    "measured": measured, "database": str(path), **report.to_json()})
+    else:
+        print(render_report(network, report, args, device, measured, path))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+def _plot(args, network: Network, report: Report, tables, settings: Settings) -> None:
+    row = report.row(args.kernel) if args.kernel else report.slowest()
+    problem = row.kernel.problem
+    front = desirable_set(tables[problem.key], problem.batch, settings.sizes(problem.batch),
+                          report.limit, problem.batch_quantum())
+    plot_report(report, row, front, args.plot,
+              f"{network.name}, batch {args.batch}, {report.optimizer.upper()} at {format_size(report.limit)}")
+
+
+def nets(args) -> int:
+    if args.name is None:
+        networks = list_networks()
+        if args.json:
+            print_json([{"name": n.name, "description": n.description, "default_batch": n.default_batch,
+                         "conv_layers": n.conv_layers, "distinct_layers": len(n.layers)} for n in networks])
+        else:
+            print(table(("network", "batch", "conv layers", "distinct", "description"),
+                        [(n.name, n.default_batch, n.conv_layers, len(n.layers), n.description) for n in networks]))
+            print("\nbatch: the default --batch, one the shipped recording covers")
+            print("also: a network file NAME.json (`ucudnn nets NAME --json` writes one) or, with torch "
+                  "and torchvision installed, any torchvision model by name")
+        return 0
+    network = get_network(args.name)
+    if args.json:
+        print_json(network.to_json())
+        return 0
+    print(f"{network.name}: {network.description}; {network.conv_layers} conv layers, "
+          f"{len(network.layers)} distinct (n: how many have that shape)\n")
+    print(table(("layer", "n", "in", "out", "kernel", "stride", "pad", "dil", "groups", "input", "output",
+                 "GFLOP/sample"),
+                [(layer.name, layer.count, layer.in_channels, layer.out_channels, dims(layer.kernel),
+                  dims(layer.stride), dims(layer.pad), dims(layer.dilation), layer.groups,
+                  dims(layer.input_size), dims(layer.output_size),
+                  f"{layer.problem('F', 1).flops() / 1e9:.3f}") for layer in network.layers]))
+    return 0
