@@ -17,6 +17,7 @@ from torch import nn  # noqa: E402
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.errors import UcudnnWarning  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
+from ucudnn.integrations.torch import call as calls, fallback  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
@@ -35,7 +36,7 @@ ALL_KINDS = {"F", "BD", "BF"}
 
 @pytest.fixture(autouse=True)
 def restore_torch_settings(monkeypatch):
-    monkeypatch.setattr(integration, "_warned", set())
+    monkeypatch.setattr(fallback, "_warned", set())
     allow = torch.backends.cudnn.allow_tf32
     yield
     torch.backends.cudnn.allow_tf32 = allow

@@ -25,6 +25,7 @@ from executors import NumpyExecutor  # noqa: E402
 from ucudnn.dispatch import compile_program  # noqa: E402
 from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
+from ucudnn.integrations.torch import call as calls, fallback  # noqa: E402
 from ucudnn.assignment import Assignments  # noqa: E402
 from ucudnn.problem import ConvKind  # noqa: E402
 
@@ -90,7 +91,7 @@ class NumpyBackend(integration.CudaBackend):
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     """Every test sees the one-time warnings afresh."""
-    monkeypatch.setattr(integration, "_warned", set())
+    monkeypatch.setattr(fallback, "_warned", set())
 
 
 @pytest.fixture
@@ -508,7 +509,7 @@ def test_import_ucudnn_torch_exports():
 def count_resolves_and_compiles(monkeypatch, context):
     """Counters of prepare's slow path (_resolve) and of kernel compilations (handle.program)."""
     counts = {"resolve": 0, "program": 0}
-    resolve, handle = integration._resolve, context.handle(torch.device("cpu"))
+    resolve, handle = calls._resolve, context.handle(torch.device("cpu"))
     program = handle.program
 
     def counting_resolve(*args):
@@ -519,7 +520,7 @@ def count_resolves_and_compiles(monkeypatch, context):
         counts["program"] += 1
         return program(*args, **kwargs)
 
-    monkeypatch.setattr(integration, "_resolve", counting_resolve)
+    monkeypatch.setattr(calls, "_resolve", counting_resolve)
     monkeypatch.setattr(handle, "program", counting_program)
     return counts
 
@@ -598,8 +599,8 @@ def test_fallback_decisions_are_remembered_but_still_counted_and_warned_once(mon
     conv = ut.convert(nn.Conv2d(2, 2, 3))
     context = conv.ucudnn_context
     resolved = []
-    resolve = integration._resolve
-    monkeypatch.setattr(integration, "_resolve", lambda *args: resolved.append(1) or resolve(*args))
+    resolve = calls._resolve
+    monkeypatch.setattr(calls, "_resolve", lambda *args: resolved.append(1) or resolve(*args))
     x = torch.randn(1, 2, 5, 5)
     with pytest.warns(UcudnnWarning, match="input on cpu") as caught:
         conv(x)

@@ -1,0 +1,27 @@
+"""PyTorch integration: torch.nn.Conv2d layers whose convolutions run micro-batched through ucudnn.
+
+    import ucudnn.torch
+    model = ucudnn.torch.convert(model, workspace_limit="64MiB")           # WR, every nn.Conv2d
+    model = ucudnn.torch.convert(model, optimizer="wd", sample_input=x)     # WD, solved once
+
+`Conv2d` is an nn.Conv2d (same constructor, parameters and state_dict) whose forward and backward
+(an autograd Function) run F, BD and BF through a ucudnn.Handle on torch's current CUDA stream,
+directly on the tensors' memory; workspaces come from torch's caching allocator. What ucudnn
+cannot run (CPU tensors, float64, asymmetric 'same' padding, deterministic mode, ...) falls back
+to torch's own convolution with a one-time warning naming the reason. See docs/torch.md.
+"""
+from __future__ import annotations
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("ucudnn.torch needs PyTorch: pip install 'ucudnn[torch]'") from exc
+
+from ...errors import NoAlgorithmError
+from .call import Call, Geometry, geometry, math_type, prepare
+from .context import Context, default_context
+from .kernels import CudaBackend, TorchKernel, UcudnnKernel
+from .layers import Conv2d, convert, learn, network
+from .sites import Sites
+
+__all__ = ["Conv2d", "Context", "CudaBackend", "convert", "default_context", "learn", "network"]

@@ -1,0 +1,198 @@
+"""What one call of a converted layer is: its geometry, data type, math and layout (a Call), and
+prepare(), which decides once per signature whether ucudnn runs it (see sites). `context` below
+is the layer's Context (context.py), which imports this module: only its settings and sites are
+read here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...problem import ConvKind, ConvProblem, default_math
+from .sites import Site, signature
+
+DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+INDEX_LIMIT = 2**31 - 1  # cuDNN's legacy API describes tensors with 32-bit ints
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The convolution's pads (after any F.pad of a non-zeros padding mode), strides, dilations, groups."""
+
+    pads: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    groups: int
+
+    def output_size(self, size: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                     for n, k, p, s, d in zip(size, kernel, self.pads, self.strides, self.dilations))
+
+
+def geometry(module: nn.Conv2d) -> Geometry | str:
+    """The layer's Geometry, or why ucudnn cannot run it (a fallback reason)."""
+    pads = module.padding
+    if module.padding_mode != "zeros" or pads == "valid":
+        pads = (0, 0)  # other padding modes: the input is padded by F.pad first, as torch does
+    elif pads == "same":
+        totals = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size)]
+        if any(t % 2 for t in totals):
+            return "padding='same' with an even effective kernel size pads asymmetrically"
+        pads = tuple(t // 2 for t in totals)
+    return Geometry(tuple(pads), tuple(module.stride), tuple(module.dilation), module.groups)
+
+
+def math_type(dtype: str) -> str:
+    """cuDNN math type matching torch: half types on tensor cores; float32 uses TF32 tensor
+    cores only where torch allows them."""
+    if dtype == "float32" and not torch.backends.cudnn.allow_tf32:
+        return "fma"
+    return default_math(dtype)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One convolution as ucudnn sees it: hashable, so a Context memoizes its kernels by it."""
+
+    device: torch.device
+    x_shape: tuple[int, ...]  # after any F.pad
+    w_shape: tuple[int, ...]
+    geometry: Geometry
+    dtype: str
+    math: str
+    layout: str  # "nchw" or "nhwc" (channels_last)
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self.layout == "nhwc" else torch.contiguous_format
+
+    @property
+    def y_shape(self) -> tuple[int, ...]:
+        return (self.x_shape[0], self.w_shape[0],
+                *self.geometry.output_size(self.x_shape[2:], self.w_shape[2:]))
+
+    def problem(self, kind: ConvKind) -> ConvProblem:
+        g = self.geometry
+        return ConvProblem(kind, self.x_shape, self.w_shape, g.pads, g.strides, g.dilations, g.groups,
+                           dtype=self.dtype, math=self.math, layout=self.layout)
+
+
+class Prepared(NamedTuple):
+    """A layer call ready for ucudnn: packed, cast operands and the Site of their Call."""
+
+    x: Tensor
+    weight: Tensor
+    bias: Tensor | None
+    site: Site
+
+    @property
+    def call(self) -> Call:
+        return self.site.call
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in force for `device_type`, or None when autocast is off."""
+    try:
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    except (AttributeError, TypeError):  # torch < 2.4 knows only CUDA's autocast state
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        return None
+
+
+def _compute_dtype(input: Tensor) -> tuple[torch.dtype, bool]:
+    """What torch's conv2d computes in, and whether autocast casts to it: the autocast dtype for
+    eligible inputs (whatever the weight's dtype), else the input's own."""
+    cast = _autocast_dtype(input.device.type)
+    if cast is not None and input.is_floating_point() and input.dtype != torch.float64:
+        return cast, True
+    return input.dtype, False
+
+
+def _suggests_channels_last(t: Tensor) -> bool:
+    """Whether torch's suggest_memory_format() says channels_last (c10's
+    is_channels_last_strides_2d_s4), so that tensors packed both ways get torch's choice."""
+    if t.dim() != 4 or t.stride(1) == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if t.shape[d] == 0 or t.stride(d) < low or (d == 0 and low == t.stride(1)):
+            return False
+        low = t.stride(d) * max(t.shape[d], 1)
+    return True
+
+
+def _padded_size(module: nn.Conv2d, input: Tensor) -> tuple[int, int]:
+    """Spatial size after the F.pad of a non-zeros padding mode (unchanged for zeros)."""
+    h, w = input.shape[-2:]
+    if module.padding_mode == "zeros":
+        return h, w
+    left, right, top, bottom = module._reversed_padding_repeated_twice
+    return h + top + bottom, w + left + right
+
+
+def _is_valid(module: nn.Conv2d, input: Tensor, autocast: bool, shape: Geometry | str) -> bool:
+    """False for calls torch itself rejects: they go to torch, which raises its usual error."""
+    weight = module.weight
+    if not (input.dim() in (3, 4) and input.shape[-3] == module.in_channels and min(input.shape[-2:]) > 0
+            and input.device == weight.device and (autocast or input.dtype == weight.dtype)):
+        return False
+    return isinstance(shape, str) or min(shape.output_size(_padded_size(module, input), weight.shape[2:])) > 0
+
+
+def _fallback_reason(input: Tensor, dtype: torch.dtype, context) -> str | None:
+    if not context.backend.runs_on(input.device):
+        return f"input on {input.device.type} (ucudnn runs CUDA tensors only)"
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (ucudnn runs float32, float16 and bfloat16)"
+    if input.dim() == 4 and input.shape[0] == 0:
+        return "an empty batch"
+    if torch.are_deterministic_algorithms_enabled():
+        return "torch.use_deterministic_algorithms(True) is set (ucudnn may pick non-deterministic algorithms)"
+    return None
+
+
+def prepare(module: nn.Conv2d, input: Tensor, context) -> Prepared | str | None:
+    """The call ready for ucudnn; a reason string when ucudnn cannot run it; None when torch
+    should handle it because the call is invalid (torch raises the error users expect). What
+    follows from the tensors' metadata is decided once per signature (see sites.py)."""
+    dtype, autocast = _compute_dtype(input)
+    weight = module.weight
+    math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
+    site = context.sites.get(signature(module, input, weight, dtype, autocast, math),
+                             lambda: _resolve(module, input, weight, dtype, autocast, math, context))
+    if not isinstance(site, Site):
+        return site
+    fmt, bias = site.memory_format, module.bias
+    # Packed in the chosen layout: a no-op for packed tensors, a copy otherwise (as in torch).
+    return Prepared(_padded(module, input).to(dtype).contiguous(memory_format=fmt),
+                    weight.to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype), site)
+
+
+def _padded(module: nn.Conv2d, input: Tensor) -> Tensor:
+    """The input batched, and padded by F.pad for a non-zeros padding mode."""
+    x = input if input.dim() == 4 else input.unsqueeze(0)
+    if module.padding_mode != "zeros":
+        x = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode)
+    return x
+
+
+def _resolve(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
+             math: str | None, context) -> Call | str | None:
+    """prepare()'s decision for a new signature: the Call, a fallback reason, or None."""
+    shape = geometry(module)
+    if not _is_valid(module, input, autocast, shape):
+        return None
+    reason = _fallback_reason(input, dtype, context)
+    if reason or isinstance(shape, str):
+        return reason or shape
+    x = _padded(module, input)
+    out = shape.output_size(tuple(x.shape[2:]), tuple(weight.shape[2:]))
+    if max(x.numel(), weight.numel(), x.shape[0] * module.out_channels * out[0] * out[1]) > INDEX_LIMIT:
+        return "a tensor with 2**31 or more elements (cuDNN's legacy API indexes with 32-bit ints)"
+    # torch's rule for cuDNN: channels_last when the input or the weight suggests it.
+    layout = "nhwc" if _suggests_channels_last(x) or _suggests_channels_last(weight) else "nchw"
+    return Call(x.device, tuple(x.shape), tuple(weight.shape), shape, DTYPES[dtype], math, layout)

@@ -1,0 +1,206 @@
+"""What converted layers share: settings, a ucudnn.Handle per GPU, planned kernels by call site."""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ...config import Settings, format_size
+from ...errors import ConfigError
+from ...problem import ConvKind
+from .call import Call
+from .fallback import UNPLANNABLE, warn_once
+from .kernels import CudaBackend, TorchKernel, UcudnnKernel
+from .sites import Site, Sites
+
+def _settings(workspace_limit=None, optimizer=None, policy=None, total_limit=None, cache_path=None,
+              execution=None, verbose=None) -> Settings:
+    try:
+        return Settings.load(workspace_limit=workspace_limit, optimizer=optimizer, batch_size_policy=policy,
+                             total_workspace_limit=total_limit, cache_path=cache_path, execution=execution,
+                             verbose=verbose)
+    except ConfigError as exc:  # name the keywords convert() takes, not the settings they set
+        message = str(exc)
+        for setting, keyword in (("batch_size_policy=", "policy="), ("total_workspace_limit=", "total_limit=")):
+            message = message.replace(setting, keyword)
+        raise ConfigError(message) from None
+
+
+class Context:
+    """What converted layers share: settings, one ucudnn.Handle per GPU, planned kernels and,
+    for WD, the recording of the network's kernels before the one solve.
+
+    Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults)."""
+
+    def __init__(self, settings: Settings | None = None, *, backend=None, cache=None, workspace_limit=None,
+                 optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None):
+        keywords = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
+        if settings is not None and any(v is not None for v in keywords):
+            raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
+        self.settings = settings or _settings(*keywords)
+        self.backend = backend or CudaBackend()
+        self._cache = cache
+        self._handles: dict[torch.device, Any] = {}
+        self._kernels: dict[tuple[ConvKind, Call], UcudnnKernel | TorchKernel] = {}
+        self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
+        self._lock = threading.RLock()
+        self._recording = False
+        # WD without a sample input: the first pass runs through torch while recording (see records()).
+        self._learn_first_pass = self.wd
+        self._seen: set[int] = set()
+        self.runs: Counter = Counter()  # (via, kind) -> kernel calls: ("ucudnn", "F"), ("torch", "BF"), ...
+        self.fallbacks: Counter = Counter()  # reason -> layer calls that went to torch entirely
+
+    @property
+    def wd(self) -> bool:
+        return self.settings.optimizer == "wd"
+
+    # Converted models share their context when deep-copied, and rebuild it when unpickled.
+    def __deepcopy__(self, memo) -> "Context":
+        return self
+
+    def __reduce__(self):
+        return (_rebuild_context, (self.settings,))
+
+    def run(self, site: Site, kind: ConvKind, x: Tensor, w: Tensor, y: Tensor) -> None:
+        """Run kernel `kind` of the site's Call on x, w, y (F writes y, BD writes x, BF writes w)."""
+        kernel = site.kernels.get(kind) or self._site_kernel(site, kind)
+        self.runs[kernel.counted] += 1
+        with self.backend.device_guard(site.call.device):
+            kernel(x, w, y)
+
+    def _site_kernel(self, site: Site, kind: ConvKind) -> UcudnnKernel | TorchKernel:
+        kernel = site.kernels[kind] = self._kernels.get((kind, site.call)) or self._kernel(site.call, kind)
+        return kernel
+
+    def _kernel(self, call: Call, kind: ConvKind) -> UcudnnKernel | TorchKernel:
+        with self._lock, self.backend.device_guard(call.device):
+            if (kind, call) not in self._kernels:
+                problem = call.problem(kind)
+                handle = self.handle(call.device)
+                try:
+                    kernel = UcudnnKernel(problem, handle, handle.assignment(problem), self.backend)
+                except UNPLANNABLE as exc:
+                    warn_once(f"{problem.describe()}: {exc}")
+                    kernel = TorchKernel(problem)
+                self._kernels[kind, call] = kernel
+            return self._kernels[kind, call]
+
+    def handle(self, device: torch.device):
+        """The ucudnn.Handle of `device`, made on first use."""
+        with self._lock:
+            if device not in self._handles:
+                if self._cache is None:
+                    from ...cache import Cache
+
+                    self._cache = Cache(self.settings.cache_path)
+                with self.backend.device_guard(device):
+                    self._handles[device] = self.backend.make_handle(self.settings, self._cache, device)
+            return self._handles[device]
+
+    # WD: learning the network first
+    def records(self, module: nn.Module) -> bool:
+        """Whether this call of `module` only records its kernels (and runs through torch). True
+        inside `recording()`; for WD without a sample input, also through the first pass, which
+        ends (and the network is solved) when a layer is called a second time."""
+        if self._recording:
+            return True
+        if not self._learn_first_pass:
+            return False
+        if id(module) not in self._seen:
+            self._seen.add(id(module))
+            return True
+        self._learn_first_pass = False
+        self._seen.clear()
+        self.finalize()
+        return False
+
+    def record(self, call: Call, kinds: tuple[ConvKind, ...]) -> None:
+        """Learn kernels ahead of their first run: WD records them for the solve, WR plans
+        (benchmarks) them now."""
+        for kind in kinds:
+            if self.wd:
+                with self.backend.device_guard(call.device):
+                    self.handle(call.device).query(call.problem(kind))
+            else:
+                self._kernel(call, kind)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator["Context"]:
+        """Layers only record their kernels inside; on a clean exit the kernels are planned (WD:
+        the network, known kernels included, is solved once)."""
+        if self.wd and any(h.wd_result is not None for h in self._handles.values()):
+            self.reset()  # learning again: solve the known kernels and the new ones together
+        self._learn_first_pass, self._recording = False, True
+        try:
+            yield self
+        finally:
+            self._recording = False
+        self.finalize()
+
+    def finalize(self) -> None:
+        """WD: solve every recorded kernel as one network now."""
+        with self._lock:
+            for device, handle in self._handles.items():
+                with self.backend.device_guard(device):
+                    handle.finalize()
+
+    def reset(self) -> None:
+        """Forget every assignment: kernels are planned again on next use (WD: as one network).
+        Waits for the GPUs first, since running kernels may still use the old workspaces."""
+        with self._lock:
+            for device, handle in self._handles.items():
+                self.backend.synchronize(device)
+                handle.reset()
+            self._kernels.clear()
+            self.sites.clear()
+
+    def summary(self) -> dict:
+        """Settings, every planned kernel's configuration and workspace, calls, fallbacks and
+        (WD) the solve: what benchmarks report."""
+        s = self.settings
+        out = dict(optimizer=s.optimizer, policy=s.batch_size_policy, workspace_limit=s.workspace_limit,
+                   kernels=[_describe(kind, kernel) for (kind, _), kernel in self._kernels.items()],
+                   runs={f"{via}:{kind}": n for (via, kind), n in self.runs.items()},
+                   fallbacks=dict(self.fallbacks))
+        if self.wd:
+            out["wd"] = [dict(total_limit=h.settings.total_limit(len(h)), total_workspace=r.total_workspace,
+                              variables=r.variables, solve_seconds=r.solve_seconds, solver=r.solver)
+                         for h in self._handles.values() if (r := h.wd_result) is not None]
+        return out
+
+    def __repr__(self) -> str:
+        s = self.settings
+        limit = format_size(s.workspace_limit)
+        return f"ucudnn.torch.Context(optimizer={s.optimizer!r}, workspace_limit={limit}, policy={s.batch_size_policy!r})"
+
+
+def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel) -> dict:
+    from ...bindings.enums import algo_name
+
+    out = dict(kind=kind.value, kernel=kernel.problem.describe(), via=kernel.via)
+    if isinstance(kernel, UcudnnKernel):
+        configuration = kernel.assignment.configuration
+        out.update(configuration=configuration.describe(lambda a: algo_name(kind, a)),
+                   parts=len(configuration.micro), workspace=kernel.assignment.workspace_size,
+                   predicted_ms=configuration.time_ms)
+    return out
+
+
+def _rebuild_context(settings: Settings) -> Context:
+    return Context(settings)
+
+
+_default: Context | None = None
+
+
+def default_context() -> Context:
+    """The context of Conv2d layers made directly rather than by convert(): settings from UCUDNN_*."""
+    global _default
+    if _default is None:
+        _default = Context()
+    return _default

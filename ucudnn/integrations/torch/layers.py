@@ -1,0 +1,159 @@
+"""The converted layer (Conv2d and its autograd Function) and converting models."""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from ...config import format_size
+from ...errors import ConfigError, UcudnnWarning
+from ...problem import ConvKind
+from .call import Prepared, prepare
+from .context import Context, _settings, default_context
+from .fallback import warn_once
+from .sites import Site
+
+F_, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
+
+
+def _compiler_disable(fn: Callable) -> Callable:
+    """torch.compile graph-breaks at `fn` and runs it eagerly: dynamo cannot trace ctypes calls."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    if disable is None:  # torch < 2.1
+        from torch._dynamo import disable
+    return disable(fn)
+
+
+class _Convolution(torch.autograd.Function):
+    """y = conv(x, w) + b with F, BD and BF through ucudnn. Inputs are already packed and cast."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, context: Context, site: Site) -> Tensor:
+        y = torch.empty(site.y_shape, dtype=x.dtype, device=x.device, memory_format=site.memory_format)
+        context.run(site, F_, x, weight, y)
+        if bias is not None:
+            y.add_(bias.view(1, -1, 1, 1))
+        ctx.save_for_backward(x, weight)
+        ctx.context, ctx.site, ctx.has_bias = context, site, bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: Tensor):
+        x, weight = ctx.saved_tensors
+        context, site = ctx.context, ctx.site
+        fmt = site.memory_format
+        dy = dy.contiguous(memory_format=fmt)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+            context.run(site, BD, dx, weight, dy)
+        if ctx.needs_input_grad[1]:
+            dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fmt)
+            context.run(site, BF, x, dw, dy)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum((0, 2, 3))
+        return dx, dw, db, None, None
+
+
+class Conv2d(nn.Conv2d):
+    """torch.nn.Conv2d whose convolutions run micro-batched through ucudnn: same constructor,
+    parameters and state_dict. Its `ucudnn_context` (set by convert(); else default_context())
+    holds the settings and plans."""
+
+    ucudnn_context: Context | None = None
+
+    @_compiler_disable
+    def forward(self, input: Tensor) -> Tensor:
+        context = self.ucudnn_context or default_context()
+        prepared = prepare(self, input, context)
+        if isinstance(prepared, str):
+            context.fallbacks[prepared] += 1
+            warn_once(prepared)
+        if not isinstance(prepared, Prepared):
+            return super().forward(input)
+        if context.records(self):
+            context.record(prepared.call, _kinds_needed(prepared))
+            return super().forward(input)
+        y = _Convolution.apply(prepared.x, prepared.weight, prepared.bias, context, prepared.site)
+        return y if input.dim() == 4 else y.squeeze(0)
+
+    def extra_repr(self) -> str:
+        context = self.ucudnn_context or default_context()
+        s = context.settings
+        return f"{super().extra_repr()}, ucudnn={s.optimizer}@{format_size(s.workspace_limit)}"
+
+
+def _kinds_needed(prepared: Prepared) -> tuple[ConvKind, ...]:
+    """The kernels a training step will run: BD only where the input needs a gradient."""
+    grad = torch.is_grad_enabled()
+    return ((F_,) + ((BD,) if grad and prepared.x.requires_grad else ())
+            + ((BF,) if grad and prepared.weight.requires_grad else ()))
+
+
+# --- converting models -----------------------------------------------------------------------------
+
+def convert(model: nn.Module, workspace_limit: int | str | None = None, optimizer: str | None = None,
+            policy: str | None = None, total_limit: int | str | None = None, *, sample_input: Any = None,
+            cache_path: str | None = None, execution: str | None = None,
+            context: Context | None = None) -> nn.Module:
+    """Turn every torch.nn.Conv2d of `model` (nested ones too, and `model` itself) into a
+    ucudnn.torch.Conv2d in place, and return `model`.
+
+    Layers keep their identity, parameters, hooks and state_dict (only their class changes), so
+    an optimizer made before still works. Settings: `workspace_limit` per kernel (WR) such as
+    "64MiB", `optimizer` "wr" or "wd", `policy` "powerOfTwo" | "all" | "undivided",
+    `total_limit` for WD (default: workspace_limit x kernels), `cache_path` for the benchmark
+    database, `execution` "graph" (calls replayed as CUDA graphs once a layer's buffers repeat)
+    or "direct"; None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
+    of positional arguments) runs one pass with torch's convolutions in which every layer records
+    its kernels; then they are planned (WD: solved once). Run it under the autocast and grad mode
+    of training. Subclasses of nn.Conv2d are left alone (they may change forward)."""
+    settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
+    if context is not None and any(v is not None for v in settings):
+        raise ConfigError("pass either context= or settings (workspace_limit, optimizer, ...) to convert(), not both")
+    context = context or Context(_settings(*settings))
+    skipped = set()
+    for module in model.modules():
+        if type(module) is nn.Conv2d:
+            module.__class__ = Conv2d
+        elif isinstance(module, nn.Conv2d) and not isinstance(module, Conv2d):
+            skipped.add(type(module).__qualname__)
+            continue
+        if isinstance(module, Conv2d):
+            module.ucudnn_context = context
+    if skipped:
+        warnings.warn(f"ucudnn.torch.convert left subclasses of nn.Conv2d unconverted: {', '.join(sorted(skipped))}",
+                      UcudnnWarning, stacklevel=2)
+    if sample_input is not None:
+        learn(model, *(sample_input if isinstance(sample_input, tuple) else (sample_input,)))
+    return model
+
+
+def _contexts(model: nn.Module) -> list[Context]:
+    found = {}
+    for module in model.modules():
+        if isinstance(module, Conv2d):
+            context = module.ucudnn_context or default_context()
+            found[id(context)] = context
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def network(model: nn.Module) -> Iterator[nn.Module]:
+    """`with ucudnn.torch.network(model): model(x)`: the converted layers record their kernels
+    (running through torch); on exit they are planned, WD solving the whole network once."""
+    with contextlib.ExitStack() as stack:
+        for context in _contexts(model):
+            stack.enter_context(context.recording())
+        yield model
+
+
+def learn(model: nn.Module, *args, **kwargs) -> Any:
+    """One recorded pass `model(*args, **kwargs)` (see network()); returns its output."""
+    with network(model):
+        return model(*args, **kwargs)
