@@ -12,7 +12,6 @@ times include its CPU convolutions; then (with --profile N) cProfile's top N of 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import itertools
 import pstats
@@ -24,10 +23,9 @@ import torch
 from torch import nn
 
 import ucudnn.torch as ut
-from fakes import FakeAllocator, FakeBenchmarker
+from torch_doubles import NumpyBackend, NumpyHandle
 from ucudnn.cache import Cache
 from ucudnn.graphs import GraphedProgram
-from ucudnn.assignment import Assignments
 
 
 class NullCapturer:
@@ -43,48 +41,18 @@ class NullCapturer:
         return False
 
 
-class NullHandle:
-    """ucudnn.Handle's interface over real Assignments whose compiled programs do nothing."""
-
-    def __init__(self, settings, cache):
-        self.settings = settings
-        self.assignments = Assignments(settings, cache, FakeBenchmarker, FakeAllocator(),
-                                       pointer=lambda address: address)
-        self.stream = None
-
-    def query(self, problem):
-        self.assignments.record(problem)
-
-    def assignment(self, problem):
-        return self.assignments.get(problem)
+class NullHandle(NumpyHandle):
+    """The tests' handle whose compiled programs do nothing, graph-launched as on the GPU."""
 
     def program(self, problem, configuration, alpha=1.0, beta=0.0):
         return GraphedProgram(lambda *operands: None, NullCapturer(), problem.describe())
 
-    def finalize(self):
-        self.assignments.finalize()
 
-
-class NullBackend(ut.CudaBackend):
+class NullBackend(NumpyBackend):
     """CPU tensors stand in for CUDA ones; operands are their addresses, as on the GPU."""
 
-    def runs_on(self, device):
-        return device.type == "cpu"
-
-    def device_guard(self, device):
-        return contextlib.nullcontext()
-
-    def stream(self, device):
-        return None
-
-    def make_handle(self, settings, cache, device):
-        return NullHandle(settings, cache)
-
-    def borrow(self, nbytes, device):
-        return torch.empty(nbytes, dtype=torch.uint8)
-
-    def synchronize(self, device):
-        pass
+    handle_class = NullHandle
+    operand = ut.CudaBackend.operand
 
 
 CASES = {"nchw fp32": (False, False), "channels_last autocast fp16": (True, True)}

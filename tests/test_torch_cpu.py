@@ -19,73 +19,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cas
 from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from fakes import FakeAllocator, FakeBenchmarker  # noqa: E402
 from ucudnn.cache import Cache  # noqa: E402
-from executors import NumpyExecutor  # noqa: E402
-from ucudnn.dispatch import compile_program  # noqa: E402
 from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
+from torch_doubles import NumpyBackend  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
 from ucudnn.integrations.torch import call as calls, fallback  # noqa: E402
-from ucudnn.assignment import Assignments  # noqa: E402
 from ucudnn.problem import ConvKind  # noqa: E402
-
-
-class NumpyHandle:
-    """ucudnn.Handle's interface over real Assignments, a fake benchmarker and the NumPy executor."""
-
-    def __init__(self, settings, cache):
-        self.settings = settings
-        self.assignments = Assignments(settings, cache, FakeBenchmarker, FakeAllocator(),
-                                       pointer=lambda address: address)
-        self.executor = NumpyExecutor()
-        self.stream = None
-
-    def query(self, problem):
-        self.assignments.record(problem)
-
-    def assignment(self, problem):
-        return self.assignments.get(problem)
-
-    def program(self, problem, configuration, alpha=1.0, beta=0.0):
-        return compile_program(problem, configuration, self.executor, alpha, beta)
-
-    def finalize(self):
-        self.assignments.finalize()
-
-    def reset(self):
-        self.assignments.reset()
-
-    @property
-    def wd_result(self):
-        return self.assignments.wd_result
-
-    def __len__(self):
-        return len(self.assignments)
-
-
-class NumpyBackend(integration.CudaBackend):
-    """Runs 'ucudnn' kernels on CPU tensors: operands are flat NumPy views of their memory."""
-
-    def runs_on(self, device):
-        return device.type == "cpu"
-
-    def device_guard(self, device):
-        return contextlib.nullcontext()
-
-    def stream(self, device):
-        return None
-
-    def make_handle(self, settings, cache, device):
-        return NumpyHandle(settings, cache)
-
-    def borrow(self, nbytes, device):
-        return torch.empty(nbytes, dtype=torch.uint8)
-
-    def operand(self, tensor):
-        return tensor.detach().as_strided((tensor.numel(),), (1,)).numpy()
-
-    def synchronize(self, device):
-        pass
 
 
 @pytest.fixture(autouse=True)

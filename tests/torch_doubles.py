@@ -1,0 +1,73 @@
+"""Test doubles of ucudnn.torch's GPU side: a handle over real Assignments with a fake benchmarker
+and the NumPy executor, and a backend that runs 'ucudnn' kernels on CPU tensors."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from executors import NumpyExecutor
+from fakes import FakeAllocator, FakeBenchmarker
+
+from ucudnn.assignment import Assignments
+from ucudnn.dispatch import compile_program
+from ucudnn.integrations.torch import CudaBackend
+
+
+class NumpyHandle:
+    """ucudnn.Handle's interface over real Assignments, a fake benchmarker and the NumPy executor."""
+
+    def __init__(self, settings, cache):
+        self.settings = settings
+        self.assignments = Assignments(settings, cache, FakeBenchmarker, FakeAllocator(),
+                                       pointer=lambda address: address)
+        self.executor = NumpyExecutor()
+        self.stream = None
+
+    def query(self, problem):
+        self.assignments.record(problem)
+
+    def assignment(self, problem):
+        return self.assignments.get(problem)
+
+    def program(self, problem, configuration, alpha=1.0, beta=0.0):
+        return compile_program(problem, configuration, self.executor, alpha, beta)
+
+    def finalize(self):
+        self.assignments.finalize()
+
+    def reset(self):
+        self.assignments.reset()
+
+    @property
+    def wd_result(self):
+        return self.assignments.wd_result
+
+    def __len__(self):
+        return len(self.assignments)
+
+
+class NumpyBackend(CudaBackend):
+    """Runs 'ucudnn' kernels on CPU tensors: operands are flat NumPy views of their memory."""
+
+    handle_class = NumpyHandle
+
+    def runs_on(self, device):
+        return device.type == "cpu"
+
+    def device_guard(self, device):
+        return contextlib.nullcontext()
+
+    def stream(self, device):
+        return None
+
+    def make_handle(self, settings, cache, device):
+        return self.handle_class(settings, cache)
+
+    def borrow(self, nbytes, device):
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def operand(self, tensor):
+        return tensor.detach().as_strided((tensor.numel(),), (1,)).numpy()
+
+    def synchronize(self, device):
+        pass
