@@ -23,7 +23,6 @@ from pathlib import Path
 
 from ucudnn import format_size, parse_size
 from ucudnn.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings
-from ucudnn.bindings.enums import algo_name
 from ucudnn.cache import Cache
 from ucudnn.config import batch_sizes
 from ucudnn.nets import get_network
@@ -57,7 +56,7 @@ def compare(kernels, tables, limit, policies, timer, measured: dict) -> list[dic
             memo = (p.key, config)
             if memo not in measured:
                 measured[memo] = timer.time_ms(p, config)
-            row[variant] = dict(config=config.describe(lambda a: algo_name(p.kind, a)),
+            row[variant] = dict(config=config.describe(),
                                 predicted=config.time_ms, measured=measured[memo], workspace=config.workspace)
         rows.append(row)
     return rows

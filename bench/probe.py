@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from ucudnn.benchmark import CudnnBenchmarker
-from ucudnn.bindings.enums import algo_name
 from ucudnn.config import batch_sizes
 from ucudnn.problem import ConvKind, ConvProblem
 
@@ -20,4 +19,4 @@ if __name__ == "__main__":
         for m in results:
             if m.batch in (1, 32, 256):
                 t = f"{m.time_ms:8.3f} ms x{m.repeats}" if m.time_ms is not None else "       -"
-                print(f"  b={m.batch:3d} {algo_name(kind, m.algo):22s} {m.status:13s} {t} ws={m.workspace / 2**20:9.2f} MiB")
+                print(f"  b={m.batch:3d} {m.algo:22s} {m.status:13s} {t} ws={m.workspace / 2**20:9.2f} MiB")

@@ -25,7 +25,6 @@ import torch
 torch.backends.cudnn.version()  # torch's libcudnn first, so ucudnn binds the same library
 
 from ucudnn import Handle, format_size, gpu, parse_size  # noqa: E402
-from ucudnn.bindings.enums import algo_name  # noqa: E402
 from ucudnn.cache import Cache  # noqa: E402
 from ucudnn.nets import get_network  # noqa: E402
 from ucudnn.problem import ConvKind, ConvProblem  # noqa: E402
@@ -84,7 +83,7 @@ def compare(kernel, handles: dict[str, Handle], calls: int, repeats: int) -> dic
         config = handle.configuration(p)
         error = (ours[out].float() - expected).norm() / expected.norm()
         row[name] = dict(measured=ms, predicted=config.time_ms, workspace=config.workspace,
-                         config=config.describe(lambda a: algo_name(p.kind, a)), rel_err_vs_torch=float(error))
+                         config=config.describe(), rel_err_vs_torch=float(error))
     del t, ours, expected
     return row
 

@@ -18,7 +18,6 @@ from ucudnn import Handle, format_size, gpu, parse_size
 from ucudnn.benchmark import Scratch
 from ucudnn.cache import Cache, recorded_path
 from ucudnn.nets import get_network
-from ucudnn.report import algo_name
 
 REPEATS, WARMUP = 10, 2
 UNLIMITED = 64 * 2**30
@@ -57,7 +56,7 @@ def measure(kernels, operands: dict, cache: Cache, settings: dict) -> dict:
             solver=dict(variables=wd.variables, build_s=wd.build_seconds, solve_s=wd.solve_seconds) if wd else None,
             kernels={name: dict(measured_ms=per_kernel[name], predicted_ms=p.configuration.time_ms,
                                 workspace=p.workspace_size,
-                                config=p.configuration.describe(lambda a, k=name: algo_name(_kind(k), a)))
+                                config=p.configuration.describe())
                      for name, p in plans.items()},
         )
 

@@ -43,7 +43,7 @@ class NumpyExecutor:
         logical = {k: reference.to_logical(v, p.layout) for k, v in views.items()}
         result = reference.convolve(p, logical["x"], logical["w"], logical["y"])
         prior = logical[out].astype(np.float64)
-        blended = step.alpha * result + (step.beta * prior if step.beta else 0.0)
+        blended = step.alpha * result + (step.call_beta * prior if step.call_beta else 0.0)
         views[out][...] = reference.from_logical(blended, p.layout)
 
     @staticmethod

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import itertools
 
+from ucudnn.backends import Backends
 from ucudnn.device import DeviceInfo
 from ucudnn.measurements import OK, OVER_CAP, Measurement
 
 FAKE_DEVICE = DeviceInfo("Fake GPU", "0.0", 91900, 0, "testhost", execution="graph")
 
 # algorithm -> (ms per sample, fixed ms, workspace bytes per sample): fast ones need workspace
-ALGORITHMS = {0: (0.050, 0.01, 0), 1: (0.020, 0.02, 64 * 2**10), 2: (0.008, 0.05, 1 * 2**20)}
+ALGORITHMS = {"legacy:A0": (0.050, 0.01, 0), "legacy:A1": (0.020, 0.02, 64 * 2**10),
+              "legacy:A2": (0.008, 0.05, 1 * 2**20)}
 
 
 class FakeBenchmarker:
@@ -18,8 +20,9 @@ class FakeBenchmarker:
 
     def __init__(self, device: DeviceInfo = FAKE_DEVICE, scale: float = 1.0):
         self.device, self.scale, self.calls = device, scale, 0
+        self.backends = Backends([FakeBackend("legacy")])
 
-    def measure(self, problem, sizes, cap):
+    def measure(self, problem, sizes, cap, backend=None):
         results = []
         work = problem.flops() / problem.batch / 1e6  # per-sample size of the kernel
         for b, (algo, (per, fixed, ws_per)) in itertools.product(sorted(set(sizes)), ALGORITHMS.items()):
@@ -30,6 +33,19 @@ class FakeBenchmarker:
             else:
                 results.append(Measurement(algo, b, self.scale * work * (per * b + fixed), ws, OK, 3))
         return results
+
+
+class FakeBackend:
+    """A backend by name only, for code that asks which backends are in use."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def set_stream(self, stream: int) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
 
 
 class FakeAllocator:

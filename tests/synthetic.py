@@ -5,6 +5,7 @@ overhead: under a tight limit, WR splits the batch to use them, as on real GPUs.
 """
 from __future__ import annotations
 
+from ucudnn.backends.legacy import legacy_id
 from ucudnn.config import batch_sizes
 from ucudnn.device import DeviceInfo
 from ucudnn.measurements import OK, UNSUPPORTED, KernelTable, Measurement
@@ -13,6 +14,7 @@ from ucudnn.problem import ConvProblem
 DEVICE = DeviceInfo("Synthetic GPU", "9.0", 90100, 0, host="test", execution="graph")
 
 # algo: (GFLOP/s, overhead ms, workspace bytes per byte of one input sample per sample); None: unsupported
+# by the legacy algorithm number whose name (per kind) the measurements carry
 ALGORITHMS = {0: (4e3, 0.010, 0), 1: (7e3, 0.020, 0.01), 2: (2e4, 0.050, 4), 3: None, 4: (1.4e4, 0.030, 1)}
 
 
@@ -20,7 +22,8 @@ def measurements(problem: ConvProblem, sizes) -> list[Measurement]:
     rows = []
     for b in sizes:
         micro = problem.with_batch(b)
-        for algo, model in ALGORITHMS.items():
+        for number, model in ALGORITHMS.items():
+            algo = legacy_id(problem.kind, number)
             if model is None:
                 rows.append(Measurement(algo, b, None, 0, UNSUPPORTED))
                 continue

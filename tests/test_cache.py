@@ -56,7 +56,7 @@ def resnet50(batch: int = 32) -> list[ConvProblem]:
 def fake_measurements(problem: ConvProblem, sizes=SIZES) -> list[Measurement]:
     """Deterministic t(a, b), ws(a, b); algorithm 7 is unsupported, algorithm 6 over the cap."""
     seed = sum(map(ord, problem.shape_key()))
-    return [Measurement(algo, b, None if algo >= 6 else 0.01 * b * (1 + (seed + algo) % 5),
+    return [Measurement(f"legacy:A{algo}", b, None if algo >= 6 else 0.01 * b * (1 + (seed + algo) % 5),
                         2**34 if algo == 6 else 2**10 * algo * b,
                         OK if algo < 6 else (OVER_CAP if algo == 6 else UNSUPPORTED), 3)
             for algo in ALGOS for b in sizes]
@@ -123,9 +123,9 @@ def test_record_then_table_round_trips(db_path):
 def test_record_replaces_the_same_measurement(db_path):
     problem = conv(64, 64, 56, 3)
     with BenchmarkDatabase(db_path) as db:
-        db.record(problem, H100, [Measurement(0, 1, 2.0, 10)])
-        db.record(problem, H100, [Measurement(0, 1, 1.5, 10, repeats=9)])
-        assert list(db.table(problem, H100)) == [Measurement(0, 1, 1.5, 10, repeats=9)]
+        db.record(problem, H100, [Measurement("legacy:A0", 1, 2.0, 10)])
+        db.record(problem, H100, [Measurement("legacy:A0", 1, 1.5, 10, repeats=9)])
+        assert list(db.table(problem, H100)) == [Measurement("legacy:A0", 1, 1.5, 10, repeats=9)]
 
 
 def test_file_uses_rollback_journal_and_schema_version(db_path):
@@ -159,7 +159,7 @@ def test_tables_answers_every_problem_in_one_call(filled):
 def test_devices_and_kernels_describe_the_contents(filled):
     with BenchmarkDatabase(filled) as db:
         db.record(conv(8, 8, 8), DeviceInfo("Tesla P100-SXM2-16GB", "6.0", 7605, host="old"),
-                  [Measurement(0, 1, 1.0, 0)])
+                  [Measurement("legacy:A0", 1, 1.0, 0)])
         assert set(db.devices()) == {H100, DeviceInfo("Tesla P100-SXM2-16GB", "6.0", 7605, host="old")}
         on_h100 = db.kernels(H100)
         everything = db.kernels()
@@ -193,8 +193,8 @@ def test_verify_finds_nothing_wrong_in_a_good_file(filled):
 
 def test_verify_names_bad_rows(filled):
     with sqlite3.connect(filled) as conn:
-        conn.execute("UPDATE measurements SET status = 'great' WHERE algo = 0")
-        conn.execute("UPDATE measurements SET time_ms = -1 WHERE algo = 1")
+        conn.execute("UPDATE measurements SET status = 'great' WHERE algo = 'A0'")
+        conn.execute("UPDATE measurements SET time_ms = -1 WHERE algo = 'A1'")
         conn.execute("DELETE FROM kernels WHERE rowid = 1")
     with BenchmarkDatabase(filled) as db:
         problems = db.verify()
@@ -235,8 +235,8 @@ def make_v0(path: Path) -> ConvProblem:
 def test_older_schema_migrates(db_path):
     problem = make_v0(db_path)
     with BenchmarkDatabase(db_path) as db:
-        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 0)]
-        db.record(problem, H100, [Measurement(2, 4, 0.25, 0, OK, 5)])
+        assert list(db.table(problem, H100)) == [Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.5, 1024, OK, 0)]
+        db.record(problem, H100, [Measurement("legacy:A2", 4, 0.25, 0, OK, 5)])
         assert len(db.table(problem, H100)) == 2
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -269,11 +269,11 @@ def test_v1_rows_become_direct_execution_rows_and_graph_rows_live_beside_them(db
     problem = make_v1(db_path)
     graph = H100.for_execution("graph")
     with BenchmarkDatabase(db_path) as db:
-        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 7)]
+        assert list(db.table(problem, H100)) == [Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.5, 1024, OK, 7)]
         assert len(db.table(problem, graph)) == 0  # never reused for the other execution
-        db.record(problem, graph, [Measurement(1, 4, 0.25, 1024, OK, 3)])
-        assert list(db.table(problem, graph)) == [Measurement(1, 4, 0.25, 1024, OK, 3)]
-        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 7)]
+        db.record(problem, graph, [Measurement("legacy:A1", 4, 0.25, 1024, OK, 3)])
+        assert list(db.table(problem, graph)) == [Measurement("legacy:A1", 4, 0.25, 1024, OK, 3)]
+        assert list(db.table(problem, H100)) == [Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.5, 1024, OK, 7)]
         assert {d.execution for d in db.devices()} == {"direct", "graph"}
         assert db.verify() == []
     with sqlite3.connect(db_path) as conn:
@@ -293,28 +293,28 @@ def stored_times(path: Path) -> list[tuple]:
 def test_quick_timing_never_replaces_default_timing(db_path):
     problem = conv(64, 64, 56, 3)
     with BenchmarkDatabase(db_path) as db:
-        db.record(problem, H100, [Measurement(0, 4, 2.0, 0, OK, 9), Measurement(1, 4, 2.0, 0, OK, 9)])
-        db.record(problem, QUICK, [Measurement(0, 4, 1.0, 0, OK, 1)])  # newer, but quick: ignored
-        db.record(problem, QUICK, [Measurement(2, 4, 1.0, 0, OK, 1)])  # nothing to replace: kept
-        db.record(problem, QUICK, [Measurement(2, 4, 0.5, 0, OK, 1)])  # quick replaces older quick
-        db.record(problem, H100, [Measurement(2, 4, 3.0, 0, OK, 9)])  # default replaces quick
-        db.record(problem, H100, [Measurement(1, 4, 1.5, 0, OK, 9)])  # newer default replaces default
+        db.record(problem, H100, [Measurement("legacy:A0", 4, 2.0, 0, OK, 9), Measurement("legacy:A1", 4, 2.0, 0, OK, 9)])
+        db.record(problem, QUICK, [Measurement("legacy:A0", 4, 1.0, 0, OK, 1)])  # newer, but quick: ignored
+        db.record(problem, QUICK, [Measurement("legacy:A2", 4, 1.0, 0, OK, 1)])  # nothing to replace: kept
+        db.record(problem, QUICK, [Measurement("legacy:A2", 4, 0.5, 0, OK, 1)])  # quick replaces older quick
+        db.record(problem, H100, [Measurement("legacy:A2", 4, 3.0, 0, OK, 9)])  # default replaces quick
+        db.record(problem, H100, [Measurement("legacy:A1", 4, 1.5, 0, OK, 9)])  # newer default replaces default
         assert sorted(db.table(problem, QUICK), key=lambda m: m.algo) == [  # reads: timing is not in the reuse key
-            Measurement(0, 4, 2.0, 0, OK, 9), Measurement(1, 4, 1.5, 0, OK, 9), Measurement(2, 4, 3.0, 0, OK, 9)]
-    assert stored_times(db_path) == [(0, 2.0, "default"), (1, 1.5, "default"), (2, 3.0, "default")]
+            Measurement("legacy:A0", 4, 2.0, 0, OK, 9), Measurement("legacy:A1", 4, 1.5, 0, OK, 9), Measurement("legacy:A2", 4, 3.0, 0, OK, 9)]
+    assert stored_times(db_path) == [("A0", 2.0, "default"), ("A1", 1.5, "default"), ("A2", 3.0, "default")]
 
 
 def test_merge_prefers_default_timing_whatever_the_order(tmp_path):
     problem = conv(64, 64, 56, 3)
     careful, quick = tmp_path / "careful.db", tmp_path / "quick.db"
     with BenchmarkDatabase(careful) as db:
-        db.record(problem, H100, [Measurement(0, 4, 2.0, 0, OK, 9)])
+        db.record(problem, H100, [Measurement("legacy:A0", 4, 2.0, 0, OK, 9)])
     with BenchmarkDatabase(quick) as db:  # recorded later
-        db.record(problem, QUICK, [Measurement(0, 4, 1.0, 0, OK, 1)])
+        db.record(problem, QUICK, [Measurement("legacy:A0", 4, 1.0, 0, OK, 1)])
     for order in ((careful, quick), (quick, careful)):
         target = tmp_path / f"merged-{order[0].stem}.db"
         merge(order, target)
-        assert stored_times(target) == [(0, 2.0, "default")]
+        assert stored_times(target) == [("A0", 2.0, "default")]
 
 
 def make_v2(path: Path) -> ConvProblem:
@@ -337,19 +337,36 @@ def make_v2(path: Path) -> ConvProblem:
     return problem
 
 
-def test_a_v2_file_is_read_as_is_read_only_and_migrated_when_writable(db_path):
+def test_a_v2_file_is_refused_read_only_and_migrated_when_writable(db_path):
     problem = make_v2(db_path)
     before = db_path.read_bytes()
-    with BenchmarkDatabase(db_path, readonly=True) as db:  # as the shipped, read-only recordings are
-        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 7)]
-        assert [d.execution for d in db.devices()] == ["direct"]
+    with pytest.raises(CacheError, match="open it writable once"):
+        BenchmarkDatabase(db_path, readonly=True)  # v4 named the candidates, which every read needs
     assert db_path.read_bytes() == before
     with BenchmarkDatabase(db_path) as db:
-        db.record(problem, QUICK, [Measurement(1, 4, 0.25, 1024, OK, 1)])  # v2 rows were default-timed
-        assert list(db.table(problem, H100)) == [Measurement(1, 4, 0.5, 1024, OK, 7)]
+        assert [d.execution for d in db.devices()] == ["direct"]
+        db.record(problem, QUICK, [Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.25, 1024, OK, 1)])  # v2 rows were default-timed
+        assert list(db.table(problem, H100)) == [Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.5, 1024, OK, 7)]
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
-    assert stored_times(db_path) == [(1, 0.5, "default")]
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("SELECT backend, frontend_version FROM measurements").fetchall() == [("legacy", "")]
+    assert stored_times(db_path) == [("IMPLICIT_PRECOMP_GEMM", 0.5, "default")]
+
+
+def test_an_export_of_schema_3_is_imported_with_named_candidates(tmp_path, db_path):
+    problem = conv(64, 64, 56, 3)
+    with BenchmarkDatabase(db_path) as db:
+        db.record(problem, H100, [Measurement("legacy:FFT", 4, 0.5, 1024, OK, 7)])
+        db.export_json(tmp_path / "export.json")
+    document = json.loads((tmp_path / "export.json").read_text())
+    row = document["measurements"][0]
+    assert (row["backend"], row["algo"]) == ("legacy", "FFT")
+    del row["backend"], row["frontend_version"]
+    row["algo"], document["schema_version"] = 4, 3  # FFT is forward algorithm 4
+    (tmp_path / "export.json").write_text(json.dumps(document))
+    with BenchmarkDatabase(tmp_path / "other.db") as other:
+        other.import_json(tmp_path / "export.json")
+        assert list(other.table(problem, H100)) == [Measurement("legacy:FFT", 4, 0.5, 1024, OK, 7)]
 
 
 def test_timing_presets_label_what_they_measure():
@@ -363,7 +380,7 @@ def test_timing_presets_label_what_they_measure():
 
 def test_the_memo_keeps_executions_apart(db_path):
     cache, problem = Cache(db_path), conv(64, 64, 56, 3)
-    cache.record(problem, H100, [Measurement(1, 4, 0.5, 0, OK, 3)])
+    cache.record(problem, H100, [Measurement("legacy:A1", 4, 0.5, 0, OK, 3)])
     assert len(cache.table(problem, H100)) == 1
     assert len(cache.table(problem, H100.for_execution("graph"))) == 0
 
@@ -402,7 +419,7 @@ def test_tables_prefetches_a_network_in_one_file_query(filled):
 def test_configurations_are_remembered(tmp_path):
     cache = Cache(use_file=False)
     key = (H100.reuse_key, conv(64, 64, 56, 3).key, "powerOfTwo", 64 * 2**20, "wr")
-    configuration = Configuration((MicroConfig(1, 16, 0.5, 2**20), MicroConfig(1, 16, 0.5, 2**20)))
+    configuration = Configuration((MicroConfig("legacy:A1", 16, 0.5, 2**20), MicroConfig("legacy:A1", 16, 0.5, 2**20)))
     assert cache.configuration(key) is None
     cache.remember(key, configuration)
     assert cache.configuration(key) is configuration and cache.stats.configuration_hits == 1
@@ -642,7 +659,7 @@ def test_database_retries_until_a_short_lock_is_released(filled):
     holder.execute("BEGIN EXCLUSIVE")
     threading.Timer(1.5, lambda: (holder.execute("ROLLBACK"), holder.close())).start()
     with BenchmarkDatabase(filled, timeout_s=10) as db:  # longer than SQLite's own busy slice
-        db.record(conv(8, 8, 8), H100, [Measurement(0, 1, 1.0, 0)])
+        db.record(conv(8, 8, 8), H100, [Measurement("legacy:A0", 1, 1.0, 0)])
         assert len(db.table(conv(8, 8, 8), H100)) == 1
 
 
@@ -663,7 +680,7 @@ def test_resnet50_lookup_from_the_file_is_fast(db_path):
     with BenchmarkDatabase(db_path) as db:
         for problem in distinct.values():
             db.record(problem, H100, fake_measurements(problem))
-        db.record(conv(8, 8, 8), DeviceInfo("other", "8.0", 1), [Measurement(0, 1, 1.0, 0)])
+        db.record(conv(8, 8, 8), DeviceInfo("other", "8.0", 1), [Measurement("legacy:A0", 1, 1.0, 0)])
     walls, cpus = [], []
     for _ in range(10):  # the best of ten: other processes on a small machine add noise
         wall, cpu = time.perf_counter(), time.process_time()
@@ -683,7 +700,7 @@ def test_docs_examples_run(tmp_path, capsys):
     text = (REPO / "docs" / "cache.md").read_text()
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
         exec(block.replace("/tmp/", f"{tmp_path}/"), {})
-    assert "Measurement(algo=1, batch=32" in capsys.readouterr().out
+    assert "Measurement(algo='legacy:IMPLICIT_PRECOMP_GEMM', batch=32" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/")

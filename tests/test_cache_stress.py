@@ -22,7 +22,7 @@ def problem(i: int) -> ConvProblem:
 
 def measurement(writer: int, i: int) -> Measurement:
     """Unique per (writer, i): algo is the writer, batch and shape key come from i."""
-    return Measurement(algo=writer, batch=1 + i // KERNELS, time_ms=writer * 1000 + i, workspace=i, repeats=1)
+    return Measurement(algo=f"legacy:A{writer}", batch=1 + i // KERNELS, time_ms=writer * 1000 + i, workspace=i, repeats=1)
 
 
 def write(db_or_cache, writer: int, writes: int) -> list[str]:
@@ -49,7 +49,7 @@ def assert_all_present(path: Path, writers: int, writes: int) -> int:
     with BenchmarkDatabase(path, readonly=True) as db:
         tables = db.tables([problem(i) for i in range(KERNELS)], GPU)
         found = {(m.algo, m.batch, m.time_ms) for table in tables.values() for m in table}
-    expected = {(w, (m := measurement(w, i)).batch, m.time_ms) for w in range(writers) for i in range(writes)}
+    expected = {(f"legacy:A{w}", (m := measurement(w, i)).batch, m.time_ms) for w in range(writers) for i in range(writes)}
     assert found == expected, f"{len(expected - found)} rows missing, {len(found - expected)} unexpected"
     return len(found)
 

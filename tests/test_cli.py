@@ -248,7 +248,7 @@ def test_cache_list_show_verify(capsys, db):
     assert device["gpu_name"] == "Synthetic GPU" and len(device["kernels"]) == 15 + 15 + 33
     assert "Synthetic GPU" in inline(capsys, "cache", "list", "--cache", db)[1]
     show = ("cache", "show", "--net", "alexnet", "--kernel", "conv2/F", "--cache", db)
-    assert re.search(r"256\s+FFT\s+ok", ok(*show))
+    assert re.search(r"256\s+legacy:FFT\s+ok", ok(*show))
     shown = json.loads(inline(capsys, *show, "--json")[1])
     assert {m["batch"] for m in shown["devices"][0]["measurements"]} == {1, 2, 4, 8, 16, 32, 64, 128, 256}
     assert "no problems" in ok("cache", "verify", "--cache", db)

@@ -86,7 +86,7 @@ def check_steps(p: ConvProblem, config: Configuration, steps: list[Step], alpha:
         assert step.alpha == alpha
         n0 += part.batch
     assert n0 == p.batch
-    betas = [s.beta for s in steps]
+    betas = [s.call_beta for s in steps]
     if p.kind is ConvKind.BACKWARD_FILTER:
         assert betas == [beta] + [1.0] * (len(steps) - 1)
     else:
@@ -177,7 +177,7 @@ def test_defaults_are_alpha_one_beta_zero(rng):
     dispatch(p, configuration([3, 1]), NumpyExecutor(), flats["x"], flats["w"], flats["y"])
     np.testing.assert_allclose(flats["y"], expected, rtol=1e-12)
     steps = dispatching.steps(p, configuration([3, 1]))
-    assert [(s.alpha, s.beta) for s in steps] == [(1.0, 0.0), (1.0, 0.0)]
+    assert [(s.alpha, s.call_beta) for s in steps] == [(1.0, 0.0), (1.0, 0.0)]
 
 
 # ---------------------------------------------------------------------------------------- plan
@@ -197,7 +197,7 @@ def test_plan_offsets_and_coefficients(kind, layout, dtype, itemsize):
     assert [s.problem.batch for s in steps] == [8, 4, 1]
     assert [s.algo for s in steps] == [5, 1, 0]
     assert [s.alpha for s in steps] == [0.75] * 3
-    assert [s.beta for s in steps] == ([0.25, 1.0, 1.0] if kind == "BF" else [0.25] * 3)
+    assert [s.call_beta for s in steps] == ([0.25, 1.0, 1.0] if kind == "BF" else [0.25] * 3)
 
 
 @settings(max_examples=100)

@@ -34,13 +34,14 @@ def cudnn_handle():
             json.dump(RESULTS, f)
 
 
-def supported_algorithms(handle, problem) -> list[tuple[int, int]]:
-    """(algorithm, workspace) pairs cuDNN's heuristics list as supported for this kernel."""
+def supported_algorithms(handle, problem) -> list[tuple[str, int]]:
+    """(candidate, workspace) pairs cuDNN's heuristics list as supported for this kernel."""
+    from ucudnn.backends.legacy import legacy_id
     from ucudnn.bindings.convolution import get_algorithms, workspace_size
     from ucudnn.bindings.descriptors import KernelDescriptors
 
     descs = KernelDescriptors(problem)
-    return [(perf.algo, workspace_size(handle, problem.kind, descs, perf.algo))
+    return [(legacy_id(problem.kind, perf.algo), workspace_size(handle, problem.kind, descs, perf.algo))
             for perf in get_algorithms(handle, problem.kind, descs) if perf.status == 0]
 
 

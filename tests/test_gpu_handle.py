@@ -132,7 +132,7 @@ def test_benchmarker_records_every_algorithm():
     from ucudnn.measurements import OK, OVER_CAP
 
     p = ConvProblem("F", **LAYER)
-    results = CudnnBenchmarker().measure(p, (1, 8, 32), cap=8 * 2**20)
+    results = CudnnBenchmarker(backend="legacy").measure(p, (1, 8, 32), cap=8 * 2**20)
     assert len(results) == 3 * algo_count("F")
     assert any(m.status == OK for m in results)
     assert all(m.time_ms > 0 and m.workspace <= 8 * 2**20 for m in results if m.status == OK)
@@ -153,7 +153,9 @@ def test_graph_replays_match_direct_execution(tmp_path, kind):
     p = ConvProblem(kind, math="fma", **LAYER)
     handles = {execution: Handle(cache=Cache(tmp_path / "bench.db"), execution=execution)
                for execution in ("graph", "direct")}
-    algo = {ConvKind.FORWARD: 1, ConvKind.BACKWARD_DATA: 1, ConvKind.BACKWARD_FILTER: 1}[kind]  # direct GEMM-class
+    from ucudnn.backends.legacy import legacy_id
+
+    algo = legacy_id(kind, 1)  # direct GEMM-class
     configuration = Configuration(tuple(MicroConfig(algo, 8, 0.0, 0) for _ in range(4)))  # many calls
     buffers = {execution: {k: cp.empty(s, cp.float32) for k, s in
                            (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape))} for execution in handles}

@@ -74,7 +74,7 @@ def test_plan_json_is_plain_and_consistent(kernels, tables):
     first = data["kernels"][0]
     assert first["name"] == "conv1/F" and first["kind"] == "F"
     assert sum(part["batch"] for part in first["configuration"]["micro"]) == 32
-    assert {"algo", "batch", "time_ms", "workspace", "algo_name"} <= set(first["configuration"]["micro"][0])
+    assert {"algo", "batch", "time_ms", "workspace"} <= set(first["configuration"]["micro"][0])
     assert data["total"]["time_ms"] == pytest.approx(p.time_ms())
     assert data["total"]["speedup"] == pytest.approx(p.speedup)
 

@@ -113,8 +113,8 @@ class Assignments:
                                                  configuration.workspace)
 
     def _optimize_wr(self, problem: ConvProblem, limit: int) -> Configuration:
-        memo_key = (self.benchmarker.device.reuse_key, problem.key, self.settings.batch_size_policy,
-                    limit, "wr")
+        memo_key = (self.benchmarker.device.reuse_key, self.benchmarker.backends.names, problem.key,
+                    self.settings.batch_size_policy, limit, "wr")
         configuration = self.cache.configuration(memo_key)
         if configuration is None:
             table = self._tables([problem], limit)[problem.key]

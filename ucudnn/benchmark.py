@@ -1,17 +1,18 @@
 """Benchmarking t(a, b) and ws(a, b): every algorithm at every micro-batch size of a policy."""
 from __future__ import annotations
 
+import functools
 import math
 import statistics
-from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from . import gpu
-from .bindings.enums import algo_count, refuses_problem
+from .bindings.enums import refuses_problem
 from .device import DeviceInfo, check_execution, check_timing
-from .dispatch import compile_program
+from .dispatch import Step, compile_program
 from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
-from .graphs import GraphCapturer, GraphedProgram, cudnn_capturer
+from .graphs import GraphCapturer, GraphedProgram
 from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement,
                            describe_sizes)
 from .problem import ConvKind, ConvProblem
@@ -21,10 +22,13 @@ class Benchmarker(Protocol):
     """Measures kernels on one device. The GPU implementation is `CudnnBenchmarker`; tests use fakes."""
 
     device: DeviceInfo
+    backends: Any  # .names: the backends it measures (ucudnn.backends)
 
-    def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None) -> list[Measurement]:
-        """One Measurement per (algorithm, size): time only for algorithms whose workspace is
-        <= cap bytes (None: any that can be allocated); the others are recorded OVER_CAP."""
+    def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
+                backend: str | None = None) -> list[Measurement]:
+        """One Measurement per (candidate, size) of `backend` (None: every backend it has):
+        time only for candidates whose workspace is <= cap bytes (None: any that can be
+        allocated); the others are recorded OVER_CAP."""
 
 
 @dataclass(frozen=True)
@@ -78,67 +82,109 @@ class Scratch:
 
 
 class CudnnBenchmarker:
-    """Times every cuDNN algorithm of a kernel at each micro-batch size, on one GPU and stream,
-    as `execution` will run it: `direct`, each call as the host issues it; `graph`, calls
-    replayed from a CUDA graph, GPU time alone (see _time). A backward-filter micro-batch
-    smaller than the kernel's batch is timed accumulating (beta = 1), as dispatch runs all of a
-    configuration's BF calls but the first: that can cost 2.8x (bench/beta_probe.py).
-    Failures (unsupported, errors, out of memory) are recorded, not raised."""
+    """Times every candidate of a kernel's backends at each micro-batch size, on one GPU and
+    stream, as `execution` will run it: `direct`, each call as the host issues it; `graph`,
+    calls replayed from a CUDA graph, GPU time alone (see _time).
+
+    Coarse, then precise: each candidate is first run once (GPU time of one call after one
+    warm-up); only those that can still be chosen at that size (`worth_timing_again`) are then
+    timed with the full TimingSettings. The engine backend lists 30-90 candidates per kernel,
+    most of them dominated by far. A backward-filter micro-batch smaller than the kernel's batch
+    is timed accumulating, as dispatch runs all of a configuration's BF calls but the first
+    (legacy: beta = 1, which can cost 2.8x, bench/beta_probe.py; engines: the partial and its
+    sum). Failures (unsupported, errors, out of memory) are recorded, not raised."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
-                 execution: str = "graph"):
+                 execution: str = "graph", backend: str = ""):
+        from .backends import open_backends
         from .bindings import cudnn
 
         self.handle = handle if handle is not None else cudnn.create_handle()
         self.stream = gpu.current_stream() if stream is None else stream
-        cudnn.set_stream(self.handle, self.stream)
+        self.backends = open_backends(backend, self.handle, self.stream)
         self.timing = timing
-        self.device = gpu.device_info().for_execution(execution).for_timing(timing.name)
-        self.calls = 0  # (algorithm, size) pairs measured: what a warm cache saves
+        self.device = gpu.device_info(backends=self.backends.names).for_execution(execution).for_timing(timing.name)
+        self.calls = 0  # (candidate, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
-        self.capturer = _capturer(execution, self.handle, self.stream)
+        self.capturer = _capturer(execution, self.backends, self.stream)
 
-    def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None) -> list[Measurement]:
-        from .bindings.descriptors import KernelDescriptors
-
+    def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
+                backend: str | None = None) -> list[Measurement]:
         sizes = sorted(set(sizes))
         ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
         results = []
         try:
-            for b in sizes:
-                descs = KernelDescriptors(problem.with_batch(b))
-                beta = 1.0 if problem.kind is ConvKind.BACKWARD_FILTER and b < problem.batch else 0.0
-                results += [self._measure_one(descs, ptrs, algo, cap, beta) for algo in range(algo_count(problem.kind))]
+            for name in [backend] if backend else self.backends.names:
+                for b in sizes:
+                    results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs, cap)
         finally:
             self.scratch.release()
+            self.backends.release()
         return results
 
-    def _measure_one(self, descs, ptrs: dict, algo: int, cap: int | None, beta: float) -> Measurement:
-        from .bindings.convolution import convolve, workspace_size
+    def _measure_size(self, backend, problem: ConvProblem, micro: ConvProblem, ptrs: dict,
+                      cap: int | None) -> list[Measurement]:
+        runs, measured = {}, {}
+        for candidate in backend.candidates(micro, problem.batch):
+            self.calls += 1
+            measured[candidate.id], run = self._coarse(backend, problem, micro, candidate, ptrs, cap)
+            if run is not None:
+                runs[candidate.id] = run
+        for algo in worth_timing_again(list(measured.values())):
+            m = measured[algo]
+            try:
+                times = _time(runs[algo], self.timing, self.stream, self.capturer)
+            except GraphCaptureError:  # graph execution would run it directly, host-paced: not a candidate
+                measured[algo] = replace(m, time_ms=None, status=FAILED, repeats=0)
+                continue
+            except Exception as exc:
+                measured[algo] = replace(m, time_ms=None, status=_failure(exc), repeats=0)
+                continue
+            measured[algo] = replace(m, time_ms=statistics.median(times), repeats=len(times))
+        return list(measured.values())
 
-        p = descs.problem
-        self.calls += 1
-        try:
-            ws = workspace_size(self.handle, p.kind, descs, algo)
-        except CudnnError as exc:
-            return Measurement(algo, p.batch, None, 0, _failure(exc))
+    def _coarse(self, backend, problem: ConvProblem, micro: ConvProblem, candidate, ptrs: dict,
+                cap: int | None) -> tuple[Measurement, Callable[[], None] | None]:
+        """The candidate's one-call measurement, and how to run it again (None: it cannot run)."""
+        b, ws = micro.batch, candidate.workspace
+        if candidate.status != OK:
+            return Measurement(candidate.id, b, None, ws, candidate.status), None
         if cap is not None and ws > cap:
-            return Measurement(algo, p.batch, None, ws, OVER_CAP)
+            return Measurement(candidate.id, b, None, ws, OVER_CAP), None
         try:
             workspace = self.scratch.workspace(ws)
         except gpu.cupy().cuda.memory.OutOfMemoryError:
-            return Measurement(algo, p.batch, None, ws, OUT_OF_MEMORY)
-
-        def run():
-            convolve(self.handle, p.kind, descs, ptrs, algo, workspace, ws, 1.0, beta, p.dtype)
-
+            return Measurement(candidate.id, b, None, ws, OUT_OF_MEMORY), None
         try:
-            times = _time(run, self.timing, self.stream, self.capturer)
-        except CudnnError as exc:
-            return Measurement(algo, p.batch, None, ws, _failure(exc))
-        except GraphCaptureError:  # graph execution would run it directly, host-paced: not a candidate
-            return Measurement(algo, p.batch, None, ws, FAILED)
-        return Measurement(algo, p.batch, statistics.median(times), ws, OK, len(times))
+            call = backend.prepare(timing_step(problem, micro, candidate.id))
+            run = functools.partial(call, ptrs["x"], ptrs["w"], ptrs["y"], workspace, ws)
+            run()  # warm-up
+            time_ms = gpu.time_calls(run, 1, self.stream, hide_host=True)[0]
+        except Exception as exc:  # a candidate that fails to build or run is data
+            return Measurement(candidate.id, b, None, ws, _failure(exc)), None
+        return Measurement(candidate.id, b, time_ms, ws, OK, 1), run
+
+
+def timing_step(problem: ConvProblem, micro: ConvProblem, algo: str) -> Step:
+    """The call a measurement of `micro` times: a backward-filter micro-batch smaller than the
+    kernel's batch as a later part of an accumulation, every other one as a whole call."""
+    accumulates = problem.kind is ConvKind.BACKWARD_FILTER and micro.batch < problem.batch
+    return Step(problem=micro, algo=algo, first_sample=0, x_offset=0, y_offset=0, alpha=1.0, beta=0.0,
+                part=1 if accumulates else 0, parts=2 if accumulates else 1)
+
+
+SLACK = 1.25  # coarse times are single calls: a candidate within this factor may still win
+
+
+def worth_timing_again(coarse: Iterable[Measurement], slack: float = SLACK) -> list[str]:
+    """The candidates that can still be chosen after a coarse sweep: those no candidate with at
+    most their workspace beats by more than `slack` (the time-workspace front, widened)."""
+    best, keep = math.inf, []
+    for m in sorted((m for m in coarse if m.available), key=lambda m: (m.workspace, m.time_ms)):
+        if m.time_ms <= slack * best:
+            keep.append(m.algo)
+        best = min(best, m.time_ms)
+    return keep
 
 
 class ConfigurationTimer:
@@ -148,22 +194,21 @@ class ConfigurationTimer:
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(warmup=2, min_repeats=10,
                                                                             max_repeats=10),
-                 stream: int | None = None, execution: str = "graph"):
+                 stream: int | None = None, execution: str = "graph", backend: str = ""):
+        from .backends import open_backends
         from .bindings import cudnn
-        from .bindings.executor import CudnnExecutor
 
         self.handle = handle if handle is not None else cudnn.create_handle()
         self.stream = gpu.current_stream() if stream is None else stream
-        cudnn.set_stream(self.handle, self.stream)
+        self.backends = open_backends(backend, self.handle, self.stream)
         self.timing, self.scratch = timing, Scratch()
-        self.executor = CudnnExecutor(self.handle)
-        self.capturer = _capturer(execution, self.handle, self.stream)
+        self.capturer = _capturer(execution, self.backends, self.stream)
 
     def time_ms(self, problem: ConvProblem, configuration) -> float:
         """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
         ptrs = self.scratch.operands(problem)
         workspace = self.scratch.workspace(configuration.workspace)
-        program = compile_program(problem, configuration, self.executor)
+        program = compile_program(problem, configuration, self.backends)
         if self.capturer is not None:  # the warm-up runs it directly, then captures it
             program = GraphedProgram(program, self.capturer, problem.describe())
 
@@ -173,9 +218,9 @@ class ConfigurationTimer:
         return statistics.median(_time(run, self.timing, self.stream))
 
 
-def _capturer(execution: str, handle, stream: int) -> "GraphCapturer | None":
-    """What captures `handle`'s calls for graph execution; None for direct execution."""
-    return cudnn_capturer(handle, lambda: stream) if check_execution(execution) == "graph" else None
+def _capturer(execution: str, backends, stream: int) -> "GraphCapturer | None":
+    """What captures the backends' calls for graph execution; None for direct execution."""
+    return GraphCapturer(backends.set_stream, lambda: stream) if check_execution(execution) == "graph" else None
 
 
 SWEEP_MS, SWEEP_CALLS = 0.5, 16
@@ -204,37 +249,51 @@ def _time(run, timing: TimingSettings, stream: int, capturer: "GraphCapturer | N
     return [t / calls for t in times]
 
 
-def _failure(exc: CudnnError) -> str:
-    return UNSUPPORTED if refuses_problem(exc.status) else FAILED
+def _failure(exc: Exception) -> str:
+    """UNSUPPORTED where cuDNN refused the call's parameters, FAILED for any other error."""
+    return UNSUPPORTED if isinstance(exc, CudnnError) and refuses_problem(exc.status) else FAILED
 
 
 def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProblem], Sequence[int]],
                   cap: int | None, cache, benchmarker: Benchmarker | None,
                   progress: Callable[[int, int, ConvProblem], None] | None = None, *,
-                  device: DeviceInfo | None = None) -> dict[str, KernelTable]:
-    """Tables (by problem.key) complete for every size the policy needs and every algorithm
-    that fits `cap`; only what the cache lacks is measured. With no benchmarker, tables come
-    from the cache's measurements on `device`, and missing ones raise MissingMeasurementsError."""
+                  device: DeviceInfo | None = None, backends: Sequence[str] | None = None) -> dict[str, KernelTable]:
+    """Tables (by problem.key) of the candidates of `backends` (default: the benchmarker's;
+    offline, None: any stored), complete for every size the policy needs and every candidate
+    that fits `cap`; only what the cache lacks is measured, backend by backend. With no
+    benchmarker, tables come from the cache's measurements on `device`, and missing ones raise
+    MissingMeasurementsError."""
     problems = list({p.key: p for p in problems}.values())
     device = benchmarker.device if benchmarker else device
     if device is None:
         raise ValueError("ensure_tables needs a benchmarker or the device whose measurements to use")
+    if backends is None and benchmarker is not None:
+        backends = benchmarker.backends.names
     tables = {}
     for done, p in enumerate(problems):
         if progress:
             progress(done, len(problems), p)
-        table = cache.table(p, device)
-        missing = table.missing(sizes_for(p), cap)
-        if missing and benchmarker is None:
-            raise MissingMeasurementsError(
-                f"no measurements of {p.describe()} at {describe_sizes(missing)} on "
-                f"{device.describe()} in the cache, and no GPU to measure them; run `ucudnn bench` "
-                "for this network on such a GPU, or point --cache at a database that has them",
-                problem=p, missing=missing)
-        if missing:
-            cache.record(p, device, benchmarker.measure(p, missing, cap))
-            table = cache.table(p, device)
+        table = cache.table(p, device).only(backends)
+        if benchmarker is None:
+            _check_offline(table, p, sizes_for(p), cap, device, backends)
+        for backend in backends or ():
+            missing = table.only([backend]).missing(sizes_for(p), cap) if benchmarker else []
+            if missing:
+                cache.record(p, device, benchmarker.measure(p, missing, cap, backend=backend))
+                table = cache.table(p, device).only(backends)
         tables[p.key] = table
     if progress and problems:
         progress(len(problems), len(problems), problems[-1])
     return tables
+
+
+def _check_offline(table: KernelTable, p: ConvProblem, sizes: Sequence[int], cap: int | None,
+                   device: DeviceInfo, backends: Sequence[str] | None) -> None:
+    missing = table.missing(sizes, cap)
+    if missing:
+        which = f" of backend {'/'.join(backends)}" if backends else ""
+        raise MissingMeasurementsError(
+            f"no measurements{which} of {p.describe()} at {describe_sizes(missing)} on "
+            f"{device.describe()} in the cache, and no GPU to measure them; run `ucudnn bench` "
+            "for this network on such a GPU, or point --cache at a database that has them",
+            problem=p, missing=missing)

@@ -8,6 +8,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Mapping
 
+from .backends import CHOICES as BACKEND_CHOICES
 from .cache.paths import CACHE_VARIABLE
 from .device import EXECUTIONS
 from .errors import ConfigError
@@ -95,12 +96,20 @@ class Settings:
     total_workspace_limit: int | None = None  # whole network, WD; None: workspace_limit x kernels
     optimizer: str = "wr"
     execution: str = "graph"  # how a kernel's calls run, and so how it is benchmarked (ucudnn.graphs)
+    backend: str = ""  # candidates from: all, engines, legacy; "": all where the frontend imports (ucudnn.backends)
     verbose: bool = False
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 
     def sizes(self, batch: int) -> tuple[int, ...]:
         """The micro-batch sizes the batch size policy considers for a mini-batch of `batch`."""
         return batch_sizes(self.batch_size_policy, batch)
+
+    def backends(self, *, gpu: bool = True) -> tuple[str, ...]:
+        """The backends whose candidates are considered. Offline (gpu=False) the unset default
+        is every backend, whatever is installed: measurements of any can be used."""
+        from .backends import resolve
+
+        return resolve(self.backend, frontend=None if gpu else True)
 
     def sizes_for(self, problem) -> tuple[int, ...]:
         """sizes() of a kernel's batch (what benchmark.ensure_tables asks for)."""
@@ -149,6 +158,7 @@ _PARSERS = {
     "total_workspace_limit": parse_size,
     "optimizer": lambda v, n: _choice(v, n, OPTIMIZERS),
     "execution": lambda v, n: _choice(v, n, EXECUTIONS),
+    "backend": lambda v, n: _choice(v, n, BACKEND_CHOICES),
     "verbose": _flag,
     "cache_path": lambda v, n: str(v),
 }

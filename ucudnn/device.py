@@ -39,6 +39,9 @@ class Hardware:
     cudnn_version: int
     driver_version: int = 0
     host: str = field(default_factory=socket.gethostname)
+    # nvidia-cudnn-frontend's version where the engines were measured ('' : legacy only). Not part
+    # of the reuse key: engines and their knobs are cuDNN's, the frontend only lists and wraps them.
+    frontend_version: str = ""
 
     def describe(self) -> str:
         v = self.cudnn_version

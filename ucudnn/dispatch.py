@@ -1,8 +1,8 @@
-"""Run a configuration: one cuDNN call per micro-batch, operands offset along N.
+"""Run a configuration: one call per micro-batch, operands offset along N.
 
 The steps (which samples, which byte offsets, which alpha/beta) are pure and shared by every
-executor: the cuDNN executor on the GPU (bindings/executor.py) and the NumPy executor the CPU
-tests check it with (tests/executors.py).
+executor: the backends on the GPU (ucudnn.backends) and the NumPy executor the CPU tests check
+them with (tests/executors.py).
 Operands are named after the forward convolution: x (input), w (filter), y (output). F reads x
 and w and writes y; BD reads y (dy) and w and writes x (dx); BF reads x and y (dy) and writes w (dw).
 """
@@ -18,33 +18,46 @@ from .problem import ConvKind, ConvProblem
 
 @dataclass(frozen=True)
 class Step:
-    """One cuDNN call: algorithm `algo` on samples [first_sample, first_sample + problem.batch)."""
+    """One call: candidate `algo` (e.g. 'legacy:FFT') on samples [first_sample,
+    first_sample + problem.batch), part `part` of the `parts` calls of a configuration."""
 
     problem: ConvProblem  # the micro-batch kernel
-    algo: int
+    algo: str
     first_sample: int
     x_offset: int  # bytes from the start of x (dx for BD)
     y_offset: int  # bytes from the start of y (dy for BD and BF)
     alpha: float
-    beta: float
+    beta: float  # the caller's
+    part: int = 0
+    parts: int = 1
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether this is a backward-filter call of several: each adds its samples' share to dw."""
+        return self.problem.kind is ConvKind.BACKWARD_FILTER and self.parts > 1
+
+    @property
+    def call_beta(self) -> float:
+        """The beta of this call where a call takes alpha and beta (legacy cuDNN, NumPy): BF
+        applies the caller's beta in its first call, then adds (beta = 1)."""
+        return 1.0 if self.accumulates and self.part > 0 else self.beta
 
 
 def steps(problem: ConvProblem, configuration: Configuration, alpha: float = 1.0,
          beta: float = 0.0) -> list[Step]:
     """The calls that run `configuration` on `problem`. F and BD apply alpha and beta to each
-    slice of their output; BF accumulates into the whole dw: beta first, then 1."""
+    slice of their output; BF accumulates into the whole dw (Step.call_beta)."""
     if configuration.batch != problem.batch:
         raise ConfigError(
             f"configuration covers {configuration.batch} samples but the kernel has batch "
             f"{problem.batch}; optimize it for this batch size"
         )
-    steps, first = [], 0
+    steps, first, parts = [], 0, len(configuration.micro)
     for i, part in enumerate(configuration.micro):
-        accumulate = problem.kind is ConvKind.BACKWARD_FILTER and i > 0
         steps.append(Step(
             problem=problem.with_batch(part.batch), algo=part.algo, first_sample=first,
             x_offset=first * problem.sample_bytes("x"), y_offset=first * problem.sample_bytes("y"),
-            alpha=alpha, beta=1.0 if accumulate else beta,
+            alpha=alpha, beta=beta, part=i, parts=parts,
         ))
         first += part.batch
     return steps

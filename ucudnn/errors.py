@@ -30,6 +30,15 @@ class LibraryNotFoundError(UcudnnError, OSError):
     """libcudnn (or the CUDA runtime) could not be found or loaded."""
 
 
+class BackendUnavailableError(UcudnnError, ImportError):
+    """A backend the settings ask for cannot be used here (e.g. `engines` without nvidia-cudnn-frontend)."""
+
+
+class CandidateError(UcudnnError):
+    """A configuration names a candidate its backend cannot build or run here (e.g. measured with
+    another cuDNN): re-measure the kernel (ucudnn bench) or pick another backend."""
+
+
 class GpuUnavailableError(UcudnnError):
     """A GPU is needed for this (benchmarking, dispatch) but none is usable."""
 

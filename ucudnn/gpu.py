@@ -19,8 +19,10 @@ def cupy():
     return cp
 
 
-def device_info(device: int | None = None) -> DeviceInfo:
-    """The current (or given) GPU and the loaded cuDNN."""
+def device_info(device: int | None = None, backends: tuple[str, ...] = ()) -> DeviceInfo:
+    """The current (or given) GPU and the loaded cuDNN (and the frontend's version where
+    `backends` includes the engines)."""
+    from .backends.base import frontend_version
     from .bindings import cudnn
 
     cp = cupy()
@@ -28,7 +30,8 @@ def device_info(device: int | None = None) -> DeviceInfo:
     props = cp.cuda.runtime.getDeviceProperties(device)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     return DeviceInfo(gpu_name=name, compute_capability=f"{props['major']}.{props['minor']}",
-                      cudnn_version=cudnn.version(), driver_version=cp.cuda.runtime.driverGetVersion())
+                      cudnn_version=cudnn.version(), driver_version=cp.cuda.runtime.driverGetVersion(),
+                      frontend_version=frontend_version() if "engines" in backends else "")
 
 
 def random_array(shape: tuple[int, ...], dtype: str, seed: int = 0):

@@ -12,13 +12,13 @@ import functools
 from typing import Any, Callable
 
 from . import gpu
+from .backends import open_backends
 from .benchmark import Benchmarker, CudnnBenchmarker
 from .bindings import cudnn
 from .bindings.enums import VIRTUAL_ALGO
-from .bindings.executor import CudnnExecutor
 from .config import Settings
 from .dispatch import compile_program
-from .graphs import GraphedProgram, cudnn_capturer
+from .graphs import GraphCapturer, GraphedProgram
 from .optimizers.configuration import Configuration
 from .assignment import Assignment, Assignments
 from .problem import ConvProblem
@@ -41,22 +41,21 @@ class Handle:
         self.cudnn_handle = cudnn.create_handle() if cudnn_handle is None else cudnn_handle
         self._as_parameter_ = self.cudnn_handle
         self.stream = gpu.current_stream() if stream is None else stream
-        cudnn.set_stream(self.cudnn_handle, self.stream)
-        self.executor = CudnnExecutor(self.cudnn_handle)
+        self.backends = open_backends(self.settings.backend, self.cudnn_handle, self.stream)
         self.assignments = Assignments(
             self.settings, cache if cache is not None else Cache(self.settings.cache_path),
-            benchmarker=lambda: benchmarker or CudnnBenchmarker(stream=self.stream,
-                                                                execution=self.settings.execution),
+            benchmarker=lambda: benchmarker or CudnnBenchmarker(stream=self.stream, execution=self.settings.execution,
+                                                                backend=self.settings.backend),
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
         self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
-        self._capturer = (cudnn_capturer(self.cudnn_handle, lambda: self.stream)
+        self._capturer = (GraphCapturer(self.backends.set_stream, lambda: self.stream)
                           if self.settings.execution == "graph" else None)
 
     def set_stream(self, stream: int) -> None:
         """Later convolutions run on `stream` (a cudaStream_t address)."""
         self.stream = stream
-        cudnn.set_stream(self.cudnn_handle, stream)
+        self.backends.set_stream(stream)
 
     def query(self, problem: ConvProblem) -> tuple[int, int]:
         """(algorithm, workspace bytes) to report for an algorithm query: virtual and zero."""
@@ -82,7 +81,7 @@ class Handle:
                 beta: float = 0.0) -> Callable[[int, int, int, int, int], None]:
         """`configuration` compiled for this handle: run(x, w, y, workspace, workspace_size)
         on device addresses, as the execution setting says (graph: see ucudnn.graphs)."""
-        program = compile_program(problem, configuration, self.executor, alpha, beta)
+        program = compile_program(problem, configuration, self.backends, alpha, beta)
         if self._capturer is None:
             return program
         return GraphedProgram(program, self._capturer, problem.describe())
@@ -137,7 +136,7 @@ class Handle:
 
     def __repr__(self) -> str:
         s = self.settings
-        return (f"ucudnn.Handle(optimizer={s.optimizer!r}, policy={s.batch_size_policy!r}, "
+        return (f"ucudnn.Handle(optimizer={s.optimizer!r}, backends={self.backends.names}, policy={s.batch_size_policy!r}, "
                 f"workspace_limit={s.workspace_limit}, execution={s.execution!r}, kernels={len(self)})")
 
 

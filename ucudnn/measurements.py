@@ -1,4 +1,6 @@
-"""Measured time and workspace of cuDNN algorithms at micro-batch sizes: t(a, b) and ws(a, b)."""
+"""Measured time and workspace of candidates at micro-batch sizes: t(a, b) and ws(a, b).
+
+A candidate `a` is named `backend:name` (ucudnn.backends), e.g. 'legacy:FFT_TILING'."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,9 +17,9 @@ STATUSES = (OK, UNSUPPORTED, FAILED, OUT_OF_MEMORY, OVER_CAP)
 
 @dataclass(frozen=True)
 class Measurement:
-    """Algorithm `algo` on a micro-batch of `batch` samples: median time and workspace bytes."""
+    """Candidate `algo` on a micro-batch of `batch` samples: median time and workspace bytes."""
 
-    algo: int
+    algo: str
     batch: int
     time_ms: float | None
     workspace: int
@@ -46,6 +48,13 @@ class KernelTable:
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_batch.values())
+
+    def only(self, backends: Iterable[str] | None) -> "KernelTable":
+        """The measurements of candidates of `backends` (None: all of them)."""
+        if backends is None:
+            return self
+        prefixes = tuple(f"{b}:" for b in backends)
+        return KernelTable(m for m in self if str(m.algo).startswith(prefixes))
 
     @property
     def sizes(self) -> tuple[int, ...]:

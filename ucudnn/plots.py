@@ -7,7 +7,7 @@ from pathlib import Path
 from .config import format_size
 from .errors import ConfigError
 from .optimizers.configuration import Configuration
-from .report import KernelReport, Report, algo_name
+from .report import KernelReport, Report
 
 MIB = 2**20
 
@@ -76,7 +76,7 @@ def _draw_parts(ax, row: KernelReport, front: list[Configuration]) -> None:
             left += m.batch
     for i, (algo, polygons) in enumerate(sorted(boxes.items())):
         ax.add_collection(PolyCollection(polygons, facecolor=f"C{i % 10}", edgecolor="white",
-                                         label=algo_name(row.kernel.problem.kind, algo)))
+                                         label=algo))
     ax.autoscale_view()
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize="small")
 

@@ -16,16 +16,6 @@ from .measurements import KernelTable
 from .nets import Kernel, find_kernel
 from .optimizers.configuration import Configuration
 from .optimizers.wr import optimize_wr
-from .problem import ConvKind
-
-
-def algo_name(kind: ConvKind, algo: int) -> str:
-    """cuDNN's name of an algorithm, or its number where the bindings are not importable."""
-    try:
-        from .bindings.enums import algo_name as name
-    except ImportError:
-        return f"algo {algo}"
-    return name(kind, algo)
 
 
 @dataclass(frozen=True)
@@ -40,14 +30,13 @@ class KernelReport:
         return self.undivided.time_ms / self.configuration.time_ms
 
     def describe(self, configuration: Configuration) -> str:
-        return configuration.describe(lambda algo: algo_name(self.kernel.problem.kind, algo))
+        return configuration.describe()
 
 
 def _configuration_json(row: KernelReport, configuration: Configuration) -> dict:
     return {"time_ms": configuration.time_ms, "workspace": configuration.workspace,
             "description": row.describe(configuration),
-            "micro": [{**part, "algo_name": algo_name(row.kernel.problem.kind, part["algo"])}
-                      for part in configuration.to_json()]}
+            "micro": configuration.to_json()}
 
 
 @dataclass(frozen=True)

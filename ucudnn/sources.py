@@ -32,13 +32,15 @@ class Measurements:
     measured: bool
 
 
-def complete_tables(problems: Sequence[ConvProblem], policy: str, cap: int | None, source,
+def complete_tables(problems: Sequence[ConvProblem], settings: Settings, cap: int | None, source,
                     benchmarker: Benchmarker | None, progress: Progress | None = None, *,
                     device: Provenance | None = None) -> dict[str, KernelTable]:
-    """Tables complete for the policy's sizes within `cap` bytes and for the whole batch with no
-    cap (the unlimited reference); `source` (a Cache or database) lacks only what is measured."""
-    ensure_tables(problems, Settings(batch_size_policy=policy).sizes_for, cap, source, benchmarker, progress, device=device)
-    return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device)
+    """Tables of the settings' backends complete for the policy's sizes within `cap` bytes and
+    for the whole batch with no cap (the unlimited reference); `source` (a Cache or database)
+    lacks only what is measured."""
+    backends = settings.backends(gpu=benchmarker is not None)
+    ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress, device=device, backends=backends)
+    return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device, backends=backends)
 
 
 def open_database(path: str | Path | None, check: bool = True) -> BenchmarkDatabase:
@@ -85,14 +87,13 @@ def tables_for(problems: Sequence[ConvProblem], settings: Settings, cap: int | N
     problems = list(problems)
     measure = gpu_available() if measure is None else measure
     if measure:
-        benchmarker = CudnnBenchmarker(execution=settings.execution)
+        benchmarker = CudnnBenchmarker(execution=settings.execution, backend=settings.backend)
         source, device = Cache(cache_path(settings.cache_path)), benchmarker.device
     else:
         benchmarker, source = None, open_database(cache_path(settings.cache_path, readonly=True))
         device = device_with_most(source, problems, settings.execution)
     try:
-        tables = complete_tables(problems, settings.batch_size_policy, cap, source, benchmarker, progress,
-                                 device=device)
+        tables = complete_tables(problems, settings, cap, source, benchmarker, progress, device=device)
     except MissingMeasurementsError as exc:
         if explain is None or measure:
             raise

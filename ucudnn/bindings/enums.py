@@ -54,6 +54,16 @@ def algo_count(kind: ConvKind | str) -> int:
     return len(ALGORITHMS[ConvKind(kind)])
 
 
+def algo_number(kind: ConvKind | str, name: str) -> int:
+    """The enum value of algorithm `name` (as algo_name gives it) for this kind of kernel."""
+    names = ALGORITHMS[ConvKind(kind)]
+    if name in names:
+        return names.index(name)
+    if name.startswith("ALGO_") and name[5:].isdigit():
+        return int(name[5:])
+    raise ValueError(f"{name!r} is not a cuDNN {ConvKind(kind).value} algorithm; use one of {', '.join(names)}")
+
+
 class AlgoPerf(ctypes.Structure):
     """cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t: the three share this layout."""
 

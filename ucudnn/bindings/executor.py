@@ -8,6 +8,7 @@ from ..errors import CudnnError
 from ..problem import ConvProblem
 from . import cudnn
 from .convolution import ROLES, function_name
+from .enums import algo_number
 from .descriptors import KernelDescriptors
 
 _INDEX = {"x": 0, "w": 1, "y": 2}
@@ -31,11 +32,12 @@ class CudnnExecutor:
         descs = self.descriptors(p)
         name = function_name(p.kind)
         function = getattr(cudnn.lib(), name)
-        alpha, beta = cudnn.scalar(step.alpha, p.dtype), cudnn.scalar(step.beta, p.dtype)
+        alpha, beta = cudnn.scalar(step.alpha, p.dtype), cudnn.scalar(step.call_beta, p.dtype)
         offsets = {"x": step.x_offset, "w": 0, "y": step.y_offset}
         (i1, o1), (i2, o2), (i3, o3) = ((_INDEX[r], offsets[r]) for r in ROLES[p.kind])
         d1, d2, d3 = (descs[r] for r in ROLES[p.kind])
-        handle, conv, algo, alpha_ref, beta_ref = self.handle, descs.conv, step.algo, byref(alpha), byref(beta)
+        handle, conv, alpha_ref, beta_ref = self.handle, descs.conv, byref(alpha), byref(beta)
+        algo = algo_number(p.kind, step.algo.partition(":")[2])
 
         def call(x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
             operands = (x, w, y)

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import sqlite_utils
 
+from ..backends import split_id
 from ..device import Provenance
 from ..errors import CacheError, DamagedDatabaseError
 from ..measurements import OK, STATUSES, KernelTable, Measurement
@@ -30,7 +31,7 @@ ROWS_PER_TRANSACTION = 1000  # bulk writes (merge, import) keep each lock short 
 # Shape keys go in as one JSON array and come back as their index in it (small ints are cheaper
 # than long strings); CROSS JOIN makes SQLite walk the keys and search the primary key for each.
 _LOOKUP = (
-    "SELECT k.key, m.algo, m.batch, m.time_ms, m.workspace, m.status, m.repeats "
+    "SELECT k.key, m.backend || ':' || m.algo, m.batch, m.time_ms, m.workspace, m.status, m.repeats "
     "FROM json_each(:keys) k CROSS JOIN measurements m "
     "WHERE m.gpu_name = :gpu AND m.cudnn_version = :cudnn AND m.execution = :execution "
     "AND m.shape_key = k.value"
@@ -51,13 +52,14 @@ def _now() -> str:
 
 
 def _measurement_row(device: Provenance, shape_key: str, m: Measurement, recorded_at: str) -> dict:
+    backend, name = split_id(m.algo)
     return {
         "gpu_name": device.gpu_name, "cudnn_version": device.cudnn_version, "execution": device.execution,
-        "shape_key": shape_key,
-        "batch": m.batch, "algo": m.algo, "time_ms": m.time_ms, "workspace": m.workspace,
+        "shape_key": shape_key, "batch": m.batch, "backend": backend, "algo": name,
+        "time_ms": m.time_ms, "workspace": m.workspace,
         "status": m.status, "repeats": m.repeats, "compute_capability": device.compute_capability,
         "driver_version": device.driver_version, "host": device.host, "recorded_at": recorded_at,
-        "timing": device.timing,
+        "timing": device.timing, "frontend_version": device.frontend_version,
     }
 
 
@@ -173,8 +175,9 @@ class BenchmarkDatabase:
 
     def devices(self) -> list[Provenance]:
         """Every distinct provenance (GPU, compute capability, cuDNN, driver, host, execution) present."""
-        sql = ("SELECT DISTINCT gpu_name, compute_capability, cudnn_version, driver_version, host, execution "
-               "FROM measurements ORDER BY gpu_name, cudnn_version, execution, host, driver_version")
+        group = "gpu_name, compute_capability, cudnn_version, driver_version, host, execution"
+        sql = (f"SELECT {group}, max(frontend_version) AS frontend_version FROM measurements GROUP BY {group} "
+               "ORDER BY gpu_name, cudnn_version, execution, host, driver_version")
         return [Provenance(**row) for row in self._read(lambda: list(self._db.query(sql)))]
 
     def kernels(self, device: Provenance | None = None) -> list[tuple[ConvProblem, int]]:
@@ -247,7 +250,8 @@ def read_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
             raise CacheError(f"no \"format\": \"{EXPORT_FORMAT}\"")
         if document.get("schema_version", 0) > schema.SCHEMA_VERSION:
             raise schema.NewerSchemaError(Path(path), document["schema_version"])
-        kernels, rows = list(document["kernels"]), [{**schema.DEFAULTS, **row} for row in document["measurements"]]
+        kernels = list(document["kernels"])
+        rows = [schema.legacy_row({**schema.DEFAULTS, **row}) for row in document["measurements"]]
     except schema.NewerSchemaError:
         raise
     except (ValueError, KeyError, TypeError, CacheError) as error:  # ValueError: bad JSON or UTF-8

@@ -13,25 +13,29 @@ from typing import Callable
 
 import sqlite_utils
 
+from ..bindings.enums import algo_name
 from ..device import TIMING_PRESETS
 from ..errors import CacheError
 
-SCHEMA_VERSION = 3
-# A file this old or newer is read without migrating it (a read-only file cannot be): v3 only
-# added `timing`, which no read needs.
-READABLE_FROM = 2
+SCHEMA_VERSION = 4
+# A file this old or newer is read without migrating it (a read-only file cannot be): v4 named
+# candidates by backend and name, which every read needs.
+READABLE_FROM = 4
 
-KEY = ("gpu_name", "cudnn_version", "execution", "shape_key", "batch", "algo")
+KEY = ("gpu_name", "cudnn_version", "execution", "shape_key", "batch", "backend", "algo")
 MEASUREMENT_COLUMNS = {
-    "gpu_name": str, "cudnn_version": int, "execution": str, "shape_key": str, "batch": int, "algo": int,
+    "gpu_name": str, "cudnn_version": int, "execution": str, "shape_key": str, "batch": int,
+    "backend": str, "algo": str,
     "time_ms": float, "workspace": int, "status": str, "repeats": int,
     "compute_capability": str, "driver_version": int, "host": str, "recorded_at": str, "timing": str,
+    "frontend_version": str,
 }
 # What rows of older files (and exports) that lack a column are given: before v2 every
 # measurement was timed one host call at a time, as direct execution runs it; before v3 every
-# measurement ucudnn shipped was taken with the default timing.
+# measurement ucudnn shipped was taken with the default timing; before v4 every one was of the
+# legacy API.
 DEFAULTS = {"execution": "direct", "repeats": 0, "compute_capability": "", "driver_version": 0, "host": "",
-            "recorded_at": "", "timing": TIMING_PRESETS[0]}
+            "recorded_at": "", "timing": TIMING_PRESETS[0], "backend": "legacy", "frontend_version": ""}
 KERNEL_COLUMNS = {"shape_key": str, "problem": str}  # problem: ConvProblem.to_dict() JSON, batch 1
 
 _placeholders = ", ".join(f":{c}" for c in MEASUREMENT_COLUMNS)
@@ -117,8 +121,33 @@ def _to_v3(db: sqlite_utils.Database) -> None:
     _add_missing_columns(db["measurements"], {"timing": str})
 
 
+def legacy_row(row: dict) -> dict:
+    """A measurement row of schema v3 or older (algorithm number, no backend) as v4 has it:
+    backend 'legacy', the algorithm by cuDNN's name (ucudnn.bindings.enums.algo_name)."""
+    if "backend" in row and not str(row["algo"]).lstrip("-").isdigit():
+        return row
+    kind = row["shape_key"].split("|", 1)[0]
+    return {**DEFAULTS, **row, "backend": "legacy", "algo": algo_name(kind, int(row["algo"]))}
+
+
+def _to_v4(db: sqlite_utils.Database) -> None:
+    """v3 to v4: candidates named `backend`, `algo` (text) in the key, and the frontend's version
+    as provenance; every older row is of the legacy API (the table is copied: the key changes;
+    a table that earlier steps made with the v4 columns gets its algorithm numbers named)."""
+    _create_measurements(db, "measurements_v4")
+    columns = list(MEASUREMENT_COLUMNS)
+    insert = f"INSERT INTO measurements_v4 ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    rows = db.execute("SELECT * FROM measurements")
+    names = [d[0] for d in rows.description]
+    for chunk in iter(lambda: rows.fetchmany(10_000), []):
+        converted = (legacy_row(dict(zip(names, values))) for values in chunk)
+        db.conn.executemany(insert, [tuple(r[c] for c in columns) for r in converted])
+    db.execute("DROP TABLE measurements")
+    db.execute("ALTER TABLE measurements_v4 RENAME TO measurements")
+
+
 # MIGRATIONS[v] brings a file of version v to version v + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1, _to_v2, _to_v3]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1, _to_v2, _to_v3, _to_v4]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -10,7 +10,6 @@ from ..config import format_size
 from ..coverage import recordings
 from ..errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
 from ..nets import find_kernel
-from ..report import algo_name
 from ..sources import devices_in, open_database
 from .arguments import target
 from .commands import kernels_of
@@ -64,7 +63,7 @@ def cache_show(args) -> int:
     for device, measured in found:
         print(f"\n{device.describe()}")
         print(table(("micro-batch", "algorithm", "status", "ms", "workspace", "repeats"), [
-            (m.batch, algo_name(kernel.problem.kind, m.algo), m.status,
+            (m.batch, m.algo, m.status,
              "" if m.time_ms is None else ms(m.time_ms), format_size(m.workspace), m.repeats)
             for m in ordered(measured)]))
     return 0

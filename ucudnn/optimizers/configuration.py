@@ -1,4 +1,4 @@
-"""A configuration: the micro-configurations (algorithm, micro-batch size) a kernel runs in sequence."""
+"""A configuration: the micro-configurations (candidate, micro-batch size) a kernel runs in sequence."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +7,10 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class MicroConfig:
-    """Run cuDNN algorithm `algo` on `batch` samples; measured `time_ms` and `workspace` bytes."""
+    """Run candidate `algo` (e.g. 'legacy:FFT', ucudnn.backends) on `batch` samples; measured
+    `time_ms` and `workspace` bytes."""
 
-    algo: int
+    algo: str
     batch: int
     time_ms: float
     workspace: int
@@ -34,8 +35,8 @@ class Configuration:
     def batch(self) -> int:
         return sum(m.batch for m in self.micro)
 
-    def describe(self, algo_name: Callable[[int], str] = str) -> str:
-        """e.g. '2 x 128 FFT_TILING + 1 x 32 WINOGRAD' (runs of equal parts grouped)."""
+    def describe(self, algo_name: Callable[[str], str] = str) -> str:
+        """e.g. '2 x 128 legacy:FFT_TILING + 1 x 32 engines:eng0' (runs of equal parts grouped)."""
         groups: list[list] = []
         for m in self.micro:
             if groups and groups[-1][1:] == [m.batch, m.algo]:

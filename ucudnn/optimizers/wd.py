@@ -195,10 +195,10 @@ def _binary(problem: pulp.LpProblem, name: str) -> pulp.LpVariable:
 
 
 def breakdown_table(result: WDResult, names: Sequence[str] | None = None,
-                    algo_name: Callable[[str, int], str] | None = None) -> str:
+                    algo_name: Callable[[str, str], str] | None = None) -> str:
     """The division as a plain-text table (the paper's Fig. 14): per kernel, in `names` order
     (default: the kernels'), its configuration, time per run, workspace and share of the buffer.
-    `algo_name(kernel name, algo)` names algorithms (default: their numbers)."""
+    `algo_name(kernel name, candidate)` names candidates (default: their ids)."""
     names = list(result.configurations) if names is None else list(names)
     buffer = result.total_workspace or 1
     rows = [("kernel", "configuration", "time ms", "workspace MiB", "share %")]

@@ -180,12 +180,11 @@ class Context:
 
 
 def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel) -> dict:
-    from ...bindings.enums import algo_name
 
     out = dict(kind=kind.value, kernel=kernel.problem.describe(), via=kernel.via)
     if isinstance(kernel, UcudnnKernel):
         configuration = kernel.assignment.configuration
-        out.update(configuration=configuration.describe(lambda a: algo_name(kind, a)),
+        out.update(configuration=configuration.describe(),
                    parts=len(configuration.micro), workspace=kernel.assignment.workspace_size,
                    predicted_ms=configuration.time_ms)
     return out

@@ -1,0 +1,168 @@
+"""GPU: the engines backend (cuDNN's graph API through nvidia-cudnn-frontend). Micro-batched
+engine dispatch equals the undivided engine call and a float64 reference for F, BD and BF over
+random shapes (groups, dilations, strides, odd batches; fp32 with and without TF32, fp16; NCHW
+and NHWC); micro-batched half-precision dW, summed in float32, stays within 2x the undivided
+call's error; the benchmarker lists, times and names engine candidates."""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from executors import dispatch
+from gpu_support import CASES, OUTPUT, expected, host_operands, random_problem, relative_error
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
+from ucudnn.problem import ConvKind, ConvProblem
+
+pytestmark = pytest.mark.gpu
+SHAPES_PER_CASE = int(os.environ.get("UCUDNN_ENGINE_TEST_SHAPES", "17"))  # 6 cases x 17 = 102 per op
+ENGINE_BOUND = {"float32": {"fma": 1e-5, "default": 2e-3}, "float16": {"tensor_op": 1e-2}}
+RESULTS: list[dict] = []
+
+
+@pytest.fixture(scope="module")
+def engines():
+    pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
+    from ucudnn import gpu
+    from ucudnn.backends.engines import EnginesBackend
+
+    backend = EnginesBackend()
+    backend.set_stream(gpu.current_stream())
+    yield backend
+    if os.environ.get("UCUDNN_RESULTS_DIR"):
+        with open(os.path.join(os.environ["UCUDNN_RESULTS_DIR"], "engine_dispatch_errors.json"), "w") as f:
+            json.dump(RESULTS, f)
+
+
+def pick(rng, engines, problem: ConvProblem, batch: int, first: bool = False) -> tuple[str, int] | None:
+    """A candidate of micro-batch kernel `problem` that builds (heuristics' first, or a random
+    one), with its workspace; None if the graph API has none."""
+    from ucudnn.backends import candidate_id, partials
+
+    graph = engines.graph(problem)
+    names = list(graph.index)
+    order = names if first else [names[i] for i in rng.permutation(len(names))]
+    for name in order:
+        built = graph.build(name)
+        if not isinstance(built, str):
+            return candidate_id("engines", name), built + partials.buffer_bytes(problem, batch)
+    return None
+
+
+def random_configuration(rng, engines, problem: ConvProblem) -> Configuration | None:
+    parts = int(rng.integers(2, min(4, problem.batch) + 1)) if problem.batch > 1 else 1
+    cuts = sorted(rng.choice(np.arange(1, problem.batch), parts - 1, replace=False)) if parts > 1 else []
+    micro = []
+    for b in map(int, np.diff([0, *cuts, problem.batch])):
+        found = pick(rng, engines, problem.with_batch(b), problem.batch)
+        if found is None:
+            return None
+        micro.append(MicroConfig(found[0], b, 0.0, found[1]))
+    return Configuration(tuple(micro))
+
+
+def run(engines, problem, configuration, host, alpha, beta) -> np.ndarray:
+    import cupy as cp
+
+    from ucudnn import gpu
+
+    device = {role: cp.asarray(array) for role, array in host.items()}
+    workspace = gpu.alloc(configuration.workspace)
+    dispatch(problem, configuration, engines, *(device[r].data.ptr for r in "xwy"),
+             alpha, beta, workspace.ptr, configuration.workspace)
+    cp.cuda.get_current_stream().synchronize()
+    return cp.asnumpy(device[OUTPUT[problem.kind]])
+
+
+@pytest.mark.parametrize("kind", list(ConvKind), ids=str)
+@pytest.mark.parametrize("dtype,math,layout,bound", CASES, ids=lambda v: str(v))
+def test_engine_dispatch_equals_undivided_and_reference(engines, kind, dtype, math, layout, bound):
+    rng = np.random.default_rng(zlib.crc32(f"engines{kind}{dtype}{math}{layout}".encode()))
+    bound = ENGINE_BOUND[dtype][math]
+    checked, worst = 0, 0.0
+    for _ in range(SHAPES_PER_CASE):
+        problem = random_problem(rng, kind, dtype, math, layout)
+        whole_pick = pick(rng, engines, problem, problem.batch, first=True)
+        split = random_configuration(rng, engines, problem)
+        if whole_pick is None or split is None:
+            RESULTS.append(dict(problem=problem.describe(), skipped="no engine builds"))
+            continue
+        host = host_operands(rng, problem)
+        alpha, beta = float(rng.uniform(0.5, 2.0)), float(rng.choice([0.0, rng.uniform(-1, 1)]))
+        want = expected(problem, host, alpha, beta)
+        whole = Configuration((MicroConfig(whole_pick[0], problem.batch, 0.0, whole_pick[1]),))
+        got_split = run(engines, problem, split, host, alpha, beta)
+        got_whole = run(engines, problem, whole, host, alpha, beta)
+        errors = (relative_error(got_split, want), relative_error(got_whole, want),
+                  relative_error(got_split, got_whole.astype(np.float64)))
+        RESULTS.append(dict(problem=problem.describe(), split=split.describe(), errors=errors))
+        checked, worst = checked + 1, max(worst, errors[0])
+        assert errors[0] <= bound and errors[1] <= bound and errors[2] <= 2 * bound, (
+            f"{problem.describe()} split {split.describe()}: error vs reference {errors[0]:.2e}, "
+            f"undivided vs reference {errors[1]:.2e}, split vs undivided {errors[2]:.2e}, bound {bound:.0e}")
+    print(f"engines {kind} {dtype} {math} {layout}: {checked} of {SHAPES_PER_CASE} shapes checked, "
+          f"worst error {worst:.2e} <= {bound:.0e}")
+    assert checked >= SHAPES_PER_CASE * 3 // 4, "the graph API ran too few of the shapes"
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_micro_batched_half_dw_is_summed_in_float32(engines, layout):
+    """dW of a 64-sample fp16 kernel in 8 micro-batches: error vs float64 at most 2x the
+    undivided call's (summed in the half output it was 8x, engines.md section 1)."""
+    rng = np.random.default_rng(7)
+    problem = ConvProblem("BF", (64, 32, 14, 14), (32, 32, 3, 3), pads=1, dtype="float16", layout=layout)
+    host = host_operands(rng, problem)
+    want = expected(problem, host, 1.0, 0.0)
+    first = pick(rng, engines, problem.with_batch(8), 64, first=True)
+    whole = pick(rng, engines, problem, 64, first=True)
+    split = Configuration(tuple(MicroConfig(first[0], 8, 0.0, first[1]) for _ in range(8)))
+    split_error = relative_error(run(engines, problem, split, host, 1.0, 0.0), want)
+    whole_error = relative_error(run(engines, problem, Configuration((MicroConfig(whole[0], 64, 0.0, whole[1]),)),
+                                     host, 1.0, 0.0), want)
+    print(f"fp16 dW {layout}: 8 x 8 {split_error:.2e}, undivided {whole_error:.2e}")
+    assert split_error <= 2 * whole_error
+
+
+def test_benchmarker_times_and_names_engine_candidates():
+    pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
+    from ucudnn.benchmark import CudnnBenchmarker
+    from ucudnn.measurements import OK
+
+    p = ConvProblem("F", (32, 64, 27, 27), (192, 64, 5, 5), pads=2)
+    bench = CudnnBenchmarker(backend="engines")
+    results = bench.measure(p, (8, 32), cap=64 * 2**20)
+    ok = [m for m in results if m.status == OK]
+    assert bench.device.frontend_version
+    assert ok and all(m.algo.startswith("engines:eng") and m.time_ms > 0 for m in ok)
+    precise = [m for m in ok if m.repeats > 1]
+    assert precise, "the fastest candidates must be timed again precisely"
+    fastest = min(ok, key=lambda m: m.time_ms)
+    assert fastest.repeats > 1
+    print(f"engines F b=8,32: {len(results)} measurements, {len(ok)} ok, {len(precise)} timed precisely")
+
+
+def test_handle_runs_engines_and_legacy_side_by_side(tmp_path):
+    """backend='all' at 64 MiB on AlexNet conv2: the handle's result matches float64, and the
+    chosen configuration says which backend runs each micro-batch."""
+    pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
+    import cupy as cp
+
+    from ucudnn import Handle
+
+    rng = np.random.default_rng(3)
+    for kind in ConvKind:
+        p = ConvProblem(kind, (64, 64, 27, 27), (192, 64, 5, 5), pads=2, math="fma")
+        host = host_operands(rng, p)
+        device = {r: cp.asarray(a) for r, a in host.items()}
+        with Handle(backend="all", workspace_limit="8MiB", cache_path=str(tmp_path / "cache.db")) as handle:
+            handle.convolve(p, device["x"], device["w"], device["y"])
+            cp.cuda.get_current_stream().synchronize()
+            config = handle.configuration(p)
+        got = cp.asnumpy(device[OUTPUT[kind]])
+        error = relative_error(got, expected(p, host, 1.0, 0.0))
+        print(f"{kind}: {config.describe()} error {error:.1e}")
+        assert all(m.algo.split(":")[0] in ("engines", "legacy") for m in config.micro)
+        assert error <= 5e-3  # FFT-class candidates round in the transformed domain (gpu_support)

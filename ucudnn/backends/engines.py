@@ -1,0 +1,248 @@
+"""The engines backend: cuDNN's graph API through nvidia-cudnn-frontend (module `cudnn`).
+
+Each micro-batch kernel is one frontend graph. Its candidates are every engine configuration
+that heuristics modes A, B and FALLBACK list, without those the numerics forbid, named by engine
+id and knobs (`get_plan_name_at_index`). Listing a candidate's workspace needs its plan built
+(0.05-1.5 s per graph for all of them), so a handle builds only the plans it runs, and the
+benchmarker drops the graphs of each kernel it has measured (`release`).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .. import gpu
+from ..dispatch import Call, Step
+from ..errors import BackendUnavailableError, CandidateError
+from ..measurements import FAILED, OK, UNSUPPORTED
+from ..problem import ConvKind, ConvProblem
+from . import partials
+from .base import Candidate, candidate_id, split_id
+
+NAME = "engines"
+NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where the graph API has no plan at all
+INSTALL = "pip install nvidia-cudnn-frontend (ucudnn's cuda12/cuda13 extras include it)"
+OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
+
+
+def frontend():
+    try:
+        import cudnn
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"backend 'engines' needs nvidia-cudnn-frontend, which does not import here ({exc}): "
+            f"{INSTALL}; or set backend='legacy' (UCUDNN_BACKEND=legacy)") from exc
+    return cudnn
+
+
+def strides(shape: tuple[int, ...], layout: str) -> list[int]:
+    """Element strides of a packed (N, C, *spatial) tensor stored as `layout`."""
+    order = list(range(len(shape))) if layout == "nchw" else [0, *range(2, len(shape)), 1]
+    result, step = [0] * len(shape), 1
+    for axis in reversed(order):
+        result[axis], step = step, step * shape[axis]
+    return result
+
+
+def excluded_notes(fe, problem: ConvProblem) -> list:
+    """Numerical notes a candidate must not carry under the kernel's math type: `fma` forbids
+    tensor cores (no TF32), and only `tensor_op_allow_conversion` allows down-converting inputs."""
+    notes = []
+    if problem.math == "fma":
+        notes.append(fe.numerical_note.TENSOR_CORE)
+    if problem.math != "tensor_op_allow_conversion":
+        notes.append(fe.numerical_note.DOWN_CONVERT_INPUTS)
+    return notes
+
+
+class KernelGraph:
+    """One micro-batch kernel as a frontend graph: its candidates by name, plans built on demand."""
+
+    def __init__(self, fe, problem: ConvProblem, handle: int):
+        self.fe, self.problem, self.handle = fe, problem, handle
+        self.graph, self.uids = self._make()
+        self.index: dict[str, int] = {}
+        self.built: dict[str, int | str] = {}  # name -> workspace bytes, or why it failed
+        try:
+            self.graph.create_execution_plans([fe.heur_mode.A, fe.heur_mode.B, fe.heur_mode.FALLBACK])
+            notes = excluded_notes(fe, problem)
+            if notes:
+                self.graph.deselect_numeric_notes(notes)
+            self.graph.check_support()
+        except Exception:  # cuDNN supports this graph with no engine (left): no candidates
+            return
+        for i in range(self.graph.get_execution_plan_count()):
+            try:
+                self.index.setdefault(self.graph.get_plan_name_at_index(i), i)
+            except Exception:
+                continue
+
+    def _make(self):
+        fe, p = self.fe, self.problem
+        io, compute = _data_type(fe, p.dtype), _data_type(fe, p.compute_type)
+        graph = fe.pygraph(io_data_type=io, intermediate_data_type=compute, compute_data_type=compute,
+                           handle=self.handle)
+        shapes = {"x": p.x_shape, "w": p.w_shape, "y": p.y_shape}
+        tensor = {role: graph.tensor(name=role, dim=list(shape), stride=strides(shape, p.layout), data_type=io)
+                  for role, shape in shapes.items() if role != OUTPUT[p.kind]}
+        conv = dict(padding=list(p.pads), stride=list(p.strides), dilation=list(p.dilations),
+                    convolution_mode=(fe.convolution_mode.CONVOLUTION if p.mode == "convolution"
+                                      else fe.convolution_mode.CROSS_CORRELATION),
+                    compute_data_type=compute)
+        if p.kind is ConvKind.FORWARD:
+            out = graph.conv_fprop(image=tensor["x"], weight=tensor["w"], **conv)
+        elif p.kind is ConvKind.BACKWARD_DATA:
+            out = graph.conv_dgrad(loss=tensor["y"], filter=tensor["w"], **conv)
+        else:
+            out = graph.conv_wgrad(image=tensor["x"], loss=tensor["y"], **conv)
+        role = OUTPUT[p.kind]
+        out.set_output(True).set_dim(list(shapes[role])).set_stride(strides(shapes[role], p.layout)).set_data_type(io)
+        tensor[role] = out
+        graph.validate()
+        graph.build_operation_graph()
+        return graph, {role: t.get_uid() for role, t in tensor.items()}
+
+    def build(self, name: str) -> int | str:
+        """The plan's workspace bytes, building it on first need; a str says why it failed."""
+        if name not in self.built:
+            try:
+                self.graph.build_plan_at_index(self.index[name])
+                self.built[name] = int(self.graph.get_workspace_size_plan_at_index(self.index[name]))
+            except Exception as exc:
+                self.built[name] = f"{type(exc).__name__}: {exc}"
+        return self.built[name]
+
+    def execute(self, name: str, pointers: dict[str, int], workspace: int) -> None:
+        self.graph.execute_plan_at_index({self.uids[r]: a for r, a in pointers.items()}, workspace,
+                                         self.index[name], handle=self.handle)
+
+
+def _data_type(fe, dtype: str):
+    return {"float32": fe.data_type.FLOAT, "float16": fe.data_type.HALF, "bfloat16": fe.data_type.BFLOAT16,
+            "float64": fe.data_type.DOUBLE}[dtype]
+
+
+class EnginesBackend:
+    """Candidates and calls of the graph API, on a frontend handle of its own."""
+
+    name = NAME
+
+    def __init__(self):
+        self.fe = frontend()
+        self.handle = self.fe.create_handle()
+        self.stream = 0
+        self._graphs: dict[str, KernelGraph] = {}
+
+    def graph(self, problem: ConvProblem) -> KernelGraph:
+        if problem.key not in self._graphs:
+            self._graphs[problem.key] = KernelGraph(self.fe, problem, self.handle)
+        return self._graphs[problem.key]
+
+    def candidates(self, problem: ConvProblem, batch: int) -> list[Candidate]:
+        try:
+            graph = self.graph(problem)
+        except Exception:  # the frontend refuses the graph itself (e.g. a layout it cannot express)
+            return [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
+        extra = partials.buffer_bytes(problem, batch)
+        found = []
+        for name in graph.index:
+            built = graph.build(name)
+            found.append(Candidate(candidate_id(NAME, name), 0, FAILED) if isinstance(built, str)
+                         else Candidate(candidate_id(NAME, name), built + extra, OK))
+        return found or [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
+
+    def prepare(self, step: Step) -> Call:
+        p, name = step.problem, split_id(step.algo)[1]
+        graph = self.graph(p)
+        plan_workspace = graph.build(name) if name in graph.index else "not listed by heuristics here"
+        if isinstance(plan_workspace, str):
+            raise CandidateError(f"candidate {step.algo} of {p.describe()} cannot be built here "
+                                 f"({plan_workspace}); re-measure the kernel (ucudnn bench) with this cuDNN")
+        target, combines = partials.route(step)
+        places = partials.offsets(plan_workspace, p)
+        scratch = _Scratch(p) if target == "partial" and not step.accumulates else None
+        offsets = {"x": step.x_offset, "w": 0, "y": step.y_offset}
+        out = OUTPUT[p.kind]
+        combine = functools.partial(_combine, p, self)
+
+        def call(x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
+            addresses = {"x": x + offsets["x"], "w": w, "y": y + offsets["y"]}
+            buffers = {"output": addresses[out], "accumulator": workspace + places["accumulator"],
+                       "partial": scratch.pointer() if scratch else workspace + places["partial"]}
+            if target == "partial":
+                addresses[out] = buffers["partial"]
+            graph.execute(name, addresses, workspace)
+            for c in combines:
+                combine(c, buffers)
+
+        return call
+
+    def set_stream(self, stream: int) -> None:
+        self.stream = stream
+        self.fe.set_stream(handle=self.handle, stream=stream)
+
+    def release(self) -> None:
+        """Forget the graphs and their plans; calls prepared from them keep what they run."""
+        self._graphs = {}
+
+
+def output_elements(problem: ConvProblem) -> int:
+    """Elements of the tensor the kernel writes (y, dx or dw)."""
+    shape = {"x": problem.x_shape, "w": problem.w_shape, "y": problem.y_shape}[OUTPUT[problem.kind]]
+    return int(np.prod(shape))
+
+
+class _Scratch:
+    """A partial buffer of the call's own, for an unaccumulated call that blends (alpha, beta):
+    frameworks call with alpha 1 and beta 0, so it is rarely made, and it is not workspace."""
+
+    def __init__(self, problem: ConvProblem):
+        self.nbytes, self.buffer = output_elements(problem) * problem.itemsize, None
+
+    def pointer(self) -> int:
+        if self.buffer is None:
+            self.buffer = gpu.alloc(self.nbytes)
+        return self.buffer.ptr
+
+
+def _combine(problem: ConvProblem, backend: EnginesBackend, c: partials.Combine, buffers: dict[str, int]) -> None:
+    """Run one Combine on the backend's stream, over the call's output elements."""
+    count = output_elements(problem)
+    dtype = {"accumulator": "float32"}
+    cp = gpu.cupy()
+    src = _view(cp, buffers[c.src], count, dtype.get(c.src, problem.dtype))
+    dst = _view(cp, buffers[c.dst], count, dtype.get(c.dst, problem.dtype))
+    with cp.cuda.ExternalStream(backend.stream):
+        _kernel(dtype.get(c.src, problem.dtype), dtype.get(c.dst, problem.dtype))(
+            src, cp.float32(c.alpha), cp.float32(c.beta), dst)
+
+
+_STORAGE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "float64": "float64"}
+_LOAD = {"bfloat16": "bf16_load({})"}
+_STORE = {"bfloat16": "bf16_store({})", "float16": "(float16)({})", "float32": "({})", "float64": "(double)({})"}
+_BF16 = """
+__device__ float bf16_load(unsigned short v) { return __uint_as_float(((unsigned int)v) << 16); }
+__device__ unsigned short bf16_store(float f) {
+    unsigned int u = __float_as_uint(f);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+
+
+def _view(cp, address: int, count: int, dtype: str):
+    itemsize = cp.dtype(_STORAGE[dtype]).itemsize
+    memory = cp.cuda.UnownedMemory(address, count * itemsize, None)
+    return cp.ndarray((count,), _STORAGE[dtype], cp.cuda.MemoryPointer(memory, 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(src: str, dst: str):
+    """dst = alpha * src + beta * dst in float32 (beta 0: dst is not read, so garbage stays out)."""
+    wide = "double" if "float64" in (src, dst) else "float"
+    load = lambda t, v: _LOAD.get(t, f"({wide})({{}})").format(v)  # noqa: E731
+    body = (f"{wide} acc = alpha * {load(src, 'a')};\n"
+            f"if (beta != 0.0f) acc += beta * {load(dst, 'b')};\n"
+            f"b = {_STORE[dst].format('acc')};")
+    return gpu.cupy().ElementwiseKernel(f"{_STORAGE[src]} a, float32 alpha, float32 beta", f"{_STORAGE[dst]} b",
+                                        body, f"ucudnn_combine_{src}_{dst}", preamble=_BF16)
