@@ -25,7 +25,10 @@ TRANSFORM_BOUND = 5e-3
 def bound_for(kind: ConvKind, algos, bound: float) -> float:
     """The error bound of a result computed with `algos`: `bound`, or TRANSFORM_BOUND if larger
     and any of them works in a transformed domain."""
-    transform = any(a.partition(":")[2] in TRANSFORM_ALGOS for a in algos)
+    from ucudnn.bindings.enums import algo_name
+
+    names = [algo_name(kind, a) if isinstance(a, int) else a.partition(":")[2] for a in algos]
+    transform = any(name in TRANSFORM_ALGOS for name in names)
     return max(bound, TRANSFORM_BOUND) if transform else bound
 OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
 

@@ -45,14 +45,24 @@ def strides(shape: tuple[int, ...], layout: str) -> list[int]:
     return result
 
 
+def enum(fe, name: str):
+    """A frontend enum (heur_mode, numerical_note, ...): exported by `cudnn`, or only by its
+    compiled module in some releases."""
+    found = getattr(fe, name, None) or getattr(getattr(fe, "_compiled_module", None), name, None)
+    if found is None:
+        raise BackendUnavailableError(f"nvidia-cudnn-frontend {fe.__file__} has no {name}; {INSTALL}")
+    return found
+
+
 def excluded_notes(fe, problem: ConvProblem) -> list:
     """Numerical notes a candidate must not carry under the kernel's math type: `fma` forbids
     tensor cores (no TF32), and only `tensor_op_allow_conversion` allows down-converting inputs."""
+    note = enum(fe, "numerical_note")
     notes = []
     if problem.math == "fma":
-        notes.append(fe.numerical_note.TENSOR_CORE)
+        notes.append(note.TENSOR_CORE)
     if problem.math != "tensor_op_allow_conversion":
-        notes.append(fe.numerical_note.DOWN_CONVERT_INPUTS)
+        notes.append(note.DOWN_CONVERT_INPUTS)
     return notes
 
 
@@ -65,11 +75,14 @@ class KernelGraph:
         self.index: dict[str, int] = {}
         self.built: dict[str, int | str] = {}  # name -> workspace bytes, or why it failed
         try:
-            self.graph.create_execution_plans([fe.heur_mode.A, fe.heur_mode.B, fe.heur_mode.FALLBACK])
+            mode = enum(fe, "heur_mode")
+            self.graph.create_execution_plans([mode.A, mode.B, mode.FALLBACK])
             notes = excluded_notes(fe, problem)
             if notes:
                 self.graph.deselect_numeric_notes(notes)
             self.graph.check_support()
+        except BackendUnavailableError:
+            raise
         except Exception:  # cuDNN supports this graph with no engine (left): no candidates
             return
         for i in range(self.graph.get_execution_plan_count()):
@@ -87,9 +100,9 @@ class KernelGraph:
         tensor = {role: graph.tensor(name=role, dim=list(shape), stride=strides(shape, p.layout), data_type=io)
                   for role, shape in shapes.items() if role != OUTPUT[p.kind]}
         conv = dict(padding=list(p.pads), stride=list(p.strides), dilation=list(p.dilations),
-                    convolution_mode=(fe.convolution_mode.CONVOLUTION if p.mode == "convolution"
-                                      else fe.convolution_mode.CROSS_CORRELATION),
                     compute_data_type=compute)
+        if p.mode == "convolution":  # the default is cross-correlation
+            conv["convolution_mode"] = enum(fe, "convolution_mode").CONVOLUTION
         if p.kind is ConvKind.FORWARD:
             out = graph.conv_fprop(image=tensor["x"], weight=tensor["w"], **conv)
         elif p.kind is ConvKind.BACKWARD_DATA:
@@ -142,6 +155,8 @@ class EnginesBackend:
     def candidates(self, problem: ConvProblem, batch: int) -> list[Candidate]:
         try:
             graph = self.graph(problem)
+        except BackendUnavailableError:
+            raise
         except Exception:  # the frontend refuses the graph itself (e.g. a layout it cannot express)
             return [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
         extra = partials.buffer_bytes(problem, batch)
