@@ -53,8 +53,11 @@ def pick(rng, engines, problem: ConvProblem, batch: int, first: bool = False) ->
 
 
 def random_configuration(rng, engines, problem: ConvProblem) -> Configuration | None:
-    parts = int(rng.integers(2, min(4, problem.batch) + 1)) if problem.batch > 1 else 1
-    cuts = sorted(rng.choice(np.arange(1, problem.batch), parts - 1, replace=False)) if parts > 1 else []
+    """Random parts that start aligned, as the optimizers plan them (engines refuse misaligned
+    pointers: CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER)."""
+    starts = np.arange(problem.batch_quantum(), problem.batch, problem.batch_quantum())
+    parts = int(rng.integers(2, min(4, len(starts) + 1) + 1)) if len(starts) else 1
+    cuts = sorted(rng.choice(starts, parts - 1, replace=False)) if parts > 1 else []
     micro = []
     for b in map(int, np.diff([0, *cuts, problem.batch])):
         found = pick(rng, engines, problem.with_batch(b), problem.batch)
