@@ -12,6 +12,7 @@ import re
 import sys
 from typing import Sequence
 
+from ..backends import CHOICES as BACKEND_CHOICES
 from ..config import OPTIMIZERS, POLICIES
 from ..device import EXECUTIONS
 from ..errors import UcudnnError
@@ -60,6 +61,10 @@ _POLICY = _parent(
     (("--execution",), dict(choices=EXECUTIONS, help=(
         "how kernels will run, which is how they are timed: graph (CUDA graphs, GPU time) or "
         "direct (one host call per micro-batch) (default: $UCUDNN_EXECUTION, else graph)"))),
+    (("--backend",), dict(choices=BACKEND_CHOICES, help=(
+        "where candidates come from: engines (cuDNN's graph API, nvidia-cudnn-frontend), legacy "
+        "(cuDNN's legacy API) or all (default: $UCUDNN_BACKEND, else all where the frontend is "
+        "installed, and all that a database holds offline)"))),
 )
 _CACHE = _parent((("--cache",), dict(metavar="PATH", help=(
     "benchmark database (default: $UCUDNN_CACHE, else your cache file where ucudnn measures or writes, "

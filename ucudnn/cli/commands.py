@@ -25,7 +25,7 @@ def _settings(args) -> Settings:
         raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
     return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
                          total_workspace_limit=total, optimizer=optimizer,
-                         cache_path=args.cache, execution=args.execution)
+                         cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None))
 
 
 def kernels_of(args) -> tuple[Network, list[Kernel]]:
