@@ -48,7 +48,8 @@ def pick(rng, engines, problem: ConvProblem, batch: int, first: bool = False) ->
     for name in order:
         built = graph.build(name)
         if not isinstance(built, str):
-            return candidate_id("engines", name), built + partials.buffer_bytes(problem, batch)
+            return candidate_id("engines", name), built + partials.buffer_bytes(
+                problem, partials.accumulates(problem, batch))
     return None
 
 

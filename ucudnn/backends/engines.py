@@ -159,7 +159,7 @@ class EnginesBackend:
             raise
         except Exception:  # the frontend refuses the graph itself (e.g. a layout it cannot express)
             return [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
-        extra = partials.buffer_bytes(problem, batch)
+        extra = partials.buffer_bytes(problem, partials.accumulates(problem, batch))
         found = []
         for name in graph.index:
             built = graph.build(name)
@@ -175,7 +175,7 @@ class EnginesBackend:
             raise CandidateError(f"candidate {step.algo} of {p.describe()} cannot be built here "
                                  f"({plan_workspace}); re-measure the kernel (ucudnn bench) with this cuDNN")
         target, combines = partials.route(step)
-        places = partials.offsets(plan_workspace, p)
+        places = partials.offsets(p, step.accumulates)
         scratch = _Scratch(p) if target == "partial" and not step.accumulates else None
         offsets = {"x": step.x_offset, "w": 0, "y": step.y_offset}
         out = OUTPUT[p.kind]
@@ -187,7 +187,7 @@ class EnginesBackend:
                        "partial": scratch.pointer() if scratch else workspace + places["partial"]}
             if target == "partial":
                 addresses[out] = buffers["partial"]
-            graph.execute(name, addresses, workspace)
+            graph.execute(name, addresses, workspace + places["plan"])
             for c in combines:
                 combine(c, buffers)
 

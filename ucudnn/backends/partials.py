@@ -6,7 +6,8 @@ all of them) writes a partial result into a buffer instead, and `Combine` steps 
 dst = alpha * src + beta * dst, computed in float32. Half-precision dw partials are summed in a
 float32 accumulator and rounded once, as torch does: summing them in the half output costs 8x
 its error (../shared/design/engines.md, section 1). Buffers of accumulating calls count as
-workspace (`buffer_bytes`); the layout is [plan workspace | partial | accumulator].
+workspace (`buffer_bytes`); the layout is [partial | accumulator | plan workspace], the same for
+every part whatever its plan needs (the accumulator lives across the parts).
 """
 from __future__ import annotations
 
@@ -31,14 +32,16 @@ class Combine:
     beta: float
 
 
-def _accumulates(problem: ConvProblem, batch: int) -> bool:
+def accumulates(problem: ConvProblem, batch: int) -> bool:
+    """Whether micro-batch kernel `problem`, part of a kernel of `batch` samples, adds into a sum
+    of parts: backward-filter micro-batches do."""
     return problem.kind is ConvKind.BACKWARD_FILTER and problem.batch < batch
 
 
-def buffer_bytes(problem: ConvProblem, batch: int) -> int:
-    """The buffers a micro-batch of `problem` (of a kernel of `batch` samples) needs beyond the
-    plan's workspace: a backward-filter micro-batch accumulates, the others need none."""
-    if not _accumulates(problem, batch):
+def buffer_bytes(problem: ConvProblem, accumulating: bool) -> int:
+    """The buffers a call of `problem` needs beyond the plan's workspace: only an accumulating
+    one needs any."""
+    if not accumulating:
         return 0
     elements = _elements(problem)
     partial = align(elements * problem.itemsize)
@@ -50,10 +53,10 @@ def _elements(problem: ConvProblem) -> int:
     return int(np.prod(problem.w_shape))
 
 
-def offsets(plan_workspace: int, problem: ConvProblem) -> dict[str, int]:
-    """Byte offsets of the partial and the accumulator in the workspace."""
-    partial = align(plan_workspace)
-    return {"partial": partial, "accumulator": partial + align(_elements(problem) * problem.itemsize)}
+def offsets(problem: ConvProblem, accumulating: bool) -> dict[str, int]:
+    """Byte offsets in the workspace of the partial, the accumulator and the plan's workspace."""
+    accumulator = align(_elements(problem) * problem.itemsize)
+    return {"partial": 0, "accumulator": accumulator, "plan": buffer_bytes(problem, accumulating)}
 
 
 def route(step) -> tuple[str, list[Combine]]:
