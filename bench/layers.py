@@ -24,7 +24,7 @@ from pathlib import Path
 from ucudnn import format_size, parse_size
 from ucudnn.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings
 from ucudnn.cache import Cache
-from ucudnn.config import batch_sizes
+from ucudnn.config import Settings, batch_sizes
 from ucudnn.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
 from ucudnn.sources import complete_tables
@@ -37,7 +37,7 @@ def measure_tables(kernels, limits, policies, bench, cache) -> dict:
     problems, tables = [k.problem for k in kernels], {}
     for policy in policies:
         start = time.perf_counter()
-        tables = complete_tables(problems, policy, max(limits), cache, bench)
+        tables = complete_tables(problems, Settings(batch_size_policy=policy), max(limits), cache, bench)
         print(f"  benchmarked {policy}: {time.perf_counter() - start:.1f} s", flush=True)
     return tables
 

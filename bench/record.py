@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ucudnn.benchmark import CudnnBenchmarker
 from ucudnn.cache import Cache
+from ucudnn.config import Settings
 from ucudnn.nets import get_network
 from ucudnn.sources import complete_tables
 
@@ -41,7 +42,7 @@ def record(spec: str, cache: Cache, bench: CudnnBenchmarker) -> dict:
     net, batch, dtype, layout, policy = spec.rsplit(":", 4)  # the net may hold a colon
     kernels = get_network(net).problems(int(batch), dtype, layout=layout)
     start, calls = time.perf_counter(), bench.calls
-    complete_tables([k.problem for k in kernels], policy, None, cache, bench)  # the batch is a policy size
+    complete_tables([k.problem for k in kernels], Settings(batch_size_policy=policy), None, cache, bench)  # the batch is a policy size
     summary = dict(spec=spec, kernels=len(kernels), measured=bench.calls - calls,
                    seconds=round(time.perf_counter() - start, 1))
     print(json.dumps(summary), flush=True)

@@ -2,9 +2,13 @@
 
 For every conv kernel (F, BD, BF) of a network at mini-batch B, on the same tensors and stream:
   torch      - torch.backends.cudnn.benchmark on, memory free: conv2d / aten.convolution_backward
-  unlimited  - ucudnn.Handle, policy undivided, no workspace limit: the fastest undivided algorithm
-  wr@L       - ucudnn.Handle, WR powerOfTwo, L bytes per kernel (one column per limit; wr-all@L
-               for the policy `all`, and so on for each of --policies)
+  torch@L    - the same with only L bytes of GPU memory free beyond its tensors (--pressure): a
+               blocker allocation, in a process of its own per L (torch caches its benchmark
+               choice per shape), so torch's benchmark drops plans whose workspace does not fit
+  unlimited  - ucudnn.Handle, backend all, policy undivided, no workspace limit: the fastest
+               undivided candidate
+  wr@L/B     - ucudnn.Handle, WR powerOfTwo, L bytes per kernel, backend B (one column per limit
+               and backend of --backends; wr-all@L for the policy `all`, and so on)
 Each is timed as a caller sees it: CUDA events around `--calls` calls back to back, median of
 `--repeats` after warm-up (ucudnn's first call plans the kernel, benchmarking what the database
 lacks). ucudnn's outputs are checked against torch's (relative error, reported per kernel).
@@ -17,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +72,44 @@ def median_ms(run, calls: int, repeats: int) -> float:
     return statistics.median(gpu.time_calls(many, repeats, stream)) / calls
 
 
+def blocker_bytes(free: int, keep: int, margin: int = 3 * 2**20) -> int:
+    """The allocation that leaves `keep` bytes free of `free` (less a margin for allocator slack)."""
+    return max(free - keep - margin, 0)
+
+
+def torch_under_pressure(kernels, keep: int, calls: int, repeats: int) -> dict[str, float | None]:
+    """torch's time per kernel with only `keep` bytes free beyond the kernel's tensors (its output
+    included, allocated once and cached by torch's allocator); None where torch failed."""
+    times = {}
+    for kernel in kernels:
+        p = kernel.problem
+        t = operands(p)
+        room = torch.empty_like(t[output_role(p)])
+        del room  # stays in torch's cache, so the output reuses it
+        torch.cuda.synchronize()
+        blocker = torch.empty(blocker_bytes(torch.cuda.mem_get_info()[0], keep), dtype=torch.uint8, device="cuda")
+        try:
+            times[kernel.name] = median_ms(torch_call(p, t), calls, repeats)
+        except RuntimeError as exc:  # out of memory even for torch's smallest plan
+            times[kernel.name] = None
+            print(f"{kernel.name}: torch failed with {keep} bytes free: {exc}", flush=True)
+        del blocker, t
+        torch.cuda.empty_cache()
+    return times
+
+
+def pressure_columns(args) -> dict[str, dict[str, float | None]]:
+    """torch@L for each L of --pressure, each measured by a fresh process of this script."""
+    columns = {}
+    for limit in filter(None, args.pressure.split(",")):
+        command = [sys.executable, __file__, "--torch-only", limit, "--net", args.net, "--batch", str(args.batch),
+                   "--dtype", args.dtype, "--layout", args.layout, "--calls", str(args.calls),
+                   "--repeats", str(args.repeats)]
+        result = subprocess.run(command, capture_output=True, text=True, check=True)
+        columns[f"torch@{format_size(parse_size(limit)).replace(' ', '')}"] = json.loads(result.stdout.splitlines()[-1])
+    return columns
+
+
 def compare(kernel, handles: dict[str, Handle], calls: int, repeats: int) -> dict:
     p = kernel.problem
     t = operands(p)
@@ -88,18 +132,22 @@ def compare(kernel, handles: dict[str, Handle], calls: int, repeats: int) -> dic
     return row
 
 
-def markdown(args, variants: list[str], rows: list[dict], device: str) -> str:
+def markdown(args, pressured: list[str], variants: list[str], rows: list[dict], device: str) -> str:
     lines = [f"### {args.net} B={args.batch} {args.dtype} {args.layout}, {device} (ms per kernel, "
              "ucudnn measured / predicted)", "",
-             "| kernel | n | torch | " + " | ".join(variants) + " | " + " | ".join(f"{v}/torch" for v in variants) + " |",
-             "|---|---|---|" + "---|" * (2 * len(variants))]
+             "| kernel | n | torch | " + " | ".join(pressured + variants) + " | "
+             + " | ".join(f"{v}/torch" for v in variants) + " |",
+             "|---|---|---|" + "---|" * (len(pressured) + 2 * len(variants))]
+    ms = lambda v: "failed" if v is None else f"{v:.3f}"  # noqa: E731
     for r in rows:
-        cells = [f"{r[v]['measured']:.3f} / {r[v]['predicted']:.3f}" for v in variants]
+        cells = [ms(r[v]) for v in pressured] + [f"{r[v]['measured']:.3f} / {r[v]['predicted']:.3f}" for v in variants]
         ratios = [f"{r[v]['measured'] / r['torch']:.2f}" for v in variants]
         lines.append(f"| {r['kernel']} | {r['count']} | {r['torch']:.3f} | " + " | ".join(cells + ratios) + " |")
     total = {v: sum(r["count"] * r[v]["measured"] for r in rows) for v in variants}
+    total.update({v: sum(r["count"] * (r[v] if r[v] is not None else float("nan")) for r in rows) for v in pressured})
     total["torch"] = sum(r["count"] * r["torch"] for r in rows)
-    lines.append(f"| total | | **{total['torch']:.2f}** | " + " | ".join(f"**{total[v]:.2f}**" for v in variants)
+    lines.append(f"| total | | **{total['torch']:.2f}** | "
+                 + " | ".join(f"**{total[v]:.2f}**" for v in pressured + variants)
                  + " | " + " | ".join(f"{total[v] / total['torch']:.2f}" for v in variants) + " |")
     worst = {v: max(r[v]["measured"] / r["torch"] for r in rows) for v in variants}
     lines += ["", "worst kernel over torch: " + ", ".join(f"{v} {w:.2f}x" for v, w in worst.items())]
@@ -118,27 +166,36 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", default=None, help="benchmark database (default OUT/vs_torch.db)")
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--backends", default="all,engines,legacy", help="ucudnn backends of the WR columns")
+    parser.add_argument("--pressure", default="64MiB,8MiB", help="torch columns with only this much free")
+    parser.add_argument("--torch-only", metavar="FREE", help=argparse.SUPPRESS)  # one pressure column
     args = parser.parse_args(argv)
     torch.backends.cudnn.benchmark = True
+    kernels = get_network(args.net).problems(args.batch, args.dtype, layout=args.layout)
+    if args.torch_only:
+        print(json.dumps(torch_under_pressure(kernels, parse_size(args.torch_only), args.calls, args.repeats)))
+        return 0
+    start = time.perf_counter()
+    pressure = pressure_columns(args)  # first: the fresh processes need the memory this one will take
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cache = Cache(args.cache or out / "vs_torch.db")
     stream = torch.cuda.current_stream().cuda_stream
     handles = {"unlimited": Handle(cache=cache, stream=stream, batch_size_policy="undivided",
-                                   workspace_limit=UNLIMITED)}
+                                   workspace_limit=UNLIMITED, backend="all")}
     for policy in args.policies.split(","):
         for limit in args.limits.split(","):
-            name = f"wr{'' if policy == 'powerOfTwo' else '-' + policy}@{format_size(parse_size(limit))}"
-            handles[name.replace(" ", "")] = Handle(cache=cache, stream=stream, batch_size_policy=policy,
-                                                    workspace_limit=limit)
-    kernels = get_network(args.net).problems(args.batch, args.dtype, layout=args.layout)
-    start = time.perf_counter()
+            for backend in args.backends.split(","):
+                name = f"wr{'' if policy == 'powerOfTwo' else '-' + policy}@{format_size(parse_size(limit))}/{backend}"
+                handles[name.replace(" ", "")] = Handle(cache=cache, stream=stream, batch_size_policy=policy,
+                                                        workspace_limit=limit, backend=backend)
     rows = []
     for kernel in kernels:
         rows.append(compare(kernel, handles, args.calls, args.repeats))
+        rows[-1].update({column: times[kernel.name] for column, times in pressure.items()})
         print(json.dumps(rows[-1]), flush=True)
     device = gpu.device_info().for_execution(handles["unlimited"].settings.execution).describe()
-    text = markdown(args, list(handles), rows, device)
+    text = markdown(args, list(pressure), list(handles), rows, device)
     print(text)
     stem = f"vs_torch-{args.net.replace(':', '-')}-{args.batch}-{args.dtype}-{args.layout}"
     report = dict(device=device, torch=torch.__version__, date=time.strftime("%Y-%m-%d"), net=args.net,
