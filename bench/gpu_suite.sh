@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment hostbound betaprobe
-#                                          l2probe record vstorch
+#                                          l2probe record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd torchcap train (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
@@ -32,7 +32,7 @@ stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env tests)
 for stage in "${stages[@]}"; do
   case $stage in
     env) run env python3 bench/env_report.py ;;
-    tests) run tests python3 -m pytest -m gpu -v -s -rs tests ;;
+    tests) run tests python3 -m pytest -m gpu -v -s -rs ${GPU_TESTS:-tests} ;;
     probe) run probe python3 bench/probe.py ;;
     alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
     hostbound) run hostbound python3 bench/host_bound.py --out "$OUT" ;;
@@ -44,7 +44,9 @@ for stage in "${stages[@]}"; do
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --policies ${RESNET_POLICIES:-powerOfTwo,all} --cache "$OUT/layers.db" ;;
     layers-direct) seed_layers; run layers-direct python3 bench/layers.py --out "$OUT" --nets alexnet:256 --policies powerOfTwo --execution direct --cache "$OUT/layers.db" ;;
     # the shipped recording: adds the measurements for graph (record) or direct execution to cache/
-    record) run record python3 bench/record.py --out cache ${RECORD_SPECS:+--specs "$RECORD_SPECS"}; cp cache/*.db "$OUT/" ;;
+    record) run record python3 bench/record.py --out cache ${RECORD_SPECS:+--specs "$RECORD_SPECS"} ${RECORD_BACKEND:+--backend "$RECORD_BACKEND"}; cp cache/*.db "$OUT/" ;;
+    # the same into an empty folder, for a part too large to bring back inside the whole file
+    record-new) mkdir -p "$OUT/recorded"; run record-new python3 bench/record.py --out "$OUT/recorded" ${RECORD_SPECS:+--specs "$RECORD_SPECS"} ${RECORD_BACKEND:+--backend "$RECORD_BACKEND"} ;;
     record-direct) run record-direct python3 bench/record.py --out cache --execution direct; cp cache/*.db "$OUT/" ;;
     # torch's own kernels beside ucudnn.Handle (unlimited, WR per limit), per kernel, on the shipped
     # recording (VS_TORCH_ARGS: e.g. --net torchvision:alexnet --dtype float16 --layout nhwc)

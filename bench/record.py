@@ -3,6 +3,7 @@ networks, every algorithm at every micro-batch size of the policy, on this GPU, 
 `<OUT>/<gpu>-cudnn<version>.db` (e.g. cache/nvidia-h100-80gb-hbm3-cudnn91900.db).
 
     python3 bench/record.py --out cache [--specs alexnet:256:float32:nchw:powerOfTwo,...] [--execution graph]
+        [--backend all|engines|legacy]
 
 Specs run in order and each kernel is stored as soon as it is measured, so an interrupted run
 keeps what it did and a second run measures only what is missing.
@@ -38,11 +39,12 @@ def database_name(gpu_name: str, cudnn_version: int) -> str:
     return f"{re.sub(r'[^a-z0-9]+', '-', gpu_name.lower()).strip('-')}-cudnn{cudnn_version}.db"
 
 
-def record(spec: str, cache: Cache, bench: CudnnBenchmarker) -> dict:
+def record(spec: str, cache: Cache, bench: CudnnBenchmarker, backend: str = "") -> dict:
     net, batch, dtype, layout, policy = spec.rsplit(":", 4)  # the net may hold a colon
     kernels = get_network(net).problems(int(batch), dtype, layout=layout)
     start, calls = time.perf_counter(), bench.calls
-    complete_tables([k.problem for k in kernels], Settings(batch_size_policy=policy), None, cache, bench)  # the batch is a policy size
+    settings = Settings(batch_size_policy=policy, backend=backend)
+    complete_tables([k.problem for k in kernels], settings, None, cache, bench)  # the batch is a policy size
     summary = dict(spec=spec, kernels=len(kernels), measured=bench.calls - calls,
                    seconds=round(time.perf_counter() - start, 1))
     print(json.dumps(summary), flush=True)
@@ -55,13 +57,15 @@ def main(argv=None) -> int:
     parser.add_argument("--specs", default=DEFAULT_SPECS, help="net:batch:dtype:layout:policy,...")
     parser.add_argument("--execution", choices=("graph", "direct"), default="graph",
                         help="the execution the times are for (both live in one file)")
+    parser.add_argument("--backend", choices=("all", "engines", "legacy"), default="",
+                        help="where candidates come from (default: all where the frontend imports)")
     args = parser.parse_args(argv)
-    bench = CudnnBenchmarker(execution=args.execution)
+    bench = CudnnBenchmarker(execution=args.execution, backend=args.backend)
     path = Path(args.out) / database_name(bench.device.gpu_name, bench.device.cudnn_version)
     print(f"{bench.device.describe()} -> {path}", flush=True)
     cache = Cache(path)
     for spec in args.specs.split(","):
-        record(spec, cache, bench)
+        record(spec, cache, bench, args.backend)
     cache.close()
     return 0
 

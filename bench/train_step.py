@@ -1,9 +1,12 @@
 """Training-iteration time and peak memory: torch's own convolutions against ucudnn.torch.
 
-For each network (torchvision AlexNet B=256, ResNet-50 B=64), precision (fp32; AMP fp16) and variant:
+For each network (torchvision AlexNet B=256, ResNet-50 B=64), precision (fp32 NCHW; AMP fp16 with
+channels_last) and variant:
   native  - torch, cudnn.benchmark=True, workspace uncapped
   capped  - torch, cudnn.benchmark=True, CUDNN_CONV_WSCAP_DBG=<limit in MiB> (read by torch at startup)
-  wr      - ucudnn.torch.convert(optimizer="wr"), <limit> per kernel; benchmarks in the first iteration
+  wr      - ucudnn.torch.convert(optimizer="wr"), <limit> per kernel; benchmarks in the first iteration;
+            layers ucudnn would not speed up are delegated to torch's own convolution (the default)
+  wr-all  - the same with delegate=False: every layer through ucudnn (what a converted call costs)
   wd      - ucudnn.torch.convert(optimizer="wd", sample_input=x), total = <limit> x kernels (the
             paper's "same total" as WR); learns and solves before the first iteration (setup)
 every variant runs in a fresh subprocess (the environment variable needs one; the others get one for
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {
     "capped": "torch, cudnn.benchmark, workspace capped by CUDNN_CONV_WSCAP_DBG",
     "wr": "ucudnn WR, limit per kernel",
+    "wr-all": "ucudnn WR, limit per kernel, no layer delegated to torch",
     "native": "torch, cudnn.benchmark, uncapped",
     "wd": "ucudnn WD, total = limit x kernels",
 }
@@ -52,14 +56,16 @@ def child(args) -> dict:
     torch.manual_seed(0)
     device = torch.device("cuda")
     amp = args.precision == "amp"
-    model = torchvision.models.get_model(args.net, weights=None).to(device).train()
-    x = torch.randn(args.batch, 3, 224, 224, device=device)
+    # AMP runs channels_last, the layout fp16 tensor-core kernels want (as AMP users are advised)
+    layout = torch.channels_last if amp else torch.contiguous_format
+    model = torchvision.models.get_model(args.net, weights=None).to(device, memory_format=layout).train()
+    x = torch.randn(args.batch, 3, 224, 224, device=device).contiguous(memory_format=layout)
     target = torch.randint(0, 1000, (args.batch,), device=device)
     result = dict(net=args.net, batch=args.batch, precision=args.precision, variant=args.variant,
                   torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                   gpu=torch.cuda.get_device_name(), wscap_env=os.environ.get("CUDNN_CONV_WSCAP_DBG"))
     start = time.perf_counter()
-    context = convert(model, x, args, amp) if args.variant in ("wr", "wd") else None
+    context = convert(model, x, args, amp) if args.variant in ("wr", "wr-all", "wd") else None
     torch.cuda.synchronize()
     result["setup_s"] = time.perf_counter() - start
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -111,9 +117,9 @@ def convert(model, x, args, amp: bool):
     import ucudnn.torch as ut
 
     with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-        ut.convert(model, workspace_limit=args.limit, optimizer=args.variant, cache_path=args.cache,
-                   total_limit=args.wd_total if args.variant == "wd" else None,
-                   sample_input=x if args.variant == "wd" else None)
+        ut.convert(model, workspace_limit=args.limit, optimizer="wd" if args.variant == "wd" else "wr",
+                   cache_path=args.cache, total_limit=args.wd_total if args.variant == "wd" else None,
+                   sample_input=x if args.variant == "wd" else None, delegate=args.variant != "wr-all")
     return next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
 
 
@@ -121,7 +127,8 @@ def condensed(summary: dict) -> dict:
     kernels = summary["kernels"]
     ours = [k for k in kernels if k["via"] == "ucudnn"]
     return dict(
-        kernels=len(kernels), via_torch=len(kernels) - len(ours),
+        kernels=len(kernels), delegated=sum(k["delegated"] for k in kernels),
+        via_torch=sum(k["via"] == "torch" and not k["delegated"] for k in kernels),
         micro_batched=sum(1 for k in ours if k["parts"] > 1),
         max_workspace_mib=max((k["workspace"] for k in ours), default=0) / 2**20,
         sum_workspace_mib=sum(k["workspace"] for k in ours) / 2**20,
@@ -213,6 +220,8 @@ def notes_of(r: dict) -> str:
     if u:
         parts.append(f"{u['micro_batched']}/{u['kernels']} kernels micro-batched, max ws "
                      f"{u['max_workspace_mib']:.0f} MiB")
+        if u["delegated"]:
+            parts.append(f"{u['delegated']}/{u['kernels']} kernels in layers delegated to torch")
         if u["via_torch"] or u["fallbacks"]:
             parts.append(f"FALLBACKS: {u['via_torch']} kernels via torch, {u['fallbacks']}")
         for solve in u.get("wd") or []:

@@ -51,6 +51,7 @@ def cache_path(tmp_path_factory) -> str:
 def make_context(cache_path):
     def make(**settings) -> ut.Context:
         settings.setdefault("workspace_limit", "1MiB")  # tight: fast algorithms need micro-batches
+        settings.setdefault("delegate", False)  # these tests check ucudnn's own path
         return ut.Context(cache_path=cache_path, **settings)
     return make
 
@@ -343,3 +344,29 @@ def test_unsupported_settings_fall_back_with_torchs_results(make_context):
     with pytest.warns(UcudnnWarning, match="asymmetrically"):
         assert torch.equal(ours(x.float()), even(x.float()))
     assert not context.runs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_delegation_times_torchs_kernels_and_keeps_results(dtype, make_context):
+    """With delegation on and a limit that does not bind, torch's own kernels are timed once per
+    kernel (a time, and a workspace below the limit where the layer is delegated); the step's
+    results are right whichever way each layer runs."""
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(64, 64, 3, padding=1), nn.Conv2d(64, 128, 1, stride=2, bias=False),
+              nn.Conv2d(32, 32, 3, padding=2, dilation=2, groups=32)]
+    for theirs in layers:
+        theirs = theirs.to("cuda", dtype)
+        context = make_context(workspace_limit="4GiB", delegate=True)
+        ours = ut.convert(copy.deepcopy(theirs), context=context)
+        x = torch.randn(17, theirs.in_channels, 28, 28, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            dy = torch.randn_like(theirs(x))
+        check_against_reference(theirs, ours, x, dy, context, DTYPES["fp32" if dtype == torch.float32 else "fp16"][2],
+                                str(theirs))
+        kernels = context.summary()["kernels"]
+        assert {k["kind"] for k in kernels} == ALL_KINDS
+        for k in kernels:
+            assert k["torch_ms"] > 0 and 0 <= k["torch_workspace"], k
+            assert not k["delegated"] or k["torch_workspace"] <= 4 * 2**30, k
+        print(theirs, [(k["kind"], k["delegated"], round(k["torch_ms"], 4), k["torch_workspace"],
+                        round(k["predicted_ms"], 4)) for k in kernels])

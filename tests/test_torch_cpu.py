@@ -446,7 +446,7 @@ def test_import_ucudnn_torch_exports():
 # --- call sites: what a steady-state call skips ---------------------------------------------------
 
 def count_resolves_and_compiles(monkeypatch, context):
-    """Counters of prepare's slow path (_resolve) and of kernel compilations (handle.program)."""
+    """Counters of resolve's slow path (_resolve) and of kernel compilations (handle.program)."""
     counts = {"resolve": 0, "program": 0}
     resolve, handle = calls._resolve, context.handle(torch.device("cpu"))
     program = handle.program
@@ -567,7 +567,7 @@ def test_sites_are_bounded():
     sites = integration.Sites(max_sites=2)
     call = integration.Call(torch.device("cpu"), (1, 1, 3, 3), (1, 1, 1, 1), integration.Geometry((0, 0), (1, 1), (1, 1), 1),
                             "float32", "default", "nchw")
-    first = sites.get("a", lambda: call)
+    first = sites.get("a", lambda: (call, (ConvKind.FORWARD,)))
     first.kernels["F"] = object()
     assert sites.get("a", lambda: pytest.fail("resolved again")) is first
     assert sites.get("b", lambda: "a reason") == "a reason" and sites.get("c", lambda: None) is None
@@ -595,3 +595,79 @@ def test_convert_errors_name_its_own_keywords(keyword, value, named):
     with pytest.raises(ConfigError) as error:
         ut.convert(nn.Conv2d(1, 1, 1), **{keyword: value})
     assert named in str(error.value) and "batch_size_policy" not in str(error.value)
+
+
+# --- delegation: layers ucudnn would not speed up run torch's own convolution ----------------------
+
+def test_worth_delegating_rule():
+    from ucudnn.integrations.torch.delegation import worth_delegating
+    from ucudnn.integrations.torch.kernels import TorchTiming as T
+    limit = 64 * 2**20
+    assert worth_delegating([1.0, 1.0], [T(1.0, 0), T(1.02, limit)], limit, host_cost_ms=0.05)
+    assert worth_delegating([0.5], [T(1.0, 0)], limit, host_cost_ms=0.6)  # saves less than the host cost
+    assert not worth_delegating([0.5], [T(1.0, 0)], limit, host_cost_ms=0.05)  # ucudnn clearly faster
+    assert not worth_delegating([5.0], [T(1.0, limit + 1)], limit)  # torch's plan needs more than the limit
+    assert not worth_delegating([], [], limit)
+
+
+def delegating_context(numpy_context, torch_timing, **settings):
+    context = numpy_context(**settings)
+    context.backend = NumpyBackend(torch_timing)
+    return context
+
+
+def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context):
+    torch.manual_seed(0)
+    context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(0.0, 1024))
+    plain = nn.Conv2d(3, 4, 3)
+    conv = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(4, 3, 6, 6)
+    for _ in range(3):
+        got = run_step(conv, x)
+    for a, b in zip(got, run_step(plain, x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # torch's own layer: the same arithmetic
+    assert dict(context.runs) == {("torch", "layer"): 3}
+    assert [p.kind.value for p in context.backend.timed] == ["F", "BD", "BF"]  # timed once each
+    kernels = context.summary()["kernels"]
+    assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
+    assert all(k["delegated"] and k["via"] == "torch" and k["torch_ms"] == 0.0 for k in kernels)
+
+
+@pytest.mark.parametrize("torch_ms, torch_workspace", [(1e6, 0), (0.0, 2**40)], ids=["ucudnn-faster", "over-limit"])
+def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms, torch_workspace, numpy_context):
+    torch.manual_seed(0)
+    context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(torch_ms, torch_workspace))
+    plain = nn.Conv2d(3, 4, 3)
+    conv = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(4, 3, 6, 6)
+    assert_matches(run_step(conv, x), run_step(plain, x))
+    assert dict(context.runs) == {("ucudnn", "F"): 1, ("ucudnn", "BD"): 1, ("ucudnn", "BF"): 1}
+    assert not any(k["delegated"] for k in context.summary()["kernels"])
+
+
+def test_delegation_off_and_wd_never_time_torch(numpy_context):
+    fast_torch = lambda problem: integration.kernels.TorchTiming(0.0, 0)  # noqa: E731
+    x = torch.randn(4, 3, 6, 6)
+    for settings in (dict(delegate=False), dict(optimizer="wd")):
+        context = delegating_context(numpy_context, fast_torch, **settings)
+        conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+        with ut.network(conv):
+            conv(x)
+        run_step(conv, x)
+        assert not context.backend.timed and context.runs["ucudnn", "F"] == 1, settings
+    with pytest.raises(ConfigError, match="delegate"):
+        ut.convert(nn.Conv2d(1, 1, 1), context=context, delegate=False)
+
+
+def test_grad_mode_is_part_of_the_signature_and_of_what_is_timed(numpy_context):
+    context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(0.0, 0))
+    conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+    x = torch.randn(4, 3, 6, 6)
+    with torch.no_grad():
+        conv(x)
+    assert [p.kind.value for p in context.backend.timed] == ["F"]
+    run_step(conv, x)  # a training call: its own site, BD and BF timed too
+    assert [p.kind.value for p in context.backend.timed] == ["F", "BD", "BF"] and len(context.sites) == 2
+    conv.weight.requires_grad_(False)
+    conv(x.clone().requires_grad_()).sum().backward()  # F and BD only: a third site, nothing new to time
+    assert len(context.sites) == 3 and len(context.backend.timed) == 3

@@ -11,6 +11,7 @@ from fakes import FakeAllocator, FakeBenchmarker
 from ucudnn.assignment import Assignments
 from ucudnn.dispatch import compile_program
 from ucudnn.integrations.torch import CudaBackend
+from ucudnn.integrations.torch.kernels import TorchTiming
 
 
 class NumpyHandle:
@@ -47,9 +48,19 @@ class NumpyHandle:
 
 
 class NumpyBackend(CudaBackend):
-    """Runs 'ucudnn' kernels on CPU tensors: operands are flat NumPy views of their memory."""
+    """Runs 'ucudnn' kernels on CPU tensors: operands are flat NumPy views of their memory.
+    torch's own kernels 'take' `torch_timing(problem)`: by default forever, so that layers are
+    never delegated to torch unless a test says otherwise; `timed` lists the kernels timed."""
 
     handle_class = NumpyHandle
+
+    def __init__(self, torch_timing=lambda problem: TorchTiming(float("inf"), 0)):
+        self.torch_timing = torch_timing
+        self.timed = []
+
+    def time_torch(self, problem, device):
+        self.timed.append(problem)
+        return self.torch_timing(problem)
 
     def runs_on(self, device):
         return device.type == "cpu"

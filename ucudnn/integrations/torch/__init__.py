@@ -8,7 +8,9 @@
 (an autograd Function) run F, BD and BF through a ucudnn.Handle on torch's current CUDA stream,
 directly on the tensors' memory; workspaces come from torch's caching allocator. What ucudnn
 cannot run (CPU tensors, float64, asymmetric 'same' padding, deterministic mode, ...) falls back
-to torch's own convolution with a one-time warning naming the reason. See docs/torch.md.
+to torch's own convolution with a one-time warning naming the reason. A layer that ucudnn would
+not speed up (torch's own kernels fit the limit and are about as fast) is delegated to torch's
+own convolution, which costs less host time (see delegation.py). See docs/torch.md.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("ucudnn.torch needs PyTorch: pip install 'ucudnn[torch]'") from exc
 
 from ...errors import NoAlgorithmError
-from .call import Call, Geometry, geometry, math_type, prepare
+from .call import Call, Geometry, geometry, math_type, pack, resolve
 from .context import Context, default_context
 from .kernels import CudaBackend, TorchKernel, UcudnnKernel
 from .layers import Conv2d, convert, learn, network

@@ -1,12 +1,10 @@
-"""What one call of a converted layer is: its geometry, data type, math and layout (a Call), and
-prepare(), which decides once per signature whether ucudnn runs it (see sites). `context` below
-is the layer's Context (context.py), which imports this module: only its settings and sites are
-read here."""
+"""What one call of a converted layer is: its geometry, data type, math and layout (a Call);
+resolve(), which decides once per signature whether ucudnn runs it (see sites), and pack(), which
+casts and packs its operands. `context` below is the layer's Context (context.py), which imports
+this module: only its backend and sites are read here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -80,19 +78,6 @@ class Call:
                            dtype=self.dtype, math=self.math, layout=self.layout)
 
 
-class Prepared(NamedTuple):
-    """A layer call ready for ucudnn: packed, cast operands and the Site of their Call."""
-
-    x: Tensor
-    weight: Tensor
-    bias: Tensor | None
-    site: Site
-
-    @property
-    def call(self) -> Call:
-        return self.site.call
-
-
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
     """The autocast dtype in force for `device_type`, or None when autocast is off."""
     try:
@@ -155,21 +140,31 @@ def _fallback_reason(input: Tensor, dtype: torch.dtype, context) -> str | None:
     return None
 
 
-def prepare(module: nn.Conv2d, input: Tensor, context) -> Prepared | str | None:
-    """The call ready for ucudnn; a reason string when ucudnn cannot run it; None when torch
-    should handle it because the call is invalid (torch raises the error users expect). What
-    follows from the tensors' metadata is decided once per signature (see sites.py)."""
+def resolve(module: nn.Conv2d, input: Tensor, context) -> Site | str | None:
+    """The Site of this call when ucudnn runs it; a reason string when ucudnn cannot; None when
+    torch should handle it because the call is invalid (torch raises the error users expect).
+    What follows from the tensors' metadata is decided once per signature (see sites.py)."""
     dtype, autocast = _compute_dtype(input)
     weight = module.weight
     math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
-    site = context.sites.get(signature(module, input, weight, dtype, autocast, math),
+    return context.sites.get(signature(module, input, weight, dtype, autocast, math),
                              lambda: _resolve(module, input, weight, dtype, autocast, math, context))
-    if not isinstance(site, Site):
-        return site
-    fmt, bias = site.memory_format, module.bias
-    # Packed in the chosen layout: a no-op for packed tensors, a copy otherwise (as in torch).
-    return Prepared(_padded(module, input).to(dtype).contiguous(memory_format=fmt),
-                    weight.to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype), site)
+
+
+def pack(module: nn.Conv2d, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:
+    """x, weight and bias cast to the site's dtype and packed in its layout: a no-op for packed
+    tensors of that dtype, a copy otherwise (as in torch)."""
+    dtype, fmt, bias = site.dtype, site.memory_format, module.bias
+    return (_padded(module, input).to(dtype).contiguous(memory_format=fmt),
+            module.weight.to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype))
+
+
+def kinds_needed(input: Tensor, weight: Tensor) -> tuple[ConvKind, ...]:
+    """The kernels a call runs: F, and in a training step BD where the input needs a gradient and
+    BF where the weight does."""
+    grad = torch.is_grad_enabled()
+    return ((ConvKind.FORWARD,) + ((ConvKind.BACKWARD_DATA,) if grad and input.requires_grad else ())
+            + ((ConvKind.BACKWARD_FILTER,) if grad and weight.requires_grad else ()))
 
 
 def _padded(module: nn.Conv2d, input: Tensor) -> Tensor:
@@ -181,8 +176,9 @@ def _padded(module: nn.Conv2d, input: Tensor) -> Tensor:
 
 
 def _resolve(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
-             math: str | None, context) -> Call | str | None:
-    """prepare()'s decision for a new signature: the Call, a fallback reason, or None."""
+             math: str | None, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
+    """resolve()'s decision for a new signature: the Call and the kernels it runs, a fallback
+    reason, or None."""
     shape = geometry(module)
     if not _is_valid(module, input, autocast, shape):
         return None
@@ -195,4 +191,5 @@ def _resolve(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtyp
         return "a tensor with 2**31 or more elements (cuDNN's legacy API indexes with 32-bit ints)"
     # torch's rule for cuDNN: channels_last when the input or the weight suggests it.
     layout = "nhwc" if _suggests_channels_last(x) or _suggests_channels_last(weight) else "nchw"
-    return Call(x.device, tuple(x.shape), tuple(weight.shape), shape, DTYPES[dtype], math, layout)
+    return Call(x.device, tuple(x.shape), tuple(weight.shape), shape, DTYPES[dtype], math, layout), \
+        kinds_needed(input, weight)

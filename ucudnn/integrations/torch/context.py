@@ -14,8 +14,11 @@ from ...errors import ConfigError
 from ...problem import ConvKind
 from .call import Call
 from .fallback import UNPLANNABLE, warn_once
-from .kernels import CudaBackend, TorchKernel, UcudnnKernel
+from .delegation import worth_delegating
+from .kernels import CudaBackend, TorchKernel, TorchTiming, UcudnnKernel
 from .sites import Site, Sites
+
+DELEGATED = ("torch", "layer")  # Context.runs' key of layer calls delegated to torch
 
 def _settings(workspace_limit=None, optimizer=None, policy=None, total_limit=None, cache_path=None,
               execution=None, verbose=None) -> Settings:
@@ -37,22 +40,28 @@ class Context:
     Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults)."""
 
     def __init__(self, settings: Settings | None = None, *, backend=None, cache=None, workspace_limit=None,
-                 optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None):
+                 optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None,
+                 delegate: bool = True):
         keywords = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
         if settings is not None and any(v is not None for v in keywords):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         self.settings = settings or _settings(*keywords)
+        # WR layers that ucudnn would not speed up run torch's own convolution (delegation.py)
+        self.delegate = delegate
         self.backend = backend or CudaBackend()
         self._cache = cache
         self._handles: dict[torch.device, Any] = {}
         self._kernels: dict[tuple[ConvKind, Call], UcudnnKernel | TorchKernel] = {}
+        self._torch_timings: dict[tuple[ConvKind, Call], TorchTiming] = {}
+        self._delegated: dict[tuple[Call, tuple[ConvKind, ...]], bool] = {}  # what sites decided
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._lock = threading.RLock()
         self._recording = False
         # WD without a sample input: the first pass runs through torch while recording (see records()).
         self._learn_first_pass = self.wd
         self._seen: set[int] = set()
-        self.runs: Counter = Counter()  # (via, kind) -> kernel calls: ("ucudnn", "F"), ("torch", "BF"), ...
+        # (via, kind) -> kernel calls: ("ucudnn", "F"), ("torch", "BF"), ...; DELEGATED: layer calls
+        self.runs: Counter = Counter()
         self.fallbacks: Counter = Counter()  # reason -> layer calls that went to torch entirely
 
     @property
@@ -64,7 +73,7 @@ class Context:
         return self
 
     def __reduce__(self):
-        return (_rebuild_context, (self.settings,))
+        return (_rebuild_context, (self.settings, self.delegate))
 
     def run(self, site: Site, kind: ConvKind, x: Tensor, w: Tensor, y: Tensor) -> None:
         """Run kernel `kind` of the site's Call on x, w, y (F writes y, BD writes x, BF writes w)."""
@@ -72,6 +81,36 @@ class Context:
         self.runs[kernel.counted] += 1
         with self.backend.device_guard(site.call.device):
             kernel(x, w, y)
+
+    def delegates(self, site: Site) -> bool:
+        """Whether the site's layer runs torch's own convolution: decided on its first call."""
+        delegated = site.delegated
+        if delegated is None:
+            delegated = site.delegated = self._decide(site)
+        if delegated:
+            self.runs[DELEGATED] += 1
+        return delegated
+
+    def _decide(self, site: Site) -> bool:
+        """Under WR with delegation on: plan the site's kernels, time torch's own, and apply
+        delegation.worth_delegating. WD divides one workspace among ucudnn's kernels: never."""
+        if not self.delegate or self.wd:
+            return False
+        key = (site.call, site.kinds)
+        if key not in self._delegated:
+            kernels = [self._site_kernel(site, kind) for kind in site.kinds]
+            self._delegated[key] = (
+                all(isinstance(k, UcudnnKernel) for k in kernels)
+                and worth_delegating([k.assignment.configuration.time_ms for k in kernels],
+                                     [self._torch_timing(site.call, kind) for kind in site.kinds],
+                                     self.settings.workspace_limit))
+        return self._delegated[key]
+
+    def _torch_timing(self, call: Call, kind: ConvKind) -> TorchTiming:
+        if (kind, call) not in self._torch_timings:
+            with self._lock, self.backend.device_guard(call.device):
+                self._torch_timings[kind, call] = self.backend.time_torch(call.problem(kind), call.device)
+        return self._torch_timings[kind, call]
 
     def _site_kernel(self, site: Site, kind: ConvKind) -> UcudnnKernel | TorchKernel:
         kernel = site.kernels[kind] = self._kernels.get((kind, site.call)) or self._kernel(site.call, kind)
@@ -157,14 +196,18 @@ class Context:
                 self.backend.synchronize(device)
                 handle.reset()
             self._kernels.clear()
+            self._delegated.clear()
             self.sites.clear()
 
     def summary(self) -> dict:
         """Settings, every planned kernel's configuration and workspace, calls, fallbacks and
         (WD) the solve: what benchmarks report."""
         s = self.settings
+        delegated = {call for (call, _), yes in self._delegated.items() if yes}
         out = dict(optimizer=s.optimizer, policy=s.batch_size_policy, workspace_limit=s.workspace_limit,
-                   kernels=[_describe(kind, kernel) for (kind, _), kernel in self._kernels.items()],
+                   delegate=self.delegate,
+                   kernels=[_describe(kind, kernel, self._torch_timings.get((kind, call)), call in delegated)
+                            for (kind, call), kernel in self._kernels.items()],
                    runs={f"{via}:{kind}": n for (via, kind), n in self.runs.items()},
                    fallbacks=dict(self.fallbacks))
         if self.wd:
@@ -179,9 +222,14 @@ class Context:
         return f"ucudnn.torch.Context(optimizer={s.optimizer!r}, workspace_limit={limit}, policy={s.batch_size_policy!r})"
 
 
-def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel) -> dict:
-
-    out = dict(kind=kind.value, kernel=kernel.problem.describe(), via=kernel.via)
+def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel, torch_timing: TorchTiming | None,
+              delegated: bool) -> dict:
+    """One planned kernel for summary(): how it runs, its configuration and, where timed, torch's
+    own kernel (`delegated`: its layer runs torch's convolution)."""
+    out = dict(kind=kind.value, kernel=kernel.problem.describe(), via="torch" if delegated else kernel.via,
+               delegated=delegated)
+    if torch_timing is not None:
+        out.update(torch_ms=torch_timing.ms, torch_workspace=torch_timing.workspace)
     if isinstance(kernel, UcudnnKernel):
         configuration = kernel.assignment.configuration
         out.update(configuration=configuration.describe(),
@@ -190,8 +238,8 @@ def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel) -> dict:
     return out
 
 
-def _rebuild_context(settings: Settings) -> Context:
-    return Context(settings)
+def _rebuild_context(settings: Settings, delegate: bool = True) -> Context:
+    return Context(settings, delegate=delegate)
 
 
 _default: Context | None = None

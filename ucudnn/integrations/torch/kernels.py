@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
+import statistics
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -16,6 +17,25 @@ F_, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
 
 # The current stream's address without building a torch.cuda.Stream: ~10x cheaper per call.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+TORCH_REPEATS = 10  # timed calls of torch's own convolution per kernel, after warm-up ...
+TORCH_TIMING_BUDGET_MS = 50.0  # ... fewer where one call is long (a slow plan torch fell back to)
+
+
+def _allocated_total(device: torch.device) -> int:
+    """Bytes the caching allocator has handed out since the process started (never decreases)."""
+    return torch.cuda.memory_stats(device)["allocated_bytes.all.allocated"]
+
+
+def _event_times(run: Callable[[], Any], repeats: int) -> list[float]:
+    """Milliseconds of each of `repeats` calls of run(), by CUDA events on the current stream."""
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for start, end in pairs:
+        start.record()
+        run()
+        end.record()
+    pairs[-1][1].synchronize()
+    return [start.elapsed_time(end) for start, end in pairs]
 
 
 def _no_persistent_workspace(nbytes: int) -> int:
@@ -62,6 +82,27 @@ class CudaBackend:
     def synchronize(self, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
+    def time_torch(self, problem: ConvProblem, device: torch.device) -> TorchTiming:
+        """Time torch's own convolution of `problem` on new operands, on the current stream:
+        warmed up first (torch's benchmark mode picks its plan on the first call, under the memory
+        free now), then timed with CUDA events; its workspace is what it allocates beyond its
+        result, read from the caching allocator's running total (peak statistics stay untouched)."""
+        dtype = getattr(torch, problem.dtype)
+        fmt = torch.channels_last if problem.layout == "nhwc" else torch.contiguous_format
+        x, w, y = (torch.randn(shape, dtype=dtype, device=device).contiguous(memory_format=fmt)
+                   for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
+        convolve = torch_convolution(problem)
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            convolve(x, w, y)
+            torch.cuda.synchronize(device)
+            before = _allocated_total(device)
+            result = convolve(x, w, y)
+            workspace = max(0, _allocated_total(device) - before - result.nbytes)
+            first = _event_times(lambda: convolve(x, w, y), 1)[0]
+            repeats = max(1, min(TORCH_REPEATS, int(TORCH_TIMING_BUDGET_MS / max(first, 1e-3))))
+            ms = statistics.median(_event_times(lambda: convolve(x, w, y), repeats))
+        return TorchTiming(ms, workspace)
+
 
 class UcudnnKernel:
     """A planned kernel, compiled for its handle's executor: one call runs every micro-batch."""
@@ -94,12 +135,27 @@ class TorchKernel:
     def __init__(self, problem: ConvProblem):
         self.problem = problem
         self.counted = (self.via, problem.kind.value)
+        self._convolve = torch_convolution(problem)
 
     def __call__(self, x: Tensor, w: Tensor, y: Tensor) -> None:
-        p = self.problem
-        args = (list(p.strides), list(p.pads), list(p.dilations), False, [0, 0], p.groups)
-        if p.kind is F_:
-            y.copy_(torch.ops.aten.convolution(x, w, None, *args))
-            return
-        dx, dw, _ = torch.ops.aten.convolution_backward(y, x, w, None, *args, [p.kind is BD, p.kind is BF, False])
-        (x if p.kind is BD else w).copy_(dx if p.kind is BD else dw)
+        kind = self.problem.kind
+        (y if kind is F_ else x if kind is BD else w).copy_(self._convolve(x, w, y))
+
+
+def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """torch's own convolution of `problem`'s kind on (x, w, y): returns y for F, dx for BD (from
+    dy = y) and dw for BF, each a new tensor, as torch's layer computes it."""
+    p = problem
+    args = (list(p.strides), list(p.pads), list(p.dilations), False, [0, 0], p.groups)
+    if p.kind is F_:
+        return lambda x, w, y: torch.ops.aten.convolution(x, w, None, *args)
+    mask, index = [p.kind is BD, p.kind is BF, False], 0 if p.kind is BD else 1
+    return lambda x, w, y: torch.ops.aten.convolution_backward(y, x, w, None, *args, mask)[index]
+
+
+class TorchTiming(NamedTuple):
+    """torch's own convolution of a kernel, as measured in this process: its median GPU time and
+    the bytes it allocates beyond its result (the workspace of the plan torch chose)."""
+
+    ms: float
+    workspace: int

@@ -12,7 +12,7 @@ from torch.autograd.function import once_differentiable
 from ...config import format_size
 from ...errors import ConfigError, UcudnnWarning
 from ...problem import ConvKind
-from .call import Prepared, prepare
+from .call import pack, resolve
 from .context import Context, _settings, default_context
 from .fallback import warn_once
 from .sites import Site
@@ -70,16 +70,19 @@ class Conv2d(nn.Conv2d):
     @_compiler_disable
     def forward(self, input: Tensor) -> Tensor:
         context = self.ucudnn_context or default_context()
-        prepared = prepare(self, input, context)
-        if isinstance(prepared, str):
-            context.fallbacks[prepared] += 1
-            warn_once(prepared)
-        if not isinstance(prepared, Prepared):
+        site = resolve(self, input, context)
+        if isinstance(site, str):
+            context.fallbacks[site] += 1
+            warn_once(site)
+        if not isinstance(site, Site):
             return super().forward(input)
         if context.records(self):
-            context.record(prepared.call, _kinds_needed(prepared))
+            context.record(site.call, site.kinds)
             return super().forward(input)
-        y = _Convolution.apply(prepared.x, prepared.weight, prepared.bias, context, prepared.site)
+        if context.delegates(site):
+            return super().forward(input)
+        x, weight, bias = pack(self, input, site)
+        y = _Convolution.apply(x, weight, bias, context, site)
         return y if input.dim() == 4 else y.squeeze(0)
 
     def extra_repr(self) -> str:
@@ -88,19 +91,12 @@ class Conv2d(nn.Conv2d):
         return f"{super().extra_repr()}, ucudnn={s.optimizer}@{format_size(s.workspace_limit)}"
 
 
-def _kinds_needed(prepared: Prepared) -> tuple[ConvKind, ...]:
-    """The kernels a training step will run: BD only where the input needs a gradient."""
-    grad = torch.is_grad_enabled()
-    return ((F_,) + ((BD,) if grad and prepared.x.requires_grad else ())
-            + ((BF,) if grad and prepared.weight.requires_grad else ()))
-
-
 # --- converting models -----------------------------------------------------------------------------
 
 def convert(model: nn.Module, workspace_limit: int | str | None = None, optimizer: str | None = None,
             policy: str | None = None, total_limit: int | str | None = None, *, sample_input: Any = None,
             cache_path: str | None = None, execution: str | None = None,
-            context: Context | None = None) -> nn.Module:
+            context: Context | None = None, delegate: bool = True) -> nn.Module:
     """Turn every torch.nn.Conv2d of `model` (nested ones too, and `model` itself) into a
     ucudnn.torch.Conv2d in place, and return `model`.
 
@@ -112,11 +108,15 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     or "direct"; None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
     of positional arguments) runs one pass with torch's convolutions in which every layer records
     its kernels; then they are planned (WD: solved once). Run it under the autocast and grad mode
-    of training. Subclasses of nn.Conv2d are left alone (they may change forward)."""
+    of training. `delegate`: under WR, layers whose kernels ucudnn would not speed up (torch's
+    own fit the limit and are about as fast) run torch's own convolution, which costs less host
+    time (see ucudnn.integrations.torch.delegation); False runs every layer through ucudnn.
+    Subclasses of nn.Conv2d are left alone (they may change forward)."""
     settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
-    if context is not None and any(v is not None for v in settings):
-        raise ConfigError("pass either context= or settings (workspace_limit, optimizer, ...) to convert(), not both")
-    context = context or Context(_settings(*settings))
+    if context is not None and (any(v is not None for v in settings) or not delegate):
+        raise ConfigError("pass either context= or settings (workspace_limit, optimizer, delegate, ...) "
+                          "to convert(), not both")
+    context = context or Context(_settings(*settings), delegate=delegate)
     skipped = set()
     for module in model.modules():
         if type(module) is nn.Conv2d:

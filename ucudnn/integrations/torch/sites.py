@@ -1,9 +1,10 @@
 """Call sites of converted layers: what one layer call resolves to, remembered between iterations.
 
 A training step calls each layer with the same tensors' metadata every iteration. Everything
-prepare() decides from that metadata (fallback or not, the Call, its output shape and memory
-format) and the kernels the Call runs are found once per signature and kept in a Site, so a
-steady-state call only builds a small tuple, looks it up, and runs its kernels.
+resolve() decides from that metadata (fallback or not, the Call, the kernels it needs, its output
+shape and memory format), the planned kernels and whether the layer is delegated to torch are
+found once per signature and kept in a Site, so a steady-state call only builds a small tuple,
+looks it up, and runs its kernels (or torch's layer).
 
 A signature holds everything that decision reads, so a site is a pure function of its signature
 (and the Context holding it): layers with equal signatures share one site.
@@ -20,24 +21,28 @@ MAX_SITES = 4096  # per Context: beyond it (inputs of ever new shapes) the cache
 
 def signature(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
               math: str) -> tuple:
-    """What prepare() reads of `module`, `input` and torch's global state, as a cheap key."""
+    """What resolve() reads of `module`, `input` and torch's global state, as a cheap key."""
     return (input.shape, input.stride(), input.dtype, input.device, weight.shape, weight.stride(),
             weight.dtype, weight.device, dtype, autocast, math, module.padding, module.stride,
             module.dilation, module.groups, module.padding_mode, module.in_channels, module.out_channels,
-            torch.are_deterministic_algorithms_enabled())
+            torch.are_deterministic_algorithms_enabled(), torch.is_grad_enabled(), input.requires_grad,
+            weight.requires_grad)
 
 
 class Site:
-    """A Call ucudnn runs, with what each of its calls needs: the output's shape and memory
-    format, and its kernels by kind (filled by the Context on first run)."""
+    """A Call ucudnn runs, with what each of its calls needs: the kernels it runs (`kinds`), the
+    dtype, the output's shape and memory format, its planned kernels by kind (filled by the
+    Context on first run), and whether the Context delegates it to torch (None: not decided yet)."""
 
-    __slots__ = ("call", "y_shape", "memory_format", "kernels")
+    __slots__ = ("call", "kinds", "dtype", "y_shape", "memory_format", "kernels", "delegated")
 
-    def __init__(self, call: Any):
-        self.call = call
+    def __init__(self, call: Any, kinds: tuple = ()):
+        self.call, self.kinds = call, kinds
+        self.dtype = getattr(torch, call.dtype)
         self.y_shape = call.y_shape
         self.memory_format = call.memory_format
         self.kernels: dict = {}
+        self.delegated: bool | None = None
 
 
 class Sites:
@@ -49,13 +54,13 @@ class Sites:
         self.resolved = 0  # signatures resolved (cache misses): what tests and benchmarks check
 
     def get(self, key: Hashable, resolve) -> Site | str | None:
-        """The site of `key`, from `resolve()` (a Call, a reason or None) on first sight."""
+        """The site of `key`, from `resolve()` (a Call and its kinds, a reason or None) on first sight."""
         try:
             return self._sites[key]
         except KeyError:
             pass
         resolved = resolve()
-        site = resolved if resolved is None or isinstance(resolved, str) else Site(resolved)
+        site = resolved if resolved is None or isinstance(resolved, str) else Site(*resolved)
         if len(self._sites) >= self.max_sites:
             self.clear()
         self._sites[key] = site
@@ -68,6 +73,7 @@ class Sites:
         for site in self._sites.values():
             if isinstance(site, Site):
                 site.kernels.clear()
+                site.delegated = None
         self._sites.clear()
 
     def __len__(self) -> int:
