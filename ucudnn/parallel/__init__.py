@@ -11,7 +11,7 @@ and what it had left is measured again once by the workers that survived, or rep
 
 `ucudnn bench` (ucudnn.cli) is its command line; under MPI: `python -m mpi4py -m ucudnn bench --mpi ...`.
 
-Modules: `tasks` (tasks, their partition and the retrying sweep), `devices` (GPU checks and
+Modules: `tasks` (tasks, their partition and the retrying sweep), `devices` (GPU checks, backends and
 timing presets), `pool` (one worker process per GPU, shard files), `mpi` (the ranks of an MPI
 job). Their public names are re-exported here.
 """
@@ -21,9 +21,9 @@ from .devices import (DEVICES_VARIABLE, TIMINGS, Factory, backend_setting, bench
 from .mpi import LAUNCHER_SIZE_VARIABLES, bench_with_mpi, check_ranks_fit, check_world, mpi_world, on_root
 from .pool import (EXIT_GRACE_S, PoolRound, WorkerJob, bench_on_devices, exit_reason, merge_shards, new_shard_dir,
                    remove_if_empty, run_worker)
-from .tasks import (BACKEND_WEIGHTS, ENGINE_TASK_WEIGHT, RETRIES, SIZES_PER_CALL, TASK_OVERHEAD_FLOPS, KernelProgress,
-                    MeasureCall, Progress, SizesFor, Task, calls, measure_share, missing_message, partition, split_tasks,
-                    sweep)
+from .tasks import (BACKEND_WEIGHTS, ENGINE_TASK_WEIGHT, RETRIES, SIZES_PER_CALL, TASK_OVERHEAD_FLOPS,
+                    KernelProgress, MeasureCall, Progress, SizesFor, Task, calls, measure_share, missing_message,
+                    partition, split_tasks, sweep)
 
 __all__ = [
     # tasks
