@@ -5,28 +5,39 @@ import itertools
 
 from ucudnn.backends import Backends
 from ucudnn.device import DeviceInfo
-from ucudnn.measurements import OK, OVER_CAP, Measurement
+from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, Measurement
 
 FAKE_DEVICE = DeviceInfo("Fake GPU", "0.0", 91900, 0, "testhost", execution="graph")
 
 # algorithm -> (ms per sample, fixed ms, workspace bytes per sample): fast ones need workspace
 ALGORITHMS = {"legacy:A0": (0.050, 0.01, 0), "legacy:A1": (0.020, 0.02, 64 * 2**10),
               "legacy:A2": (0.008, 0.05, 1 * 2**20)}
+# the engine backend's candidates, as FakeBenchmarker(backends=(..., "engines")) measures them; None: unsupported
+ENGINE_ALGORITHMS = {"engines:E0": (0.030, 0.015, 0), "engines:E1": (0.006, 0.04, 2 * 2**20), "engines:E2": None}
+CANDIDATES = {"legacy": ALGORITHMS, "engines": ENGINE_ALGORITHMS}
 
 
 class FakeBenchmarker:
     """t(a, b) = work * (per_sample * b + fixed); ws(a, b) = ws_per_sample * b * work, where work
-    is the kernel's per-sample size. Counts measurements."""
+    is the kernel's per-sample size. Counts measurements. Measures the candidates of `backend`
+    (None: of each of its `backends`, CANDIDATES); a backend it was not made with is refused
+    (ConfigError), as CudnnBenchmarker refuses it."""
 
-    def __init__(self, device: DeviceInfo = FAKE_DEVICE, scale: float = 1.0):
+    def __init__(self, device: DeviceInfo = FAKE_DEVICE, scale: float = 1.0, backends=("legacy",)):
         self.device, self.scale, self.calls = device, scale, 0
-        self.backends = Backends([FakeBackend("legacy")])
+        self.backends = Backends([FakeBackend(name) for name in backends])
 
     def measure(self, problem, sizes, cap, backend=None):
+        names = [self.backends[backend].name] if backend else self.backends.names
+        candidates = {algo: model for name in names for algo, model in CANDIDATES[name].items()}
         results = []
         work = problem.flops() / problem.batch / 1e6  # per-sample size of the kernel
-        for b, (algo, (per, fixed, ws_per)) in itertools.product(sorted(set(sizes)), ALGORITHMS.items()):
+        for b, (algo, model) in itertools.product(sorted(set(sizes)), candidates.items()):
             self.calls += 1
+            if model is None:
+                results.append(Measurement(algo, b, None, 0, UNSUPPORTED))
+                continue
+            per, fixed, ws_per = model
             ws = int(ws_per * b * max(work, 1e-3))
             if cap is not None and ws > cap:
                 results.append(Measurement(algo, b, None, ws, OVER_CAP))

@@ -1,5 +1,6 @@
-"""Parallel benchmarking on the CPU: the partition of tasks, worker processes with a fake
-benchmarker (crashing ones included), and the MPI logic with ranks simulated by threads."""
+"""Parallel benchmarking on the CPU: the partition of (kernel, size, backend) tasks, worker
+processes with a fake benchmarker of both backends (crashing ones included), and the MPI logic
+with ranks simulated by threads."""
 from __future__ import annotations
 
 import functools
@@ -15,14 +16,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ucudnn import parallel
+from ucudnn.backends import BACKENDS, CHOICES, resolve
 from ucudnn.benchmark import ensure_tables
 from ucudnn.cache import BenchmarkDatabase, schema
-from ucudnn.cli import build_parser
+from ucudnn.cli import build_parser, commands
 from ucudnn.config import batch_sizes
 from ucudnn.device import DeviceInfo
 from ucudnn.errors import ConfigError, MissingMeasurementsError
 from ucudnn.nets import get_network
-from ucudnn.parallel import Task, bench_devices, bench_on_devices, bench_with_mpi, calls, partition, split_tasks
+from ucudnn.parallel import (MeasureCall, Task, bench_devices, bench_on_devices, bench_with_mpi, calls, partition,
+                             split_tasks)
 
 BATCH = 12
 PROBLEMS = [k.problem for k in get_network("alexnet").problems(BATCH)]  # 15 kernels
@@ -37,11 +40,22 @@ def sizes_for(problem):
 
 
 def fake_factory(device: int) -> FakeBenchmarker:
-    return FakeBenchmarker()
+    """A benchmarker that can measure either backend: the sweep decides which it is asked for."""
+    return FakeBenchmarker(backends=BACKENDS)
 
 
 def other_gpu_factory(device: int) -> FakeBenchmarker:
     return FakeBenchmarker(OTHER_GPU if device == 1 else FAKE_DEVICE)
+
+
+def setting_factory(device: int, backend: str) -> FakeBenchmarker:
+    """As cuda_benchmarker: a benchmarker of the backends its `backend` setting names only."""
+    return FakeBenchmarker(backends=resolve(backend))
+
+
+def fake_default_factory(timing, execution="graph", backend="") -> functools.partial:
+    """Stands in for parallel.devices.default_factory: what the sweep gives its workers."""
+    return functools.partial(setting_factory, backend=backend)
 
 
 class CrashingBenchmarker(FakeBenchmarker):
@@ -51,7 +65,7 @@ class CrashingBenchmarker(FakeBenchmarker):
         super().__init__()
         self.after, self.how, self.marker, self.count = after, how, marker, 0
 
-    def measure(self, problem, sizes, cap):
+    def measure(self, problem, sizes, cap, backend=None):
         self.count += 1
         if self.count > self.after:
             Path(self.marker).touch()
@@ -60,7 +74,7 @@ class CrashingBenchmarker(FakeBenchmarker):
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(3)
-        return super().measure(problem, sizes, cap)
+        return super().measure(problem, sizes, cap, backend)
 
 
 def crashing_factory(device: int, crash_on: int, after: int, how: str, marker: str) -> FakeBenchmarker:
@@ -87,16 +101,30 @@ def rows(path: Path) -> tuple[set, set]:
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory) -> tuple[set, set]:
-    """What one writer records: ensure_tables with one fake benchmarker."""
-    path = tmp_path_factory.mktemp("single") / "single.db"
-    with BenchmarkDatabase(path) as db:
-        ensure_tables(PROBLEMS, sizes_for, None, db, FakeBenchmarker())
-    return rows(path)
+def single_for(tmp_path_factory):
+    """single_for(setting): what one writer records, ensure_tables with one fake benchmarker of
+    the backends of the `backend` setting."""
+    recorded: dict[str, tuple[set, set]] = {}
+
+    def record(setting: str) -> tuple[set, set]:
+        if setting not in recorded:
+            path = tmp_path_factory.mktemp("single") / f"single-{setting}.db"
+            with BenchmarkDatabase(path) as db:
+                ensure_tables(PROBLEMS, sizes_for, None, db, FakeBenchmarker(backends=resolve(setting)))
+            recorded[setting] = rows(path)
+        return recorded[setting]
+
+    return record
+
+
+@pytest.fixture(scope="module")
+def single(single_for) -> tuple[set, set]:
+    """What one writer records with the legacy backend (the sweeps below default to it)."""
+    return single_for("legacy")
 
 
 def pool(path: Path, devices=(0, 1, 2), **kwargs) -> DeviceInfo:
-    kwargs = {"benchmarker_factory": fake_factory, "probe": fake_probe, **kwargs}
+    kwargs = {"benchmarker_factory": fake_factory, "probe": fake_probe, "backend": "legacy", **kwargs}
     return bench_on_devices(PROBLEMS, sizes_for, None, path, list(devices), **kwargs)
 
 
@@ -107,8 +135,8 @@ def leftovers(folder: Path) -> list[Path]:
 # ---- tasks and their partition
 
 
-tasks_strategy = st.lists(st.tuples(st.integers(0, len(PROBLEMS) - 1), st.integers(1, 256)), max_size=60).map(
-    lambda pairs: [Task(PROBLEMS[i], b) for i, b in pairs])
+tasks_strategy = st.lists(st.tuples(st.integers(0, len(PROBLEMS) - 1), st.integers(1, 256), st.sampled_from(BACKENDS)),
+                          max_size=60).map(lambda triples: [Task(PROBLEMS[i], b, backend) for i, b, backend in triples])
 
 
 @given(tasks_strategy, st.integers(1, 6))
@@ -132,18 +160,56 @@ def test_partition_needs_a_worker():
 
 def test_plan_is_what_the_database_lacks(tmp_path):
     with BenchmarkDatabase(tmp_path / "plan.db") as db:
-        tasks = split_tasks(PROBLEMS + PROBLEMS, sizes_for, None, db, FAKE_DEVICE)
+        tasks = split_tasks(PROBLEMS + PROBLEMS, sizes_for, None, db, FAKE_DEVICE, ("legacy",))
         assert len(tasks) == len(PROBLEMS) * BATCH  # duplicates once
         assert [t.batch for t in tasks[:BATCH]] == list(range(1, BATCH + 1))
         db.record(PROBLEMS[0], FAKE_DEVICE, FakeBenchmarker().measure(PROBLEMS[0], [1, 2, 3], None))
-        again = split_tasks(PROBLEMS, sizes_for, None, db, FAKE_DEVICE)
-    assert len(again) == len(tasks) - 3 and Task(PROBLEMS[0], 2) not in again
+        again = split_tasks(PROBLEMS, sizes_for, None, db, FAKE_DEVICE, ("legacy",))
+    assert len(again) == len(tasks) - 3 and Task(PROBLEMS[0], 2, "legacy") not in again
 
 
-def test_calls_group_sizes_of_one_kernel():
-    share = [Task(PROBLEMS[0], b) for b in range(1, 11)] + [Task(PROBLEMS[1], 4)]
-    assert [(p.key, sizes) for p, sizes in calls(share)] == [
-        (PROBLEMS[0].key, list(range(1, 9))), (PROBLEMS[0].key, [9, 10]), (PROBLEMS[1].key, [4])]
+def task_keys(tasks) -> list[tuple[str, int, str]]:
+    return [(t.problem.shape_key(), t.batch, t.backend) for t in tasks]
+
+
+@pytest.mark.parametrize("setting", CHOICES)
+@pytest.mark.parametrize("workers", range(1, 6))
+def test_split_of_kernel_size_backend_tasks_is_disjoint_and_complete(tmp_path, setting, workers):
+    smaller = [p.with_batch(8) for p in PROBLEMS]  # the same shapes: sizes 1-8 are wanted twice
+    wanted = {(p.shape_key(), b, backend) for p in PROBLEMS + smaller for b in sizes_for(p)
+              for backend in resolve(setting)}
+    with BenchmarkDatabase(tmp_path / "empty.db") as db:
+        tasks = split_tasks(PROBLEMS + smaller, sizes_for, None, db, FAKE_DEVICE, resolve(setting))
+    assert sorted(task_keys(tasks)) == sorted(wanted)  # complete, each (shape, size, backend) once
+    shares = partition(tasks, workers)
+    dealt = [key for share in shares for key in task_keys(share)]
+    assert sorted(dealt) == sorted(wanted)  # on exactly one worker
+    assert shares == partition(pickle.loads(pickle.dumps(tasks)), workers)  # every rank deals alike
+
+
+def test_engine_tasks_weigh_more():
+    legacy, engines = Task(PROBLEMS[0], 4, "legacy"), Task(PROBLEMS[0], 4, "engines")
+    assert engines.cost == parallel.ENGINE_TASK_WEIGHT * legacy.cost > legacy.cost
+
+
+def test_a_database_with_one_backend_lacks_only_the_other(tmp_path):
+    with BenchmarkDatabase(tmp_path / "legacy.db") as db:
+        ensure_tables(PROBLEMS, sizes_for, None, db, FakeBenchmarker(backends=("legacy",)))
+        assert split_tasks(PROBLEMS, sizes_for, None, db, FAKE_DEVICE, ("legacy",)) == []
+        tasks = split_tasks(PROBLEMS, sizes_for, None, db, FAKE_DEVICE, BACKENDS)
+    with BenchmarkDatabase(tmp_path / "empty.db") as db:
+        empty = split_tasks(PROBLEMS, sizes_for, None, db, FAKE_DEVICE, ("engines",))
+    assert {t.backend for t in tasks} == {"engines"}
+    assert task_keys(tasks) == task_keys(empty)  # every engine task, and no legacy one
+
+
+def test_calls_group_sizes_of_one_kernel_and_backend():
+    share = ([Task(PROBLEMS[0], b, "legacy") for b in range(1, 11)] + [Task(PROBLEMS[0], 3, "engines")]
+             + [Task(PROBLEMS[1], 4, "legacy")])
+    assert [(p.key, backend, sizes) for p, backend, sizes in calls(share)] == [
+        (PROBLEMS[0].key, "legacy", list(range(1, 9))), (PROBLEMS[0].key, "legacy", [9, 10]),
+        (PROBLEMS[0].key, "engines", [3]), (PROBLEMS[1].key, "legacy", [4])]
+    assert isinstance(calls(share)[0], MeasureCall)
 
 
 # ---- worker processes on one node
@@ -157,6 +223,30 @@ def test_workers_record_what_one_writer_does(tmp_path, single):
     assert progress[0] == (0, len(PROBLEMS)) and progress[-1] == (len(PROBLEMS), len(PROBLEMS))
     assert not leftovers(tmp_path)
     pool(tmp_path / "pool.db", worker=must_not_run)  # a second run has nothing to measure
+
+
+@pytest.mark.parametrize("setting", CHOICES)
+def test_workers_record_what_one_writer_does_per_backend(tmp_path, single_for, setting):
+    pool(tmp_path / "pool.db", backend=setting)
+    assert rows(tmp_path / "pool.db") == single_for(setting)
+    assert not leftovers(tmp_path)
+
+
+def test_a_second_backend_is_added_to_a_database_of_the_first(tmp_path, single_for):
+    pool(tmp_path / "pool.db", backend="legacy")
+    assert rows(tmp_path / "pool.db") == single_for("legacy")
+    pool(tmp_path / "pool.db", backend="all")
+    assert rows(tmp_path / "pool.db") == single_for("all")
+
+
+def test_the_backend_reaches_the_workers(tmp_path, single_for, monkeypatch):
+    """Without a benchmarker factory, the workers' default one is made for the backend setting:
+    a worker of the wrong backends would refuse its engine tasks."""
+    monkeypatch.setattr(parallel.pool, "default_factory", fake_default_factory)
+    pool(tmp_path / "pool.db", devices=[0, 1], benchmarker_factory=None, backend="engines")
+    assert rows(tmp_path / "pool.db") == single_for("engines")
+    pool(tmp_path / "one.db", devices=[0], benchmarker_factory=None, backend="engines", worker=must_not_run)
+    assert rows(tmp_path / "one.db") == single_for("engines")
 
 
 def test_one_gpu_is_measured_in_this_process(tmp_path, single):
@@ -175,11 +265,11 @@ def test_a_dead_worker_is_reported_and_the_cache_keeps_the_rest(tmp_path, single
     kernels, measurements = rows(tmp_path / "crash.db")
     assert measurements < single[1] and kernels <= single[0] and not leftovers(tmp_path)
     with BenchmarkDatabase(tmp_path / "empty.db") as empty:
-        shares = partition(split_tasks(PROBLEMS, sizes_for, None, empty, FAKE_DEVICE), 2)
+        shares = partition(split_tasks(PROBLEMS, sizes_for, None, empty, FAKE_DEVICE, ("legacy",)), 2)
     shape_key, batch = (list(schema.MEASUREMENT_COLUMNS).index(c) for c in ("shape_key", "batch"))
     kept = {(m[shape_key], m[batch]) for m in measurements}
     assert {(t.problem.shape_key(), t.batch) for t in shares[0]} <= kept  # GPU 0's whole share
-    recorded = [(p.shape_key(), b) for p, sizes in calls(shares[1])[:2] for b in sizes]
+    recorded = [(call.problem.shape_key(), b) for call in calls(shares[1])[:2] for b in call.sizes]
     assert set(recorded) <= kept  # and what GPU 1 recorded before it died
     pool(tmp_path / "crash.db", devices=[0, 1])  # the rerun measures only what is missing
     assert rows(tmp_path / "crash.db") == single
@@ -241,14 +331,17 @@ class ThreadComm:
 
 
 def mpi(path: Path, size: int = 2, factory=lambda rank: fake_factory, **kwargs) -> list:
-    """bench_with_mpi on `size` thread ranks; each rank's result or exception."""
+    """bench_with_mpi on `size` thread ranks (factory=None: each rank's default factory); each
+    rank's result or exception."""
     shared = {"slots": [None] * size, "barrier": threading.Barrier(size, timeout=60)}
     results: list = [None] * size
+    kwargs = {"backend": "legacy", **kwargs}
 
     def rank(r: int) -> None:
         try:
             results[r] = bench_with_mpi(PROBLEMS, sizes_for, None, path, comm=ThreadComm(r, shared),
-                                        benchmarker_factory=factory(r), device_count=lambda: size, **kwargs)
+                                        benchmarker_factory=factory and factory(r), device_count=lambda: size,
+                                        **kwargs)
         except Exception as exc:
             results[r] = exc
 
@@ -264,6 +357,18 @@ def mpi(path: Path, size: int = 2, factory=lambda rank: fake_factory, **kwargs) 
 def test_mpi_ranks_record_what_one_writer_does(tmp_path, single, shared):
     assert mpi(tmp_path / "mpi.db", shared=shared) == [FAKE_DEVICE, None]
     assert rows(tmp_path / "mpi.db") == single and not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_mpi_ranks_record_what_one_writer_does_for_both_backends(tmp_path, single_for, shared):
+    assert mpi(tmp_path / "mpi.db", size=3, shared=shared, backend="all") == [FAKE_DEVICE, None, None]
+    assert rows(tmp_path / "mpi.db") == single_for("all") and not leftovers(tmp_path)
+
+
+def test_the_backend_reaches_the_mpi_ranks(tmp_path, single_for, monkeypatch):
+    monkeypatch.setattr(parallel.mpi, "default_factory", fake_default_factory)
+    assert mpi(tmp_path / "mpi.db", factory=None, backend="engines") == [FAKE_DEVICE, None]
+    assert rows(tmp_path / "mpi.db") == single_for("engines")
 
 
 def test_mpi_rank_failure_is_retried_by_the_others(tmp_path, single):
@@ -310,3 +415,20 @@ def test_bench_devices_come_from_the_flag_then_the_variable(monkeypatch):
     monkeypatch.setenv("UCUDNN_BENCH_DEVICES", "zero")
     with pytest.raises(ConfigError, match="UCUDNN_BENCH_DEVICES: 'zero' is not a list of GPU numbers"):
         devices(parse())
+
+
+@pytest.mark.parametrize("flag, variable, expected", [(["--backend", "engines"], None, "engines"),
+                                                      ([], "legacy", "legacy"), ([], None, "")])
+@pytest.mark.parametrize("mpi_flag", [[], ["--mpi"]])
+def test_bench_passes_the_backend_to_the_parallel_sweep(monkeypatch, flag, variable, expected, mpi_flag):
+    asked = {}
+    record = lambda name: lambda *args, **kwargs: asked.update({name: kwargs["backend"]})  # noqa: E731
+    monkeypatch.setattr(commands, "bench_on_devices", record("pool"))
+    monkeypatch.setattr(commands, "bench_with_mpi", record("mpi"))
+    monkeypatch.delenv("UCUDNN_BACKEND", raising=False)
+    if variable:
+        monkeypatch.setenv("UCUDNN_BACKEND", variable)
+    args = build_parser().parse_args(["bench", "--net", "alexnet", "--batch", "4", *flag, *mpi_flag])
+    _, kernels = commands.kernels_of(args)
+    commands._bench_on_devices(kernels, commands._settings(args), [0, 1], None, args)
+    assert asked == {"mpi" if mpi_flag else "pool": expected}

@@ -82,10 +82,11 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
     timing, mpi = getattr(args, "timing", "default"), getattr(args, "mpi", None)
     if mpi:
         device = bench_with_mpi(problems, sizes_for, None, path, devices, shared=mpi == "shared",
-                                progress=progress, timing=timing, execution=settings.execution)
+                                progress=progress, timing=timing, execution=settings.execution,
+                                backend=settings.backend)
     else:
         device = bench_on_devices(problems, sizes_for, None, path, devices, progress=progress, timing=timing,
-                                  execution=settings.execution)
+                                  execution=settings.execution, backend=settings.backend)
     return device, path
 
 

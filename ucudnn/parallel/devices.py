@@ -1,5 +1,5 @@
-"""GPU checks and timing presets: the benchmarker a worker makes on its GPU, what a GPU is
-(probed without a context), and the refusal of GPUs listed twice or of different models."""
+"""GPU checks, timing presets and backends: the benchmarker a worker makes on its GPU, what a
+GPU is (probed without a context), and the refusal of GPUs listed twice or of different models."""
 from __future__ import annotations
 
 import functools
@@ -7,6 +7,7 @@ import os
 from collections import Counter
 from typing import Callable, Mapping, Sequence
 
+from ..backends import resolve
 from ..benchmark import Benchmarker, TimingSettings
 from ..device import Provenance, check_execution
 from ..errors import ConfigError
@@ -54,18 +55,32 @@ def timing_settings(timing: str | TimingSettings) -> TimingSettings:
     return TIMINGS[timing]
 
 
-def cuda_benchmarker(device: int, timing: TimingSettings = TIMINGS["default"], execution: str = "graph") -> Benchmarker:
-    """A CudnnBenchmarker on GPU `device` (made current first), the workers' default."""
+def sweep_backends(backend: str) -> tuple[str, ...]:
+    """The backends a sweep measures for a `backend` setting (ucudnn.backends.resolve), resolved
+    once by the process that plans; its workers get them as an explicit setting (backend_setting)."""
+    return resolve(backend)
+
+
+def backend_setting(backends: Sequence[str]) -> str:
+    """The `backend` setting that names exactly `backends`, whatever is installed where it is read."""
+    return backends[0] if len(backends) == 1 else "all"
+
+
+def cuda_benchmarker(device: int, timing: TimingSettings = TIMINGS["default"], execution: str = "graph",
+                     backend: str = "") -> Benchmarker:
+    """A CudnnBenchmarker of `backend` on GPU `device` (made current first), the workers' default."""
     from .. import gpu
     from ..benchmark import CudnnBenchmarker
 
     gpu.cupy().cuda.Device(device).use()
-    return CudnnBenchmarker(timing=timing, execution=execution)
+    return CudnnBenchmarker(timing=timing, execution=execution, backend=backend)
 
 
-def default_factory(timing: str | TimingSettings, execution: str = "graph") -> Factory:
-    """cuda_benchmarker with these timing settings, for this execution, picklable for the workers."""
-    return functools.partial(cuda_benchmarker, timing=timing_settings(timing), execution=check_execution(execution))
+def default_factory(timing: str | TimingSettings, execution: str = "graph", backend: str = "") -> Factory:
+    """cuda_benchmarker with these timing settings, for this execution and backend setting,
+    picklable for the workers."""
+    return functools.partial(cuda_benchmarker, timing=timing_settings(timing), execution=check_execution(execution),
+                             backend=backend)
 
 
 def cuda_device_count() -> int:

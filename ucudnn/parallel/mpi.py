@@ -15,7 +15,7 @@ from ..cache.paths import shard_path
 from ..device import Provenance
 from ..errors import ConfigError, GpuUnavailableError, UcudnnError
 from ..problem import ConvProblem
-from .devices import Factory, check_one_model, cuda_device_count, default_factory
+from .devices import Factory, backend_setting, check_one_model, cuda_device_count, default_factory, sweep_backends
 from .pool import merge_shards, new_shard_dir, remove_if_empty
 from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep
 
@@ -97,22 +97,24 @@ def _attempt(action: Callable[[], Benchmarker]) -> tuple[Benchmarker | None, str
 def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, path,
                    devices: Sequence[int] | None = None, *, comm=None, shared: bool = False,
                    progress: Progress | None = None, timing: str | TimingSettings = "default",
-                   execution: str = "graph", benchmarker_factory: Factory | None = None, device_count: Callable[[], int] | None = None,
-                   retries: int = RETRIES) -> Provenance | None:
+                   execution: str = "graph", backend: str = "", benchmarker_factory: Factory | None = None,
+                   device_count: Callable[[], int] | None = None, retries: int = RETRIES) -> Provenance | None:
     """`bench_on_devices` for the ranks of an MPI job (call it on every rank): the k-th rank of
     each host measures on the k-th GPU of `devices` (default: every GPU of the host), rank r
     takes share r of the same partition and writes its own shard, merged into `path` by rank 0
-    after all are done, or with `shared` writes the database at `path` itself. Returns the GPU
-    measured on at rank 0 and None at the others. `comm` defaults to mpi4py's COMM_WORLD."""
+    after all are done, or with `shared` writes the database at `path` itself. Rank 0 resolves
+    the `backend` setting for all. Returns the GPU measured on at rank 0 and None at the
+    others. `comm` defaults to mpi4py's COMM_WORLD."""
     comm = comm if comm is not None else mpi_world()
     problems, rank = list(problems), comm.Get_rank()
     check_world(comm.Get_size())
+    backends = on_root(comm, lambda: sweep_backends(backend))  # the frontend may be installed on some nodes only
     hosts = comm.allgather(socket.gethostname())
     gpus = comm.allgather(list(devices) if devices else list(range((device_count or cuda_device_count)())))
     check_ranks_fit(hosts, gpus)
     local = [hosts[:r].count(h) for r, h in enumerate(hosts)]
     labels = [f"rank {r} (host {h}, GPU {gpus[r][local[r]]})" for r, h in enumerate(hosts)]
-    factory = benchmarker_factory or default_factory(timing, execution)
+    factory = benchmarker_factory or default_factory(timing, execution, backend_setting(backends))
     benchmarker, error = _attempt(lambda: factory(gpus[rank][local[rank]]))
     infos, errors = zip(*comm.allgather((benchmarker.device if benchmarker else None, error)))
     alive = [r for r, info in enumerate(infos) if info is not None]
@@ -125,7 +127,7 @@ def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: in
     def replan() -> list[Task]:
         def split() -> list[Task]:
             with BenchmarkDatabase(target) as database:
-                return split_tasks(problems, sizes_for, cap, database, device)
+                return split_tasks(problems, sizes_for, cap, database, device, backends)
         return on_root(comm, split)
 
     def run_round(tasks: list[Task], alive: list[int]) -> dict[int, str]:

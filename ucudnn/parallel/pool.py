@@ -18,7 +18,8 @@ from ..cache.paths import shard_path
 from ..device import Provenance
 from ..errors import ConfigError
 from ..problem import ConvProblem
-from .devices import DEVICES_VARIABLE, Factory, check_devices, check_one_model, cuda_probe, default_factory
+from .devices import (DEVICES_VARIABLE, Factory, backend_setting, check_devices, check_one_model, cuda_probe,
+                      default_factory, sweep_backends)
 from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep
 
 EXIT_GRACE_S = 60  # how long a worker that closed its pipe may take to exit before it is terminated
@@ -153,27 +154,32 @@ class PoolRound:
 
 def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, path,
                      devices: Sequence[int], *, progress: Progress | None = None,
-                     timing: str | TimingSettings = "default", execution: str = "graph",
+                     timing: str | TimingSettings = "default", execution: str = "graph", backend: str = "",
                      benchmarker_factory: Factory | None = None, probe: Callable[[int], Provenance] | None = None,
                      worker: Callable | None = None, retries: int = RETRIES) -> Provenance:
     """Measure what the database at `path` lacks of `problems` (the sizes `sizes_for` gives,
-    within `cap` bytes of workspace) on the GPUs `devices` of this node, one worker process
-    each, and merge the results into it; returns the GPU measured on. One GPU is measured in
-    this process, exactly as `ucudnn bench` on one GPU. GPUs of different models are refused.
-    Times are taken for `execution` (ucudnn.device.EXECUTIONS).
+    within `cap` bytes of workspace, for each backend the `backend` setting selects) on the
+    GPUs `devices` of this node, one worker process each, and merge the results into it;
+    returns the GPU measured on. One GPU is measured in this process, exactly as `ucudnn bench`
+    on one GPU. GPUs of different models are refused. Times are taken for `execution`
+    (ucudnn.device.EXECUTIONS).
 
     `benchmarker_factory(gpu)` (picklable: it runs in the workers), `probe(gpu)` and
     `worker(job, events)` replace the GPU parts in tests. Raises MissingMeasurementsError if
     measurements are still missing after `retries` rounds on the workers that survived."""
-    problems, devices = list(problems), check_devices(devices)
-    factory = benchmarker_factory or default_factory(timing, execution)
+    problems, devices, backends = list(problems), check_devices(devices), sweep_backends(backend)
+    factory = benchmarker_factory or default_factory(timing, execution, backend_setting(backends))
     infos = [(probe or cuda_probe)(d).for_execution(execution) for d in devices]
     check_one_model([(f"GPU {d}", info) for d, info in zip(devices, infos)])
     target = resolve_path(path)
     if len(devices) == 1:
-        return _bench_in_process(problems, sizes_for, cap, target, factory(devices[0]), progress)
-    with BenchmarkDatabase(target) as database:
-        tasks = split_tasks(problems, sizes_for, cap, database, infos[0])
+        return _bench_in_process(problems, sizes_for, cap, target, factory(devices[0]), backends, progress)
+
+    def replan() -> list[Task]:
+        with BenchmarkDatabase(target) as database:
+            return split_tasks(problems, sizes_for, cap, database, infos[0], backends)
+
+    tasks = replan()
     if not tasks:
         return infos[0]
     folder = new_shard_dir(target)
@@ -187,10 +193,6 @@ def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: 
         finally:
             merge_shards(folder, target)
 
-    def replan() -> list[Task]:
-        with BenchmarkDatabase(target) as database:
-            return split_tasks(problems, sizes_for, cap, database, infos[0])
-
     try:
         sweep(tasks, devices, run_round, replan, lambda d: f"the worker on GPU {d}", target, retries)
     finally:
@@ -200,10 +202,10 @@ def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: 
 
 
 def _bench_in_process(problems, sizes_for: SizesFor, cap: int | None, target: Path, benchmarker: Benchmarker,
-                      progress: Progress | None) -> Provenance:
+                      backends: Sequence[str], progress: Progress | None) -> Provenance:
     cache = Cache(target)
     try:
-        ensure_tables(problems, sizes_for, cap, cache, benchmarker, progress)
+        ensure_tables(problems, sizes_for, cap, cache, benchmarker, progress, backends=backends)
     finally:
         cache.close()
     return benchmarker.device

@@ -1,5 +1,5 @@
-"""Benchmark tasks: what the database lacks, split into shares by estimated cost, measured
-share by share, and the sweep that retries what failed workers left on those that survived."""
+"""Benchmark tasks: what the database lacks, per backend, split into shares by estimated cost,
+measured share by share, and the sweep that retries what failed workers left on those that survived."""
 from __future__ import annotations
 
 import functools
@@ -7,7 +7,7 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Iterable, Sequence, TypeVar
+from typing import Callable, Hashable, Iterable, NamedTuple, Sequence, TypeVar
 
 from ..benchmark import Benchmarker
 from ..device import DeviceInfo
@@ -21,6 +21,11 @@ Progress = Callable[[int, int, ConvProblem], None]
 SIZES_PER_CALL = 8  # sizes of one kernel measured (and recorded, in one transaction) together
 TASK_OVERHEAD_FLOPS = 10**11  # the fixed cost of a task (descriptors, queries, launches) in flops
 RETRIES = 1  # rounds that re-measure what failed workers left, on the workers that survived
+# An engines task costs this many legacy tasks of the same flops: the AlexNet engine sweep of
+# docs/results.md measured 29-36 candidates per (kernel, size) (each a plan built, then timed
+# coarse), legacy lists at most 8 algorithms. Only the balance of the shares depends on it.
+ENGINE_TASK_WEIGHT = 4
+BACKEND_WEIGHTS = {"legacy": 1, "engines": ENGINE_TASK_WEIGHT}
 
 
 # ---- tasks and their partition
@@ -28,15 +33,19 @@ RETRIES = 1  # rounds that re-measure what failed workers left, on the workers t
 
 @dataclass(frozen=True)
 class Task:
-    """One kernel at one micro-batch size: every algorithm is measured at that size."""
+    """One kernel at one micro-batch size with one backend: every candidate of that backend
+    (ucudnn.backends) is measured at that size."""
 
     problem: ConvProblem
     batch: int
+    backend: str
 
     @property
     def cost(self) -> int:
-        """Relative cost estimate: the flops of the micro-batch plus a fixed overhead."""
-        return _sample_flops(self.problem) * self.batch + TASK_OVERHEAD_FLOPS
+        """Relative cost estimate: the flops of the micro-batch plus a fixed overhead, times the
+        backend's weight (BACKEND_WEIGHTS)."""
+        weight = BACKEND_WEIGHTS[self.backend]
+        return (_sample_flops(self.problem) * self.batch + TASK_OVERHEAD_FLOPS) * weight
 
 
 @functools.lru_cache(maxsize=4096)
@@ -45,23 +54,30 @@ def _sample_flops(problem: ConvProblem) -> int:
 
 
 def split_tasks(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, database,
-               device: DeviceInfo) -> list[Task]:
+                device: DeviceInfo, backends: Sequence[str]) -> list[Task]:
     """The tasks a single-GPU `ensure_tables` would measure: for each kernel (in order of first
-    appearance) the sizes `sizes_for` asks for whose measurements `database` (a Cache or
-    BenchmarkDatabase) lacks on `device`'s GPU model within `cap`, each (shape, size) once."""
+    appearance) and each of `backends` (in their order) the sizes `sizes_for` asks for whose
+    measurements of that backend `database` (a Cache or BenchmarkDatabase) lacks on `device`'s
+    GPU model within `cap`, each (shape, size, backend) once."""
     problems = list({p.key: p for p in problems}.values())
     tables = database.tables(problems, device)
-    tasks: dict[tuple[str, int], Task] = {}
+    tasks: dict[tuple[str, int, str], Task] = {}
     for p in problems:
-        for b in tables[p.shape_key()].missing(sizes_for(p), cap):
-            tasks.setdefault((p.shape_key(), b), Task(p, b))
+        for backend in backends:
+            for b in tables[p.shape_key()].only([backend]).missing(sizes_for(p), cap):
+                tasks.setdefault((p.shape_key(), b, backend), Task(p, b, backend))
     return list(tasks.values())
 
 
 def partition(tasks: Sequence[Task], parts: int) -> list[list[Task]]:
     """`tasks` in `parts` disjoint shares that cover them all, balanced by estimated cost (the
     costliest task first to the least loaded share, ties to the lower index) and each in the
-    order of `tasks`. Deterministic, so processes that compute it agree without talking."""
+    order of `tasks`. Deterministic, so processes that compute it agree without talking.
+
+    One rule for every backend, with no grouping of a kernel's sizes or backends on one worker:
+    each task is an independent measurement (a backend lists and builds its candidates per
+    micro-batch size, so a worker gains nothing from holding a kernel's other sizes), and a
+    task, hence a (shape, size, backend), is in exactly one share."""
     if parts < 1:
         raise ConfigError(f"cannot split benchmarking among {parts} workers; need at least 1")
     costs = [task.cost for task in tasks]
@@ -74,25 +90,41 @@ def partition(tasks: Sequence[Task], parts: int) -> list[list[Task]]:
     return [[tasks[i] for i in sorted(indices)] for indices in chosen]
 
 
-def calls(share: Sequence[Task]) -> list[tuple[ConvProblem, list[int]]]:
-    """Consecutive tasks of one kernel grouped into measure() calls of at most SIZES_PER_CALL sizes."""
-    grouped: list[tuple[ConvProblem, list[int]]] = []
+class MeasureCall(NamedTuple):
+    """One measure() call: sizes of one kernel, measured with one backend."""
+
+    problem: ConvProblem
+    backend: str
+    sizes: list[int]
+
+    def takes(self, task: Task) -> bool:
+        """Whether `task` can join this call."""
+        return (self.problem.key, self.backend) == (task.problem.key, task.backend) and \
+            len(self.sizes) < SIZES_PER_CALL
+
+
+def calls(share: Sequence[Task]) -> list[MeasureCall]:
+    """Consecutive tasks of one kernel and backend grouped into measure() calls of at most
+    SIZES_PER_CALL sizes."""
+    grouped: list[MeasureCall] = []
     for task in share:
-        if grouped and grouped[-1][0].key == task.problem.key and len(grouped[-1][1]) < SIZES_PER_CALL:
-            grouped[-1][1].append(task.batch)
+        if grouped and grouped[-1].takes(task):
+            grouped[-1].sizes.append(task.batch)
         else:
-            grouped.append((task.problem, [task.batch]))
+            grouped.append(MeasureCall(task.problem, task.backend, [task.batch]))
     return grouped
 
 
 def measure_share(share: Sequence[Task], benchmarker: Benchmarker, database, cap: int | None,
                   done: Callable[[ConvProblem, int], None] | None = None) -> None:
-    """Measure `share` and record it call by call (one short transaction each), so a process
-    that dies keeps everything recorded before; done(problem, sizes) after each call."""
-    for problem, sizes in calls(share):
-        database.record(problem, benchmarker.device, benchmarker.measure(problem, sizes, cap))
+    """Measure `share`, each task with its backend, and record it call by call (one short
+    transaction each), so a process that dies keeps everything recorded before;
+    done(problem, sizes) after each call."""
+    for call in calls(share):
+        measured = benchmarker.measure(call.problem, call.sizes, cap, backend=call.backend)
+        database.record(call.problem, benchmarker.device, measured)
         if done:
-            done(problem, len(sizes))
+            done(call.problem, len(call.sizes))
 
 
 class KernelProgress:
@@ -147,6 +179,7 @@ def missing_message(tasks: Sequence[Task], failures: dict[str, str], rounds: int
     why = "; ".join(f"{who} {reason}" for who, reason in failures.items()) or "no worker reported a failure"
     example = tasks[0]
     return (f"{len(tasks)} measurement task(s) of {kernels} kernel(s) are missing after {rounds} round(s) "
-            f"of measuring, e.g. {example.problem.describe()} at micro-batch {example.batch}: {why}. "
+            f"of measuring, e.g. {example.problem.describe()} at micro-batch {example.batch} ({example.backend} "
+            f"backend): {why}. "
             f"Everything measured is kept in {target}: run the same command again to measure only what "
             "is missing (with fewer GPUs if one keeps failing)")
