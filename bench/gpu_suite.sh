@@ -3,7 +3,8 @@
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment hostbound betaprobe
 #                                          l2probe record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
-#                                          layers-direct wd torchcap train (default: env tests)
+#                                          layers-direct wd torchcap train shapes coldstart
+#                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
 # Everything lands in $OUT/results/ and is packed into $OUT/results.tgz at the end (the device
@@ -26,6 +27,9 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, go on
   [ "$limit" -lt 5 ] && { echo "!!! $name skipped: no time left before DEADLINE"; status=1; return; }
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "!!! $name failed (exit $?)"; status=1; }
   echo "=== $name done in $((SECONDS - start)) s"; tail -n 25 "$OUT/$name.log"
+}
+budget() {  # budget SECONDS: that many, or less where DEADLINE leaves less (a script's own --deadline)
+  local left=$(( ${DEADLINE:-3600} - SECONDS - 40 )); echo $(( left < $1 ? left : $1 ))
 }
 seed_layers() { [ -f "$OUT/layers.db" ] || cp "$(ls cache/*.db | tail -n 1)" "$OUT/layers.db"; }
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env tests)
@@ -57,6 +61,10 @@ for stage in "${stages[@]}"; do
     # ucudnn's variants start from a copy of the shipped recording (outside $OUT: it is too large to bring back)
     train) cp -n "$(ls cache/*.db | tail -n 1)" /tmp/train-cache.db
            run train python3 bench/train_step.py --out "$OUT" --cache /tmp/train-cache.db --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ${TRAIN_ARGS:-} ;;
+    # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)
+    shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget 170)" ;;
+    # AlexNet: bench + optimize from an empty cache, then a fresh process to its first micro-batched iteration
+    coldstart) run coldstart python3 bench/cold_start.py --out "$OUT" --deadline "$(budget 150)" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -37,6 +37,7 @@ import torchvision
 from torch import nn
 
 import ucudnn.torch as ut
+from conv_step import Case
 from probe_setup import write_report
 from ucudnn.cache.paths import recorded_path
 
@@ -68,33 +69,6 @@ def distinct_layers(net: str) -> list[dict]:
     for handle in handles:
         handle.remove()
     return list(layers.values())
-
-
-class Case:
-    """One layer at one batch and precision: its input, output gradient and a step of a module."""
-
-    def __init__(self, layer: dict, batch: int, amp: bool):
-        self.amp = amp
-        fmt = torch.channels_last if amp else torch.contiguous_format
-        dtype = torch.float16 if amp else torch.float32
-        torch.manual_seed(0)
-        self.module = nn.Conv2d(**layer["spec"]).cuda().to(memory_format=fmt)
-        self.x = torch.randn(batch, *layer["chw"], device="cuda", dtype=dtype).contiguous(memory_format=fmt)
-        self.x.requires_grad_()
-        with torch.no_grad(), self.autocast():
-            self.dy = torch.randn_like(self.module(self.x))
-
-    def autocast(self):
-        return torch.autocast("cuda", dtype=torch.float16, enabled=self.amp)
-
-    def forward(self, module: nn.Module) -> torch.Tensor:
-        with self.autocast():
-            return module(self.x)
-
-    def step(self, module: nn.Module) -> None:
-        self.forward(module).backward(self.dy)
-        for p in (self.x, *module.parameters()):
-            p.grad = None
 
 
 # --- timing ------------------------------------------------------------------------------------------
@@ -199,7 +173,7 @@ def contexts(args) -> dict[str, ut.Context]:
 
 
 def run_case(layer: dict, batch: int, amp: bool, contexts_by_limit, sleeper, args) -> dict:
-    case = Case(layer, batch, amp)
+    case = Case(layer["spec"], (batch, *layer["chw"]), amp)
     variants = {"torch": case.module}
     for limit, context in contexts_by_limit.items():
         variants[f"ucudnn@{limit}"] = ut.convert(copy.deepcopy(case.module), context=context)
@@ -215,7 +189,7 @@ def run_case(layer: dict, batch: int, amp: bool, contexts_by_limit, sleeper, arg
 def profile_layer(layers: list[dict], batch: int, contexts_by_limit, args) -> str:
     """cProfile's top of the ucudnn path: steps of one ResNet-50 AMP layer, at the last limit."""
     layer = next((lay for lay in layers if lay["spec"]["kernel_size"] == (3, 3)), layers[0])
-    case = Case(layer, batch, amp=True)
+    case = Case(layer["spec"], (batch, *layer["chw"]), amp=True)
     module = ut.convert(copy.deepcopy(case.module), context=list(contexts_by_limit.values())[-1])
     for _ in range(args.warmup):
         case.step(module)
