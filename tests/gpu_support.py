@@ -46,15 +46,31 @@ def random_problem(rng: np.random.Generator, kind: ConvKind, dtype: str, math: s
     )
 
 
+def stored(values: np.ndarray, dtype: str) -> np.ndarray:
+    """`values` as a tensor of `dtype` holds them: bfloat16 as raw 16-bit patterns rounded to
+    nearest even (NumPy and CuPy have no bfloat16; ucudnn.gpu.random_array stores it alike)."""
+    if dtype != "bfloat16":
+        return values.astype(dtype)
+    bits = values.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+
+
+def as_float64(array: np.ndarray, dtype: str) -> np.ndarray:
+    """The values a host copy of a `dtype` tensor holds (see `stored`), in float64."""
+    if dtype != "bfloat16":
+        return array.astype(np.float64)
+    return (array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
 def host_operands(rng: np.random.Generator, p: ConvProblem) -> dict[str, np.ndarray]:
     """Random x, w, y in memory order, exactly representable in the problem's dtype."""
-    return {role: rng.uniform(-1, 1, reference.stored_shape(shape, p.layout)).astype(p.dtype)
+    return {role: stored(rng.uniform(-1, 1, reference.stored_shape(shape, p.layout)), p.dtype)
             for role, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape))}
 
 
 def expected(p: ConvProblem, host: dict[str, np.ndarray], alpha: float, beta: float) -> np.ndarray:
     """alpha * conv + beta * prior output, float64, in memory order."""
-    logical = {k: reference.to_logical(v.astype(np.float64), p.layout) for k, v in host.items()}
+    logical = {k: reference.to_logical(as_float64(v, p.dtype), p.layout) for k, v in host.items()}
     result = reference.convolve(p, logical["x"], logical["w"], logical["y"])
     out = OUTPUT[p.kind]
     return reference.from_logical(alpha * result + beta * logical[out], p.layout)

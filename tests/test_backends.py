@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import sys
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from fakes import FAKE_DEVICE, FakeBackend
-from ucudnn.backends import Backends, candidate_id, partials, resolve, split_id
+from ucudnn.backends import Backends, Candidate, candidate_id, partials, resolve, split_id
 from ucudnn.benchmark import ensure_tables, timing_step, worth_timing_again
 from ucudnn.cache import Cache
 from ucudnn.cache.database import BenchmarkDatabase
 from ucudnn.config import Settings
 from ucudnn.dispatch import steps
 from ucudnn.errors import BackendUnavailableError, ConfigError, MissingMeasurementsError
-from ucudnn.measurements import OK, OVER_CAP, KernelTable, Measurement
+from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.problem import ConvProblem
 
@@ -60,6 +61,77 @@ def test_math_types_exclude_tf32_and_down_conversion():
     assert excluded_notes(fe, kernel("default")) == ["DOWN"]  # fp32 default math allows TF32, as legacy does
     assert excluded_notes(fe, kernel("tensor_op", "float16")) == ["DOWN"]
     assert excluded_notes(fe, kernel("tensor_op_allow_conversion")) == []
+
+
+def test_deterministic_kernels_exclude_nondeterministic_engines():
+    from ucudnn.backends.engines import excluded_notes
+
+    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", NONDETERMINISTIC="NONDET")
+    fe = types.SimpleNamespace(numerical_note=note)
+    kernel = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), dtype="bfloat16", deterministic=True)
+    assert excluded_notes(fe, kernel) == ["DOWN", "NONDET"]
+    assert "NONDET" not in excluded_notes(fe, replace(kernel, deterministic=False))
+
+
+def _perf(algo: int, determinism: int, status: int = 0):
+    from ucudnn.bindings.enums import AlgoPerf
+
+    perf = AlgoPerf()
+    perf.algo, perf.status, perf.determinism = algo, status, determinism
+    return perf
+
+
+@pytest.fixture
+def legacy_backend(monkeypatch):
+    """A LegacyBackend whose cuDNN calls are stubs: workspace = 100 x algorithm; cuDNN ranks
+    backward-filter algorithms with 0 and 3 non-deterministic, as its documentation lists them."""
+    from ucudnn.backends import legacy
+
+    ranked = {"calls": 0, "perfs": [_perf(a, 0 if a in (0, 3) else 1) for a in range(7)]}
+
+    def get_algorithms(handle, kind, descs):
+        ranked["calls"] += 1
+        if isinstance(ranked["perfs"], Exception):
+            raise ranked["perfs"]
+        return ranked["perfs"]
+
+    monkeypatch.setattr(legacy, "get_algorithms", get_algorithms)
+    monkeypatch.setattr(legacy, "workspace_size", lambda handle, kind, descs, algo: 100 * algo)
+    backend = legacy.LegacyBackend(handle=None)
+    monkeypatch.setattr(backend.executor, "descriptors", lambda problem: {})
+    return backend, ranked
+
+
+def test_legacy_deterministic_kernels_offer_only_what_cudnn_reports_deterministic(legacy_backend):
+    from ucudnn.errors import CudnnError
+
+    backend, ranked = legacy_backend
+    bf = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
+    assert len(backend.candidates(bf, 8)) == 7 and ranked["calls"] == 0  # no setting: every algorithm
+    chosen = backend.candidates(replace(bf, deterministic=True), 8)
+    assert [c.id for c in chosen] == ["legacy:ALGO_1", "legacy:FFT", "legacy:WINOGRAD",
+                                      "legacy:WINOGRAD_NONFUSED", "legacy:FFT_TILING"]
+    assert [c.workspace for c in chosen] == [100, 200, 400, 500, 600]
+    ranked["perfs"] = [_perf(1, 1, status=0), _perf(1, 0), _perf(2, 0)]  # a non-deterministic duplicate
+    assert [c.id for c in backend.candidates(replace(bf, deterministic=True), 8)] == ["legacy:ALGO_1"]
+    ranked["perfs"] = CudnnError("cudnnGetConvolutionBackwardFilterAlgorithm_v7", 3000, "NOT_SUPPORTED")
+    assert backend.candidates(replace(bf, deterministic=True), 8) == [Candidate("legacy:none", 0, UNSUPPORTED)]
+
+
+def test_deterministic_kernels_are_measured_and_cached_apart(tmp_path):
+    """Measurements of a kernel that allows every candidate never complete the deterministic
+    kernel's table, which only the filtered candidates fill."""
+    p = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
+    strict = replace(p, deterministic=True)
+    cache = Cache(tmp_path / "db.sqlite")
+    cache.record(p, FAKE_DEVICE, [Measurement("legacy:ALGO_0", b, 1.0, 0, OK, 3) for b in (1, 2, 4, 8)])
+    bench = TwoBackendBenchmarker(("legacy",))
+    tables = ensure_tables([p, strict], Settings().sizes_for, None, cache, bench)
+    assert bench.asked == [("legacy", (1, 2, 4, 8))]  # the deterministic kernel's only
+    assert {m.algo for m in tables[strict.key]} == {"legacy:x"}
+    assert {m.algo for m in tables[p.key]} == {"legacy:ALGO_0"}
+    with BenchmarkDatabase(tmp_path / "db.sqlite", readonly=True) as db:
+        assert sorted(k.deterministic for k, _ in db.kernels(FAKE_DEVICE)) == [False, True]
 
 
 def test_engine_tensor_strides_follow_the_layout():

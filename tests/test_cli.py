@@ -327,9 +327,30 @@ def test_missing_measurements_with_no_gpu(capsys, db):
     status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--batch", "512", "--cache", db)
     assert status == 2 and err.count("\n") == 1
     assert "has no measurements for alexnet at batch 512" in err
-    assert "it has alexnet any batch up to 256 float32 nchw (all)" not in err  # synthetic: powerOfTwo
-    assert "it has alexnet batch 256 float16 nhwc (powerOfTwo), alexnet batch 256 float32 nchw (powerOfTwo)" in err
-    assert "`ucudnn bench --net alexnet --batch 512` on a GPU" in err
+    assert "any batch up to 256 float32 nchw (all)" not in err  # synthetic: powerOfTwo
+    assert ("it has legacy: alexnet batch 256 float16 nhwc (powerOfTwo), alexnet batch 256 float32 nchw "
+            "(powerOfTwo); engines: none;") in err
+    assert "`ucudnn bench --net alexnet --batch 512` on a GPU" in err  # both backends lack it: no --backend
+
+
+def test_a_missing_backend_is_named_and_measured_alone(capsys, db):
+    """The synthetic file holds legacy measurements only: planning from the engines' candidates
+    names the backend that has them and the one that lacks them, and benches only that one."""
+    status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--backend", "engines",
+                            "--cache", db)
+    assert status == 2 and err.count("\n") == 1
+    assert "it has legacy: alexnet batch 256 float16 nhwc (powerOfTwo), alexnet batch 256 float32 nchw " in err
+    assert "; engines: none;" in err
+    assert "`ucudnn bench --net alexnet --batch 256 --backend engines` on a GPU" in err
+
+
+def test_cache_list_names_what_each_backend_covers(db):
+    out = ok("cache", "list", "--cache", db)
+    assert ("by backend: legacy: alexnet batch 256 float16 nhwc (powerOfTwo), alexnet batch 256 float32 nchw "
+            "(powerOfTwo), resnet18 batch 32 float32 nchw (powerOfTwo); engines: none") in out
+    device = json.loads(ok("cache", "list", "--cache", db, "--json"))["devices"][0]
+    assert device["recordings_by_backend"]["engines"] == []
+    assert device["recordings_by_backend"]["legacy"] == device["recordings"]
 
 
 def test_a_huge_batch_names_its_missing_sizes_in_brief(capsys, db):
@@ -374,7 +395,8 @@ def test_the_shipped_recordings_say_what_they_cover():
 def test_a_batch_the_shipped_file_lacks_names_what_it_has_and_the_command(capsys):
     status, _, err = inline(capsys, "optimize", "--net", "resnet50", "--batch", "256")
     assert status == 2 and err.count("\n") == 1
-    assert "it has resnet50 batch 64 float16 nhwc (powerOfTwo), resnet50 batch 64 float32 nchw" in err
+    assert "it has legacy: resnet50 batch 64 float16 nhwc (powerOfTwo), resnet50 batch 64 float32 nchw" in err
+    assert "; engines: none;" in err
     assert "`ucudnn bench --net resnet50 --batch 256` on a GPU" in err
 
 

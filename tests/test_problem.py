@@ -37,6 +37,7 @@ FIELD_CHANGES = [
     ("math", "tensor_op"), ("math", "tensor_op_allow_conversion"), ("math", "fma"),
     ("layout", "nhwc"),
     ("mode", "convolution"),
+    ("deterministic", True),
 ]
 
 
@@ -79,6 +80,19 @@ def test_key_is_a_stable_string():
     assert base().key == ("F|x=6x14x12|w=4x3x3x3|pad=1x0|str=2x1|dil=1x2|g=2|float32/float32|"
                           "math=default|nchw|cross_correlation|n=8")
     assert base().shape_key() == base().key.rsplit("|n=", 1)[0]
+
+
+def test_a_deterministic_kernel_keeps_older_keys_and_gets_one_of_its_own():
+    """Only a deterministic kernel's key names the setting: every key written before the field
+    existed reads as a kernel that allows non-deterministic candidates, with no migration."""
+    assert base().key == base(deterministic=False).key
+    assert base(deterministic=True).shape_key() == base().shape_key() + "|deterministic"
+    old_row = {k: v for k, v in base().to_dict().items()}
+    assert "deterministic" not in old_row and not ConvProblem.from_dict(old_row).deterministic
+    assert ConvProblem.from_dict(base(deterministic=True).to_dict()).deterministic
+    assert base(deterministic=True).describe().endswith("nchw deterministic")
+    with pytest.raises(ConfigError, match="deterministic='yes'.*True or False"):
+        base(deterministic="yes")
 
 
 @pytest.mark.parametrize("name, value", FIELD_CHANGES, ids=[f"{n}={v}" for n, v in FIELD_CHANGES])
@@ -159,6 +173,7 @@ def problems(draw, max_dims=3):
         w_shape=(k, cg, *kernel), pads=pads, strides=strides, dilations=dil, groups=groups, dtype=dtype,
         compute_type=draw(st.sampled_from(["", dtype, "float32"])), math=draw(st.sampled_from(MATH_TYPES)),
         layout=draw(st.sampled_from(LAYOUTS)), mode=draw(st.sampled_from(MODES)),
+        deterministic=draw(st.booleans()),
     )
 
 
@@ -177,6 +192,7 @@ def test_dict_round_trip(p):
     d = p.to_dict()
     assert all(isinstance(v, (str, int, list, type(None))) for v in d.values())
     assert d["kind"] in ("F", "BD", "BF")
+    assert ("deterministic" in d) == p.deterministic  # absent when False, as in rows of older versions
     back = ConvProblem.from_dict(json.loads(json.dumps(d)))
     assert back == p and back.key == p.key
     assert ConvProblem.from_dict(d) == p

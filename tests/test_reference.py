@@ -252,3 +252,18 @@ def test_naive_loop_is_not_trivially_equal():
     expected = np.array([[[[0.0, 0.0], [3.0, 4.0]], [[10.0, 11.0], [16.0, 17.0]]]])
     np.testing.assert_array_equal(naive_forward(p, x, w), expected)
     np.testing.assert_array_equal(reference.forward(p, x, w), expected)
+
+
+def test_bfloat16_host_copies_round_like_torch():
+    """The GPU tests' host bf16 (raw 16-bit patterns, gpu_support.stored) rounds to nearest even
+    as torch does, and reads back exactly."""
+    torch = pytest.importorskip("torch")
+    from gpu_support import as_float64, stored
+
+    values = np.random.default_rng(0).uniform(-1, 1, 1000)
+    values[:3] = (1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-20))  # ties to even, and just past a tie
+    bits = stored(values, "bfloat16")
+    want = torch.tensor(values, dtype=torch.float32).to(torch.bfloat16)
+    assert bits.dtype == np.uint16 and np.array_equal(bits, want.view(torch.int16).numpy().view(np.uint16))
+    assert np.array_equal(as_float64(bits, "bfloat16"), want.double().numpy())
+    assert np.array_equal(as_float64(stored(values, "float16"), "float16"), values.astype(np.float16))

@@ -401,7 +401,7 @@ def test_learning_under_no_grad_records_forward_kernels_only(numpy_context):
     assert [key.split("|")[0] for key in keys] == ["F", "F"]
 
 
-def test_unsupported_dtype_and_deterministic_mode_fall_back(numpy_context):
+def test_unsupported_dtype_falls_back(numpy_context):
     torch.manual_seed(0)
     theirs = nn.Conv2d(2, 3, 3).double()
     context = numpy_context()
@@ -409,14 +409,44 @@ def test_unsupported_dtype_and_deterministic_mode_fall_back(numpy_context):
     x = torch.randn(2, 2, 5, 5, dtype=torch.float64)
     with pytest.warns(UcudnnWarning, match="dtype torch.float64"):
         assert torch.equal(ours(x), theirs(x))
-    ours.float()
-    torch.use_deterministic_algorithms(True)
-    try:
-        with pytest.warns(UcudnnWarning, match="use_deterministic_algorithms"):
-            ours(x.float())
-    finally:
-        torch.use_deterministic_algorithms(False)
     assert not context.runs
+
+
+@contextlib.contextmanager
+def deterministic_torch(flag: str):
+    """torch's deterministic setting `flag` on inside, restored after."""
+    if flag == "use_deterministic_algorithms":
+        torch.use_deterministic_algorithms(True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(False)
+    else:
+        with torch.backends.cudnn.flags(deterministic=True):
+            yield
+
+
+@pytest.mark.parametrize("flag", ["use_deterministic_algorithms", "cudnn.deterministic"])
+def test_deterministic_torch_plans_deterministic_kernels(flag, numpy_context, monkeypatch):
+    """Under either of torch's deterministic settings ucudnn runs the layer (no fallback) with
+    kernels whose candidates are deterministic only (ConvProblem.deterministic, its own key)."""
+    torch.manual_seed(0)
+    context = numpy_context()
+    conv = ut.convert(nn.Conv2d(2, 3, 3), context=context)
+    handle = context.handle(torch.device("cpu"))
+    planned, assignment = [], handle.assignment
+    monkeypatch.setattr(handle, "assignment", lambda problem: planned.append(problem) or assignment(problem))
+    x = torch.randn(4, 2, 6, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)
+        with deterministic_torch(flag):
+            assert calls.deterministic_algorithms()
+            run_step(conv, x)
+        run_step(conv, x)
+    assert not calls.deterministic_algorithms()
+    assert [(p.kind.value, p.deterministic) for p in planned] == [
+        ("F", True), ("BD", True), ("BF", True), ("F", False), ("BD", False), ("BF", False)]
+    assert context.runs["ucudnn", "BF"] == 2 and not context.fallbacks
 
 
 def test_unplannable_kernels_run_through_torch(numpy_context):
@@ -498,21 +528,16 @@ def test_a_new_signature_resolves_again(change, numpy_context, monkeypatch):
         conv = ut.convert(nn.Conv2d(3, 4, 3, bias=False, stride=2), context=context)
     elif change == "padding":
         conv.padding = (1, 1)
-    with contextlib.ExitStack() as stack:
-        if change == "deterministic":
-            torch.use_deterministic_algorithms(True)
-            stack.callback(torch.use_deterministic_algorithms, False)
-            stack.enter_context(pytest.warns(UcudnnWarning, match="deterministic"))
+    with deterministic_torch("use_deterministic_algorithms") if change == "deterministic" else contextlib.nullcontext():
         got = run_step(conv, x)
     assert counts["resolve"] == expected
-    if change != "deterministic":
-        plain = nn.Conv2d(3, 4, 3)
-        plain.__dict__.update({k: v for k, v in conv.__dict__.items() if k != "ucudnn_context"})
-        want = run_step(plain, x)
-        for a, b in zip(got, want):  # float16: NumPy's float64 rounds once, torch's CPU kernel more often
-            tolerance = 1e-2 if change == "dtype" else 1e-4
-            torch.testing.assert_close(a.float(), b.float(), rtol=tolerance,
-                                       atol=tolerance * max(1.0, b.abs().max().item()))
+    plain = nn.Conv2d(3, 4, 3)
+    plain.__dict__.update({k: v for k, v in conv.__dict__.items() if k != "ucudnn_context"})
+    want = run_step(plain, x)
+    for a, b in zip(got, want):  # float16: NumPy's float64 rounds once, torch's CPU kernel more often
+        tolerance = 1e-2 if change == "dtype" else 1e-4
+        torch.testing.assert_close(a.float(), b.float(), rtol=tolerance,
+                                   atol=tolerance * max(1.0, b.abs().max().item()))
 
 
 def test_autocast_and_tf32_are_part_of_the_signature(numpy_context, monkeypatch):

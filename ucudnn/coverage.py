@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from .backends import BACKENDS
 from .config import batch_sizes
 from .device import DeviceInfo
 from .errors import MissingMeasurementsError
@@ -48,11 +49,13 @@ def _variants(database, device: DeviceInfo) -> list[tuple[str, str, str]]:
     return sorted({(p.dtype, p.layout, p.math) for p, _ in database.kernels(device)})
 
 
-def _measured_sizes(database, device: DeviceInfo, network: Network, variant: tuple[str, str, str]) -> set[int]:
-    """The micro-batch sizes at which every kernel of `network` is completely measured."""
+def _measured_sizes(database, device: DeviceInfo, network: Network, variant: tuple[str, str, str],
+                    backend: str | None) -> set[int]:
+    """The micro-batch sizes at which every kernel of `network` is completely measured (by the
+    candidates of `backend`; None: of every backend together)."""
     dtype, layout, math = variant
     keys = [k.problem.shape_key() for k in network.problems(1, dtype, math, layout)]
-    tables = database.lookup(keys, device).values()
+    tables = [table.only(None if backend is None else [backend]) for table in database.lookup(keys, device).values()]
     sizes = [{b for b in table.sizes if table.complete_for(b, None)} for table in tables]
     return set.intersection(*sizes) if sizes else set()
 
@@ -71,17 +74,30 @@ def _recording(network: Network, variant: tuple[str, str, str], sizes: set[int])
     return Recording(network.name, batch, *variant, policy)
 
 
-def recordings(database, device: DeviceInfo, networks: Sequence[Network] | None = None) -> list[Recording]:
+def recordings(database, device: DeviceInfo, networks: Sequence[Network] | None = None,
+               backend: str | None = None) -> list[Recording]:
     """What `database` (a BenchmarkDatabase) can plan on `device`'s GPU, cuDNN and execution: for
     each network (default: the built-in ones) and data type, layout and math type it holds, the
-    largest mini-batch it covers."""
+    largest mini-batch it covers, with the candidates of `backend` alone (None: of all)."""
     found = []
     for variant in _variants(database, device):
         for network in networks if networks is not None else list_networks():
-            recording = _recording(network, variant, _measured_sizes(database, device, network, variant))
+            recording = _recording(network, variant, _measured_sizes(database, device, network, variant, backend))
             if recording:
                 found.append(recording)
     return found
+
+
+def recordings_by_backend(database, device: DeviceInfo,
+                          networks: Sequence[Network] | None = None) -> dict[str, list[Recording]]:
+    """recordings() of each backend's candidates alone, by backend name (every backend listed)."""
+    return {backend: recordings(database, device, networks, backend) for backend in BACKENDS}
+
+
+def describe_by_backend(by_backend: dict[str, list[Recording]]) -> str:
+    """'legacy: alexnet batch 256 float32 nchw (powerOfTwo); engines: none'."""
+    return "; ".join(f"{backend}: {', '.join(r.describe() for r in found) or 'none'}"
+                     for backend, found in by_backend.items())
 
 
 @dataclass(frozen=True)
@@ -94,12 +110,24 @@ class Request:
     layout: str = "nchw"
     math: str = "default"
     policy: str = "powerOfTwo"
+    backends: tuple[str, ...] = BACKENDS  # whose candidates the plan may use (Settings.backends)
 
-    def bench_command(self) -> str:
-        """The `ucudnn bench` command that measures what planning this needs (defaults left out)."""
+    def covered_by(self, recording: Recording) -> bool:
+        """Whether `recording` (of this request's network) has every measurement it needs."""
+        return ((recording.dtype, recording.layout, recording.math) == (self.dtype, self.layout, self.math)
+                and recording.covers(self.batch, self.policy))
+
+    def missing_backends(self, by_backend: dict[str, list[Recording]]) -> list[str]:
+        """The backends of this request whose recordings do not cover it."""
+        return [b for b in self.backends if not any(self.covered_by(r) for r in by_backend.get(b, ()))]
+
+    def bench_command(self, backend: str | None = None) -> str:
+        """The `ucudnn bench` command that measures what planning this needs (defaults left out),
+        with `--backend` where one `backend` alone lacks it."""
         defaults = Request(self.net, self.batch, math=default_math(self.dtype))
         flags = [f"--{name} {getattr(self, name)}" for name in ("dtype", "layout", "math", "policy")
                  if getattr(self, name) != getattr(defaults, name)]
+        flags += [f"--backend {backend}"] if backend else []
         return " ".join(["ucudnn bench --net", self.net, "--batch", str(self.batch), *flags])
 
 
@@ -108,11 +136,13 @@ def explain_missing(error: MissingMeasurementsError, database, device: DeviceInf
     """`error` of a plan from `database` alone, retold: what it lacks, what of `network` it has,
     and the command that measures the rest."""
     lacking = (f": {error.problem.describe()} at {describe_sizes(error.missing)}" if error.problem else "")
-    found = [r.describe() for r in recordings(database, device, [network])]
-    has = ", ".join(found) if found else (f"no complete recording of {network.name} "
-                                          "(`ucudnn cache list` lists what it has)")
+    by_backend = recordings_by_backend(database, device, [network])
+    has = (describe_by_backend(by_backend) if any(by_backend.values()) else
+           f"no complete recording of {network.name} (`ucudnn cache list` lists what it has)")
+    missing = request.missing_backends(by_backend)
+    command = request.bench_command(missing[0] if len(missing) == 1 else None)
     return MissingMeasurementsError(
         f"{database.path} has no measurements for {network.name} at batch {request.batch} {request.dtype} "
         f"{request.layout} ({request.policy}) on {device.describe()}{lacking}; it has {has}; measure them "
-        f"with `{request.bench_command()}` on a GPU, or point --cache at a database that has them",
+        f"with `{command}` on a GPU, or point --cache at a database that has them",
         problem=error.problem, missing=error.missing)

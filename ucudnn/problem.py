@@ -36,6 +36,9 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 # benchmarked: on an H100, a slice of AlexNet conv1 only 4-byte aligned ran a cuDNN algorithm
 # 280x slower than the same call on an aligned buffer (docs/results.md).
 SLICE_ALIGNMENT = ALIGNMENT
+# What `deterministic` adds to a shape key: nothing when False, so every key (and cache row)
+# written before the field existed reads as deterministic=False with no migration.
+DETERMINISTIC_KEY = {False: (), True: ("deterministic",)}
 
 
 def _tuple(value, n: int, name: str) -> tuple[int, ...]:
@@ -73,6 +76,12 @@ class ConvProblem:
     math: str = ""  # "": default_math(dtype)
     layout: str = "nchw"
     mode: str = "cross_correlation"
+    # Only candidates cuDNN reports deterministic (bitwise equal results run to run) may be timed
+    # or chosen. It lives here, with `math`, rather than in Settings: like the math type it
+    # changes which candidates a kernel has and so the answer, and a field of the kernel reaches
+    # every place that must agree on it (the backends' candidate filters, the cache key, plans
+    # memoized by key) through the one object they already share.
+    deterministic: bool = False
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -93,6 +102,8 @@ class ConvProblem:
         _check(self.math, "math", MATH_TYPES)
         _check(self.layout, "layout", LAYOUTS)
         _check(self.mode, "mode", MODES)
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError(f"deterministic={self.deterministic!r} is not a bool; pass True or False")
         n, c = self.x_shape[:2]
         k, cg = self.w_shape[:2]
         if min(self.x_shape + self.w_shape) < 1 or min(self.strides + self.dilations) < 1 or min(self.pads) < 0:
@@ -152,7 +163,7 @@ class ConvProblem:
             self.kind.value, f"x={dims(self.x_shape[1:])}", f"w={dims(self.w_shape)}",
             f"pad={dims(self.pads)}", f"str={dims(self.strides)}", f"dil={dims(self.dilations)}",
             f"g={self.groups}", f"{self.dtype}/{self.compute_type}", f"math={self.math}",
-            self.layout, self.mode,
+            self.layout, self.mode, *DETERMINISTIC_KEY[self.deterministic],
         ])
 
     @property
@@ -169,6 +180,8 @@ class ConvProblem:
         """Plain JSON-able fields; `ConvProblem.from_dict` inverts it."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["kind"] = self.kind.value
+        if not self.deterministic:  # as before the field existed, so older ucudnn reads these rows
+            del d["deterministic"]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
@@ -178,4 +191,4 @@ class ConvProblem:
     def describe(self) -> str:
         return (f"{self.kind.value} x={self.x_shape} w={self.w_shape} pad={self.pads} "
                 f"stride={self.strides} dil={self.dilations} groups={self.groups} "
-                f"{self.dtype} math={self.math} {self.layout}")
+                f"{self.dtype} math={self.math} {self.layout}{' deterministic' if self.deterministic else ''}")

@@ -55,14 +55,18 @@ def enum(fe, name: str):
 
 
 def excluded_notes(fe, problem: ConvProblem) -> list:
-    """Numerical notes a candidate must not carry under the kernel's math type: `fma` forbids
-    tensor cores (no TF32), and only `tensor_op_allow_conversion` allows down-converting inputs."""
+    """Numerical notes a candidate must not carry under the kernel's numerics: `fma` forbids
+    tensor cores (no TF32), only `tensor_op_allow_conversion` allows down-converting inputs, and
+    a deterministic kernel forbids engines cuDNN notes NONDETERMINISTIC. Deselected plans stay
+    listed but fail to build, so they are recorded FAILED: never timed, never chosen."""
     note = enum(fe, "numerical_note")
     notes = []
     if problem.math == "fma":
         notes.append(note.TENSOR_CORE)
     if problem.math != "tensor_op_allow_conversion":
         notes.append(note.DOWN_CONVERT_INPUTS)
+    if problem.deterministic:
+        notes.append(note.NONDETERMINISTIC)
     return notes
 
 

@@ -1,9 +1,12 @@
-"""The legacy backend: cuDNN's legacy convolution API, one candidate per algorithm."""
+"""The legacy backend: cuDNN's legacy convolution API, one candidate per algorithm (for a
+deterministic kernel, per algorithm cuDNN reports deterministic)."""
 from __future__ import annotations
 
+from typing import Iterable
+
 from ..bindings import cudnn
-from ..bindings.convolution import workspace_size
-from ..bindings.enums import algo_count, algo_name, refuses_problem
+from ..bindings.convolution import get_algorithms, workspace_size
+from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, refuses_problem
 from ..bindings.executor import CudnnExecutor
 from ..dispatch import Call, Step
 from ..errors import CudnnError
@@ -12,11 +15,19 @@ from ..problem import ConvProblem
 from .base import Candidate, candidate_id
 
 NAME = "legacy"
+NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where no algorithm may run the kernel
 
 
 def legacy_id(kind, algo: int) -> str:
     """'legacy:FFT_TILING' for algorithm 5 of a forward kernel."""
     return candidate_id(NAME, algo_name(kind, algo))
+
+
+def deterministic_algorithms(perfs: Iterable[AlgoPerf]) -> set[int]:
+    """The algorithms cuDNN's perf results report deterministic for the kernel they describe
+    (what torch's cudnn.deterministic also reads): cuDNN 9 documents backward-data ALGO_0 and
+    backward-filter ALGO_0 and ALGO_3 as non-deterministic, but what it reports is the rule."""
+    return {perf.algo for perf in perfs if perf.determinism == DETERMINISTIC}
 
 
 def failure(exc: CudnnError) -> str:
@@ -37,13 +48,25 @@ class LegacyBackend:
     def candidates(self, problem: ConvProblem, batch: int) -> list[Candidate]:
         descs = self.executor.descriptors(problem)
         found = []
-        for algo in range(algo_count(problem.kind)):
+        for algo in self._allowed(problem, descs):
             try:
                 found.append(Candidate(legacy_id(problem.kind, algo),
                                        workspace_size(self.handle, problem.kind, descs, algo), OK))
             except CudnnError as exc:
                 found.append(Candidate(legacy_id(problem.kind, algo), 0, failure(exc)))
-        return found
+        return found or [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
+
+    def _allowed(self, problem: ConvProblem, descs) -> list[int]:
+        """Every algorithm, or for a deterministic kernel those cuDNN reports deterministic (none
+        where it refuses to rank the kernel's algorithms at all)."""
+        every = range(algo_count(problem.kind))
+        if not problem.deterministic:
+            return list(every)
+        try:
+            allowed = deterministic_algorithms(get_algorithms(self.handle, problem.kind, descs))
+        except CudnnError:
+            return []
+        return [algo for algo in every if algo in allowed]
 
     def prepare(self, step: Step) -> Call:
         return self.executor.prepare(step)

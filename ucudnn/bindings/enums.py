@@ -35,6 +35,8 @@ ALGORITHMS = {
 VIRTUAL_ALGO = 0
 
 SUCCESS = 0
+# cudnnDeterminism_t, the `determinism` of an AlgoPerf: CUDNN_NON_DETERMINISTIC is 0.
+DETERMINISTIC = 1
 # cuDNN 9 status codes are grouped by thousands.
 STATUS_CLASS = {2: "BAD_PARAM", 3: "NOT_SUPPORTED", 4: "INTERNAL_ERROR", 5: "EXECUTION_FAILED"}
 

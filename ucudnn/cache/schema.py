@@ -36,6 +36,9 @@ MEASUREMENT_COLUMNS = {
 # legacy API.
 DEFAULTS = {"execution": "direct", "repeats": 0, "compute_capability": "", "driver_version": 0, "host": "",
             "recorded_at": "", "timing": TIMING_PRESETS[0], "backend": "legacy", "frontend_version": ""}
+# A deterministic kernel (ConvProblem.deterministic) has a shape key of its own, ending in
+# '|deterministic', and its JSON alone holds the field: rows of older files, and of kernels
+# without the setting, read as deterministic=False as they are (no new schema version).
 KERNEL_COLUMNS = {"shape_key": str, "problem": str}  # problem: ConvProblem.to_dict() JSON, batch 1
 
 _placeholders = ", ".join(f":{c}" for c in MEASUREMENT_COLUMNS)

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..cache.database import merge, read_export, writing
 from ..cache.paths import cache_path
 from ..config import format_size
-from ..coverage import recordings
+from ..coverage import describe_by_backend, recordings, recordings_by_backend
 from ..errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
 from ..nets import find_kernel
 from ..sources import devices_in, open_database
@@ -27,18 +27,20 @@ def _kernel_cells(problem) -> tuple:
 def cache_list(args) -> int:
     path = cache_path(args.cache, readonly=True)
     with open_database(path) as database:
-        listing = [(device, database.kernels(device), recordings(database, device))
-                   for device in devices_in(database)]
+        listing = [(device, database.kernels(device), recordings(database, device),
+                    recordings_by_backend(database, device)) for device in devices_in(database)]
     if args.json:
         print_json({"database": str(path), "devices": [
             {**device_json(device), "recordings": [r.to_json() for r in covered],
+             "recordings_by_backend": {b: [r.to_json() for r in found] for b, found in by_backend.items()},
              "kernels": [{"shape_key": p.shape_key(), "problem": p.to_dict(), "measurements": n} for p, n in kernels]}
-            for device, kernels, covered in listing]})
+            for device, kernels, covered, by_backend in listing]})
         return 0
     print(f"{path}: {len(listing)} recording(s), one per GPU, cuDNN version and execution")
-    for device, kernels, covered in listing:
+    for device, kernels, covered, by_backend in listing:
         print(f"\n{device.describe()}: {len(kernels)} kernels, {sum(n for _, n in kernels)} measurements")
         print(f"built-in networks it plans: {', '.join(r.describe() for r in covered) or 'none completely'}")
+        print(f"by backend: {describe_by_backend(by_backend)}")
         print(table((*_KERNEL_HEADERS, "measurements"), [(*_kernel_cells(p), n) for p, n in kernels]))
     return 0
 

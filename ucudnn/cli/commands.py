@@ -37,7 +37,8 @@ def kernels_of(args) -> tuple[Network, list[Kernel]]:
 
 
 def _request(args, settings: Settings) -> Request:
-    return Request(args.net, args.batch, args.dtype, args.layout, args.math, settings.batch_size_policy)
+    return Request(args.net, args.batch, args.dtype, args.layout, args.math, settings.batch_size_policy,
+                   settings.backends(gpu=False))
 
 
 def _progress(kernels: list[Kernel]) -> ProgressBar:

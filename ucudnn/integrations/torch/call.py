@@ -43,6 +43,13 @@ def geometry(module: nn.Conv2d) -> Geometry | str:
     return Geometry(tuple(pads), tuple(module.stride), tuple(module.dilation), module.groups)
 
 
+def deterministic_algorithms() -> bool:
+    """Whether torch asks for deterministic convolutions: torch.use_deterministic_algorithms(True)
+    (warn_only too) or torch.backends.cudnn.deterministic. ucudnn then plans only candidates cuDNN
+    reports deterministic (ConvProblem.deterministic); micro-batched sums stay in a fixed order."""
+    return torch.are_deterministic_algorithms_enabled() or bool(torch.backends.cudnn.deterministic)
+
+
 def math_type(dtype: str) -> str:
     """cuDNN math type matching torch: half types on tensor cores; float32 uses TF32 tensor
     cores only where torch allows them."""
@@ -62,6 +69,7 @@ class Call:
     dtype: str
     math: str
     layout: str  # "nchw" or "nhwc" (channels_last)
+    deterministic: bool = False  # deterministic_algorithms() when the call was resolved
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -75,7 +83,7 @@ class Call:
     def problem(self, kind: ConvKind) -> ConvProblem:
         g = self.geometry
         return ConvProblem(kind, self.x_shape, self.w_shape, g.pads, g.strides, g.dilations, g.groups,
-                           dtype=self.dtype, math=self.math, layout=self.layout)
+                           dtype=self.dtype, math=self.math, layout=self.layout, deterministic=self.deterministic)
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -135,8 +143,6 @@ def _fallback_reason(input: Tensor, dtype: torch.dtype, context) -> str | None:
         return f"dtype {dtype} (ucudnn runs float32, float16 and bfloat16)"
     if input.dim() == 4 and input.shape[0] == 0:
         return "an empty batch"
-    if torch.are_deterministic_algorithms_enabled():
-        return "torch.use_deterministic_algorithms(True) is set (ucudnn may pick non-deterministic algorithms)"
     return None
 
 
@@ -147,8 +153,9 @@ def resolve(module: nn.Conv2d, input: Tensor, context) -> Site | str | None:
     dtype, autocast = _compute_dtype(input)
     weight = module.weight
     math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
-    return context.sites.get(signature(module, input, weight, dtype, autocast, math),
-                             lambda: _resolve(module, input, weight, dtype, autocast, math, context))
+    deterministic = deterministic_algorithms()
+    return context.sites.get(signature(module, input, weight, dtype, autocast, math, deterministic),
+                             lambda: _resolve(module, input, weight, dtype, autocast, math, deterministic, context))
 
 
 def pack(module: nn.Conv2d, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -176,7 +183,7 @@ def _padded(module: nn.Conv2d, input: Tensor) -> Tensor:
 
 
 def _resolve(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
-             math: str | None, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
+             math: str | None, deterministic: bool, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
     """resolve()'s decision for a new signature: the Call and the kernels it runs, a fallback
     reason, or None."""
     shape = geometry(module)
@@ -191,5 +198,5 @@ def _resolve(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtyp
         return "a tensor with 2**31 or more elements (cuDNN's legacy API indexes with 32-bit ints)"
     # torch's rule for cuDNN: channels_last when the input or the weight suggests it.
     layout = "nhwc" if _suggests_channels_last(x) or _suggests_channels_last(weight) else "nchw"
-    return Call(x.device, tuple(x.shape), tuple(weight.shape), shape, DTYPES[dtype], math, layout), \
-        kinds_needed(input, weight)
+    return Call(x.device, tuple(x.shape), tuple(weight.shape), shape, DTYPES[dtype], math, layout,
+                deterministic), kinds_needed(input, weight)

@@ -20,13 +20,13 @@ MAX_SITES = 4096  # per Context: beyond it (inputs of ever new shapes) the cache
 
 
 def signature(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
-              math: str) -> tuple:
-    """What resolve() reads of `module`, `input` and torch's global state, as a cheap key."""
+              math: str, deterministic: bool) -> tuple:
+    """What resolve() reads of `module`, `input` and torch's global state (`math` and
+    `deterministic` are read from it by the caller), as a cheap key."""
     return (input.shape, input.stride(), input.dtype, input.device, weight.shape, weight.stride(),
             weight.dtype, weight.device, dtype, autocast, math, module.padding, module.stride,
             module.dilation, module.groups, module.padding_mode, module.in_channels, module.out_channels,
-            torch.are_deterministic_algorithms_enabled(), torch.is_grad_enabled(), input.requires_grad,
-            weight.requires_grad)
+            deterministic, torch.is_grad_enabled(), input.requires_grad, weight.requires_grad)
 
 
 class Site:
