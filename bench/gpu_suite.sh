@@ -50,7 +50,9 @@ for stage in "${stages[@]}"; do
     # the shipped recording: adds the measurements for graph (record) or direct execution to cache/
     record) run record python3 bench/record.py --out cache ${RECORD_SPECS:+--specs "$RECORD_SPECS"} ${RECORD_BACKEND:+--backend "$RECORD_BACKEND"}; cp cache/*.db "$OUT/" ;;
     # the same into an empty folder, for a part too large to bring back inside the whole file
-    record-new) mkdir -p "$OUT/recorded"; run record-new python3 bench/record.py --out "$OUT/recorded" ${RECORD_SPECS:+--specs "$RECORD_SPECS"} ${RECORD_BACKEND:+--backend "$RECORD_BACKEND"} ;;
+    # (RECORD_SEED: a database to continue, e.g. one an earlier call brought back)
+    record-new) mkdir -p "$OUT/recorded"; [ -n "${RECORD_SEED:-}" ] && cp "$RECORD_SEED" "$OUT/recorded/"
+                run record-new python3 bench/record.py --out "$OUT/recorded" ${RECORD_SPECS:+--specs "$RECORD_SPECS"} ${RECORD_BACKEND:+--backend "$RECORD_BACKEND"} ;;
     record-direct) run record-direct python3 bench/record.py --out cache --execution direct; cp cache/*.db "$OUT/" ;;
     # torch's own kernels beside ucudnn.Handle (unlimited, WR per limit), per kernel, on the shipped
     # recording (VS_TORCH_ARGS: e.g. --net torchvision:alexnet --dtype float16 --layout nhwc)
@@ -59,7 +61,9 @@ for stage in "${stages[@]}"; do
     # is torch's CUDNN_CONV_WSCAP_DBG honoured? at 1 MiB it must slow torch down if it is
     torchcap) run torchcap python3 bench/train_step.py --out "$OUT/cap1MiB" --nets alexnet:256 --precisions fp32 --variants capped,native --limit 1MiB ;;
     # ucudnn's variants start from a copy of the shipped recording (outside $OUT: it is too large to bring back)
+    # (and what record-new measured earlier in the call)
     train) cp -n "$(ls cache/*.db | tail -n 1)" /tmp/train-cache.db
+           if ls "$OUT"/recorded/*.db >/dev/null 2>&1; then python3 -m ucudnn cache merge "$OUT"/recorded/*.db --into /tmp/train-cache.db; fi
            run train python3 bench/train_step.py --out "$OUT" --cache /tmp/train-cache.db --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ${TRAIN_ARGS:-} ;;
     # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)
     shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget 170)" ;;
