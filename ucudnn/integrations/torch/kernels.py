@@ -47,6 +47,13 @@ def _event_times(run: Callable[[], Any], repeats: int) -> list[float]:
     return [start.elapsed_time(end) for start, end in pairs]
 
 
+def _no_persistent_workspace(nbytes: int) -> int:
+    """WR plans get no buffer of their own (address 0): each call borrows its workspace from
+    torch's caching allocator instead, as torch's own convolutions do, so workspaces of
+    different layers share memory rather than add up."""
+    return 0
+
+
 class CudaBackend:
     """Runs kernels on CUDA tensors through ucudnn.Handle, on torch's current stream."""
 
