@@ -69,8 +69,10 @@ def _last_json(out: str) -> dict | None:
 
 
 def bench_command(args, batch: int, cache: Path, devices: str, *extra: str) -> list[str]:
+    backend = ("--backend", args.backend) if args.backend else ()
     return [sys.executable, "-m", "ucudnn", "bench", "--net", args.net, "--batch", str(batch), "--policy",
-            args.policy, "--timing", args.timing, "--devices", devices, "--cache", str(cache), "--json", *extra]
+            args.policy, "--timing", args.timing, "--devices", devices, "--cache", str(cache), "--json",
+            *backend, *extra]
 
 
 # ---- how large a sweep fits
@@ -167,10 +169,10 @@ def run_mpi(args, results: Path, batch: int, timeout: float, info: dict) -> dict
 
 
 def keys(path: Path) -> dict[tuple, str]:
-    """(gpu, cuDNN, shape key, micro-batch, algorithm) -> status of every measurement."""
+    """(gpu, cuDNN, shape key, micro-batch, backend, candidate) -> status of every measurement."""
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
-        rows = conn.execute("SELECT gpu_name, cudnn_version, shape_key, batch, algo, status FROM measurements")
-        return {tuple(row[:5]): row[5] for row in rows}
+        rows = conn.execute("SELECT gpu_name, cudnn_version, shape_key, batch, backend, algo, status FROM measurements")
+        return {tuple(row[:6]): row[6] for row in rows}
 
 
 def compare(paths: dict[str, Path]) -> dict:
@@ -185,7 +187,7 @@ def compare(paths: dict[str, Path]) -> dict:
         report[f"one_vs_{name}"] = {
             "same_keys": set(reference) == set(other), "only_in_one": len(set(reference) - set(other)),
             f"only_in_{name}": len(set(other) - set(reference)), "same_statuses": not differ,
-            "status_differences": [f"{k[2]} b={k[3]} algo {k[4]}: {reference[k]} vs {other[k]}" for k in differ[:10]]}
+            "status_differences": [f"{k[2]} b={k[3]} {k[4]}:{k[5]}: {reference[k]} vs {other[k]}" for k in differ[:10]]}
     return report
 
 
@@ -197,6 +199,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--policy", default="all")
     parser.add_argument("--timing", default="quick", choices=("quick", "default"))
+    parser.add_argument("--backend", default="", choices=("", "all", "engines", "legacy"))
     parser.add_argument("--no-tests", action="store_true", help="skip tests/test_gpu_parallel.py")
     args = parser.parse_args()
     results = args.results
