@@ -31,6 +31,13 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, go on
 budget() {  # budget SECONDS: that many, or less where DEADLINE leaves less (a script's own --deadline)
   local left=$(( ${DEADLINE:-3600} - SECONDS - 40 )); echo $(( left < $1 ? left : $1 ))
 }
+# A copy of the shipped recording outside $OUT (too large to bring back), with what record-new
+# measured earlier in the call and the databases named in TRAIN_SEEDS added
+seed_train() {
+  [ -f /tmp/train-cache.db ] || cp "$(ls cache/*.db | tail -n 1)" /tmp/train-cache.db
+  local extra; extra=$(ls "$OUT"/recorded/*.db ${TRAIN_SEEDS:-} 2>/dev/null)
+  [ -n "$extra" ] && python3 -m ucudnn cache merge $extra --into /tmp/train-cache.db
+}
 seed_layers() { [ -f "$OUT/layers.db" ] || cp "$(ls cache/*.db | tail -n 1)" "$OUT/layers.db"; }
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env tests)
 for stage in "${stages[@]}"; do
@@ -60,11 +67,10 @@ for stage in "${stages[@]}"; do
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
     # is torch's CUDNN_CONV_WSCAP_DBG honoured? at 1 MiB it must slow torch down if it is
     torchcap) run torchcap python3 bench/train_step.py --out "$OUT/cap1MiB" --nets alexnet:256 --precisions fp32 --variants capped,native --limit 1MiB ;;
-    # ucudnn's variants start from a copy of the shipped recording (outside $OUT: it is too large to bring back)
-    # (and what record-new measured earlier in the call)
-    train) cp -n "$(ls cache/*.db | tail -n 1)" /tmp/train-cache.db
-           if ls "$OUT"/recorded/*.db >/dev/null 2>&1; then python3 -m ucudnn cache merge "$OUT"/recorded/*.db --into /tmp/train-cache.db; fi
-           run train python3 bench/train_step.py --out "$OUT" --cache /tmp/train-cache.db --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ${TRAIN_ARGS:-} ;;
+    # ucudnn's variants start from a copy of the shipped recording (see seed_train)
+    train) seed_train; run train python3 bench/train_step.py --out "$OUT" --cache /tmp/train-cache.db --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ${TRAIN_ARGS:-} ;;
+    # where a converted iteration spends its host time (PROFILE_ARGS: e.g. --net alexnet --batch 256)
+    profile) seed_train; run profile python3 bench/train_profile.py --out "$OUT" --cache /tmp/train-cache.db ${PROFILE_ARGS:-} ;;
     # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)
     shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget 170)" ;;
     # AlexNet: bench + optimize from an empty cache, then a fresh process to its first micro-batched iteration
