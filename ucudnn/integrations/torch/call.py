@@ -149,13 +149,8 @@ def _fallback_reason(input: Tensor, dtype: torch.dtype, context) -> str | None:
 def resolve(module: nn.Conv2d, input: Tensor, context) -> Site | str | None:
     """The Site of this call when ucudnn runs it; a reason string when ucudnn cannot; None when
     torch should handle it because the call is invalid (torch raises the error users expect).
-    What follows from the tensors' metadata is decided once per signature (see sites.py)."""
-    dtype, autocast = _compute_dtype(input)
-    weight = module.weight
-    math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
-    deterministic = deterministic_algorithms()
-    return context.sites.get(signature(module, input, weight, dtype, autocast, math, deterministic),
-                             lambda: _resolve(module, input, weight, dtype, autocast, math, deterministic, context))
+    Decided once per signature (see sites.py): a steady-state call reads the key and looks it up."""
+    return context.sites.get(signature(module, input), lambda: _resolve(module, input, context))
 
 
 def pack(module: nn.Conv2d, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -182,10 +177,13 @@ def _padded(module: nn.Conv2d, input: Tensor) -> Tensor:
     return x
 
 
-def _resolve(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
-             math: str | None, deterministic: bool, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
+def _resolve(module: nn.Conv2d, input: Tensor, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
     """resolve()'s decision for a new signature: the Call and the kernels it runs, a fallback
     reason, or None."""
+    dtype, autocast = _compute_dtype(input)
+    weight = module.weight
+    math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
+    deterministic = deterministic_algorithms()
     shape = geometry(module)
     if not _is_valid(module, input, autocast, shape):
         return None

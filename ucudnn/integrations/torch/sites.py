@@ -19,14 +19,30 @@ from torch import Tensor, nn
 MAX_SITES = 4096  # per Context: beyond it (inputs of ever new shapes) the cache starts afresh
 
 
-def signature(module: nn.Conv2d, input: Tensor, weight: Tensor, dtype: torch.dtype, autocast: bool,
-              math: str, deterministic: bool) -> tuple:
-    """What resolve() reads of `module`, `input` and torch's global state (`math` and
-    `deterministic` are read from it by the caller), as a cheap key."""
-    return (input.shape, input.stride(), input.dtype, input.device, weight.shape, weight.stride(),
-            weight.dtype, weight.device, dtype, autocast, math, module.padding, module.stride,
-            module.dilation, module.groups, module.padding_mode, module.in_channels, module.out_channels,
-            deterministic, torch.is_grad_enabled(), input.requires_grad, weight.requires_grad)
+def signature(module: nn.Conv2d, input: Tensor) -> tuple:
+    """What resolve() reads of `module`, `input` and torch's global state (autocast, TF32,
+    determinism, grad mode), as a cheap key: raw state only, so that a steady-state call derives
+    nothing (the dtype, math and kernels are derived from it once, on a miss)."""
+    weight, device = module.weight, input.device
+    return (input.shape, input.stride(), input.dtype, device, input.requires_grad, weight.shape, weight.stride(),
+            weight.dtype, weight.device, weight.requires_grad, module.padding, module.stride, module.dilation,
+            module.groups, module.padding_mode, module.in_channels, module.out_channels,
+            torch.is_grad_enabled(), _autocast_state(device.type), _cudnn_allow_tf32(), _deterministic(),
+            _cudnn_deterministic())
+
+
+def _autocast_state(device_type: str):
+    try:
+        return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type)
+    except TypeError:  # torch < 2.4 knows only CUDA's autocast state
+        return torch.is_autocast_enabled() and torch.get_autocast_gpu_dtype()
+
+
+# torch's own getters behind torch.backends.cudnn.allow_tf32 / .deterministic and
+# torch.are_deterministic_algorithms_enabled: C calls, no Python property in between
+_cudnn_allow_tf32 = torch._C._get_cudnn_allow_tf32
+_cudnn_deterministic = torch._C._get_cudnn_deterministic
+_deterministic = torch._C._get_deterministic_algorithms
 
 
 class Site:
