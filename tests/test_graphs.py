@@ -11,7 +11,7 @@ from test_dispatch import configuration, expected_output, make_operands
 
 from ucudnn.dispatch import compile_program
 from ucudnn.errors import GraphCaptureError, UcudnnWarning
-from ucudnn.graphs import GraphedProgram
+from ucudnn.graphs import CHURN_CAPTURES, GraphedProgram
 from ucudnn.problem import ConvProblem
 
 
@@ -79,6 +79,44 @@ def test_addresses_that_never_repeat_are_never_captured():
     for x in range(100):
         graphed(x, 1, 2)
     assert capturer.captured == [] and graphed.direct_runs == 100 and len(graphed._seen) == 4
+
+
+def test_a_kernel_whose_graphs_are_not_replayed_stops_capturing():
+    """Address sets that come back once, then never (the churn of an allocator placing tensors anew):
+    after CHURN_CAPTURES captures launched only once each, new sets run directly; old graphs still
+    replay, and capturing resumes once replays catch up."""
+    program, capturer = Recorder(), FakeCapturer()
+    graphed = GraphedProgram(program, capturer, max_graphs=1000)
+    c = CHURN_CAPTURES
+    for x in range(3 * c):
+        graphed(x, 0, 0)
+        graphed(x, 0, 0)
+    assert graphed.captures == c and graphed.replays == c  # each capture launched once, never again
+    assert graphed.direct_runs == c + 2 * 2 * c
+    for x in range(c):
+        graphed(x, 0, 0)  # the captured sets do come back: replayed
+    assert not graphed._churning()
+    graphed(-1, 0, 0)
+    graphed(-1, 0, 0)
+    assert graphed.captures == c + 1
+    assert len(program.runs) == graphed.direct_runs + graphed.replays  # every call ran once
+
+
+def test_a_kernel_with_many_repeating_address_sets_gets_them_all_captured():
+    """A kernel shared by many layers, each set coming back every iteration: the sets beyond
+    CHURN_CAPTURES are captured at most two iterations later than the rest, then all replay."""
+    program, capturer = Recorder(), FakeCapturer()
+    graphed = GraphedProgram(program, capturer, max_graphs=1000)
+    sets = CHURN_CAPTURES + 8
+    for iteration in range(4):
+        for x in range(sets):
+            graphed(x, 0, 0)
+    late = sets - CHURN_CAPTURES
+    assert graphed.captures == sets and graphed.direct_runs <= sets + 2 * late
+    graphed.replays = 0
+    for x in range(sets):
+        graphed(x, 0, 0)
+    assert graphed.replays == sets
 
 
 def test_graphs_beyond_the_bound_drop_the_least_recently_used():

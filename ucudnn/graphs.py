@@ -7,7 +7,8 @@ Captured into a graph, the calls cost one launch and run back to back at the GPU
 
 A graph holds the device addresses it was captured with, so one is kept per set of operand and
 workspace addresses. The first run with a set runs directly; the second captures a graph; later
-ones replay it. Buffers that move every call (nothing reused) therefore cost nothing extra.
+ones replay it. Buffers that move every call (nothing reused) therefore cost nothing extra, and a
+kernel whose graphs are rarely replayed stops capturing new ones (see CHURN_CAPTURES).
 
 GraphedProgram is pure logic over a capturer: `GraphCapturer` (CUDA, through CuPy) on the GPU,
 `cudnn_capturer(handle, stream)` for the calls of a cuDNN handle; a fake in the CPU tests.
@@ -28,6 +29,14 @@ from .gpu import cupy
 # iteration: at 8, ResNet-50 in AMP re-captured ~20 graphs every iteration (H100, 2026-11-24).
 MAX_GRAPHS = 32
 MAX_SEEN = 64  # per kernel: address sets seen once, waiting for a second sight
+# A kernel whose address sets come back once and then never again (tensors the caching allocator
+# places anew each iteration) would capture a graph, at a few hundred us of host time, for each:
+# after CHURN_CAPTURES captures with fewer than CHURN_REPLAYS launches per capture (the launch
+# right after a capture counts), new address sets run directly until replays catch up. (ResNet-50
+# in AMP, every layer converted: ~20 captures and 22 direct runs an iteration, against 136
+# replays, on the H100 on 2026-11-24.)
+CHURN_CAPTURES = MAX_GRAPHS
+CHURN_REPLAYS = 2
 
 
 class Capturer(Protocol):
@@ -68,7 +77,7 @@ class GraphedProgram:
         self.capturer.launch(graph)
 
     def _second_sight(self, addresses: Hashable) -> bool:
-        if self.capture_failure is not None or self.capturer.capturing():
+        if self.capture_failure is not None or self._churning() or self.capturer.capturing():
             return False
         if addresses in self._seen:
             del self._seen[addresses]
@@ -77,6 +86,10 @@ class GraphedProgram:
         if len(self._seen) > self.max_seen:
             self._seen.popitem(last=False)
         return False
+
+    def _churning(self) -> bool:
+        """Whether captured graphs are rarely replayed: capturing more would cost more than it saves."""
+        return self.captures >= CHURN_CAPTURES and self.replays < CHURN_REPLAYS * self.captures
 
     def _capture(self, addresses: tuple) -> Any:
         try:
