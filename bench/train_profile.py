@@ -45,8 +45,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     import torch
-    import torch.nn.functional as F
     import torchvision
+    from train_step import training_step
 
     import ucudnn.torch as ut
 
@@ -58,16 +58,7 @@ def main(argv=None) -> None:
     target = torch.randint(0, 1000, (args.batch,), device="cuda")
     ut.convert(model, workspace_limit=args.limit, cache_path=args.cache, delegate=args.delegate)
     context = next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            loss = F.cross_entropy(model(x), target)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+    step = training_step(model, x, target, amp)
 
     for _ in range(args.warmup):
         step()

@@ -49,7 +49,6 @@ def log(message: str) -> None:
 
 def child(args) -> dict:
     import torch
-    import torch.nn.functional as F
     import torchvision
 
     torch.backends.cudnn.benchmark = True
@@ -68,17 +67,7 @@ def child(args) -> dict:
     context = convert(model, x, args, amp) if args.variant in ("wr", "wr-all", "wd") else None
     torch.cuda.synchronize()
     result["setup_s"] = time.perf_counter() - start
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            loss = F.cross_entropy(model(x), target)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        return loss.detach()
+    step = training_step(model, x, target, amp)
 
     start = time.perf_counter()
     losses = [step()]
@@ -108,6 +97,26 @@ def child(args) -> dict:
     if context is not None:
         result["ucudnn"] = condensed(context.summary())
     return result
+
+
+def training_step(model, x, target, amp: bool):
+    """One SGD training iteration of `model` on (x, target) as a function (AMP: fp16 autocast and
+    a gradient scaler), returning the loss."""
+    import torch
+    import torch.nn.functional as F
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = F.cross_entropy(model(x), target)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.detach()
+    return step
 
 
 def convert(model, x, args, amp: bool):
