@@ -696,3 +696,18 @@ def test_grad_mode_is_part_of_the_signature_and_of_what_is_timed(numpy_context):
     conv.weight.requires_grad_(False)
     conv(x.clone().requires_grad_()).sum().backward()  # F and BD only: a third site, nothing new to time
     assert len(context.sites) == 3 and len(context.backend.timed) == 3
+
+
+def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
+    """Under memory pressure torch's kernel may not even be timeable: the layer stays with ucudnn
+    and the training step goes on."""
+    def out_of_memory(self, problem, device):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(integration.CudaBackend, "_time_torch", out_of_memory)
+    problem = integration.Call(torch.device("cpu"), (2, 3, 8, 8), (4, 3, 3, 3), integration.Geometry((0, 0), (1, 1), (1, 1), 1),
+                               "float32", "default", "nchw").problem(ConvKind.FORWARD)
+    timing = integration.CudaBackend().time_torch(problem, torch.device("cpu"))
+    assert timing.ms == float("inf") and timing.workspace == 0
+    from ucudnn.integrations.torch.delegation import worth_delegating
+    assert not worth_delegating([1.0], [timing], 2**30)

@@ -95,7 +95,15 @@ class CudaBackend:
         """Time torch's own convolution of `problem` on new operands, on the current stream:
         warmed up first (torch's benchmark mode picks its plan on the first call, under the memory
         free now), then timed with CUDA events; its workspace is what it allocates beyond its
-        result, read from the caching allocator's running total (peak statistics stay untouched)."""
+        result, read from the caching allocator's running total (peak statistics stay untouched).
+        Where the memory free cannot hold the operands, torch's kernel is taken as forever slow
+        (the layer is not delegated) rather than failing the training step."""
+        try:
+            return self._time_torch(problem, device)
+        except torch.cuda.OutOfMemoryError:
+            return TorchTiming(float("inf"), 0)
+
+    def _time_torch(self, problem: ConvProblem, device: torch.device) -> TorchTiming:
         dtype = getattr(torch, problem.dtype)
         fmt = torch.channels_last if problem.layout == "nhwc" else torch.contiguous_format
         x, w, y = (torch.randn(shape, dtype=dtype, device=device).contiguous(memory_format=fmt)
