@@ -717,7 +717,8 @@ def test_resnet50_lookup_from_the_shipped_recording_is_fast():
         found = Cache(recorded_path(), readonly=True).tables(problems, device)
         walls.append(time.perf_counter() - start)
     rows = sum(len(table) for table in found.values())
-    assert all(len(table) for table in found.values()) and rows > 1000
+    # the shipped file is pruned to what plans can use (`ucudnn cache prune`): ~850 rows for these kernels
+    assert all(len(table) for table in found.values()) and rows > 500
     print(f"\nshipped ResNet-50 lookup: {len(found)} shape keys, {rows} measurements in "
           f"{min(walls) * 1e3:.1f} ms (best of 10; median {sorted(walls)[5] * 1e3:.1f} ms)")
     assert min(walls) <= 0.050

@@ -396,7 +396,7 @@ def test_a_batch_the_shipped_file_lacks_names_what_it_has_and_the_command(capsys
     status, _, err = inline(capsys, "optimize", "--net", "resnet50", "--batch", "256")
     assert status == 2 and err.count("\n") == 1
     assert "it has legacy: resnet50 batch 64 float16 nhwc (powerOfTwo), resnet50 batch 64 float32 nchw" in err
-    assert "; engines: none;" in err
+    assert "; engines: resnet50 batch 64 float32 nchw (powerOfTwo);" in err
     assert "`ucudnn bench --net resnet50 --batch 256` on a GPU" in err
 
 
@@ -541,3 +541,31 @@ def test_bench_needs_a_gpu(capsys):
 def test_every_command_has_help_with_an_example(capsys, command):
     status, out, _ = inline(capsys, *command, "--help")
     assert status == 0 and "example:\n  ucudnn " in out
+
+
+def test_cache_prune_shrinks_a_file_and_keeps_its_plans(db, tmp_path):
+    """The synthetic recording (every candidate at every size, dominated and unsupported ones too)
+    pruned: fewer measurements, the same WR and WD plans; pruning again changes nothing."""
+    pruned = tmp_path / "pruned.db"
+    pruned.write_bytes(Path(db).read_bytes())
+    kept, before = map(int, re.search(r"kept (\d+) of (\d+) measurements", ok("cache", "prune", "--cache", str(pruned))).groups())
+    assert kept < before
+    assert f"kept {kept} of {kept} measurements" in ok("cache", "prune", "--cache", str(pruned))
+    volatile = ("database", "build_seconds", "solve_seconds")
+
+    def plan(path, *args):
+        def strip(d):
+            if isinstance(d, dict):
+                return {k: strip(v) for k, v in d.items() if k not in volatile}
+            return [strip(x) for x in d] if isinstance(d, list) else d
+        return strip(json.loads(ok("optimize", "--offline", "--json", "--cache", str(path), *args)))
+
+    for args in (("--net", "alexnet", "--workspace", "64MiB"), ("--net", "alexnet", "--workspace", "1MiB"),
+                 ("--net", "alexnet", "--optimizer", "wd", "--total-workspace", "120MiB"),
+                 ("--net", "resnet18", "--batch", "32", "--optimizer", "wd", "--total-workspace", "16MiB")):
+        assert plan(db, *args) == plan(pruned, *args), args
+
+
+def test_cache_prune_names_a_missing_file(capsys, tmp_path):
+    status, _, err = inline(capsys, "cache", "prune", "--cache", str(tmp_path / "none.db"))
+    assert status == 2 and "does not exist" in err and not (tmp_path / "none.db").exists()

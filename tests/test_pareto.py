@@ -14,7 +14,7 @@ from ucudnn.config import batch_sizes
 from ucudnn.errors import NoAlgorithmError
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
-from ucudnn.optimizers.pareto import desirable_set, desirable_sets, pareto_order
+from ucudnn.optimizers.pareto import desirable_set, desirable_sets, pareto_order, plannable
 from ucudnn.optimizers.wr import optimize_wr
 
 
@@ -170,3 +170,37 @@ def test_desirable_set_with_a_quantum_is_the_front_of_aligned_configurations(ker
     assert [(c.workspace, c.time_ms) for c in front] == front_points(aligned)
     for c in front:
         assert all(m.batch % quantum == 0 for m in c.micro[:-1])
+
+
+def test_plannable_keeps_the_front_the_over_cap_rows_and_one_row_where_none_is_available():
+    m = lambda algo, t, ws, status=OK: Measurement(algo, 8, t, ws, status)  # noqa: E731
+    rows = [m("a", 1.0, 100), m("b", 2.0, 0), m("c", 1.5, 200), m("d", 3.0, 50), m("e", 1.0, 100),
+            m("f", None, 0, UNSUPPORTED), m("g", None, 10**12, OVER_CAP)]
+    kept = plannable(rows)
+    # c and d are dominated (a, b beat them), e ties a exactly (the first name stays), f is unusable
+    assert sorted(x.algo for x in kept) == ["a", "b", "g"]
+    assert plannable([m("z", None, 0, UNSUPPORTED), m("y", None, 0, UNSUPPORTED)]) == [m("y", None, 0, UNSUPPORTED)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16]), st.floats(0.01, 10.0), st.integers(0, 8) .map(lambda k: k * 2**20),
+                          st.sampled_from([OK, OK, OK, UNSUPPORTED, OVER_CAP])), min_size=1, max_size=40),
+       st.sampled_from([None, 0, 2**20, 3 * 2**20, 8 * 2**20]))
+def test_wr_plans_the_same_from_the_plannable_rows(rows, limit):
+    """What a pruned file keeps plans exactly as the whole file does, at any limit."""
+    table = KernelTable(Measurement(f"legacy:A{i}", b, t if s == OK else None, ws, s) for i, (b, t, ws, s) in enumerate(rows))
+    by_size: dict[int, list[Measurement]] = {}
+    for measurement in table:
+        by_size.setdefault(measurement.batch, []).append(measurement)
+    pruned = KernelTable(kept for found in by_size.values() for kept in plannable(found))
+    for batch in (8, 16):
+        sizes = [s for s in (1, 2, 4, 8, 16) if s <= batch]
+        assert pruned.complete_for(batch, limit) == table.complete_for(batch, limit)
+        try:
+            want = optimize_wr(table, batch, sizes, limit)
+        except NoAlgorithmError:
+            with pytest.raises(NoAlgorithmError):
+                optimize_wr(pruned, batch, sizes, limit)
+            continue
+        got = optimize_wr(pruned, batch, sizes, limit)
+        assert (got.time_ms, got.workspace) == (want.time_ms, want.workspace)

@@ -217,6 +217,24 @@ class BenchmarkDatabase:
         """Add kernel and measurement rows (as `read_export` gives them); returns their number."""
         return self._upsert_in_chunks(kernels, measurements)
 
+    def prune(self) -> tuple[int, int]:
+        """Delete the measurements no plan can use (optimizers.pareto.plannable, per GPU, kernel,
+        micro-batch size and backend: the dominated and unavailable candidates) and compact the
+        file. Plans from the file stay the same; `cache show` lists fewer candidates. Returns the
+        measurements (before, after)."""
+        from ..optimizers.pareto import plannable
+
+        groups: dict[tuple, list[Measurement]] = {}
+        for *key, algo, time_ms, workspace, status in self._read(lambda: self._conn.execute(
+                f"SELECT {', '.join(schema.KEY)}, time_ms, workspace, status FROM measurements").fetchall()):
+            groups.setdefault(tuple(key), []).append(Measurement(algo, key[4], time_ms, workspace, status))
+        doomed = [(*key, m.algo) for key, found in groups.items() for m in set(found) - set(plannable(found))]
+        where = " AND ".join(f"{column} = ?" for column in schema.KEY)
+        self._write(lambda: self._conn.executemany(f"DELETE FROM measurements WHERE {where}", doomed))
+        self._read(lambda: self._conn.execute("VACUUM"))
+        before = sum(len(found) for found in groups.values())
+        return before, before - len(doomed)
+
     def check(self) -> None:
         """Raise DamagedDatabaseError unless SQLite's quick check of the whole file passes
         (tens of milliseconds for the shipped file)."""

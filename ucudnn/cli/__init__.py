@@ -18,7 +18,7 @@ from ..device import EXECUTIONS
 from ..errors import UcudnnError
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from .arguments import batch_size, byte_size, device_list, output_file, plot_file
-from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_show, cache_verify
+from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize
 
 
@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(actions, "import", "add a JSON export to a database", "ucudnn cache import h100.json --cache my.db",
                  cache_import, [_CACHE])
     p.add_argument("file", metavar="FILE.json")
+    _command(actions, "prune", "keep only the measurements plans can use (a smaller file, the same plans)",
+             "ucudnn cache prune --cache shared.db", cache_prune, [_CACHE])
     _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
              "--cache h100.db", cache_verify, [_CACHE])
 

@@ -1,4 +1,4 @@
-"""`ucudnn cache ...`: list, show, merge, export, import and verify benchmark databases."""
+"""`ucudnn cache ...`: list, show, merge, export, import, prune and verify benchmark databases."""
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -95,6 +95,17 @@ def cache_import(args) -> int:
     with writing(path) as database:
         count = database.add_rows(*rows)
     print(f"imported {count} measurements from {args.file} into {path}")
+    return 0
+
+
+def cache_prune(args) -> int:
+    path = cache_path(args.cache)
+    if not path.is_file():
+        raise CacheError(f"{path} does not exist; name the database to prune with --cache")
+    with writing(path) as database:
+        before, after = database.prune()
+    print(f"pruned {path}: kept {after} of {before} measurements, those plans can use "
+          "(each size's time-workspace front per kernel and backend)")
     return 0
 
 

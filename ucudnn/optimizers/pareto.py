@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..measurements import KernelTable
+from ..measurements import OVER_CAP, KernelTable, Measurement
 from .configuration import Configuration, MicroConfig
 from .wr import check_quantum
 
@@ -29,6 +29,19 @@ def pareto_order(time: np.ndarray, workspace: np.ndarray) -> np.ndarray:
     one = np.zeros(len(time), dtype=np.int64)
     rank, ranks = _ranks(one, np.asarray(workspace, dtype=np.int64))
     return _front(np.asarray(time, dtype=float), one, rank, (1, ranks))
+
+
+def plannable(measurements: Sequence[Measurement]) -> list[Measurement]:
+    """Of one kernel's measurements at one micro-batch size from one backend, those planning can
+    use: the available ones on the time-workspace front (WR picks the fastest that fits, WD's
+    desirable sets start from the front: a dominated candidate is never chosen), every OVER_CAP
+    row (a larger cap would time it: KernelTable.complete_for reads them), and, where nothing of
+    those is left, one row that says the size was measured. What a shipped or shared file can
+    keep without changing any plan."""
+    ok = sorted((m for m in measurements if m.available), key=lambda m: m.algo)  # ties: the first name
+    front = [ok[i] for i in pareto_order([m.time_ms for m in ok], [m.workspace for m in ok])] if ok else []
+    kept = front + [m for m in measurements if m.status == OVER_CAP]
+    return kept or sorted(measurements, key=lambda m: m.algo)[:1]
 
 
 def _ranks(group: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, int]:
