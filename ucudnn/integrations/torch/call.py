@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...problem import ConvKind, ConvProblem, default_math
-from .sites import Site, signature
+from .sites import Site, autocast_dtype, signature
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 INDEX_LIMIT = 2**31 - 1  # cuDNN's legacy API describes tensors with 32-bit ints
@@ -86,20 +86,10 @@ class Call:
                            dtype=self.dtype, math=self.math, layout=self.layout, deterministic=self.deterministic)
 
 
-def _autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The autocast dtype in force for `device_type`, or None when autocast is off."""
-    try:
-        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-    except (AttributeError, TypeError):  # torch < 2.4 knows only CUDA's autocast state
-        if device_type == "cuda" and torch.is_autocast_enabled():
-            return torch.get_autocast_gpu_dtype()
-        return None
-
-
 def _compute_dtype(input: Tensor) -> tuple[torch.dtype, bool]:
     """What torch's conv2d computes in, and whether autocast casts to it: the autocast dtype for
     eligible inputs (whatever the weight's dtype), else the input's own."""
-    cast = _autocast_dtype(input.device.type)
+    cast = autocast_dtype(input.device.type)
     if cast is not None and input.is_floating_point() and input.dtype != torch.float64:
         return cast, True
     return input.dtype, False

@@ -27,15 +27,18 @@ def signature(module: nn.Conv2d, input: Tensor) -> tuple:
     return (input.shape, input.stride(), input.dtype, device, input.requires_grad, weight.shape, weight.stride(),
             weight.dtype, weight.device, weight.requires_grad, module.padding, module.stride, module.dilation,
             module.groups, module.padding_mode, module.in_channels, module.out_channels,
-            torch.is_grad_enabled(), _autocast_state(device.type), _cudnn_allow_tf32(), _deterministic(),
+            torch.is_grad_enabled(), autocast_dtype(device.type), _cudnn_allow_tf32(), _deterministic(),
             _cudnn_deterministic())
 
 
-def _autocast_state(device_type: str):
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in force for `device_type`, or None when autocast is off."""
     try:
-        return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type)
-    except TypeError:  # torch < 2.4 knows only CUDA's autocast state
-        return torch.is_autocast_enabled() and torch.get_autocast_gpu_dtype()
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    except (AttributeError, TypeError):  # torch < 2.4 knows only CUDA's autocast state
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        return None
 
 
 # torch's own getters behind torch.backends.cudnn.allow_tf32 / .deterministic and
