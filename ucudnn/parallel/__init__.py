@@ -17,7 +17,7 @@ job). Their public names are re-exported here.
 """
 from .devices import (DEVICES_VARIABLE, TIMINGS, Factory, backend_setting, bench_devices, check_devices,
                       check_one_model, cuda_benchmarker, cuda_device_count, cuda_probe, default_factory, parse_devices,
-                      sweep_backends, timing_settings)
+                      timing_settings)
 from .mpi import LAUNCHER_SIZE_VARIABLES, bench_with_mpi, check_ranks_fit, check_world, mpi_world, on_root
 from .pool import (EXIT_GRACE_S, PoolRound, WorkerJob, bench_on_devices, exit_reason, merge_shards, new_shard_dir,
                    remove_if_empty, run_worker)
@@ -33,7 +33,7 @@ __all__ = [
     # devices
     "TIMINGS", "DEVICES_VARIABLE", "Factory", "timing_settings", "cuda_benchmarker", "default_factory",
     "cuda_device_count", "cuda_probe", "check_devices", "check_one_model", "bench_devices", "parse_devices",
-    "sweep_backends", "backend_setting",
+    "backend_setting",
     # pool
     "new_shard_dir", "merge_shards", "remove_if_empty", "WorkerJob", "run_worker", "exit_reason", "PoolRound",
     "bench_on_devices", "EXIT_GRACE_S",

@@ -7,7 +7,6 @@ import os
 from collections import Counter
 from typing import Callable, Mapping, Sequence
 
-from ..backends import resolve
 from ..benchmark import Benchmarker, TimingSettings
 from ..device import Provenance, check_execution
 from ..errors import ConfigError
@@ -55,14 +54,9 @@ def timing_settings(timing: str | TimingSettings) -> TimingSettings:
     return TIMINGS[timing]
 
 
-def sweep_backends(backend: str) -> tuple[str, ...]:
-    """The backends a sweep measures for a `backend` setting (ucudnn.backends.resolve), resolved
-    once by the process that plans; its workers get them as an explicit setting (backend_setting)."""
-    return resolve(backend)
-
-
 def backend_setting(backends: Sequence[str]) -> str:
-    """The `backend` setting that names exactly `backends`, whatever is installed where it is read."""
+    """The `backend` setting that names exactly `backends` (what ucudnn.backends.resolve gave the
+    process that plans), whatever is installed where its workers read it."""
     return backends[0] if len(backends) == 1 else "all"
 
 

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from ..backends import resolve as resolve_backends
 from ..benchmark import Benchmarker, TimingSettings
 from ..cache.database import BenchmarkDatabase
 from ..cache.memo import resolve_path
@@ -15,7 +16,7 @@ from ..cache.paths import shard_path
 from ..device import Provenance
 from ..errors import ConfigError, GpuUnavailableError, UcudnnError
 from ..problem import ConvProblem
-from .devices import Factory, backend_setting, check_one_model, cuda_device_count, default_factory, sweep_backends
+from .devices import Factory, backend_setting, check_one_model, cuda_device_count, default_factory
 from .pool import merge_shards, new_shard_dir, remove_if_empty
 from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep
 
@@ -108,7 +109,7 @@ def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: in
     comm = comm if comm is not None else mpi_world()
     problems, rank = list(problems), comm.Get_rank()
     check_world(comm.Get_size())
-    backends = on_root(comm, lambda: sweep_backends(backend))  # the frontend may be installed on some nodes only
+    backends = on_root(comm, lambda: resolve_backends(backend))  # the frontend may be installed on some nodes only
     hosts = comm.allgather(socket.gethostname())
     gpus = comm.allgather(list(devices) if devices else list(range((device_count or cuda_device_count)())))
     check_ranks_fit(hosts, gpus)

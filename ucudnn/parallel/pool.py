@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from ..backends import resolve as resolve_backends
 from ..benchmark import Benchmarker, TimingSettings, ensure_tables
 from ..cache.database import BenchmarkDatabase, merge
 from ..cache.memo import Cache, resolve_path
@@ -19,7 +20,7 @@ from ..device import Provenance
 from ..errors import ConfigError
 from ..problem import ConvProblem
 from .devices import (DEVICES_VARIABLE, Factory, backend_setting, check_devices, check_one_model, cuda_probe,
-                      default_factory, sweep_backends)
+                      default_factory)
 from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep
 
 EXIT_GRACE_S = 60  # how long a worker that closed its pipe may take to exit before it is terminated
@@ -167,7 +168,7 @@ def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: 
     `benchmarker_factory(gpu)` (picklable: it runs in the workers), `probe(gpu)` and
     `worker(job, events)` replace the GPU parts in tests. Raises MissingMeasurementsError if
     measurements are still missing after `retries` rounds on the workers that survived."""
-    problems, devices, backends = list(problems), check_devices(devices), sweep_backends(backend)
+    problems, devices, backends = list(problems), check_devices(devices), resolve_backends(backend)
     factory = benchmarker_factory or default_factory(timing, execution, backend_setting(backends))
     infos = [(probe or cuda_probe)(d).for_execution(execution) for d in devices]
     check_one_model([(f"GPU {d}", info) for d, info in zip(devices, infos)])
