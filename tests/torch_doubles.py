@@ -12,6 +12,7 @@ from ucudnn.assignment import Assignments
 from ucudnn.dispatch import compile_program
 from ucudnn.integrations.torch import CudaBackend
 from ucudnn.integrations.torch.kernels import TorchTiming
+from ucudnn.integrations.torch.memory import Memory
 
 
 class NumpyHandle:
@@ -33,8 +34,19 @@ class NumpyHandle:
     def program(self, problem, configuration, alpha=1.0, beta=0.0):
         return compile_program(problem, configuration, self.executor, alpha, beta)
 
-    def finalize(self):
-        self.assignments.finalize()
+    def finalize(self, total=None):
+        self.assignments.finalize(total)
+
+    def shrink(self, problem):
+        return self.assignments.shrink(problem)
+
+    @property
+    def shrinks(self):
+        return self.assignments.shrinks
+
+    @property
+    def wd_limit(self):
+        return self.assignments.wd_limit
 
     def reset(self):
         self.assignments.reset()
@@ -54,9 +66,16 @@ class NumpyBackend(CudaBackend):
 
     handle_class = NumpyHandle
 
-    def __init__(self, torch_timing=lambda problem: TorchTiming(float("inf"), 0)):
+    def __init__(self, torch_timing=lambda problem: TorchTiming(float("inf"), 0), memory=Memory(2**40, 0, 0)):
         self.torch_timing = torch_timing
         self.timed = []
+        self.memory_now = memory  # what memory() reports: set it to simulate the device's state
+
+    def planning(self, device):
+        return contextlib.nullcontext()
+
+    def memory(self, device):
+        return self.memory_now
 
     def time_torch(self, problem, device):
         self.timed.append(problem)

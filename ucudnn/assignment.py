@@ -6,16 +6,21 @@
   after that is optimized by WR within what the total limit has left, in a buffer of its own, so
   no segment in use ever moves. `reset()` forgets every assignment so that the next use solves all
   known kernels again as one network: call it between iterations, never during one.
+- Out of memory: where a workspace cannot be allocated (the allocator raises MemoryError), the
+  kernel (WD: the network) is planned again within half of it, and so on; `shrink()` does the
+  same for a workspace its caller failed to allocate. Each step warns and is kept in `shrinks`.
 
 Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive it with fakes.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from .benchmark import Benchmarker, ensure_tables
 from .config import Settings
+from .errors import DeviceMemoryError, InfeasibleError, UcudnnWarning
 from .optimizers.configuration import Configuration
 from .problem import ConvProblem
 from .solve import Kernel, solve, solve_wr
@@ -47,6 +52,8 @@ class Assignments:
         self._network_solved = False
         self._late_workspace = 0  # WD: bytes given to kernels that came after the solve
         self.wd_result = None
+        self.wd_limit: int | None = None  # WD: the total the last solve was given
+        self.shrinks: list[tuple[str, int, int]] = []  # (what, bytes that failed, new limit), in order
 
     @property
     def wd(self) -> bool:
@@ -73,22 +80,44 @@ class Assignments:
                 self._assign_alone(problem)
         return self._assigned[problem.key]
 
-    def finalize(self) -> None:
-        """WD: solve the ILP over every recorded kernel and divide one workspace among them."""
+    def finalize(self, total: int | None = None) -> None:
+        """WD: solve the ILP over every recorded kernel and divide one workspace among them, of at
+        most `total` bytes (default: the settings' total limit). Where that buffer cannot be
+        allocated, the network is solved again within half of it (see _smaller)."""
         if not self.wd or self._network_solved:
             return
-        pending, self._pending = list(self._pending.values()), {}
+        pending = list(self._pending.values())  # kept until solved: an error loses no kernel
         if not pending:
             return
-        tables = self._tables(pending, self.settings.total_limit(len(pending)))
-        solution = solve([Kernel(p.key, p) for p in pending], tables, self.settings)
-        self.wd_result = solution.wd
-        base = self._buffer(self.wd_result.total_workspace)
+        asked = limit = self.settings.total_limit(len(pending)) if total is None else total
+        tables = self._tables(pending, limit)
+        kernels = [Kernel(p.key, p) for p in pending]
+        while True:
+            try:
+                solution = solve(kernels, tables, self.settings, limit=limit)
+            except InfeasibleError as exc:
+                if limit == asked:  # the limit asked for: the caller's to raise
+                    raise
+                raise DeviceMemoryError(f"the smallest workspace of the network's {len(pending)} kernels",
+                                        exc.smallest_feasible, "free GPU memory") from exc
+            try:
+                base = self._buffer(solution.wd.total_workspace)
+                break
+            except MemoryError:
+                limit = self._smaller(solution.wd.total_workspace, f"the network's {len(pending)} kernels")
+        self._pending, self.wd_result, self.wd_limit = {}, solution.wd, limit
         for key, configuration in solution.configurations.items():
             segment = self.wd_result.segments[key]
             self._assigned[key] = Assignment(configuration, segment.pointer(base) if segment.size else 0,
                                              segment.size)
         self._network_solved = True
+
+    def shrink(self, problem: ConvProblem) -> Assignment:
+        """Assign `problem` again within half of its workspace, which the caller (borrowing it at
+        each call) could not allocate."""
+        failed = self._assigned[problem.key].workspace_size
+        self._assign_alone(problem, self._smaller(failed, problem.describe()))
+        return self._assigned[problem.key]
 
     def reset(self) -> None:
         """Forget every assignment and workspace; known kernels are assigned again on next use (WD: as
@@ -101,16 +130,36 @@ class Assignments:
     def __len__(self) -> int:
         return len(self._assigned)
 
-    def _assign_alone(self, problem: ConvProblem) -> None:
-        limit = self.settings.workspace_limit
-        if self.wd:  # came after the network was solved: only what the total has left
-            used = self.wd_result.total_workspace if self.wd_result else 0
-            limit = max(self.settings.total_limit(len(self._assigned) + 1) - used - self._late_workspace, 0)
-        configuration = self._optimize_wr(problem, limit)
+    def _assign_alone(self, problem: ConvProblem, limit: int | None = None) -> None:
+        limit = self._alone_limit() if limit is None else limit
+        while True:
+            configuration = self._optimize_wr(problem, limit)
+            try:
+                workspace = self._buffer(configuration.workspace)
+                break
+            except MemoryError:
+                limit = self._smaller(configuration.workspace, problem.describe())
         if self.wd:
             self._late_workspace += configuration.workspace
-        self._assigned[problem.key] = Assignment(configuration, self._buffer(configuration.workspace),
-                                                 configuration.workspace)
+        self._assigned[problem.key] = Assignment(configuration, workspace, configuration.workspace)
+
+    def _alone_limit(self) -> int:
+        """WR: the per-kernel limit. WD, a kernel that came after the network was solved: only
+        what the total has left."""
+        if not self.wd:
+            return self.settings.workspace_limit
+        used = self.wd_result.total_workspace if self.wd_result else 0
+        return max(self.settings.total_limit(len(self._assigned) + 1) - used - self._late_workspace, 0)
+
+    def _smaller(self, nbytes: int, what: str) -> int:
+        """The limit to plan again within after `nbytes` of workspace for `what` could not be
+        allocated: half of it. Out of memory with no workspace at all is the caller's to handle."""
+        if nbytes == 0:
+            raise DeviceMemoryError(f"a zero-byte workspace for {what}", 0, "free GPU memory")
+        self.shrinks.append((what, nbytes, nbytes // 2))
+        warnings.warn(f"ucudnn: no GPU memory for {nbytes / 2**20:.1f} MiB of workspace for {what}; "
+                      f"planning again within {nbytes // 2 / 2**20:.1f} MiB", UcudnnWarning, stacklevel=4)
+        return nbytes // 2
 
     def _optimize_wr(self, problem: ConvProblem, limit: int) -> Configuration:
         memo_key = (self.benchmarker.device.reuse_key, self.benchmarker.backends.names, problem.key,

@@ -11,7 +11,7 @@ from . import gpu
 from .bindings.enums import refuses_problem
 from .device import DeviceInfo, check_execution, check_timing
 from .dispatch import Step, compile_program
-from .errors import ConfigError, CudnnError, GraphCaptureError, MissingMeasurementsError
+from .errors import ConfigError, CudnnError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
 from .graphs import GraphCapturer, GraphedProgram
 from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement,
                            describe_sizes)
@@ -62,9 +62,14 @@ class Scratch:
     def operands(self, p: ConvProblem) -> dict[str, int]:
         """Addresses of x, w, y for `p` (reallocated only when the kernel changes)."""
         if self._key != p.key:
-            self._operands = {}  # free before allocating the next kernel's
-            self._operands = {role: gpu.random_array(shape, p.dtype, seed) for seed, (role, shape) in
-                              enumerate((("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)))}
+            self._operands, self._key = {}, None  # free before allocating the next kernel's
+            try:
+                self._operands = {role: gpu.random_array(shape, p.dtype, seed) for seed, (role, shape) in
+                                  enumerate((("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)))}
+            except gpu.cupy().cuda.memory.OutOfMemoryError:
+                raise DeviceMemoryError(f"the operands to benchmark {p.describe()}", p.operand_bytes(),
+                                        "free GPU memory, or benchmark this kernel ahead of time "
+                                        "(`ucudnn bench`) so that a warm cache needs no operands") from None
             self._key = p.key
         return {role: gpu.pointer(array) for role, array in self._operands.items()}
 
@@ -111,9 +116,9 @@ class CudnnBenchmarker:
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
                 backend: str | None = None) -> list[Measurement]:
         sizes = sorted(set(sizes))
-        ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
         results = []
         try:
+            ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
             for name in [backend] if backend else self.backends.names:
                 for b in sizes:
                     results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs, cap)

@@ -51,6 +51,16 @@ class NoAlgorithmError(UcudnnError):
     """No cuDNN algorithm can run a kernel within the given workspace limit."""
 
 
+class DeviceMemoryError(UcudnnError, MemoryError):
+    """The GPU has too little free memory for something ucudnn must allocate (benchmark operands,
+    a workspace): free memory, lower the workspace limit, or benchmark ahead with `ucudnn bench`."""
+
+    def __init__(self, what: str, nbytes: int, fix: str = ""):
+        self.what, self.nbytes = what, nbytes
+        super().__init__(f"out of GPU memory allocating {nbytes / 2**20:.1f} MiB for {what}"
+                         + (f"; {fix}" if fix else ""))
+
+
 class InfeasibleError(UcudnnError):
     """No combination of configurations fits the total workspace limit."""
 

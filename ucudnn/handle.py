@@ -102,9 +102,26 @@ class Handle:
         """Kernels assigned so far."""
         return len(self.assignments)
 
-    def finalize(self) -> None:
-        """WD: the network is complete; solve it now rather than at the first convolution."""
-        self.assignments.finalize()
+    def finalize(self, total: int | None = None) -> None:
+        """WD: the network is complete; solve it now rather than at the first convolution, within
+        `total` bytes (default: the settings' total limit)."""
+        self.assignments.finalize(total)
+
+    def shrink(self, problem: ConvProblem) -> Assignment:
+        """Plan `problem` again within half its workspace: the caller could not allocate the
+        workspace its assignment asked for (see Assignments.shrink)."""
+        self._programs = {key: run for key, run in self._programs.items() if key[0] != problem}
+        return self.assignments.shrink(problem)
+
+    @property
+    def wd_limit(self) -> int | None:
+        """WD: the total the last solve was given (after any halving for lack of memory)."""
+        return self.assignments.wd_limit
+
+    @property
+    def shrinks(self) -> list[tuple[str, int, int]]:
+        """(kernel, workspace bytes that could not be allocated, limit planned within), in order."""
+        return self.assignments.shrinks
 
     @contextlib.contextmanager
     def network(self):

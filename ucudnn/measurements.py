@@ -13,6 +13,7 @@ FAILED = "failed"  # cuDNN returned an error when running it
 OUT_OF_MEMORY = "out_of_memory"  # its workspace could not be allocated
 OVER_CAP = "over_cap"  # workspace larger than the benchmark's cap: not timed
 STATUSES = (OK, UNSUPPORTED, FAILED, OUT_OF_MEMORY, OVER_CAP)
+UNMEASURED = (OVER_CAP, OUT_OF_MEMORY)  # not timed: measured again when a limit admits them
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,12 @@ class KernelTable:
 
     def complete_for(self, batch: int, limit: int | None) -> bool:
         """Whether every algorithm that could fit `limit` at `batch` was measured, so the table can
-        answer for that limit without benchmarking again."""
+        answer for that limit without benchmarking again. Out of memory is a circumstance, not a
+        property of the candidate: such rows are measured again where they could fit, so a run
+        under memory pressure never takes fast candidates away from later runs."""
         at = self.at(batch)
         return bool(at) and not any(
-            m.status == OVER_CAP and (limit is None or m.workspace <= limit) for m in at
+            m.status in UNMEASURED and (limit is None or m.workspace <= limit) for m in at
         )
 
     def missing(self, sizes: Iterable[int], limit: int | None) -> list[int]:

@@ -150,6 +150,10 @@ class ConvProblem:
         shape = {"x": self.x_shape, "y": self.y_shape}[tensor]
         return int(np.prod(shape[1:])) * self.itemsize
 
+    def operand_bytes(self) -> int:
+        """Bytes of x, w and y together."""
+        return sum(int(np.prod(shape)) for shape in (self.x_shape, self.w_shape, self.y_shape)) * self.itemsize
+
     def batch_quantum(self, alignment: int = SLICE_ALIGNMENT) -> int:
         """The smallest q such that q samples of x and of y both span a multiple of `alignment`
         bytes: micro-batches that start at a multiple of q samples are aligned like the buffer."""

@@ -39,10 +39,10 @@ def solve_wr(kernel: Kernel, table: KernelTable, settings: Settings, limit: int 
 
 
 def solve(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings: Settings,
-          solver: str = "cbc") -> Solution:
-    """WR at settings.workspace_limit per kernel, or WD at settings.total_limit(len(kernels)).
-    `tables` holds each kernel's measurements by problem.key."""
-    limit = settings.limit(len(kernels))
+          solver: str = "cbc", limit: int | None = None) -> Solution:
+    """WR at settings.workspace_limit per kernel, or WD at settings.total_limit(len(kernels));
+    `limit` overrides either. `tables` holds each kernel's measurements by problem.key."""
+    limit = settings.limit(len(kernels)) if limit is None else limit
     if settings.optimizer == "wr":
         return Solution({k.name: solve_wr(k, tables[k.problem.key], settings, limit) for k in kernels}, limit)
     result = optimize_wd([WDKernel(k.name, tables[k.problem.key], k.problem.batch, k.count,

@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..measurements import OVER_CAP, KernelTable, Measurement
+from ..measurements import UNMEASURED, KernelTable, Measurement
 from .configuration import Configuration, MicroConfig
 from .wr import check_quantum
 
@@ -34,13 +34,14 @@ def pareto_order(time: np.ndarray, workspace: np.ndarray) -> np.ndarray:
 def plannable(measurements: Sequence[Measurement]) -> list[Measurement]:
     """Of one kernel's measurements at one micro-batch size from one backend, those planning can
     use: the available ones on the time-workspace front (WR picks the fastest that fits, WD's
-    desirable sets start from the front: a dominated candidate is never chosen), every OVER_CAP
-    row (a larger cap would time it: KernelTable.complete_for reads them), and, where nothing of
+    desirable sets start from the front: a dominated candidate is never chosen), every row not
+    timed (over the cap or out of memory: a later run would time it; KernelTable.complete_for
+    reads them), and, where nothing of
     those is left, one row that says the size was measured. What a shipped or shared file can
     keep without changing any plan."""
     ok = sorted((m for m in measurements if m.available), key=lambda m: m.algo)  # ties: the first name
     front = [ok[i] for i in pareto_order([m.time_ms for m in ok], [m.workspace for m in ok])] if ok else []
-    kept = front + [m for m in measurements if m.status == OVER_CAP]
+    kept = front + [m for m in measurements if m.status in UNMEASURED]
     return kept or sorted(measurements, key=lambda m: m.algo)[:1]
 
 

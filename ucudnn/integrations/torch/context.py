@@ -10,12 +10,13 @@ import torch
 from torch import Tensor, nn
 
 from ...config import Settings, format_size
-from ...errors import ConfigError
+from ...errors import ConfigError, DeviceMemoryError
 from ...problem import ConvKind
 from .call import Call
 from .fallback import UNPLANNABLE, warn_once
 from .delegation import worth_delegating
 from .kernels import CudaBackend, TorchKernel, TorchTiming, UcudnnKernel
+from .memory import AUTO, auto_total
 from .sites import Site, Sites
 
 DELEGATED = ("torch", "layer")  # Context.runs' key of layer calls delegated to torch
@@ -42,10 +43,17 @@ class Context:
     def __init__(self, settings: Settings | None = None, *, backend=None, cache=None, workspace_limit=None,
                  optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None,
                  delegate: bool = True):
+        self.total_auto = total_limit == AUTO  # WD's total: a share of the memory left free (memory.py)
+        if self.total_auto:
+            if optimizer not in (None, "wd"):
+                raise ConfigError(f"total_limit='auto' sizes WD's total, but optimizer={optimizer!r}; "
+                                  "use optimizer='wd' or drop total_limit")
+            optimizer, total_limit = "wd", None
         keywords = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
         if settings is not None and any(v is not None for v in keywords):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         self.settings = settings or _settings(*keywords)
+        self._tensor_peak: dict[torch.device, int] = {}  # total_auto: sampled while learning
         # WR layers that ucudnn would not speed up run torch's own convolution (delegation.py)
         self.delegate = delegate
         self.backend = backend or CudaBackend()
@@ -73,14 +81,37 @@ class Context:
         return self
 
     def __reduce__(self):
-        return (_rebuild_context, (self.settings, self.delegate))
+        return (_rebuild_context, (self.settings, self.delegate, self.total_auto))
 
     def run(self, site: Site, kind: ConvKind, x: Tensor, w: Tensor, y: Tensor) -> None:
-        """Run kernel `kind` of the site's Call on x, w, y (F writes y, BD writes x, BF writes w)."""
+        """Run kernel `kind` of the site's Call on x, w, y (F writes y, BD writes x, BF writes w).
+        Where its workspace cannot be borrowed, the kernel is planned within less (_shrink)."""
         kernel = site.kernels.get(kind) or self._site_kernel(site, kind)
         self.runs[kernel.counted] += 1
         with self.backend.device_guard(site.call.device):
-            kernel(x, w, y)
+            while True:
+                try:
+                    return kernel(x, w, y)
+                except DeviceMemoryError:
+                    kernel = self._shrink(site, kind, kernel)
+
+    def _shrink(self, site: Site, kind: ConvKind, failed: UcudnnKernel) -> UcudnnKernel | TorchKernel:
+        """The kernel planned for the site after `failed` could not borrow its workspace: within
+        half of it (Assignments.shrink; another site may have shrunk it already), and where no
+        plan is left, torch's own convolution."""
+        call = site.call
+        with self._lock, self.backend.planning(call.device):
+            kernel = self._kernels.get((kind, call))
+            if kernel is failed:
+                problem, handle = call.problem(kind), self.handle(call.device)
+                try:
+                    kernel = UcudnnKernel(problem, handle, handle.shrink(problem), self.backend)
+                except UNPLANNABLE as exc:
+                    warn_once(f"{problem.describe()}: {exc}")
+                    kernel = TorchKernel(problem)
+                self._kernels[kind, call] = kernel
+            site.kernels[kind] = kernel
+            return kernel
 
     def delegates(self, site: Site) -> bool:
         """Whether the site's layer runs torch's own convolution: decided on its first call."""
@@ -117,7 +148,7 @@ class Context:
         return kernel
 
     def _kernel(self, call: Call, kind: ConvKind) -> UcudnnKernel | TorchKernel:
-        with self._lock, self.backend.device_guard(call.device):
+        with self._lock, self.backend.device_guard(call.device), self.backend.planning(call.device):
             if (kind, call) not in self._kernels:
                 problem = call.problem(kind)
                 handle = self.handle(call.device)
@@ -182,11 +213,29 @@ class Context:
         self.finalize()
 
     def finalize(self) -> None:
-        """WD: solve every recorded kernel as one network now."""
+        """WD: solve every recorded kernel as one network now (total_limit='auto': within a share
+        of the memory left free, see memory.py)."""
         with self._lock:
             for device, handle in self._handles.items():
-                with self.backend.device_guard(device):
-                    handle.finalize()
+                with self.backend.device_guard(device), self.backend.planning(device):
+                    handle.finalize(self._auto_total(device) if self.total_auto else None)
+
+    def note_memory(self, y: Tensor) -> None:
+        """While a layer learns (runs torch's convolution and records), for total_limit='auto':
+        sample the memory tensors hold now, at the layer's output, and again when y's gradient
+        arrives in the backward pass."""
+        if not self.total_auto:
+            return
+        self._sample(y.device)
+        if y.requires_grad:
+            y.register_hook(lambda grad, device=y.device: self._sample(device))
+
+    def _sample(self, device: torch.device) -> None:
+        held = self.backend.memory(device).allocated
+        self._tensor_peak[device] = max(self._tensor_peak.get(device, 0), held)
+
+    def _auto_total(self, device: torch.device) -> int:
+        return auto_total(self.backend.memory(device), self._tensor_peak.get(device, 0))
 
     def reset(self) -> None:
         """Forget every assignment: kernels are planned again on next use (WD: as one network).
@@ -211,9 +260,11 @@ class Context:
                    runs={f"{via}:{kind}": n for (via, kind), n in self.runs.items()},
                    fallbacks=dict(self.fallbacks))
         if self.wd:
-            out["wd"] = [dict(total_limit=h.settings.total_limit(len(h)), total_workspace=r.total_workspace,
+            out["wd"] = [dict(total_limit=h.wd_limit, total_workspace=r.total_workspace, auto=self.total_auto,
                               variables=r.variables, solve_seconds=r.solve_seconds, solver=r.solver)
                          for h in self._handles.values() if (r := h.wd_result) is not None]
+        out["shrinks"] = [dict(kernel=what, failed=failed, limit=limit)
+                          for h in self._handles.values() for what, failed, limit in h.shrinks]
         return out
 
     def __repr__(self) -> str:
@@ -238,8 +289,10 @@ def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel, torch_timing: 
     return out
 
 
-def _rebuild_context(settings: Settings, delegate: bool = True) -> Context:
-    return Context(settings, delegate=delegate)
+def _rebuild_context(settings: Settings, delegate: bool = True, total_auto: bool = False) -> Context:
+    context = Context(settings, delegate=delegate)
+    context.total_auto = total_auto
+    return context
 
 
 _default: Context | None = None

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import warnings
 
-from ...errors import NoAlgorithmError, UcudnnWarning, UnsupportedProblemError
+from ...errors import DeviceMemoryError, NoAlgorithmError, UcudnnWarning, UnsupportedProblemError
 
-# Planning errors that mean "ucudnn cannot run this kernel": it then runs through torch instead.
-UNPLANNABLE = (NoAlgorithmError, UnsupportedProblemError)
+# Planning errors that mean "ucudnn cannot run this kernel": it then runs through torch instead
+# (DeviceMemoryError: too little memory even to benchmark it, or for a plan without workspace).
+UNPLANNABLE = (NoAlgorithmError, UnsupportedProblemError, DeviceMemoryError)
 
 _warned: set[str] = set()
 

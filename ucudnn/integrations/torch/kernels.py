@@ -12,7 +12,9 @@ import torch
 from torch import Tensor
 
 from ...config import Settings
+from ...errors import DeviceMemoryError
 from ...problem import ConvKind, ConvProblem
+from .memory import Memory
 
 F_, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
 
@@ -82,8 +84,37 @@ class CudaBackend:
         return Handle(settings, cache=cache, allocator=allocator, stream=self.stream(device))
 
     def borrow(self, nbytes: int, device: torch.device) -> Tensor:
-        """Workspace for one call from torch's caching allocator, on the current stream."""
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+        """Workspace from torch's caching allocator, on the current stream; where it cannot be
+        had, DeviceMemoryError (a MemoryError), on which ucudnn plans within less."""
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
+        except torch.cuda.OutOfMemoryError:
+            raise DeviceMemoryError("a convolution workspace", nbytes) from None
+
+    def planning(self, device: torch.device):
+        """Inside: ucudnn's own allocations (benchmark operands and workspaces, made through
+        CuPy) come from torch's caching allocator, so that one pool serves the training step and
+        the benchmark: freed scratch goes back to torch, torch's peak statistics count it, and
+        memory pressure is the same for both. Out of memory there is CuPy's, which the benchmark
+        records as data."""
+        from ... import gpu
+
+        cupy = gpu.cupy()
+
+        def allocate(nbytes: int):
+            try:
+                block = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+            except torch.cuda.OutOfMemoryError:
+                raise cupy.cuda.memory.OutOfMemoryError(nbytes, torch.cuda.memory_reserved(device)) from None
+            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), block.nbytes, block,
+                                                                   block.device.index), 0)
+
+        return cupy.cuda.using_allocator(allocate)
+
+    def memory(self, device: torch.device) -> Memory:
+        """The device's free memory and torch's reserved and allocated bytes, now."""
+        free, _ = torch.cuda.mem_get_info(device)
+        return Memory(free, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
 
     def operand(self, tensor: Tensor) -> Any:
         return tensor.data_ptr()

@@ -13,7 +13,8 @@ from ...config import format_size
 from ...errors import ConfigError, UcudnnWarning
 from ...problem import ConvKind
 from .call import pack, resolve
-from .context import Context, _settings, default_context
+from .context import Context, default_context
+from .memory import AUTO
 from .fallback import warn_once
 from .sites import Site
 
@@ -78,7 +79,9 @@ class Conv2d(nn.Conv2d):
             return super().forward(input)
         if context.records(self):
             context.record(site.call, site.kinds)
-            return super().forward(input)
+            y = super().forward(input)
+            context.note_memory(y)
+            return y
         if context.delegates(site):
             return super().forward(input)
         x, weight, bias = pack(self, input, site)
@@ -103,7 +106,8 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     Layers keep their identity, parameters, hooks and state_dict (only their class changes), so
     an optimizer made before still works. Settings: `workspace_limit` per kernel (WR) such as
     "64MiB", `optimizer` "wr" or "wd", `policy` "powerOfTwo" | "all" | "undivided",
-    `total_limit` for WD (default: workspace_limit x kernels), `cache_path` for the benchmark
+    `total_limit` for WD (default: workspace_limit x kernels; "auto": a share of the memory the
+    first iteration leaves free, see ucudnn.integrations.torch.memory), `cache_path` for the benchmark
     database, `execution` "graph" (calls replayed as CUDA graphs once a layer's buffers repeat)
     or "direct"; None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
     of positional arguments) runs one pass with torch's convolutions in which every layer records
@@ -116,7 +120,12 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     if context is not None and (any(v is not None for v in settings) or not delegate):
         raise ConfigError("pass either context= or settings (workspace_limit, optimizer, delegate, ...) "
                           "to convert(), not both")
-    context = context or Context(_settings(*settings), delegate=delegate)
+    if total_limit == AUTO and sample_input is not None:
+        raise ConfigError("total_limit='auto' sizes WD's workspace from the memory free after the first "
+                          "training iteration, which the layers learn from: drop sample_input")
+    context = context or Context(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy,
+                                 total_limit=total_limit, cache_path=cache_path, execution=execution,
+                                 delegate=delegate)
     skipped = set()
     for module in model.modules():
         if type(module) is nn.Conv2d:

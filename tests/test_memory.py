@@ -1,0 +1,263 @@
+"""CPU: ucudnn when GPU memory is short. Out-of-memory measurements are measured again later,
+benchmark operands that do not fit raise DeviceMemoryError, a workspace that cannot be allocated
+is planned again within less (WR kernels, WD's network, ucudnn.torch's borrowed workspaces), and
+WD's memory-aware total (total_limit="auto")."""
+from __future__ import annotations
+
+import copy
+import types
+import warnings
+
+import pytest
+
+from fakes import FakeAllocator, FakeBenchmarker
+from test_assignment import LAYERS, make_assignments
+from ucudnn.cache import Cache
+from ucudnn.errors import ConfigError, DeviceMemoryError, UcudnnWarning
+from ucudnn.measurements import OK, OUT_OF_MEMORY, KernelTable, Measurement
+from ucudnn.problem import ConvProblem
+
+MiB = 2**20
+
+
+# --- measurements and benchmark scratch --------------------------------------------------------------
+
+def test_out_of_memory_rows_count_as_unmeasured_where_they_could_fit():
+    table = KernelTable([Measurement("legacy:A0", 8, 1.0, 0, OK), Measurement("legacy:A2", 8, None, 100 * MiB, OUT_OF_MEMORY)])
+    assert table.complete_for(8, 64 * MiB)  # it could not fit this limit anyway
+    assert not table.complete_for(8, 128 * MiB) and not table.complete_for(8, None)
+
+
+class PressuredBenchmarker(FakeBenchmarker):
+    """FakeBenchmarker on a GPU with `free` bytes: candidates whose workspace does not fit are
+    recorded out of memory, as CudnnBenchmarker records them."""
+
+    def __init__(self, free: int):
+        super().__init__()
+        self.free = free
+
+    def measure(self, problem, sizes, cap, backend=None):
+        return [m if m.workspace <= self.free or m.status != OK else Measurement(m.algo, m.batch, None, m.workspace, OUT_OF_MEMORY)
+                for m in super().measure(problem, sizes, cap, backend)]
+
+
+def test_a_run_under_pressure_takes_no_candidate_from_a_later_run(tmp_path):
+    """Measured with 16 KiB free, the fast candidates are out of memory; a later run with the
+    memory measures them again (same cache) and plans as an unpressured run does."""
+    p = LAYERS[0]
+    pressured, _, _ = make_assignments(tmp_path, bench=PressuredBenchmarker(16 * 2**10), workspace_limit="1MiB")
+    assert pressured.get(p).workspace_size <= 16 * 2**10
+    later, bench, _ = make_assignments(tmp_path, workspace_limit="1MiB")
+    fresh, _, _ = make_assignments(tmp_path / "fresh", workspace_limit="1MiB")
+    assert later.get(p).configuration == fresh.get(p).configuration
+    assert bench.calls > 0  # the out-of-memory sizes were measured again
+
+
+def test_benchmark_operands_that_do_not_fit_raise_device_memory_error(monkeypatch):
+    from ucudnn import benchmark, gpu
+
+    class OutOfMemory(MemoryError):
+        pass
+
+    def no_memory(shape, dtype, seed):
+        raise OutOfMemory
+
+    monkeypatch.setattr(gpu, "cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(
+        memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemory))))
+    monkeypatch.setattr(gpu, "random_array", no_memory)
+    p = ConvProblem("F", (64, 3, 224, 224), (64, 3, 11, 11), strides=4, pads=2)
+    with pytest.raises(DeviceMemoryError, match=r"out of GPU memory allocating \d+\.\d MiB .*ucudnn bench") as caught:
+        benchmark.Scratch().operands(p)
+    assert caught.value.nbytes == p.operand_bytes() and isinstance(caught.value, MemoryError)
+
+
+# --- planning again within less -------------------------------------------------------------------------
+
+class ScarceAllocator(FakeAllocator):
+    """FakeAllocator that has only `free` bytes for any one buffer: larger ones raise MemoryError."""
+
+    def __init__(self, free: int):
+        super().__init__()
+        self.free, self.refused = free, []
+
+    def __call__(self, nbytes: int) -> int:
+        if nbytes > self.free:
+            self.refused.append(nbytes)
+            raise MemoryError(nbytes)
+        return super().__call__(nbytes)
+
+
+def scarce(assignments, free: int) -> ScarceAllocator:
+    allocator = assignments._allocate = ScarceAllocator(free)
+    return allocator
+
+
+def test_wr_plans_again_within_half_until_the_workspace_fits(tmp_path):
+    assignments, _, _ = make_assignments(tmp_path, workspace_limit="1MiB")
+    allocator = scarce(assignments, 100 * 2**10)
+    with pytest.warns(UcudnnWarning, match="planning again within"):
+        plan = assignments.get(LAYERS[0])
+    assert 0 < plan.workspace_size <= 100 * 2**10 and allocator.refused
+    assert [failed for _, failed, _ in assignments.shrinks] == allocator.refused
+    assert all(limit == failed // 2 for _, failed, limit in assignments.shrinks)
+    assert plan.configuration.batch == LAYERS[0].batch
+
+
+def test_wd_solves_the_network_again_within_half_until_its_buffer_fits(tmp_path):
+    assignments, _, _ = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="4MiB")
+    allocator = scarce(assignments, 300 * 2**10)
+    for p in LAYERS:
+        assignments.record(p)
+    with pytest.warns(UcudnnWarning, match="the network's 4 kernels"):
+        assignments.finalize()
+    assert 0 < assignments.wd_result.total_workspace <= 300 * 2**10
+    assert assignments.wd_limit == allocator.refused[-1] // 2 and len(assignments) == len(LAYERS)
+
+
+def test_wd_finalize_with_a_total_uses_it(tmp_path):
+    assignments, _, allocator = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="4MiB")
+    for p in LAYERS:
+        assignments.record(p)
+    assignments.finalize(total=200 * 2**10)
+    assert assignments.wd_limit == 200 * 2**10 and allocator.sizes[0] <= 200 * 2**10
+
+
+def test_shrink_halves_what_the_caller_could_not_borrow(tmp_path):
+    assignments, _, _ = make_assignments(tmp_path, workspace_limit="1MiB")
+    before = assignments.get(LAYERS[0]).workspace_size
+    with pytest.warns(UcudnnWarning):
+        after = assignments.shrink(LAYERS[0])
+    assert after.workspace_size <= before // 2 and assignments.shrinks == [(LAYERS[0].describe(), before, before // 2)]
+
+
+# --- ucudnn.torch -------------------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import ucudnn.torch as ut  # noqa: E402
+from test_torch_cpu import assert_matches, run_step  # noqa: E402
+from torch_doubles import NumpyBackend  # noqa: E402
+from ucudnn.integrations.torch import CudaBackend, fallback  # noqa: E402
+from ucudnn.integrations.torch.memory import Memory, auto_total  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    monkeypatch.setattr(fallback, "_warned", set())
+
+
+class ScarceBackend(NumpyBackend):
+    """Borrowed workspaces larger than `free` bytes cannot be had, as from a GPU under pressure."""
+
+    def __init__(self, free: int, **kwargs):
+        super().__init__(**kwargs)
+        self.free, self.refused = free, []
+
+    def make_handle(self, settings, cache, device):
+        handle = super().make_handle(settings, cache, device)
+        handle.assignments._allocate = lambda nbytes: 0  # WR borrows at each call, as CudaBackend's handles do
+        return handle
+
+    def borrow(self, nbytes, device):
+        if nbytes > self.free:
+            self.refused.append(nbytes)
+            raise DeviceMemoryError("a convolution workspace", nbytes)
+        return super().borrow(nbytes, device)
+
+
+def test_a_workspace_torch_cannot_lend_is_planned_within_less_and_the_step_goes_on(tmp_path):
+    torch.manual_seed(0)
+    theirs = nn.Conv2d(8, 16, 3, padding=1)
+    backend = ScarceBackend(free=20 * 2**10)
+    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB")
+    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    x, dy = torch.randn(16, 8, 10, 10), torch.randn(16, 16, 10, 10)
+    with pytest.warns(UcudnnWarning, match="planning again within"):
+        got = run_step(ours, x, dy)
+    assert_matches(got, run_step(theirs, x, dy))
+    summary = context.summary()
+    assert backend.refused and [s["failed"] for s in summary["shrinks"]] == backend.refused
+    assert all(k["workspace"] <= 20 * 2**10 for k in summary["kernels"])
+    refused = len(backend.refused)
+    assert_matches(run_step(ours, x, dy), run_step(theirs, x, dy))
+    assert len(backend.refused) == refused  # planned once: the next step borrows what fits
+
+
+def test_a_second_site_adopts_the_shrunk_kernel_without_halving_it_again(tmp_path):
+    """Two sites (no grad, grad) hold the same planned F kernel; memory then runs short: the
+    first site to fail shrinks it, the other adopts the result."""
+    backend = ScarceBackend(free=2**30)
+    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB")
+    conv = ut.convert(nn.Conv2d(8, 16, 3, padding=1), context=context)
+    x = torch.randn(16, 8, 10, 10)
+    calls = [lambda: conv(x), lambda: conv(x.clone().requires_grad_())]
+    with torch.no_grad():
+        calls[0]()
+    calls[1]()
+    backend.free = 20 * 2**10
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UcudnnWarning)
+        with torch.no_grad():
+            calls[0]()
+        before = context.summary()
+        calls[1]()
+    after = context.summary()
+    assert before["shrinks"] and after["shrinks"] == before["shrinks"]
+    assert after["kernels"] == before["kernels"]  # the same plan, not a smaller one or torch's
+
+
+def test_cuda_backend_turns_torchs_out_of_memory_into_device_memory_error(monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(torch, "empty", no_memory)
+    with pytest.raises(DeviceMemoryError, match="2048.0 MiB for a convolution workspace"):
+        CudaBackend().borrow(2**31, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("now, peak, want", [
+    (Memory(free=100, reserved=500, allocated=300), 450, 75),  # (100 + 200 - 150) / 2
+    (Memory(free=100, reserved=500, allocated=300), 200, 150),  # tensors never held more than now
+    (Memory(free=0, reserved=300, allocated=300), 900, 0),  # nothing left: no workspace
+])
+def test_auto_total_is_a_share_of_what_stays_free_at_the_peak(now, peak, want):
+    assert auto_total(now, peak) == want
+
+
+class SampledBackend(NumpyBackend):
+    """memory() reports `allocated` growing by 1 MiB per call, so the samples can be counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.samples = 0
+
+    def memory(self, device):
+        self.samples += 1
+        return Memory(free=64 * MiB, reserved=200 * MiB, allocated=100 * MiB + self.samples * MiB)
+
+
+def test_auto_total_samples_the_first_iteration_then_solves_within_its_share(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
+    backend = SampledBackend()
+    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), total_limit="auto")
+    ours = ut.convert(copy.deepcopy(model), context=context)
+    assert context.settings.optimizer == "wd" and context.total_auto
+    x = torch.randn(8, 3, 6, 6)
+    run_step(ours, x)  # first iteration: torch's convolutions, 2 samples forward + 2 backward
+    assert backend.samples == 4 and not context.runs
+    got = run_step(ours, x)  # solved at the second iteration's first layer, with one more sample
+    want = auto_total(Memory(64 * MiB, 200 * MiB, 105 * MiB), tensor_peak=104 * MiB)
+    wd = context.summary()["wd"][0]
+    assert wd["auto"] and wd["total_limit"] == want and wd["total_workspace"] <= want
+    assert_matches(got, run_step(model, x))
+
+
+def test_auto_total_needs_wd_and_no_sample_input(tmp_path):
+    with pytest.raises(ConfigError, match="optimizer='wd'"):
+        ut.Context(backend=NumpyBackend(), total_limit="auto", optimizer="wr")
+    with pytest.raises(ConfigError, match="drop sample_input"):
+        ut.convert(nn.Conv2d(3, 4, 3), total_limit="auto", sample_input=torch.randn(1, 3, 8, 8))

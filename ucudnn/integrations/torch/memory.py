@@ -1,0 +1,37 @@
+"""WD's memory-aware total (total_limit="auto"): a share of the memory the training step leaves free.
+
+When a model nearly fills the GPU, no fixed workspace limit is right for every run. With
+`convert(model, optimizer="wd", total_limit="auto")` the first iteration runs torch's own
+convolutions while the layers record their kernels and ucudnn samples the memory held by tensors
+at every layer boundary (forward, and as each layer's gradient arrives). When the second
+iteration starts, WD divides AUTO_SHARE of what stayed free at the first iteration's peak:
+
+    available = free on the device + torch's cached-but-unused bytes - (tensor peak - in use now)
+    total     = AUTO_SHARE x available
+
+The other half is margin for what the samples miss between layer boundaries (loss, optimizer
+temporaries). The workspace is one buffer from torch's caching allocator; if it cannot be had the
+network is solved again within half of it (ucudnn.assignment).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+AUTO = "auto"  # the total_limit that asks for this
+AUTO_SHARE = 0.5
+
+
+class Memory(NamedTuple):
+    """One device's memory at one moment, in bytes."""
+
+    free: int  # free on the device (cudaMemGetInfo): nobody holds it
+    reserved: int  # held by torch's caching allocator
+    allocated: int  # of which tensors use this much
+
+
+def auto_total(now: Memory, tensor_peak: int, share: float = AUTO_SHARE) -> int:
+    """WD's total in bytes: `share` of the memory that stays free when tensors again take
+    `tensor_peak` bytes (the first iteration's sampled peak), given the memory `now`."""
+    growth = max(0, tensor_peak - now.allocated)
+    available = now.free + (now.reserved - now.allocated) - growth
+    return max(0, int(share * available))
