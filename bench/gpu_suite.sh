@@ -3,7 +3,7 @@
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment hostbound betaprobe
 #                                          l2probe record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
-#                                          layers-direct wd torchcap train shapes coldstart
+#                                          layers-direct wd train shapes coldstart
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -65,9 +65,8 @@ for stage in "${stages[@]}"; do
     # recording (VS_TORCH_ARGS: e.g. --net torchvision:alexnet --dtype float16 --layout nhwc)
     vstorch) run vstorch python3 bench/vs_torch.py --out "$OUT" --cache "$(ls cache/*.db | tail -n 1)" ${VS_TORCH_ARGS:-} ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
-    # is torch's CUDNN_CONV_WSCAP_DBG honoured? at 1 MiB it must slow torch down if it is
-    torchcap) run torchcap python3 bench/train_step.py --out "$OUT/cap1MiB" --nets alexnet:256 --precisions fp32 --variants capped,native --limit 1MiB ;;
-    # ucudnn's variants start from a copy of the shipped recording (see seed_train)
+    # torch vs ucudnn.torch with memory free and under pressure; ucudnn's variants start from a copy
+    # of the shipped recording (see seed_train)
     train) seed_train; run train python3 bench/train_step.py --out "$OUT" --cache /tmp/train-cache.db --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ${TRAIN_ARGS:-} ;;
     # where a converted iteration spends its host time (PROFILE_ARGS: e.g. --net alexnet --batch 256)
     profile) seed_train; run profile python3 bench/train_profile.py --out "$OUT" --cache /tmp/train-cache.db ${PROFILE_ARGS:-} ;;

@@ -1,107 +1,254 @@
-"""Training-iteration time and peak memory: torch's own convolutions against ucudnn.torch.
+"""Training-iteration time and memory under real memory pressure: torch's own convolutions
+against ucudnn.torch (issue 18).
 
 For each network (torchvision AlexNet B=256, ResNet-50 B=64), precision (fp32 NCHW; AMP fp16 with
-channels_last) and variant:
-  native  - torch, cudnn.benchmark=True, workspace uncapped
-  capped  - torch, cudnn.benchmark=True, CUDNN_CONV_WSCAP_DBG=<limit in MiB> (read by torch at startup)
-  wr      - ucudnn.torch.convert(optimizer="wr"), <limit> per kernel; benchmarks in the first iteration;
-            layers ucudnn would not speed up are delegated to torch's own convolution (the default)
-  wr-all  - the same with delegate=False: every layer through ucudnn (what a converted call costs)
-  wd      - ucudnn.torch.convert(optimizer="wd", sample_input=x), total = <limit> x kernels (the
-            paper's "same total" as WR); learns and solves before the first iteration (setup)
-every variant runs in a fresh subprocess (the environment variable needs one; the others get one for
-uniformity). Each times `--iters` iterations (CUDA events, median) after `--warmup` untimed ones; the
-first iteration (ucudnn's or torch's benchmarking) is reported apart. Peak memory is
-torch.cuda.max_memory_allocated over the timed iterations (and over warm-up, apart); ucudnn's
-benchmarking scratch lives in CuPy's pool, outside that counter, and is reported as cupy_pool_mib.
-Results go to OUT/train_step.json and OUT/train_step.md after every variant.
+channels_last) and variant (VARIANTS). Pressure is a blocker allocation that leaves free only the
+run's own peak with no convolution workspace (measured first by the `footprint` variant) plus
+--free (64 MiB): torch's benchmark mode then drops every plan whose workspace does not fit, the
+baseline a user short of memory sees. (CUDNN_CONV_WSCAP_DBG, which an earlier version set, is
+ignored by torch's cuDNN graph-API path, ../shared/design/engines.md section 2, so it compared
+ucudnn with an uncapped torch.)
+
+Every variant runs in a fresh subprocess: one untimed plain-torch iteration (it allocates the
+optimizer state; cudnn.benchmark off and deterministic, so that torch's plan cache holds no
+memory-free choice the timed iterations would use), the blocker (pressure variants), the
+conversion (ucudnn variants), the first iteration (benchmarking; timed apart, with the cache's
+state before it), --warmup - 1 more, --iters timed with CUDA events (median), and one more untimed
+while a thread samples the device's free memory. Memory, blocker excluded: peak_mib
+(torch.cuda.max_memory_allocated over the timed iterations), peak_first_mib (setup and first
+iteration), device_peak_mib (total - least free memory seen: CuPy's pool, cuDNN and the CUDA
+context too). The children run torch's allocator with expandable segments (ALLOC_CONF) unless
+PYTORCH_CUDA_ALLOC_CONF is set. Results go to OUT/train_step.json and .md after every variant, with
+the issue's bars as findings.
 
     PYTHONPATH=. python3 bench/train_step.py --out OUT [--nets alexnet:256,resnet50:64]
-        [--precisions fp32,amp] [--variants capped,wr,native,wd] [--limit 64MiB] [--deadline 540]
+        [--precisions fp32,amp] [--variants footprint,torch,wr,...] [--limit 64MiB] [--free 64MiB]
+        [--wd-total SIZE] [--cache DB] [--deadline 540]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
+MiB = 2**20
+# The children's allocator, unless PYTORCH_CUDA_ALLOC_CONF says otherwise: with torch's default
+# segments, fragmentation (reserved - allocated ~0.5 GiB on AlexNet) leaves too little of --free for
+# even torch under pressure (it ran out of memory at 64 MiB, on an H100)
+ALLOC_CONF = "expandable_segments:True"
+SEGMENT = 2 * MiB  # torch's caching allocator rounds large blocks up to this: the blocker is rounded down
+
+
+class Arg(NamedTuple):
+    """A convert keyword's value taken from the run: an attribute of the child's arguments, or
+    "sample_input" (the batch)."""
+    name: str
+
+
+@dataclass(frozen=True)
+class Variant:
+    description: str
+    ucudnn: bool = False
+    pressure: bool = False
+    convert: dict = field(default_factory=dict)  # ucudnn.torch.convert keywords (cache_path added)
+    own_cache: str = ""  # a cache file of its own, OUT/<own_cache>-<net>-<precision>.db (else --cache)
+    seeded: bool = False  # that file starts as a copy of --cache (else empty), removed after the run
+
+
+WR = dict(optimizer="wr", workspace_limit=Arg("limit"))
+WD = dict(optimizer="wd", workspace_limit=Arg("limit"))
 VARIANTS = {
-    "capped": "torch, cudnn.benchmark, workspace capped by CUDNN_CONV_WSCAP_DBG",
-    "wr": "ucudnn WR, limit per kernel",
-    "wr-all": "ucudnn WR, limit per kernel, no layer delegated to torch",
-    "native": "torch, cudnn.benchmark, uncapped",
-    "wd": "ucudnn WD, total = limit x kernels",
+    "footprint": Variant("ucudnn WR, no workspace, no layer delegated, memory free: the run's own peak",
+                         True, convert=dict(optimizer="wr", workspace_limit=0, delegate=False),
+                         own_cache="footprint", seeded=True),
+    "torch": Variant("torch, cudnn.benchmark, memory free"),
+    "torch-pressure": Variant("torch, cudnn.benchmark, under pressure", pressure=True),
+    "wr": Variant("ucudnn WR, --limit per kernel, memory free", True, convert=WR),
+    "wr-cold": Variant("ucudnn WR, --limit per kernel, memory free, from an empty cache", True, convert=WR,
+                       own_cache="cold"),
+    "wr-pressure": Variant("ucudnn WR, --limit per kernel, under pressure", True, True, WR),
+    "wd-pressure": Variant("ucudnn WD, total --wd-total, learned from the batch, under pressure", True, True,
+                           dict(WD, total_limit=Arg("wd_total"), sample_input=Arg("sample_input"))),
+    "auto-pressure": Variant("ucudnn WD, total 'auto' (a share of the memory free after the first iteration), "
+                             "under pressure", True, True, dict(WD, total_limit="auto")),
+    "wr-all": Variant("ucudnn WR, --limit per kernel, no layer delegated to torch, memory free", True,
+                      convert=dict(WR, delegate=False)),
 }
-BAR = 1.5  # AlexNet fp32: ucudnn WR must be this much faster per iteration than torch capped
+DEFAULT_VARIANTS = "footprint,torch,wr,torch-pressure,wr-pressure,wd-pressure,auto-pressure"
+# The issue's bars: (net, precision, variants, needed speedup over the variant's torch reference)
+PRESSURE_BARS = [("alexnet", "fp32", ("wr-pressure",), 1.5)] + [
+    (net, precision, ("wr-pressure", "wd-pressure", "auto-pressure"), 1.0)
+    for net, precision in (("alexnet", "amp"), ("resnet50", "fp32"), ("resnet50", "amp"))]
+FREE_BAR = 0.97  # memory free: WR at least this fraction of torch's speed
 
 
 def log(message: str) -> None:
     print(message, flush=True)
 
 
+def reference(variant: str) -> str:
+    """The torch variant a row's speedup is taken against."""
+    return "torch-pressure" if VARIANTS[variant].pressure else "torch"
+
+
+def convert_keywords(variant: Variant, values: dict) -> dict:
+    return {key: values[value.name] if isinstance(value, Arg) else value for key, value in variant.convert.items()}
+
+
+def blocker_bytes(free: int, allocated: int, footprint: int, headroom: int) -> int:
+    """Bytes to allocate so that only the run's own peak (`footprint`, of which `allocated` is held
+    already) plus `headroom` stay free out of `free`."""
+    need = max(footprint - allocated, 0)
+    blocker = free - need - headroom
+    if blocker < 0:
+        raise ValueError(f"the GPU cannot hold the run plus the headroom: {free / MiB:.0f} MiB free, the run "
+                         f"needs {need / MiB:.0f} MiB more (footprint {footprint / MiB:.0f} MiB, "
+                         f"{allocated / MiB:.0f} MiB allocated), headroom {headroom / MiB:.0f} MiB")
+    return blocker
+
+
+def cache_state(path: Path) -> str:
+    """'warm' where the benchmark database holds measurements, else 'empty'."""
+    if not path.is_file():
+        return "empty"
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as connection:
+            (found,) = connection.execute("SELECT EXISTS (SELECT 1 FROM measurements)").fetchone()
+    except sqlite3.DatabaseError:  # no measurements table (yet)
+        return "empty"
+    return "warm" if found else "empty"
+
+
 # --- child: one variant in this process --------------------------------------------------------
 
 def child(args) -> dict:
     import torch
-    import torchvision
 
+    variant = VARIANTS[args.variant]
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     device = torch.device("cuda")
     amp = args.precision == "amp"
-    # AMP runs channels_last, the layout fp16 tensor-core kernels want (as AMP users are advised)
-    layout = torch.channels_last if amp else torch.contiguous_format
-    model = torchvision.models.get_model(args.net, weights=None).to(device, memory_format=layout).train()
-    x = torch.randn(args.batch, 3, 224, 224, device=device).contiguous(memory_format=layout)
-    target = torch.randint(0, 1000, (args.batch,), device=device)
+    model, x, target = build(args.net, args.batch, amp, device)
     result = dict(net=args.net, batch=args.batch, precision=args.precision, variant=args.variant,
-                  torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                  gpu=torch.cuda.get_device_name(), wscap_env=os.environ.get("CUDNN_CONV_WSCAP_DBG"))
+                  torch=torch.__version__, cudnn=torch.backends.cudnn.version(), gpu=torch.cuda.get_device_name(),
+                  alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    step = training_step(model, x, target, amp)
+    # untimed: optimizer state, cuBLAS and cuDNN loaded. Without benchmarking, and deterministic: torch
+    # caches the plans it runs with or without benchmark mode, keyed by the deterministic flag too, so
+    # the plans the timed iterations look up stay unchosen (no memory-free choice among them)
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
+        step()
+    blocker = block(args, device, result) if variant.pressure else None
+    blocked = blocker.numel() if blocker is not None else 0
+    if variant.ucudnn:
+        result["cache"] = cache_state(Path(args.cache))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    context = convert(model, x, args, amp) if args.variant in ("wr", "wr-all", "wd") else None
+    context = convert(model, x, variant, args, amp) if variant.ucudnn else None
     torch.cuda.synchronize()
     result["setup_s"] = time.perf_counter() - start
-    step = training_step(model, x, target, amp)
+    result.update(timed(step, args, blocked))
+    result.update(device_peak_mib=(device_peak_bytes(step, device) - blocked) / MiB, cupy_pool_mib=cupy_pool_mib())
+    result["memory_end"] = memory_now()
+    if context is not None:
+        result["ucudnn"] = condensed(context.summary())
+    return result
+
+
+def build(net: str, batch: int, amp: bool, device):
+    import torch
+    import torchvision
+
+    # AMP runs channels_last, the layout fp16 tensor-core kernels want (as AMP users are advised)
+    layout = torch.channels_last if amp else torch.contiguous_format
+    model = torchvision.models.get_model(net, weights=None).to(device, memory_format=layout).train()
+    x = torch.randn(batch, 3, 224, 224, device=device).contiguous(memory_format=layout)
+    target = torch.randint(0, 1000, (batch,), device=device)
+    return model, x, target
+
+
+def block(args, device, result: dict):
+    """The pressure: a tensor that leaves free only the run's own peak plus --free."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    allocated = torch.cuda.memory_allocated(device)
+    free = torch.cuda.mem_get_info(device)[0]
+    blocker = torch.empty(blocker_bytes(free, allocated, args.footprint, args.free_bytes) // SEGMENT * SEGMENT,
+                          dtype=torch.uint8, device=device)
+    left = torch.cuda.mem_get_info(device)[0] - max(args.footprint - allocated, 0)
+    result.update(blocker_mib=blocker.numel() / MiB, footprint_mib=args.footprint / MiB, free_headroom_mib=left / MiB)
+    return blocker
+
+
+def timed(step, args, blocked: int) -> dict:
+    """The first iteration (wall clock), warm-up, then the timed iterations (CUDA events) and the
+    peaks of torch's allocator over the first and over the timed ones, less `blocked` bytes."""
+    import torch
 
     start = time.perf_counter()
     losses = [step()]
     torch.cuda.synchronize()
-    result["first_iter_s"] = time.perf_counter() - start
-    log(f"    first iteration {result['first_iter_s']:.1f} s")
+    out = dict(first_iter_s=time.perf_counter() - start,
+               peak_first_mib=(torch.cuda.max_memory_allocated() - blocked) / MiB)
+    log(f"    first iteration {out['first_iter_s']:.1f} s")
     losses += [step() for _ in range(args.warmup - 1)]
     torch.cuda.synchronize()
-    result["peak_warmup_mib"] = torch.cuda.max_memory_allocated() / 2**20
     torch.cuda.reset_peak_memory_stats()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(args.iters)]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.iters)]
     for begin, end in events:
         begin.record()
         losses.append(step())
         end.record()
     torch.cuda.synchronize()
     times = [begin.elapsed_time(end) for begin, end in events]
-    free, total = torch.cuda.mem_get_info()
-    result.update(
-        times_ms=times, median_ms=statistics.median(times), min_ms=min(times),
-        peak_mib=torch.cuda.max_memory_allocated() / 2**20,
-        peak_reserved_mib=torch.cuda.max_memory_reserved() / 2**20,
-        device_used_mib=(total - free) / 2**20, cupy_pool_mib=cupy_pool_mib(),
-        losses=[float(v) for v in losses],
-    )
-    if context is not None:
-        result["ucudnn"] = condensed(context.summary())
-    return result
+    peak = torch.cuda.max_memory_allocated() - blocked
+    return dict(out, times_ms=times, median_ms=statistics.median(times), min_ms=min(times), peak_bytes=peak,
+                peak_mib=peak / MiB, peak_reserved_mib=(torch.cuda.max_memory_reserved() - blocked) / MiB,
+                losses=[float(v) for v in losses])
+
+
+def device_peak_bytes(step, device) -> int:
+    """Device memory in use at its highest over one more iteration (total - the least free memory
+    a thread saw, sampling every ~1 ms): kept out of the timed iterations, it takes the GIL."""
+    import torch
+
+    index = torch.cuda.current_device() if device.index is None else device.index  # the thread's own is 0
+    free, total = torch.cuda.mem_get_info(index)
+    seen, done = [free], threading.Event()
+
+    def sample():
+        while not done.wait(0.001):
+            seen.append(torch.cuda.mem_get_info(index)[0])
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        done.set()
+        sampler.join()
+    return total - min(seen)
 
 
 def training_step(model, x, target, amp: bool):
     """One SGD training iteration of `model` on (x, target) as a function (AMP: fp16 autocast and
-    a gradient scaler), returning the loss."""
+    a gradient scaler), returning the loss. Its optimizer lives as long as the function."""
     import torch
     import torch.nn.functional as F
 
@@ -119,16 +266,16 @@ def training_step(model, x, target, amp: bool):
     return step
 
 
-def convert(model, x, args, amp: bool):
-    """Convert in place; WD learns the network from x under the training autocast and grad mode."""
+def convert(model, x, variant: Variant, args, amp: bool):
+    """Convert in place (layers keep their parameters: the optimizer made before still works); WD
+    learns the network from x under the training autocast and grad mode."""
     import torch
 
     import ucudnn.torch as ut
 
+    keywords = convert_keywords(variant, dict(vars(args), sample_input=x))
     with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-        ut.convert(model, workspace_limit=args.limit, optimizer="wd" if args.variant == "wd" else "wr",
-                   cache_path=args.cache, total_limit=args.wd_total if args.variant == "wd" else None,
-                   sample_input=x if args.variant == "wd" else None, delegate=args.variant != "wr-all")
+        ut.convert(model, cache_path=args.cache, **keywords)
     return next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
 
 
@@ -139,93 +286,173 @@ def condensed(summary: dict) -> dict:
         kernels=len(kernels), delegated=sum(k["delegated"] for k in kernels),
         via_torch=sum(k["via"] == "torch" and not k["delegated"] for k in kernels),
         micro_batched=sum(1 for k in ours if k["parts"] > 1),
-        max_workspace_mib=max((k["workspace"] for k in ours), default=0) / 2**20,
-        sum_workspace_mib=sum(k["workspace"] for k in ours) / 2**20,
-        runs=summary["runs"], fallbacks=summary["fallbacks"], wd=summary.get("wd"),
+        max_workspace_mib=max((k["workspace"] for k in ours), default=0) / MiB,
+        sum_workspace_mib=sum(k["workspace"] for k in ours) / MiB,
+        runs=summary["runs"], fallbacks=summary["fallbacks"], wd=summary.get("wd"), shrinks=summary["shrinks"],
         configurations=[(k["kind"], k["kernel"], k.get("configuration")) for k in kernels],
     )
 
 
+def memory_now() -> str:
+    """Where device memory stands, in words: torch's allocated and reserved bytes, and what the
+    device has in use outside torch's pool (CUDA context, cuDNN, CuPy, CUDA graphs; a blocker is
+    torch's)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    reserved = torch.cuda.memory_reserved()
+    return (f"torch allocated {torch.cuda.memory_allocated() / MiB:.0f} MiB, reserved {reserved / MiB:.0f} MiB; "
+            f"device free {free / MiB:.0f} MiB, in use outside torch {(total - free - reserved) / MiB:.0f} MiB")
+
+
 def cupy_pool_mib() -> float | None:
     cupy = sys.modules.get("cupy")
-    return cupy.get_default_memory_pool().total_bytes() / 2**20 if cupy else None
+    return cupy.get_default_memory_pool().total_bytes() / MiB if cupy else None
 
 
 # --- parent: every variant in a fresh subprocess ----------------------------------------------------
 
-def run_variant(args, net: str, batch: int, precision: str, variant: str, timeout: float) -> dict:
+def ordered(variants: list[str]) -> list[str]:
+    """footprint first where asked for or where a pressure variant needs its peak, then the rest in
+    the order given, once each."""
+    first = ["footprint"] if "footprint" in variants or any(VARIANTS[v].pressure for v in variants) else []
+    return first + [v for v in dict.fromkeys(variants) if v != "footprint"]
+
+
+def plan(nets: str, precisions: str, variants: str) -> list[tuple[str, int, str, str]]:
+    return [(net, int(batch), precision, variant)
+            for net, batch in (item.split(":") for item in nets.split(","))
+            for precision in precisions.split(",") for variant in ordered(variants.split(","))]
+
+
+def skipped(variant: str, footprint: dict | None, left: float) -> str | None:
+    """Why a planned variant does not run (None: it runs); `footprint`: its (net, precision)'s row."""
+    if left < 30:
+        return "skipped: deadline"
+    if VARIANTS[variant].pressure and "peak_bytes" not in (footprint or {}):
+        return f"skipped: footprint failed ({(footprint or {}).get('error', 'not run')})"
+    return None
+
+
+def remove_database(path: str) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def variant_cache(args, net: str, precision: str, variant: str) -> str:
+    """The variant's cache file: --cache, or one of its own made afresh (seeded: a copy of --cache)."""
+    v = VARIANTS[variant]
+    if not v.own_cache:
+        return args.cache
+    path = str(Path(args.out) / f"{v.own_cache}-{net}-{precision}.db")
+    remove_database(path)
+    for suffix in ("", "-wal") if v.seeded else ():
+        if Path(f"{args.cache}{suffix}").is_file():
+            shutil.copyfile(f"{args.cache}{suffix}", f"{path}{suffix}")
+    return path
+
+
+def child_command(args, row: dict, cache: str, result_path: Path, footprint: int | None) -> list[str]:
+    command = [sys.executable, __file__, "--child", "--out", args.out, "--net", row["net"],
+               "--batch", str(row["batch"]), "--precision", row["precision"], "--variant", row["variant"],
+               "--limit", args.limit, "--free", args.free, "--wd-total", args.wd_total, "--cache", cache,
+               "--warmup", str(args.warmup), "--iters", str(args.iters), "--result", str(result_path)]
+    return command + (["--footprint", str(footprint)] if footprint is not None else [])
+
+
+def child_env(environ) -> dict:
+    env = dict(environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")])))
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
+    return env
+
+
+def run_variant(args, row: dict, timeout: float, footprint: int | None) -> dict:
+    net, precision, variant = row["net"], row["precision"], row["variant"]
     result_path = Path(args.out) / f"train_step-{net}-{precision}-{variant}.json"
     result_path.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    env.pop("CUDNN_CONV_WSCAP_DBG", None)
-    if variant == "capped":
-        env["CUDNN_CONV_WSCAP_DBG"] = str(max(1, args.limit_bytes // 2**20))
-    command = [sys.executable, __file__, "--child", "--out", args.out, "--net", net, "--batch", str(batch),
-               "--precision", precision, "--variant", variant, "--limit", args.limit, "--cache", args.cache,
-               "--warmup", str(args.warmup), "--iters", str(args.iters), "--result", str(result_path)]
-    if args.wd_total:
-        command += ["--wd-total", args.wd_total]
-    row = dict(net=net, batch=batch, precision=precision, variant=variant)
+    cache = variant_cache(args, net, precision, variant)
     start = time.perf_counter()
     try:
-        code = subprocess.run(command, env=env, timeout=timeout).returncode
+        command = child_command(args, row, cache, result_path, footprint)
+        code = subprocess.run(command, env=child_env(os.environ), timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         return dict(row, error=f"timed out after {timeout:.0f} s")
-    if code or not result_path.exists():
-        return dict(row, error=f"exit code {code}")
-    return dict(json.loads(result_path.read_text()), wall_s=time.perf_counter() - start)
+    finally:
+        if VARIANTS[variant].seeded:  # a copy of --cache, too large to keep under OUT
+            remove_database(cache)
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    if code or "error" in result or not result:
+        return dict(row, error=result.get("error") or f"exit code {code}")
+    return dict(result, wall_s=time.perf_counter() - start)
 
 
-def by_key(rows: list[dict]) -> dict:
-    return {(r["net"], r["precision"], r["variant"]): r for r in rows if "median_ms" in r}
+def keyed(rows: list[dict]) -> dict:
+    return {(r["net"], r["precision"], r["variant"]): r for r in rows}
+
+
+def speedup(ok: dict, row: dict) -> float | None:
+    """reference_ms / row_ms (>1: faster than torch), where both ran."""
+    ref = ok.get((row["net"], row["precision"], reference(row["variant"])), {})
+    return ref["median_ms"] / row["median_ms"] if "median_ms" in ref and "median_ms" in row else None
+
+
+def why_missing(row: dict | None) -> str:
+    return "not run" if row is None else first_line(row.get("error", "no result"))
+
+
+def bar(rows: list[dict], net: str, precision: str, variant: str, needs: float) -> str:
+    """One bar in words: the variant's speedup over its torch reference, PASS/FAIL/not evaluated."""
+    ok, ref = keyed(rows), reference(variant)
+    label = f"{net} {precision} {variant} vs {ref}"
+    missing = [f"{v}: {why_missing(ok.get((net, precision, v)))}"
+               for v in (variant, ref) if "median_ms" not in ok.get((net, precision, v), {})]
+    if missing:
+        return f"{label}: not evaluated ({'; '.join(missing)})"
+    ratio = speedup(ok, ok[(net, precision, variant)])
+    return f"{label}: {ratio:.2f}x ({'PASS' if ratio >= needs else 'FAIL'}, needs >= {needs}x)"
 
 
 def findings(rows: list[dict]) -> list[str]:
-    """The bar, and whether torch seems to honour the cap, in words."""
-    ok, notes = by_key(rows), []
-    wr, capped = ok.get(("alexnet", "fp32", "wr")), ok.get(("alexnet", "fp32", "capped"))
-    if wr and capped:
-        speedup = capped["median_ms"] / wr["median_ms"]
-        notes.append(f"Bar: AlexNet fp32, ucudnn WR vs torch capped: {speedup:.2f}x "
-                     f"({'PASS' if speedup >= BAR else 'FAIL'}, needs >= {BAR}x)")
-    else:
-        notes.append("Bar: AlexNet fp32 WR or capped did not finish: not evaluated")
-    for (net, precision, variant), row in ok.items():
-        native = ok.get((net, precision, "native"))
-        if variant == "capped" and native:
-            same_time = abs(row["median_ms"] / native["median_ms"] - 1) < 0.03
-            same_memory = abs(row["peak_mib"] - native["peak_mib"]) < 1
-            if same_time and same_memory:
-                notes.append(f"{net} {precision}: torch capped ~ uncapped (time within 3%, peak within 1 MiB): "
-                             "CUDNN_CONV_WSCAP_DBG may not be honoured by this torch, or no chosen "
-                             "algorithm needed more than the cap")
-    return notes
+    """The issue's bars: under pressure against torch-pressure, with memory free WR against torch."""
+    notes = [f"Bar (pressure): {bar(rows, net, precision, variant, needs)}"
+             for net, precision, variants, needs in PRESSURE_BARS for variant in variants]
+    pairs = dict.fromkeys((r["net"], r["precision"]) for r in rows)
+    return notes + [f"Bar (memory free): {bar(rows, net, precision, 'wr', FREE_BAR)}" for net, precision in pairs]
+
+
+TABLE_HEAD = ("| net | precision | variant | ms/iter (median) | speedup vs torch (pressure: vs torch-pressure) | "
+              "peak MiB | device peak MiB | first iter s (cache) | notes |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def first_line(text: str) -> str:
+    return (str(text).strip().splitlines() or [""])[0][:200].replace("|", "/")
+
+
+def table_row(ok: dict, r: dict) -> str:
+    head = f"| {r['net']} | {r['precision']} | {r['variant']} |"
+    if "median_ms" not in r:
+        return f"{head} - | - | - | - | - | {first_line(r.get('error', ''))} |"
+    ratio = speedup(ok, r)
+    first = f"{r['first_iter_s']:.1f}" + (f" ({r['cache']})" if "cache" in r else "")
+    return (f"{head} {r['median_ms']:.1f} | {f'{ratio:.2f}x' if ratio else '-'} | {r['peak_mib']:.0f} | "
+            f"{r['device_peak_mib']:.0f} | {first} | {notes_of(r)} |")
 
 
 def table(rows: list[dict]) -> str:
-    ok = by_key(rows)
-    lines = ["| net | precision | variant | ms/iter (median) | speedup vs torch capped | time vs torch "
-             "uncapped | peak MiB | peak - uncapped MiB | first iter s | setup s | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "median_ms" not in r:
-            lines.append(f"| {r['net']} | {r['precision']} | {r['variant']} | - | - | - | - | - | - | - | "
-                         f"{r.get('error', '')} |")
-            continue
-        capped, native = ok.get((r["net"], r["precision"], "capped")), ok.get((r["net"], r["precision"], "native"))
-        speedup = f"{capped['median_ms'] / r['median_ms']:.2f}x" if capped else "-"
-        ratio = f"{r['median_ms'] / native['median_ms']:.2f}" if native else "-"
-        delta = f"{r['peak_mib'] - native['peak_mib']:+.0f}" if native else "-"
-        lines.append(f"| {r['net']} | {r['precision']} | {r['variant']} | {r['median_ms']:.1f} | {speedup} | "
-                     f"{ratio} | {r['peak_mib']:.0f} | {delta} | {r['first_iter_s']:.1f} | {r['setup_s']:.1f} | "
-                     f"{notes_of(r)} |")
-    return "\n".join(lines)
+    ok = keyed(rows)
+    return "\n".join([TABLE_HEAD] + [table_row(ok, r) for r in rows])
+
+
+def mib(value) -> str:
+    return f"{value / MiB:.0f}" if isinstance(value, (int, float)) else str(value)
 
 
 def notes_of(r: dict) -> str:
-    u = r.get("ucudnn")
-    parts = []
+    u, parts = r.get("ucudnn"), []
+    if "blocker_mib" in r:
+        parts.append(f"blocker {r['blocker_mib']:.0f} MiB (footprint {r['footprint_mib']:.0f}, "
+                     f"{r['free_headroom_mib']:.0f} MiB free beyond it)")
     if u:
         parts.append(f"{u['micro_batched']}/{u['kernels']} kernels micro-batched, max ws "
                      f"{u['max_workspace_mib']:.0f} MiB")
@@ -234,21 +461,23 @@ def notes_of(r: dict) -> str:
         if u["via_torch"] or u["fallbacks"]:
             parts.append(f"FALLBACKS: {u['via_torch']} kernels via torch, {u['fallbacks']}")
         for solve in u.get("wd") or []:
-            parts.append(f"WD total {solve['total_workspace'] / 2**20:.0f} of {solve['total_limit'] / 2**20:.0f} "
-                         f"MiB (persistent), solve {solve['solve_seconds'] * 1e3:.0f} ms")
+            parts.append(f"WD total {mib(solve['total_workspace'])} of {mib(solve['total_limit'])} MiB "
+                         f"(persistent), solve {solve['solve_seconds'] * 1e3:.0f} ms")
+    if r.get("setup_s", 0) >= 0.1:
+        parts.append(f"setup {r['setup_s']:.1f} s")
     if r.get("cupy_pool_mib"):
         parts.append(f"CuPy pool {r['cupy_pool_mib']:.0f} MiB")
-    parts.append(f"device used {r['device_used_mib']:.0f} MiB")
     return "; ".join(parts)
 
 
 def write(args, rows: list[dict], started: float) -> None:
     out = Path(args.out)
-    meta = dict(limit=args.limit, wd_total=args.wd_total or "limit x kernels", warmup=args.warmup, iters=args.iters, elapsed_s=time.perf_counter() - started,
-                variants=VARIANTS)
+    meta = dict(limit=args.limit, free=args.free, wd_total=args.wd_total, warmup=args.warmup, iters=args.iters,
+                elapsed_s=time.perf_counter() - started, variants={k: v.description for k, v in VARIANTS.items()})
     notes = findings(rows)
     (out / "train_step.json").write_text(json.dumps(dict(meta=meta, findings=notes, rows=rows), indent=1))
-    header = (f"# Training iteration: torch vs ucudnn.torch (limit {args.limit}, {args.iters} timed "
+    header = (f"# Training iteration: torch vs ucudnn.torch (WR {args.limit} per kernel; pressure leaves "
+              f"{args.free} free beyond the run's own peak; WD total {args.wd_total}; {args.iters} timed "
               f"iterations after {args.warmup} warm-up)\n\n")
     (out / "train_step.md").write_text(header + table(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n")
 
@@ -256,58 +485,73 @@ def write(args, rows: list[dict], started: float) -> None:
 def parent(args) -> None:
     started = time.perf_counter()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    plan = [(net, int(batch), precision, variant)
-            for net, batch in (item.split(":") for item in args.nets.split(","))
-            for precision in args.precisions.split(",") for variant in args.variants.split(",")]
-    rows = []
-    for i, (net, batch, precision, variant) in enumerate(plan, 1):
+    todo, rows, footprints = plan(args.nets, args.precisions, args.variants), [], {}
+    for i, (net, batch, precision, variant) in enumerate(todo, 1):
+        row = dict(net=net, batch=batch, precision=precision, variant=variant)
         left = args.deadline - (time.perf_counter() - started)
-        if left < 30:
-            rows.append(dict(net=net, batch=batch, precision=precision, variant=variant,
-                             error="skipped: deadline"))
-            continue
-        log(f"[{i}/{len(plan)}] {net} B={batch} {precision} {variant} ({left:.0f} s left)")
-        row = run_variant(args, net, batch, precision, variant, min(args.variant_timeout, left - 10))
-        rows.append(row)
-        log(f"    error: {row['error']}" if "error" in row else
-            f"    {row['median_ms']:.1f} ms/iter, peak {row['peak_mib']:.0f} MiB, first iteration {row['first_iter_s']:.1f} s")
+        footprint = footprints.get((net, precision))
+        reason = skipped(variant, footprint, left)
+        if reason is None:
+            log(f"[{i}/{len(todo)}] {net} B={batch} {precision} {variant} ({left:.0f} s left)")
+            row = run_variant(args, row, min(args.variant_timeout, left - 10),
+                              footprint["peak_bytes"] if VARIANTS[variant].pressure else None)
+            log(f"    error: {row['error']}" if "error" in row else
+                f"    {row['median_ms']:.1f} ms/iter, peak {row['peak_mib']:.0f} MiB, first iteration "
+                f"{row['first_iter_s']:.1f} s")
+        rows.append(row if reason is None else dict(row, error=reason))
+        if variant == "footprint":
+            footprints[(net, precision)] = rows[-1]
         write(args, rows, started)
     write(args, rows, started)
     log((Path(args.out) / "train_step.md").read_text())
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--nets", default="alexnet:256,resnet50:64")
     parser.add_argument("--precisions", default="fp32,amp")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--limit", default="64MiB", help="WR limit per kernel, torch's cap, WD's per-kernel share")
-    parser.add_argument("--wd-total", default=None, help="WD's total limit (default: --limit x kernels)")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of: {', '.join(VARIANTS)}")
+    parser.add_argument("--limit", default="64MiB", help="WR's limit per kernel (WD's per-kernel setting)")
+    parser.add_argument("--free", default="64MiB", help="memory pressure leaves free beyond the run's own peak")
+    parser.add_argument("--wd-total", default=None, help="WD's total limit (default: --free)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--cache", default=None, help="ucudnn benchmark database (default OUT/ucudnn-bench.db)")
     parser.add_argument("--deadline", type=float, default=540, help="seconds for the whole run")
     parser.add_argument("--variant-timeout", type=float, default=240)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--net", help=argparse.SUPPRESS)
+    for name in ("--net", "--precision", "--variant", "--result"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--precision", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", help=argparse.SUPPRESS)
-    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--footprint", type=int, help=argparse.SUPPRESS)  # bytes: the footprint variant's peak
     args = parser.parse_args(argv)
     from ucudnn.config import parse_size
 
-    args.limit_bytes = parse_size(args.limit, "--limit")
+    args.wd_total = args.wd_total or args.free
+    args.free_bytes = parse_size(args.free, "--free")
+    for value, name in ((args.limit, "--limit"), (args.wd_total, "--wd-total")):
+        parse_size(value, name)  # checked here; the children pass them on as given
     args.cache = args.cache or str(Path(args.out) / "ucudnn-bench.db")
-    unknown = set(args.variants.split(",")) - set(VARIANTS) | set(args.precisions.split(",")) - {"fp32", "amp"}
+    variants = set(args.variants.split(",")) | ({args.variant} if args.child else set())
+    unknown = variants - set(VARIANTS) | set(args.precisions.split(",")) - {"fp32", "amp"}
     if unknown:
         parser.error(f"unknown variant(s) or precision(s): {sorted(unknown)}")
-    if args.child:
+    if args.child and VARIANTS[args.variant].pressure and args.footprint is None:
+        parser.error(f"--variant {args.variant} needs --footprint")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not args.child:
+        return parent(args)
+    try:
         result = child(args)
-        Path(args.result).write_text(json.dumps(result, indent=1))
-    else:
-        parent(args)
+    except Exception as error:  # the reason, and where memory stood, for the parent's table
+        Path(args.result).write_text(json.dumps(dict(error=f"{type(error).__name__}: {error} [{memory_now()}]")))
+        raise
+    Path(args.result).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

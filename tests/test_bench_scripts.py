@@ -1,12 +1,14 @@
-"""CPU tests of bench/torch_shapes.py and bench/cold_start.py: shapes, verdicts, bookkeeping,
-tables and milestone parsing, and one shape measured end to end on the CPU (a NumPy backend in
-place of cuDNN, perf_counter in place of CUDA events). Their GPU runs are bench/gpu_suite.sh's
-`shapes` and `coldstart` stages."""
+"""CPU tests of bench/torch_shapes.py, bench/cold_start.py and bench/train_step.py: shapes,
+verdicts, bookkeeping, tables and milestone parsing, and one shape measured end to end on the CPU (a
+NumPy backend in place of cuDNN, perf_counter in place of CUDA events). Their GPU runs are
+bench/gpu_suite.sh's `shapes`, `coldstart` and `train` stages."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -28,6 +30,7 @@ def _load(name: str) -> ModuleType:
 
 shapes = _load("torch_shapes")
 cold = _load("cold_start")
+train = _load("train_step")
 DEFAULT = shapes.random_layers(24, 0)
 
 
@@ -315,3 +318,186 @@ def test_database_bookkeeping(tmp_path):
     assert cold.rows_in(database) == 3 and sorted(cold.cudnn_versions_in(database)) == [91000, 91900]
     cold.empty(database)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- train_step ----------------------------------------------------------------------------------------
+
+MiB = 2**20
+
+
+def test_the_blocker_leaves_the_runs_own_peak_plus_the_headroom():
+    assert train.blocker_bytes(10240 * MiB, 1024 * MiB, 3072 * MiB, 64 * MiB) == (10240 - 2048 - 64) * MiB
+    # a footprint below what is allocated already needs nothing more
+    assert train.blocker_bytes(10240 * MiB, 3072 * MiB, 1024 * MiB, 64 * MiB) == (10240 - 64) * MiB
+    assert train.blocker_bytes(2112 * MiB, 0, 2048 * MiB, 64 * MiB) == 0
+    with pytest.raises(ValueError, match=r"^the GPU cannot hold the run plus the headroom: 1000 MiB free, the run "
+                                         r"needs 2000 MiB more \(footprint 3000 MiB, 1000 MiB allocated\), headroom 64 MiB$"):
+        train.blocker_bytes(1000 * MiB, 1000 * MiB, 3000 * MiB, 64 * MiB)
+
+
+def planned(plan: list, net: str = "alexnet", precision: str = "fp32") -> list[str]:
+    return [variant for n, _, p, variant in plan if (n, p) == (net, precision)]
+
+
+def test_the_plan_runs_footprint_first_once_where_it_is_needed():
+    plan = train.plan("alexnet:256,resnet50:64", "fp32,amp", "torch,wr-pressure,wr,torch-pressure")
+    assert len(plan) == 4 * 5 and plan[5] == ("alexnet", 256, "amp", "footprint")
+    for net in ("alexnet", "resnet50"):
+        for precision in ("fp32", "amp"):
+            assert planned(plan, net, precision) == ["footprint", "torch", "wr-pressure", "wr", "torch-pressure"]
+    assert planned(train.plan("alexnet:256", "fp32", "torch,wr,wr-cold,wr-all")) == ["torch", "wr", "wr-cold", "wr-all"]
+    assert planned(train.plan("alexnet:256", "fp32", "wr-pressure,footprint,wr-pressure")) == ["footprint", "wr-pressure"]
+    assert planned(train.plan("alexnet:256", "fp32", "footprint")) == ["footprint"]
+    assert planned(train.plan("alexnet:256", "fp32", train.DEFAULT_VARIANTS)) == train.DEFAULT_VARIANTS.split(",")
+
+
+def test_what_each_variant_runs():
+    assert {n for n, v in train.VARIANTS.items() if v.pressure} == {
+        "torch-pressure", "wr-pressure", "wd-pressure", "auto-pressure"}
+    assert [n for n, v in train.VARIANTS.items() if not v.ucudnn] == ["torch", "torch-pressure"]
+    values = dict(limit="64MiB", wd_total="96MiB", sample_input="x")
+
+    def keywords(name):
+        return train.convert_keywords(train.VARIANTS[name], values)
+    assert keywords("footprint") == dict(optimizer="wr", workspace_limit=0, delegate=False)
+    assert keywords("wr") == keywords("wr-cold") == keywords("wr-pressure") == dict(optimizer="wr", workspace_limit="64MiB")
+    assert keywords("wr-all") == dict(optimizer="wr", workspace_limit="64MiB", delegate=False)
+    assert keywords("wd-pressure") == dict(optimizer="wd", workspace_limit="64MiB", total_limit="96MiB", sample_input="x")
+    assert keywords("auto-pressure") == dict(optimizer="wd", workspace_limit="64MiB", total_limit="auto")
+
+
+def test_arguments_their_defaults_and_unknown_variants(tmp_path, capsys):
+    args = train.parse_args(["--out", str(tmp_path)])
+    assert (args.limit, args.free, args.wd_total, args.free_bytes) == ("64MiB", "64MiB", "64MiB", 64 * MiB)
+    assert args.variants == train.DEFAULT_VARIANTS and args.cache == str(tmp_path / "ucudnn-bench.db")
+    assert train.parse_args(["--out", str(tmp_path), "--free", "1GiB"]).wd_total == "1GiB"
+    for variants in ("torch,capped", "native"):
+        with pytest.raises(SystemExit):
+            train.parse_args(["--out", str(tmp_path), "--variants", variants])
+    assert "unknown variant(s) or precision(s): ['native']" in capsys.readouterr().err
+
+
+def test_the_child_gets_the_runs_settings(tmp_path):
+    args = train.parse_args(["--out", str(tmp_path), "--free", "128MiB", "--limit", "32MiB", "--iters", "7"])
+    row = dict(net="resnet50", batch=64, precision="amp", variant="wd-pressure")
+    command = train.child_command(args, row, "/tmp/own.db", tmp_path / "r.json", 3 * 2**30)
+    child = train.parse_args(command[2:])
+    assert command[1] == train.__file__ and child.child and child.result == str(tmp_path / "r.json")
+    assert (child.net, child.batch, child.precision, child.variant) == ("resnet50", 64, "amp", "wd-pressure")
+    assert (child.limit, child.free_bytes, child.wd_total, child.footprint, child.cache, child.iters) == (
+        "32MiB", 128 * MiB, "128MiB", 3 * 2**30, "/tmp/own.db", 7)
+    assert "--footprint" not in train.child_command(args, dict(row, variant="wr"), args.cache, tmp_path, None)
+    with pytest.raises(SystemExit):  # a pressure variant without the footprint's peak
+        train.parse_args(train.child_command(args, row, args.cache, tmp_path, None)[2:])
+
+
+def test_the_childs_environment():
+    env = train.child_env({"PYTHONPATH": "/site"})
+    assert env["PYTHONPATH"] == f"{train.ROOT}:/site" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert train.child_env({"PYTORCH_CUDA_ALLOC_CONF": "backend:native"})["PYTORCH_CUDA_ALLOC_CONF"] == "backend:native"
+
+
+def measurements_file(path: Path, rows: int) -> Path:
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        connection.execute("CREATE TABLE measurements (time_ms REAL)")
+        connection.executemany("INSERT INTO measurements VALUES (?)", [(1.0,)] * rows)
+        connection.commit()
+    return path
+
+
+def test_own_caches_and_their_state(tmp_path):
+    from ucudnn.cache import Cache
+
+    args = train.parse_args(["--out", str(tmp_path)])
+    measurements_file(Path(args.cache), 3)
+    assert train.variant_cache(args, "alexnet", "fp32", "wr") == args.cache
+    footprint = Path(train.variant_cache(args, "alexnet", "fp32", "footprint"))
+    assert footprint == tmp_path / "footprint-alexnet-fp32.db" and train.cache_state(footprint) == "warm"
+    cold_path = measurements_file(tmp_path / "cold-resnet50-amp.db", 2)  # an earlier run's
+    assert train.variant_cache(args, "resnet50", "amp", "wr-cold") == str(cold_path) and not cold_path.exists()
+    assert train.cache_state(cold_path) == "empty" and not cold_path.exists()
+    assert train.cache_state(measurements_file(tmp_path / "none.db", 0)) == "empty"
+    Cache(tmp_path / "new.db")
+    assert train.cache_state(tmp_path / "new.db") == "empty"
+    (tmp_path / "blank.db").write_bytes(b"")
+    assert train.cache_state(tmp_path / "blank.db") == "empty"
+
+
+def result_row(net: str, precision: str, variant: str, ms: float, **extra) -> dict:
+    row = dict(net=net, batch=64, precision=precision, variant=variant, median_ms=ms, peak_mib=1000.0,
+               peak_bytes=1000 * MiB, device_peak_mib=1500.0, first_iter_s=2.0, setup_s=0.0)
+    return dict(row, cache="warm", **extra) if train.VARIANTS[variant].ucudnn else dict(row, **extra)
+
+
+def rows_of(times: dict, net: str = "alexnet", precision: str = "fp32") -> list[dict]:
+    return [result_row(net, precision, variant, ms) for variant, ms in times.items()]
+
+
+def failed(variant: str, error: str, net: str = "alexnet", precision: str = "fp32") -> dict:
+    return dict(net=net, batch=64, precision=precision, variant=variant, error=error)
+
+
+def test_pressure_rows_are_skipped_where_the_footprint_failed(tmp_path, monkeypatch):
+    calls = []
+
+    def run_variant(args, row, timeout, footprint):
+        calls.append((row["net"], row["variant"], footprint))
+        if row == dict(net="alexnet", batch=256, precision="fp32", variant="footprint"):
+            return dict(row, error="RuntimeError: CUDA out of memory")
+        return result_row(row["net"], row["precision"], row["variant"], 10.0, peak_bytes=2 * 2**30)
+    monkeypatch.setattr(train, "run_variant", run_variant)
+    train.parent(train.parse_args(["--out", str(tmp_path), "--precisions", "fp32", "--variants", "torch,wr-pressure"]))
+    rows = json.loads((tmp_path / "train_step.json").read_text())["rows"]
+    assert [(r["net"], r["variant"]) for r in rows] == [
+        (net, variant) for net in ("alexnet", "resnet50") for variant in ("footprint", "torch", "wr-pressure")]
+    assert rows[2]["error"] == "skipped: footprint failed (RuntimeError: CUDA out of memory)"
+    assert calls == [("alexnet", "footprint", None), ("alexnet", "torch", None), ("resnet50", "footprint", None),
+                     ("resnet50", "torch", None), ("resnet50", "wr-pressure", 2 * 2**30)]
+    assert ("| alexnet | fp32 | wr-pressure | - | - | - | - | - | skipped: footprint failed (RuntimeError: "
+            "CUDA out of memory) |") in (tmp_path / "train_step.md").read_text()
+    assert train.skipped("torch", None, left=29) == "skipped: deadline"
+    assert train.skipped("wr-pressure", None, left=100) == "skipped: footprint failed (not run)"
+
+
+def cells(text: str) -> dict[str, list[str]]:
+    """The table's rows by variant, as lists of cells."""
+    lines = [line.strip().strip("|").split("|") for line in text.splitlines()[2:]]
+    return {cell[2].strip(): [c.strip() for c in cell] for cell in lines}
+
+
+def test_the_table_takes_speedups_against_the_right_torch():
+    wd = dict(blocker_mib=70000.0, footprint_mib=1200.0, free_headroom_mib=64.0, setup_s=3.3,
+              ucudnn=dict(kernels=15, micro_batched=9, delegated=0, via_torch=0, fallbacks={}, max_workspace_mib=40.0,
+                          wd=[dict(total_workspace=60 * MiB, total_limit=64 * MiB, solve_seconds=0.012)]))
+    rows = rows_of({"torch": 10.0, "wr": 12.5, "torch-pressure": 30.0, "wr-pressure": 15.0}) + [
+        result_row("alexnet", "fp32", "wd-pressure", 20.0, **wd),
+        failed("auto-pressure", "exit code 1: CUDA | out of memory\nTraceback")]
+    table = cells(train.table(rows))
+    assert [table[v][4] for v in ("torch", "wr", "torch-pressure", "wr-pressure", "wd-pressure")] == [
+        "1.00x", "0.80x", "1.00x", "2.00x", "1.50x"]
+    assert table["wr"][3:8] == ["12.5", "0.80x", "1000", "1500", "2.0 (warm)"] and table["torch"][7] == "2.0"
+    assert table["wd-pressure"][8] == ("blocker 70000 MiB (footprint 1200, 64 MiB free beyond it); 9/15 kernels "
+                                       "micro-batched, max ws 40 MiB; WD total 60 of 64 MiB (persistent), solve 12 ms; "
+                                       "setup 3.3 s")
+    assert table["auto-pressure"][3:] == ["-"] * 5 + ["exit code 1: CUDA / out of memory"]
+    assert table["torch"][4] == "1.00x" and cells(train.table(rows[1:]))["wr"][4] == "-"  # no torch: no speedup
+
+
+def test_findings_state_each_bar():
+    rows = (rows_of({"torch": 10.0, "wr": 10.2, "torch-pressure": 30.0, "wr-pressure": 15.0})
+            + rows_of({"torch": 20.0, "wr": 21.0, "torch-pressure": 20.0, "wr-pressure": 19.0, "wd-pressure": 21.0},
+                      "resnet50", "amp") + [failed("auto-pressure", "exit code 1", "resnet50", "amp")])
+    notes = train.findings(rows)
+    assert len(notes) == 1 + 3 * 3 + 2 and sum("(memory free)" in n for n in notes) == 2
+    for expected in ("(pressure): alexnet fp32 wr-pressure vs torch-pressure: 2.00x (PASS, needs >= 1.5x)",
+                     "(pressure): resnet50 amp wr-pressure vs torch-pressure: 1.05x (PASS, needs >= 1.0x)",
+                     "(pressure): resnet50 amp wd-pressure vs torch-pressure: 0.95x (FAIL, needs >= 1.0x)",
+                     "(pressure): resnet50 amp auto-pressure vs torch-pressure: not evaluated (auto-pressure: exit code 1)",
+                     "(pressure): resnet50 fp32 wr-pressure vs torch-pressure: not evaluated (wr-pressure: not run; "
+                     "torch-pressure: not run)",
+                     "(memory free): alexnet fp32 wr vs torch: 0.98x (PASS, needs >= 0.97x)",
+                     "(memory free): resnet50 amp wr vs torch: 0.95x (FAIL, needs >= 0.97x)"):
+        assert f"Bar {expected}" in notes
+    slow = rows_of({"torch-pressure": 30.0, "wr-pressure": 21.0})
+    assert "1.43x (FAIL, needs >= 1.5x)" in train.findings(slow)[0]
