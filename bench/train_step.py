@@ -3,9 +3,10 @@ against ucudnn.torch (issue 18).
 
 For each network (torchvision AlexNet B=256, ResNet-50 B=64), precision (fp32 NCHW; AMP fp16 with
 channels_last) and variant (VARIANTS). Pressure is a blocker allocation that leaves free only the
-run's own peak with no convolution workspace (measured first by the `footprint` variant) plus
---free (64 MiB): torch's benchmark mode then drops every plan whose workspace does not fit, the
-baseline a user short of memory sees. (CUDNN_CONV_WSCAP_DBG, which an earlier version set, is
+run's own peak with no convolution workspace (measured first by the `footprint` variant, as torch's
+peak reserved memory over its timed iterations: the allocator's slack is memory the run holds, 110-180
+MiB on AlexNet even with expandable segments) plus --free (64 MiB): torch's benchmark mode then
+drops every plan whose workspace does not fit, the baseline a user short of memory sees. (CUDNN_CONV_WSCAP_DBG, which an earlier version set, is
 ignored by torch's cuDNN graph-API path, ../shared/design/engines.md section 2, so it compared
 ucudnn with an uncapped torch.)
 
@@ -107,15 +108,15 @@ def convert_keywords(variant: Variant, values: dict) -> dict:
     return {key: values[value.name] if isinstance(value, Arg) else value for key, value in variant.convert.items()}
 
 
-def blocker_bytes(free: int, allocated: int, footprint: int, headroom: int) -> int:
-    """Bytes to allocate so that only the run's own peak (`footprint`, of which `allocated` is held
+def blocker_bytes(free: int, held: int, footprint: int, headroom: int) -> int:
+    """Bytes to allocate so that only the run's own peak (`footprint`, of which `held` is held
     already) plus `headroom` stay free out of `free`."""
-    need = max(footprint - allocated, 0)
+    need = max(footprint - held, 0)
     blocker = free - need - headroom
     if blocker < 0:
         raise ValueError(f"the GPU cannot hold the run plus the headroom: {free / MiB:.0f} MiB free, the run "
                          f"needs {need / MiB:.0f} MiB more (footprint {footprint / MiB:.0f} MiB, "
-                         f"{allocated / MiB:.0f} MiB allocated), headroom {headroom / MiB:.0f} MiB")
+                         f"{held / MiB:.0f} MiB held), headroom {headroom / MiB:.0f} MiB")
     return blocker
 
 
@@ -187,11 +188,11 @@ def block(args, device, result: dict):
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    allocated = torch.cuda.memory_allocated(device)
+    held = torch.cuda.memory_reserved(device)
     free = torch.cuda.mem_get_info(device)[0]
-    blocker = torch.empty(blocker_bytes(free, allocated, args.footprint, args.free_bytes) // SEGMENT * SEGMENT,
+    blocker = torch.empty(blocker_bytes(free, held, args.footprint, args.free_bytes) // SEGMENT * SEGMENT,
                           dtype=torch.uint8, device=device)
-    left = torch.cuda.mem_get_info(device)[0] - max(args.footprint - allocated, 0)
+    left = torch.cuda.mem_get_info(device)[0] - max(args.footprint - held, 0)
     result.update(blocker_mib=blocker.numel() / MiB, footprint_mib=args.footprint / MiB, free_headroom_mib=left / MiB)
     return blocker
 
@@ -209,6 +210,7 @@ def timed(step, args, blocked: int) -> dict:
     log(f"    first iteration {out['first_iter_s']:.1f} s")
     losses += [step() for _ in range(args.warmup - 1)]
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the timed iterations' reserved peak is then what they need, slack included
     torch.cuda.reset_peak_memory_stats()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.iters)]
     for begin, end in events:
@@ -217,9 +219,9 @@ def timed(step, args, blocked: int) -> dict:
         end.record()
     torch.cuda.synchronize()
     times = [begin.elapsed_time(end) for begin, end in events]
-    peak = torch.cuda.max_memory_allocated() - blocked
+    peak, reserved = (torch.cuda.max_memory_allocated() - blocked, torch.cuda.max_memory_reserved() - blocked)
     return dict(out, times_ms=times, median_ms=statistics.median(times), min_ms=min(times), peak_bytes=peak,
-                peak_mib=peak / MiB, peak_reserved_mib=(torch.cuda.max_memory_reserved() - blocked) / MiB,
+                peak_mib=peak / MiB, peak_reserved_bytes=reserved, peak_reserved_mib=reserved / MiB,
                 losses=[float(v) for v in losses])
 
 
@@ -329,7 +331,7 @@ def skipped(variant: str, footprint: dict | None, left: float) -> str | None:
     """Why a planned variant does not run (None: it runs); `footprint`: its (net, precision)'s row."""
     if left < 30:
         return "skipped: deadline"
-    if VARIANTS[variant].pressure and "peak_bytes" not in (footprint or {}):
+    if VARIANTS[variant].pressure and "peak_reserved_bytes" not in (footprint or {}):
         return f"skipped: footprint failed ({(footprint or {}).get('error', 'not run')})"
     return None
 
@@ -494,7 +496,7 @@ def parent(args) -> None:
         if reason is None:
             log(f"[{i}/{len(todo)}] {net} B={batch} {precision} {variant} ({left:.0f} s left)")
             row = run_variant(args, row, min(args.variant_timeout, left - 10),
-                              footprint["peak_bytes"] if VARIANTS[variant].pressure else None)
+                              footprint["peak_reserved_bytes"] if VARIANTS[variant].pressure else None)
             log(f"    error: {row['error']}" if "error" in row else
                 f"    {row['median_ms']:.1f} ms/iter, peak {row['peak_mib']:.0f} MiB, first iteration "
                 f"{row['first_iter_s']:.1f} s")

@@ -327,11 +327,11 @@ MiB = 2**20
 
 def test_the_blocker_leaves_the_runs_own_peak_plus_the_headroom():
     assert train.blocker_bytes(10240 * MiB, 1024 * MiB, 3072 * MiB, 64 * MiB) == (10240 - 2048 - 64) * MiB
-    # a footprint below what is allocated already needs nothing more
+    # a footprint below what is held already needs nothing more
     assert train.blocker_bytes(10240 * MiB, 3072 * MiB, 1024 * MiB, 64 * MiB) == (10240 - 64) * MiB
     assert train.blocker_bytes(2112 * MiB, 0, 2048 * MiB, 64 * MiB) == 0
     with pytest.raises(ValueError, match=r"^the GPU cannot hold the run plus the headroom: 1000 MiB free, the run "
-                                         r"needs 2000 MiB more \(footprint 3000 MiB, 1000 MiB allocated\), headroom 64 MiB$"):
+                                         r"needs 2000 MiB more \(footprint 3000 MiB, 1000 MiB held\), headroom 64 MiB$"):
         train.blocker_bytes(1000 * MiB, 1000 * MiB, 3000 * MiB, 64 * MiB)
 
 
@@ -426,7 +426,8 @@ def test_own_caches_and_their_state(tmp_path):
 
 def result_row(net: str, precision: str, variant: str, ms: float, **extra) -> dict:
     row = dict(net=net, batch=64, precision=precision, variant=variant, median_ms=ms, peak_mib=1000.0,
-               peak_bytes=1000 * MiB, device_peak_mib=1500.0, first_iter_s=2.0, setup_s=0.0)
+               peak_bytes=1000 * MiB, peak_reserved_bytes=1100 * MiB, device_peak_mib=1500.0, first_iter_s=2.0,
+               setup_s=0.0)
     return dict(row, cache="warm", **extra) if train.VARIANTS[variant].ucudnn else dict(row, **extra)
 
 
@@ -445,7 +446,7 @@ def test_pressure_rows_are_skipped_where_the_footprint_failed(tmp_path, monkeypa
         calls.append((row["net"], row["variant"], footprint))
         if row == dict(net="alexnet", batch=256, precision="fp32", variant="footprint"):
             return dict(row, error="RuntimeError: CUDA out of memory")
-        return result_row(row["net"], row["precision"], row["variant"], 10.0, peak_bytes=2 * 2**30)
+        return result_row(row["net"], row["precision"], row["variant"], 10.0, peak_reserved_bytes=2 * 2**30)
     monkeypatch.setattr(train, "run_variant", run_variant)
     train.parent(train.parse_args(["--out", str(tmp_path), "--precisions", "fp32", "--variants", "torch,wr-pressure"]))
     rows = json.loads((tmp_path / "train_step.json").read_text())["rows"]

@@ -261,3 +261,25 @@ def test_auto_total_needs_wd_and_no_sample_input(tmp_path):
         ut.Context(backend=NumpyBackend(), total_limit="auto", optimizer="wr")
     with pytest.raises(ConfigError, match="drop sample_input"):
         ut.convert(nn.Conv2d(3, 4, 3), total_limit="auto", sample_input=torch.randn(1, 3, 8, 8))
+
+
+def test_a_handle_that_cannot_be_created_is_tried_again_after_torch_empties_its_cache(monkeypatch):
+    """cudnnCreate takes memory outside torch's pool: under pressure, torch's cached blocks go
+    back to the device first."""
+    from ucudnn import handle as handles
+    from ucudnn.config import Settings
+    from ucudnn.errors import CudnnError
+
+    made, emptied = [], []
+
+    def handle(settings, **kwargs):
+        made.append(settings)
+        if len(made) == 1:
+            raise CudnnError("cudnnCreate", 4000, "CUDNN_STATUS_INTERNAL_ERROR")
+        return "handle"
+
+    monkeypatch.setattr(handles, "Handle", handle)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(CudaBackend, "stream", lambda self, device: 0)
+    assert CudaBackend().make_handle(Settings.load(env={}), None, torch.device("cpu")) == "handle"
+    assert len(made) == 2 and emptied == [True]

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ...config import Settings
-from ...errors import DeviceMemoryError
+from ...errors import CudnnError, DeviceMemoryError
 from ...problem import ConvKind, ConvProblem
 from .memory import Memory
 
@@ -81,7 +81,13 @@ class CudaBackend:
             allocator = functools.partial(self.borrow, device=device)
         else:
             allocator = _no_persistent_workspace
-        return Handle(settings, cache=cache, allocator=allocator, stream=self.stream(device))
+        try:
+            return Handle(settings, cache=cache, allocator=allocator, stream=self.stream(device))
+        except CudnnError:
+            # cudnnCreate takes device memory outside torch's pool: under memory pressure, give
+            # torch's cached blocks back to the device and try once more
+            torch.cuda.empty_cache()
+            return Handle(settings, cache=cache, allocator=allocator, stream=self.stream(device))
 
     def borrow(self, nbytes: int, device: torch.device) -> Tensor:
         """Workspace from torch's caching allocator, on the current stream; where it cannot be
