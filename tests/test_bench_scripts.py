@@ -446,7 +446,7 @@ def test_pressure_rows_are_skipped_where_the_footprint_failed(tmp_path, monkeypa
         calls.append((row["net"], row["variant"], footprint))
         if row == dict(net="alexnet", batch=256, precision="fp32", variant="footprint"):
             return dict(row, error="RuntimeError: CUDA out of memory")
-        return result_row(row["net"], row["precision"], row["variant"], 10.0, peak_reserved_bytes=2 * 2**30)
+        return result_row(row["net"], row["precision"], row["variant"], 10.0, peak_bytes=2 * 2**30)
     monkeypatch.setattr(train, "run_variant", run_variant)
     train.parent(train.parse_args(["--out", str(tmp_path), "--precisions", "fp32", "--variants", "torch,wr-pressure"]))
     rows = json.loads((tmp_path / "train_step.json").read_text())["rows"]

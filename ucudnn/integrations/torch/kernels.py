@@ -115,7 +115,7 @@ class CudaBackend:
             return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), block.nbytes, block,
                                                                    block.device.index), 0)
 
-        return cupy.cuda.using_allocator(allocate)
+        return _planning_scope(cupy.cuda.using_allocator(allocate))
 
     def memory(self, device: torch.device) -> Memory:
         """The device's free memory and torch's reserved and allocated bytes, now."""
@@ -156,6 +156,17 @@ class CudaBackend:
             repeats = max(1, min(TORCH_REPEATS, int(TORCH_TIMING_BUDGET_MS / max(first, 1e-3))))
             ms = statistics.median(_event_times(lambda: convolve(x, w, y), repeats))
         return TorchTiming(ms, workspace)
+
+
+@contextlib.contextmanager
+def _planning_scope(allocator_scope):
+    """CuPy allocating from torch inside; on the way out torch's unused cached blocks go back to
+    the device: the benchmark's operands and workspaces, and the operands torch's own kernels were
+    timed on, would otherwise stay cached in odd sizes and fragment the pool the step runs in.
+    First iterations only: planning happens once per kernel."""
+    with allocator_scope:
+        yield
+    torch.cuda.empty_cache()
 
 
 class UcudnnKernel:
