@@ -103,13 +103,7 @@ class Context:
         with self._lock, self.backend.planning(call.device):
             kernel = self._kernels.get((kind, call))
             if kernel is failed:
-                problem, handle = call.problem(kind), self.handle(call.device)
-                try:
-                    kernel = UcudnnKernel(problem, handle, handle.shrink(problem), self.backend)
-                except UNPLANNABLE as exc:
-                    warn_once(f"{problem.describe()}: {exc}")
-                    kernel = TorchKernel(problem)
-                self._kernels[kind, call] = kernel
+                kernel = self._kernels[kind, call] = self._planned(call, kind, "shrink")
             site.kernels[kind] = kernel
             return kernel
 
@@ -150,15 +144,18 @@ class Context:
     def _kernel(self, call: Call, kind: ConvKind) -> UcudnnKernel | TorchKernel:
         with self._lock, self.backend.device_guard(call.device), self.backend.planning(call.device):
             if (kind, call) not in self._kernels:
-                problem = call.problem(kind)
-                handle = self.handle(call.device)
-                try:
-                    kernel = UcudnnKernel(problem, handle, handle.assignment(problem), self.backend)
-                except UNPLANNABLE as exc:
-                    warn_once(f"{problem.describe()}: {exc}")
-                    kernel = TorchKernel(problem)
-                self._kernels[kind, call] = kernel
+                self._kernels[kind, call] = self._planned(call, kind, "assignment")
             return self._kernels[kind, call]
+
+    def _planned(self, call: Call, kind: ConvKind, how: str) -> UcudnnKernel | TorchKernel:
+        """The kernel as the handle's `how` ("assignment", or "shrink" after its workspace could
+        not be borrowed) plans it; torch's own convolution where ucudnn cannot plan it."""
+        problem, handle = call.problem(kind), self.handle(call.device)
+        try:
+            return UcudnnKernel(problem, handle, getattr(handle, how)(problem), self.backend)
+        except UNPLANNABLE as exc:
+            warn_once(f"{problem.describe()}: {exc}")
+            return TorchKernel(problem)
 
     def handle(self, device: torch.device):
         """The ucudnn.Handle of `device`, made on first use."""
