@@ -100,10 +100,11 @@ class Context:
         half of it (Assignments.shrink; another site may have shrunk it already), and where no
         plan is left, torch's own convolution."""
         call = site.call
-        with self._lock, self.backend.planning(call.device):
+        with self._lock:
             kernel = self._kernels.get((kind, call))
             if kernel is failed:
-                kernel = self._kernels[kind, call] = self._planned(call, kind, "shrink")
+                with self.backend.planning(call.device):
+                    kernel = self._kernels[kind, call] = self._planned(call, kind, "shrink")
             site.kernels[kind] = kernel
             return kernel
 
@@ -142,9 +143,10 @@ class Context:
         return kernel
 
     def _kernel(self, call: Call, kind: ConvKind) -> UcudnnKernel | TorchKernel:
-        with self._lock, self.backend.device_guard(call.device), self.backend.planning(call.device):
+        with self._lock, self.backend.device_guard(call.device):
             if (kind, call) not in self._kernels:
-                self._kernels[kind, call] = self._planned(call, kind, "assignment")
+                with self.backend.planning(call.device):
+                    self._kernels[kind, call] = self._planned(call, kind, "assignment")
             return self._kernels[kind, call]
 
     def _planned(self, call: Call, kind: ConvKind, how: str) -> UcudnnKernel | TorchKernel:
