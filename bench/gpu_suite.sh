@@ -4,6 +4,7 @@
 #                                          l2probe record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd train shapes coldstart
+#                                          memory hostpath
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -73,6 +74,8 @@ for stage in "${stages[@]}"; do
     # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)
     shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget 170)" ;;
     # AlexNet: bench + optimize from an empty cache, then a fresh process to its first micro-batched iteration
+    memory) seed_train; run memory python3 bench/memory_overhead.py --out "$OUT" --cache /tmp/train-cache.db ${MEMORY_ARGS:-} ;;
+    hostpath) run hostpath python3 bench/host_path.py --out "$OUT" --deadline "$(budget 240)" ${HOSTPATH_ARGS:-} ;;
     coldstart) run coldstart python3 bench/cold_start.py --out "$OUT" --deadline "$(budget 150)" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
