@@ -34,18 +34,11 @@ VARIANTS = {  # name: (ucudnn, environment)
 }
 
 
-def outside_bytes() -> int:
-    import torch
-
-    free, total = torch.cuda.mem_get_info()
-    return total - free - torch.cuda.memory_reserved()
-
-
 def child(args) -> dict:
     import torch
 
     sys.path.insert(0, str(HERE))
-    from train_step import build, training_step
+    from train_step import build, outside_pool_bytes, training_step
 
     ucudnn, _ = VARIANTS[args.variant]
     torch.backends.cudnn.benchmark = True
@@ -58,7 +51,7 @@ def child(args) -> dict:
     def phase(name: str) -> None:
         torch.cuda.synchronize()
         gc.collect()
-        phases.append(dict(phase=name, outside_mib=outside_bytes() / MiB,
+        phases.append(dict(phase=name, outside_mib=outside_pool_bytes() / MiB,
                            reserved_mib=torch.cuda.memory_reserved() / MiB))
 
     phase("torch step (no benchmark)")

@@ -169,6 +169,7 @@ def child(args) -> dict:
     result.update(timed(step, args, blocked))
     result.update(device_peak_mib=(device_peak_bytes(step, device) - blocked) / MiB, cupy_pool_mib=cupy_pool_mib())
     result["memory_end"] = memory_now()
+    result["outside_mib"] = outside_pool_bytes() / MiB
     if context is not None:
         result["ucudnn"] = condensed(context.summary())
     return result
@@ -216,6 +217,7 @@ def timed(step, args, blocked: int) -> dict:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the timed iterations' reserved peak is then what they need, slack included
     torch.cuda.reset_peak_memory_stats()
+    counted = allocator_counts()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.iters)]
     for begin, end in events:
         begin.record()
@@ -224,9 +226,22 @@ def timed(step, args, blocked: int) -> dict:
     torch.cuda.synchronize()
     times = [begin.elapsed_time(end) for begin, end in events]
     peak, reserved = (torch.cuda.max_memory_allocated() - blocked, torch.cuda.max_memory_reserved() - blocked)
-    return dict(out, times_ms=times, median_ms=statistics.median(times), min_ms=min(times), peak_bytes=peak,
+    churn = {key: (value - counted[key]) / args.iters for key, value in allocator_counts().items()}
+    return dict(out, allocator_per_iter=churn, times_ms=times, median_ms=statistics.median(times), min_ms=min(times), peak_bytes=peak,
                 peak_mib=peak / MiB, peak_reserved_bytes=reserved, peak_reserved_mib=reserved / MiB,
                 losses=[float(v) for v in losses])
+
+
+ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams", "num_ooms")
+
+
+def allocator_counts() -> dict[str, int]:
+    """torch's caching-allocator event counters: retries after freeing cached blocks (each a
+    device sync), cudaMalloc/cudaFree (or page maps) and full syncs, the churn of memory pressure."""
+    import torch
+
+    stats = torch.cuda.memory_stats()
+    return {key: stats.get(key, 0) for key in ALLOCATOR_COUNTERS}
 
 
 def device_peak_bytes(step, device) -> int:
@@ -299,16 +314,25 @@ def condensed(summary: dict) -> dict:
     )
 
 
+def outside_pool_bytes() -> int:
+    """Device memory in use outside torch's caching allocator (CUDA context, cuDNN handles and
+    code, CuPy, CUDA graphs): total - free - torch's reserved bytes (a blocker is torch's)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
+
+
 def memory_now() -> str:
     """Where device memory stands, in words: torch's allocated and reserved bytes, and what the
     device has in use outside torch's pool (CUDA context, cuDNN, CuPy, CUDA graphs; a blocker is
     torch's)."""
     import torch
 
-    free, total = torch.cuda.mem_get_info()
-    reserved = torch.cuda.memory_reserved()
-    return (f"torch allocated {torch.cuda.memory_allocated() / MiB:.0f} MiB, reserved {reserved / MiB:.0f} MiB; "
-            f"device free {free / MiB:.0f} MiB, in use outside torch {(total - free - reserved) / MiB:.0f} MiB")
+    free = torch.cuda.mem_get_info()[0]
+    return (f"torch allocated {torch.cuda.memory_allocated() / MiB:.0f} MiB, reserved "
+            f"{torch.cuda.memory_reserved() / MiB:.0f} MiB; device free {free / MiB:.0f} MiB, in use outside "
+            f"torch {outside_pool_bytes() / MiB:.0f} MiB")
 
 
 def cupy_pool_mib() -> float | None:
@@ -474,6 +498,12 @@ def notes_of(r: dict) -> str:
         parts.append(f"setup {r['setup_s']:.1f} s")
     if r.get("cupy_pool_mib"):
         parts.append(f"CuPy pool {r['cupy_pool_mib']:.0f} MiB")
+    churn = r.get("allocator_per_iter") or {}
+    if churn.get("num_alloc_retries") or churn.get("num_device_alloc"):
+        parts.append(f"allocator per iteration: {churn['num_alloc_retries']:.1f} retries, "
+                     f"{churn['num_device_alloc']:.1f} device allocations")
+    if r.get("outside_mib") is not None:
+        parts.append(f"{r['outside_mib']:.0f} MiB outside torch's pool")
     return "; ".join(parts)
 
 

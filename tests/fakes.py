@@ -58,6 +58,9 @@ class FakeBackend:
     def release(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 class FakeAllocator:
     """Hands out increasing fake addresses and remembers the sizes asked for."""

@@ -285,3 +285,67 @@ def test_a_table_keeps_the_candidates_of_the_backends_asked_for():
     table = KernelTable([Measurement("legacy:a", 1, 1.0, 0), Measurement("engines:b", 1, 0.5, 0)])
     assert [m.algo for m in table.only(["engines"])] == ["engines:b"]
     assert table.only(None) is table
+
+
+# --- one cuDNN handle for every backend (each holds ~10 MiB of device memory) ----------------------
+
+class FakeFrontend(types.SimpleNamespace):
+    """nvidia-cudnn-frontend's handle calls: handles are ints, as the frontend's are."""
+
+    def __init__(self):
+        super().__init__(created=[], destroyed=[])
+
+    def create_handle(self) -> int:
+        self.created.append(1000 + len(self.created))
+        return self.created[-1]
+
+    def destroy_handle(self, handle: int) -> None:
+        self.destroyed.append(handle)
+
+
+@pytest.mark.parametrize("copies, shared", [(1, True), (2, False), (0, False)])
+def test_the_engines_run_on_the_legacy_handle_only_where_one_libcudnn_is_loaded(monkeypatch, copies, shared):
+    import ctypes
+
+    from ucudnn.backends import engines
+
+    fe = FakeFrontend()
+    monkeypatch.setattr(engines, "frontend", lambda: fe)
+    monkeypatch.setattr(engines.library, "copies_loaded", lambda: copies)
+    backend = engines.EnginesBackend(ctypes.c_void_p(0xABC0))
+    assert (backend.handle == 0xABC0) is shared and backend.owns_handle is not shared
+    assert fe.created == ([] if shared else [1000])
+    backend.close()
+    assert fe.destroyed == ([] if shared else [1000])  # never the legacy backend's handle
+    assert engines.EnginesBackend().owns_handle  # no handle given: its own
+
+
+def test_loaded_cudnn_copies_are_counted_by_file_not_by_mapping(monkeypatch, tmp_path):
+    from ucudnn.bindings import library
+
+    maps = tmp_path / "maps"
+    lines = ["7f00-7f10 r--p 00000000 fd:01 111 /site/nvidia/cudnn/lib/libcudnn.so.9",
+             "7f10-7f20 r-xp 00001000 fd:01 111 /site/nvidia/cudnn/lib/libcudnn.so.9",
+             "7f30-7f40 r--p 00000000 fd:01 222 /usr/lib/libcudnn_graph.so.9",
+             "7f50-7f60 rw-p 00000000 00:00 0 ",
+             "7f60-7f70 r--p 00000000 fd:02 333 /other/libcudnn.so.9.19.0"]
+    real_path = library.Path
+    monkeypatch.setattr(library, "Path", lambda p: maps if p == "/proc/self/maps" else real_path(p))
+    maps.write_text("\n".join(lines[:4]) + "\n")
+    assert library.copies_loaded() == 1 and library._already_loaded() == "/site/nvidia/cudnn/lib/libcudnn.so.9"
+    maps.write_text("\n".join(lines) + "\n")
+    assert library.copies_loaded() == 2
+
+
+def test_a_benchmarker_leaves_a_borrowed_handle_on_the_stream_it_found(monkeypatch):
+    from ucudnn import benchmark
+    from ucudnn.bindings import cudnn
+
+    streams = {"handle": 7}
+    monkeypatch.setattr(cudnn, "get_stream", lambda handle: streams["handle"])
+    monkeypatch.setattr(cudnn, "set_stream", lambda handle, stream: streams.update(handle=stream))
+    with pytest.raises(RuntimeError):
+        with benchmark._stream_kept("h"):
+            streams["handle"] = 99  # measuring on the benchmarker's stream ...
+            raise RuntimeError("a measurement failed")
+    assert streams["handle"] == 7  # ... and back on the owner's, even after a failure

@@ -1,6 +1,7 @@
 """Benchmarking t(a, b) and ws(a, b): every algorithm at every micro-batch size of a policy."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import statistics
@@ -101,12 +102,7 @@ class CudnnBenchmarker:
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
                  execution: str = "graph", backend: str = ""):
-        from .backends import open_backends
-        from .bindings import cudnn
-
-        self.handle = handle if handle is not None else cudnn.create_handle()
-        self.stream = gpu.current_stream() if stream is None else stream
-        self.backends = open_backends(backend, self.handle, self.stream)
+        self.handle, self.stream, self.backends = _open(handle, stream, backend)
         self.timing = timing
         self.device = gpu.device_info(backends=self.backends.names).for_execution(execution).for_timing(timing.name)
         self.calls = 0  # (candidate, size) pairs measured: what a warm cache saves
@@ -117,14 +113,16 @@ class CudnnBenchmarker:
                 backend: str | None = None) -> list[Measurement]:
         sizes = sorted(set(sizes))
         results = []
-        try:
-            ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
-            for name in [backend] if backend else self.backends.names:
-                for b in sizes:
-                    results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs, cap)
-        finally:
-            self.scratch.release()
-            self.backends.release()
+        with _stream_kept(self.handle):
+            self.backends.set_stream(self.stream)
+            try:
+                ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
+                for name in [backend] if backend else self.backends.names:
+                    for b in sizes:
+                        results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs, cap)
+            finally:
+                self.scratch.release()
+                self.backends.release()
         return results
 
     def _measure_size(self, backend, problem: ConvProblem, micro: ConvProblem, ptrs: dict,
@@ -200,17 +198,17 @@ class ConfigurationTimer:
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(warmup=2, min_repeats=10,
                                                                             max_repeats=10),
                  stream: int | None = None, execution: str = "graph", backend: str = ""):
-        from .backends import open_backends
-        from .bindings import cudnn
-
-        self.handle = handle if handle is not None else cudnn.create_handle()
-        self.stream = gpu.current_stream() if stream is None else stream
-        self.backends = open_backends(backend, self.handle, self.stream)
+        self.handle, self.stream, self.backends = _open(handle, stream, backend)
         self.timing, self.scratch = timing, Scratch()
         self.capturer = _capturer(execution, self.backends, self.stream)
 
     def time_ms(self, problem: ConvProblem, configuration) -> float:
         """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
+        with _stream_kept(self.handle):
+            self.backends.set_stream(self.stream)
+            return self._time_ms(problem, configuration)
+
+    def _time_ms(self, problem: ConvProblem, configuration) -> float:
         ptrs = self.scratch.operands(problem)
         workspace = self.scratch.workspace(configuration.workspace)
         program = compile_program(problem, configuration, self.backends)
@@ -221,6 +219,31 @@ class ConfigurationTimer:
             program(ptrs["x"], ptrs["w"], ptrs["y"], workspace, configuration.workspace)
 
         return statistics.median(_time(run, self.timing, self.stream))
+
+
+def _open(handle, stream: int | None, backend: str) -> tuple[Any, int, Any]:
+    """(cuDNN handle, stream, backends) to measure with: on `handle` where one is given (a
+    ucudnn.Handle's own: one handle, not two, as each holds ~10 MiB of device memory)."""
+    from .backends import open_backends
+    from .bindings import cudnn
+
+    handle = handle if handle is not None else cudnn.create_handle()
+    stream = gpu.current_stream() if stream is None else stream
+    with _stream_kept(handle):
+        return handle, stream, open_backends(backend, handle, stream)
+
+
+@contextlib.contextmanager
+def _stream_kept(handle):
+    """Inside, measuring may point `handle` at its own stream; on the way out the handle is back
+    on the stream it was on (its owner, a ucudnn.Handle, queues its calls there)."""
+    from .bindings import cudnn
+
+    before = cudnn.get_stream(handle)
+    try:
+        yield
+    finally:
+        cudnn.set_stream(handle, before)
 
 
 def _capturer(execution: str, backends, stream: int) -> "GraphCapturer | None":

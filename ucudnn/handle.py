@@ -44,7 +44,8 @@ class Handle:
         self.backends = open_backends(self.settings.backend, self.cudnn_handle, self.stream)
         self.assignments = Assignments(
             self.settings, cache if cache is not None else Cache(self.settings.cache_path),
-            benchmarker=lambda: benchmarker or CudnnBenchmarker(stream=self.stream, execution=self.settings.execution,
+            benchmarker=lambda: benchmarker or CudnnBenchmarker(self.cudnn_handle, stream=self.stream,
+                                                                execution=self.settings.execution,
                                                                 backend=self.settings.backend),
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
@@ -141,6 +142,7 @@ class Handle:
 
     def close(self) -> None:
         self._forget()
+        self.backends.close()
         if self._owns_handle and self.cudnn_handle is not None:
             cudnn.destroy_handle(self.cudnn_handle)
         self.cudnn_handle = self._as_parameter_ = None

@@ -17,8 +17,8 @@ from .base import (BACKENDS, CHOICES, FRONTEND_PACKAGE, Backend, Backends, Candi
 
 def open_backends(choice: str, cudnn_handle, stream: int) -> Backends:
     """The GPU backends of a `backend` setting, on `stream`: `legacy` on `cudnn_handle`,
-    `engines` on a frontend handle of its own. BackendUnavailableError where the setting asks
-    for the engines and the frontend is not installed."""
+    `engines` on it too where it can (see EnginesBackend). BackendUnavailableError where the
+    setting asks for the engines and the frontend is not installed."""
     backends: list[Backend] = []
     for name in resolve(choice):
         if name == "legacy":
@@ -28,7 +28,7 @@ def open_backends(choice: str, cudnn_handle, stream: int) -> Backends:
         else:
             from .engines import EnginesBackend
 
-            backends.append(EnginesBackend())
+            backends.append(EnginesBackend(cudnn_handle))
     opened = Backends(backends)
     opened.set_stream(stream)
     return opened

@@ -84,6 +84,9 @@ class Backend(Protocol):
     def release(self) -> None:
         """Drop what was built only to measure (plans not in use)."""
 
+    def close(self) -> None:
+        """Free what the backend holds of its own (a handle); its calls can no longer run."""
+
 
 class Backends:
     """The backends a handle or benchmarker uses, by name: routes each step to its backend."""
@@ -112,3 +115,7 @@ class Backends:
     def release(self) -> None:
         for backend in self.by_name.values():
             backend.release()
+
+    def close(self) -> None:
+        for backend in self.by_name.values():
+            backend.close()

@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from .. import gpu
+from ..bindings import library
 from ..dispatch import Call, Step
 from ..errors import BackendUnavailableError, CandidateError
 from ..measurements import FAILED, OK, UNSUPPORTED
@@ -141,13 +142,17 @@ def _data_type(fe, dtype: str):
 
 
 class EnginesBackend:
-    """Candidates and calls of the graph API, on a frontend handle of its own."""
+    """Candidates and calls of the graph API, on `cudnn_handle` (the legacy backend's) where the
+    frontend runs the same libcudnn as ucudnn's bindings, else on a frontend handle of its own.
+    (A cuDNN handle holds ~10 MiB of device memory: under memory pressure each one counts.)"""
 
     name = NAME
 
-    def __init__(self):
+    def __init__(self, cudnn_handle=None):
         self.fe = frontend()
-        self.handle = self.fe.create_handle()
+        shared = cudnn_handle is not None and library.copies_loaded() == 1
+        self.handle = _address(cudnn_handle) if shared else self.fe.create_handle()
+        self.owns_handle = not shared
         self.stream = 0
         self._graphs: dict[str, KernelGraph] = {}
 
@@ -204,6 +209,17 @@ class EnginesBackend:
     def release(self) -> None:
         """Forget the graphs and their plans; calls prepared from them keep what they run."""
         self._graphs = {}
+
+    def close(self) -> None:
+        """Destroy the frontend handle if it is this backend's own (calls prepared on it end)."""
+        if self.owns_handle and self.handle is not None:
+            self.fe.destroy_handle(self.handle)
+        self.handle = None
+
+
+def _address(handle) -> int:
+    """A cuDNN handle as the frontend takes it: an int (ucudnn's bindings hold a c_void_p)."""
+    return int(getattr(handle, "value", handle))
 
 
 def output_elements(problem: ConvProblem) -> int:

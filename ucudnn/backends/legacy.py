@@ -76,3 +76,6 @@ class LegacyBackend:
 
     def release(self) -> None:
         """Nothing is built to measure: descriptors are kept for the calls that use them."""
+
+    def close(self) -> None:
+        """The cuDNN handle is the caller's: nothing of its own to free."""

@@ -22,6 +22,7 @@ PROTOTYPES: dict[str, list] = {
     "cudnnCreate": [POINTER(P)],
     "cudnnDestroy": [P],
     "cudnnSetStream": [P, P],
+    "cudnnGetStream": [P, POINTER(P)],
     "cudnnCreateTensorDescriptor": [POINTER(P)],
     "cudnnSetTensorNdDescriptor": [P, c_int, c_int, INT_P, INT_P],
     "cudnnGetTensorNdDescriptor": [P, c_int, INT_P, INT_P, INT_P, INT_P],
@@ -104,6 +105,13 @@ def destroy_handle(handle) -> None:
 
 def set_stream(handle, stream: int) -> None:
     call("cudnnSetStream", handle, c_void_p(stream))
+
+
+def get_stream(handle) -> int:
+    """The stream `handle` queues its work on (0: the legacy default stream)."""
+    stream = c_void_p()
+    call("cudnnGetStream", handle, ctypes.byref(stream))
+    return stream.value or 0
 
 
 def scalar(value: float, dtype: str):
