@@ -290,34 +290,74 @@ def test_a_table_keeps_the_candidates_of_the_backends_asked_for():
 # --- one cuDNN handle for every backend (each holds ~10 MiB of device memory) ----------------------
 
 class FakeFrontend(types.SimpleNamespace):
-    """nvidia-cudnn-frontend's handle calls: handles are ints, as the frontend's are."""
+    """nvidia-cudnn-frontend's handle calls, as 1.2x and later have them: handles are
+    `cudnn.Handle` objects that cache their stream (`handle_class=None`: bare ints, as before)."""
 
-    def __init__(self):
-        super().__init__(created=[], destroyed=[])
+    def __init__(self, handle_class=True):
+        super().__init__(created=[], destroyed=[], streams=[])
+        if handle_class:
+            self.Handle = lambda address, ordinal, stream: types.SimpleNamespace(
+                backend_handle=address, ordinal=ordinal, stream=stream)
 
-    def create_handle(self) -> int:
+    def create_handle(self):
         self.created.append(1000 + len(self.created))
         return self.created[-1]
 
-    def destroy_handle(self, handle: int) -> None:
+    def set_stream(self, handle, stream) -> None:
+        self.streams.append(stream)
+
+    def destroy_handle(self, handle) -> None:
         self.destroyed.append(handle)
 
 
+@pytest.fixture
+def shared_cudnn(monkeypatch):
+    """The legacy bindings' handle calls, on a dict: the stream of each handle."""
+    from ucudnn.backends import engines
+
+    streams = {}
+    monkeypatch.setattr(engines.bindings, "get_stream", lambda handle: streams.get(handle.value, 0))
+    monkeypatch.setattr(engines.bindings, "set_stream", lambda handle, stream: streams.update({handle.value: stream}))
+    monkeypatch.setattr(engines.gpu, "cupy", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0))))
+    return streams
+
+
+@pytest.mark.parametrize("handle_class", [True, False])
 @pytest.mark.parametrize("copies, shared", [(1, True), (2, False), (0, False)])
-def test_the_engines_run_on_the_legacy_handle_only_where_one_libcudnn_is_loaded(monkeypatch, copies, shared):
+def test_the_engines_run_on_the_legacy_handle_only_where_one_libcudnn_is_loaded(
+        monkeypatch, shared_cudnn, copies, shared, handle_class):
+    import ctypes
+
+    from ucudnn.backends import engines
+
+    fe = FakeFrontend(handle_class)
+    monkeypatch.setattr(engines, "frontend", lambda: fe)
+    monkeypatch.setattr(engines.library, "copies_loaded", lambda: copies)
+    backend = engines.EnginesBackend(ctypes.c_void_p(0xABC0))
+    address = getattr(backend.handle, "backend_handle", backend.handle)
+    assert (address == 0xABC0) is shared and backend.owns_handle is not shared
+    assert fe.created == ([] if shared else [1000])
+    backend.close()
+    assert fe.destroyed == ([] if shared else [1000])  # never the legacy backend's handle
+    assert engines.EnginesBackend().owns_handle  # no handle given: its own
+
+
+def test_a_shared_handle_is_moved_to_the_stream_asked_for_whatever_the_frontend_cached(monkeypatch, shared_cudnn):
     import ctypes
 
     from ucudnn.backends import engines
 
     fe = FakeFrontend()
     monkeypatch.setattr(engines, "frontend", lambda: fe)
-    monkeypatch.setattr(engines.library, "copies_loaded", lambda: copies)
+    monkeypatch.setattr(engines.library, "copies_loaded", lambda: 1)
+    shared_cudnn[0xABC0] = 5
     backend = engines.EnginesBackend(ctypes.c_void_p(0xABC0))
-    assert (backend.handle == 0xABC0) is shared and backend.owns_handle is not shared
-    assert fe.created == ([] if shared else [1000])
-    backend.close()
-    assert fe.destroyed == ([] if shared else [1000])  # never the legacy backend's handle
-    assert engines.EnginesBackend().owns_handle  # no handle given: its own
+    assert backend.handle.stream == 5 and backend.handle.ordinal == 0  # wrapped as it stands
+    backend.set_stream(7)
+    shared_cudnn[0xABC0] = 9  # the legacy backend moves the handle; the frontend's cache still says 7
+    backend.set_stream(7)
+    assert shared_cudnn[0xABC0] == 7 and backend.handle.stream == 7 and fe.streams == []
 
 
 def test_loaded_cudnn_copies_are_counted_by_file_not_by_mapping(monkeypatch, tmp_path):

@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from .. import gpu
+from ..bindings import cudnn as bindings
 from ..bindings import library
 from ..dispatch import Call, Step
 from ..errors import BackendUnavailableError, CandidateError
@@ -151,7 +152,8 @@ class EnginesBackend:
     def __init__(self, cudnn_handle=None):
         self.fe = frontend()
         shared = cudnn_handle is not None and library.copies_loaded() == 1
-        self.handle = _address(cudnn_handle) if shared else self.fe.create_handle()
+        self.cudnn_handle = cudnn_handle if shared else None
+        self.handle = _wrapped(self.fe, cudnn_handle) if shared else self.fe.create_handle()
         self.owns_handle = not shared
         self.stream = 0
         self._graphs: dict[str, KernelGraph] = {}
@@ -204,7 +206,14 @@ class EnginesBackend:
 
     def set_stream(self, stream: int) -> None:
         self.stream = stream
-        self.fe.set_stream(handle=self.handle, stream=stream)
+        if self.owns_handle:
+            self.fe.set_stream(handle=self.handle, stream=stream)
+            return
+        # shared: the legacy backend (or a benchmarker) may have moved the handle's stream under
+        # the frontend's cached one, so set it through the bindings, always, and keep the cache true
+        bindings.set_stream(self.cudnn_handle, stream)
+        if hasattr(self.handle, "stream"):
+            self.handle.stream = stream
 
     def release(self) -> None:
         """Forget the graphs and their plans; calls prepared from them keep what they run."""
@@ -217,9 +226,13 @@ class EnginesBackend:
         self.handle = None
 
 
-def _address(handle) -> int:
-    """A cuDNN handle as the frontend takes it: an int (ucudnn's bindings hold a c_void_p)."""
-    return int(getattr(handle, "value", handle))
+def _wrapped(fe, cudnn_handle):
+    """ucudnn's cuDNN handle (a c_void_p) as the frontend takes one: a `cudnn.Handle` (frontend
+    1.2x and later), or the bare address (earlier ones)."""
+    address = int(cudnn_handle.value)
+    if not hasattr(fe, "Handle"):
+        return address
+    return fe.Handle(address, gpu.cupy().cuda.runtime.getDevice(), bindings.get_stream(cudnn_handle))
 
 
 def output_elements(problem: ConvProblem) -> int:
