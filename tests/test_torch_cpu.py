@@ -653,6 +653,7 @@ def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context)
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # torch's own layer: the same arithmetic
     assert dict(context.runs) == {("torch", "layer"): 3}
     assert [p.kind.value for p in context.backend.timed] == ["F", "BD", "BF"]  # timed once each
+    assert all(context.backend.timed_planning)  # their operands go back to the device afterwards
     kernels = context.summary()["kernels"]
     assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
     assert all(k["delegated"] and k["via"] == "torch" and k["torch_ms"] == 0.0 for k in kernels)

@@ -69,16 +69,24 @@ class NumpyBackend(CudaBackend):
     def __init__(self, torch_timing=lambda problem: TorchTiming(float("inf"), 0), memory=Memory(2**40, 0, 0)):
         self.torch_timing = torch_timing
         self.timed = []
+        self.timed_planning = []  # per timing of torch's kernels: whether inside the planning scope
         self.memory_now = memory  # what memory() reports: set it to simulate the device's state
+        self._planning = 0
 
+    @contextlib.contextmanager
     def planning(self, device):
-        return contextlib.nullcontext()
+        self._planning += 1
+        try:
+            yield
+        finally:
+            self._planning -= 1
 
     def memory(self, device):
         return self.memory_now
 
     def time_torch(self, problem, device):
         self.timed.append(problem)
+        self.timed_planning.append(self._planning > 0)
         return self.torch_timing(problem)
 
     def runs_on(self, device):

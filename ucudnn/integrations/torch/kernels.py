@@ -161,10 +161,9 @@ class CudaBackend:
 @contextlib.contextmanager
 def _planning_scope(allocator_scope):
     """CuPy allocating from torch inside; on the way out torch's unused cached blocks go back to
-    the device: the benchmark's operands and workspaces would otherwise stay cached in odd sizes
-    and fragment the pool the step runs in. (The operands torch's own kernels are timed on for
-    delegation are allocated outside this scope.) First iterations only: planning happens once
-    per kernel."""
+    the device: the operands and workspaces of the benchmark, and of timing torch's own kernels
+    for delegation, would otherwise stay cached in odd sizes and fragment the pool the step runs
+    in. First iterations only: planning happens once per kernel."""
     with allocator_scope:
         yield
     torch.cuda.empty_cache()
