@@ -86,6 +86,8 @@ VARIANTS = {
                              "under pressure", True, True, dict(WD, total_limit="auto")),
     "wr-all": Variant("ucudnn WR, --limit per kernel, no layer delegated to torch, memory free", True,
                       convert=dict(WR, delegate=False)),
+    "wr-all-pressure": Variant("ucudnn WR, --limit per kernel, no layer delegated to torch, under pressure",
+                               True, True, dict(WR, delegate=False)),
 }
 DEFAULT_VARIANTS = "footprint,torch,wr,torch-pressure,wr-pressure,wd-pressure,auto-pressure"
 # The bars: (net, precision, variants, needed speedup over the variant's torch reference)
