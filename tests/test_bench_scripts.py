@@ -353,7 +353,7 @@ def test_the_plan_runs_footprint_first_once_where_it_is_needed():
 
 def test_what_each_variant_runs():
     assert {n for n, v in train.VARIANTS.items() if v.pressure} == {
-        "torch-pressure", "wr-pressure", "wd-pressure", "auto-pressure"}
+        "torch-pressure", "wr-pressure", "wr-all-pressure", "wd-pressure", "auto-pressure"}
     assert [n for n, v in train.VARIANTS.items() if not v.ucudnn] == ["torch", "torch-pressure"]
     values = dict(limit="64MiB", wd_total="96MiB", sample_input="x")
 
@@ -361,7 +361,8 @@ def test_what_each_variant_runs():
         return train.convert_keywords(train.VARIANTS[name], values)
     assert keywords("footprint") == dict(optimizer="wr", workspace_limit=0, delegate=False)
     assert keywords("wr") == keywords("wr-cold") == keywords("wr-pressure") == dict(optimizer="wr", workspace_limit="64MiB")
-    assert keywords("wr-all") == dict(optimizer="wr", workspace_limit="64MiB", delegate=False)
+    assert keywords("wr-all") == keywords("wr-all-pressure") == dict(optimizer="wr", workspace_limit="64MiB",
+                                                                     delegate=False)
     assert keywords("wd-pressure") == dict(optimizer="wd", workspace_limit="64MiB", total_limit="96MiB", sample_input="x")
     assert keywords("auto-pressure") == dict(optimizer="wd", workspace_limit="64MiB", total_limit="auto")
 
