@@ -219,24 +219,25 @@ def test_cuda_backend_turns_torchs_out_of_memory_into_device_memory_error(monkey
 
 
 @pytest.mark.parametrize("now, peak, want", [
-    (Memory(free=100, reserved=500, allocated=300), 450, 75),  # (100 + 200 - 150) / 2
-    (Memory(free=100, reserved=500, allocated=300), 200, 150),  # tensors never held more than now
-    (Memory(free=0, reserved=300, allocated=300), 900, 0),  # nothing left: no workspace
+    (Memory(free=400, reserved=500, allocated=300), 450, 125),  # (400 - 150) / 2; the 200 of fragments not counted
+    (Memory(free=100, reserved=500, allocated=300), 200, 50),  # tensors never held more than now
+    (Memory(free=100, reserved=300, allocated=300), 900, 0),  # nothing left at the peak: no workspace
 ])
 def test_auto_total_is_a_share_of_what_stays_free_at_the_peak(now, peak, want):
     assert auto_total(now, peak) == want
 
 
 class SampledBackend(NumpyBackend):
-    """memory() reports `allocated` growing by 1 MiB per call, so the samples can be counted."""
+    """allocated() grows by 1 MiB per call, so the samples can be counted; settled_memory()
+    reports 64 MiB free with tensors holding 100 MiB."""
 
     def __init__(self):
-        super().__init__()
+        super().__init__(memory=Memory(free=64 * MiB, reserved=200 * MiB, allocated=100 * MiB))
         self.samples = 0
 
-    def memory(self, device):
+    def allocated(self, device):
         self.samples += 1
-        return Memory(free=64 * MiB, reserved=200 * MiB, allocated=100 * MiB + self.samples * MiB)
+        return 100 * MiB + self.samples * MiB
 
 
 def test_auto_total_samples_the_first_iteration_then_solves_within_its_share(tmp_path):
@@ -249,8 +250,9 @@ def test_auto_total_samples_the_first_iteration_then_solves_within_its_share(tmp
     x = torch.randn(8, 3, 6, 6)
     run_step(ours, x)  # first iteration: torch's convolutions, 2 samples forward + 2 backward
     assert backend.samples == 4 and not context.runs
-    got = run_step(ours, x)  # solved at the second iteration's first layer, with one more sample
-    want = auto_total(Memory(64 * MiB, 200 * MiB, 105 * MiB), tensor_peak=104 * MiB)
+    got = run_step(ours, x)  # solved at the second iteration's first layer
+    want = auto_total(Memory(64 * MiB, 200 * MiB, 100 * MiB), tensor_peak=104 * MiB)
+    assert want == 30 * MiB  # (64 - 4) / 2
     wd = context.summary()["wd"][0]
     assert wd["auto"] and wd["total_limit"] == want and wd["total_workspace"] <= want
     assert_matches(got, run_step(model, x))

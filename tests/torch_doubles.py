@@ -70,7 +70,7 @@ class NumpyBackend(CudaBackend):
         self.torch_timing = torch_timing
         self.timed = []
         self.timed_planning = []  # per timing of torch's kernels: whether inside the planning scope
-        self.memory_now = memory  # what memory() reports: set it to simulate the device's state
+        self.memory_now = memory  # what settled_memory() reports: set it to simulate the device's state
         self._planning = 0
 
     @contextlib.contextmanager
@@ -81,8 +81,11 @@ class NumpyBackend(CudaBackend):
         finally:
             self._planning -= 1
 
-    def memory(self, device):
+    def settled_memory(self, device):
         return self.memory_now
+
+    def allocated(self, device):
+        return self.memory_now.allocated
 
     def time_torch(self, problem, device):
         self.timed.append(problem)

@@ -232,11 +232,10 @@ class Context:
             y.register_hook(lambda grad, device=y.device: self._sample(device))
 
     def _sample(self, device: torch.device) -> None:
-        held = self.backend.memory(device).allocated
-        self._tensor_peak[device] = max(self._tensor_peak.get(device, 0), held)
+        self._tensor_peak[device] = max(self._tensor_peak.get(device, 0), self.backend.allocated(device))
 
     def _auto_total(self, device: torch.device) -> int:
-        return auto_total(self.backend.memory(device), self._tensor_peak.get(device, 0))
+        return auto_total(self.backend.settled_memory(device), self._tensor_peak.get(device, 0))
 
     def reset(self) -> None:
         """Forget every assignment: kernels are planned again on next use (WD: as one network).

@@ -117,10 +117,17 @@ class CudaBackend:
 
         return _planning_scope(cupy.cuda.using_allocator(allocate))
 
-    def memory(self, device: torch.device) -> Memory:
-        """The device's free memory and torch's reserved and allocated bytes, now."""
+    def settled_memory(self, device: torch.device) -> Memory:
+        """The device's free memory and torch's reserved and allocated bytes, after torch's unused
+        cached blocks went back to the device (a device sync): what torch still holds beyond its
+        tensors is then fragments it cannot hand out as one large block."""
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
         return Memory(free, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
+
+    def allocated(self, device: torch.device) -> int:
+        """Bytes torch's tensors hold now (a counter read: no device call)."""
+        return torch.cuda.memory_allocated(device)
 
     def operand(self, tensor: Tensor) -> Any:
         return tensor.data_ptr()

@@ -4,14 +4,18 @@ When a model nearly fills the GPU, no fixed workspace limit is right for every r
 `convert(model, optimizer="wd", total_limit="auto")` the first iteration runs torch's own
 convolutions while the layers record their kernels and ucudnn samples the memory held by tensors
 at every layer boundary (forward, and as each layer's gradient arrives). When the second
-iteration starts, WD divides AUTO_SHARE of what stayed free at the first iteration's peak:
+iteration starts, torch's unused cached blocks go back to the device and WD divides AUTO_SHARE of
+what stays free at the first iteration's peak:
 
-    available = free on the device + torch's cached-but-unused bytes - (tensor peak - in use now)
+    available = free on the device - (tensor peak - in use now)
     total     = AUTO_SHARE x available
 
-The other half is margin for what the samples miss between layer boundaries (loss, optimizer
-temporaries). The workspace is one buffer from torch's caching allocator; if it cannot be had the
-network is solved again within half of it (ucudnn.assignment).
+What torch still holds beyond its tensors after that is fragments, which cannot hold one large
+buffer: not counted (counting it, on the H100 under 128 MiB of headroom, the run ran out of memory
+in torch's own backward). The other half is margin for what the samples miss between layer
+boundaries (loss, optimizer temporaries) and for torch's allocator. The workspace is one buffer
+from torch's caching allocator; if it cannot be had the network is solved again within half of
+it (ucudnn.assignment).
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ class Memory(NamedTuple):
 
 def auto_total(now: Memory, tensor_peak: int, share: float = AUTO_SHARE) -> int:
     """WD's total in bytes: `share` of the memory that stays free when tensors again take
-    `tensor_peak` bytes (the first iteration's sampled peak), given the memory `now`."""
+    `tensor_peak` bytes (the first iteration's sampled peak), given the memory `now` (settled:
+    torch's unused cached blocks given back)."""
     growth = max(0, tensor_peak - now.allocated)
-    available = now.free + (now.reserved - now.allocated) - growth
-    return max(0, int(share * available))
+    return max(0, int(share * (now.free - growth)))
