@@ -227,32 +227,36 @@ def test_auto_total_is_a_share_of_what_stays_free_at_the_peak(now, peak, want):
     assert auto_total(now, peak) == want
 
 
-class SampledBackend(NumpyBackend):
-    """allocated() grows by 1 MiB per call, so the samples can be counted; settled_memory()
-    reports 64 MiB free with tensors holding 100 MiB."""
+class PeakBackend(NumpyBackend):
+    """settled_memory() reports 64 MiB free with tensors holding 100 MiB; torch's peak
+    statistic says they once held 104 MiB. Counts how often the memory was settled."""
 
     def __init__(self):
         super().__init__(memory=Memory(free=64 * MiB, reserved=200 * MiB, allocated=100 * MiB))
-        self.samples = 0
+        self.settled = 0
 
-    def allocated(self, device):
-        self.samples += 1
-        return 100 * MiB + self.samples * MiB
+    def settled_memory(self, device):
+        self.settled += 1
+        return super().settled_memory(device)
+
+    def peak_allocated(self, device):
+        return 104 * MiB
 
 
-def test_auto_total_samples_the_first_iteration_then_solves_within_its_share(tmp_path):
+def test_auto_total_learns_the_first_iteration_then_solves_within_its_share(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
-    backend = SampledBackend()
+    backend = PeakBackend()
     context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), total_limit="auto")
     ours = ut.convert(copy.deepcopy(model), context=context)
     assert context.settings.optimizer == "wd" and context.total_auto
     x = torch.randn(8, 3, 6, 6)
-    run_step(ours, x)  # first iteration: torch's convolutions, 2 samples forward + 2 backward
-    assert backend.samples == 4 and not context.runs
-    got = run_step(ours, x)  # solved at the second iteration's first layer
+    run_step(ours, x)  # first iteration: torch's convolutions, kernels recorded, nothing solved
+    assert backend.settled == 0 and not context.runs
+    got = run_step(ours, x)  # solved once, at the second iteration's first layer
+    assert backend.settled == 1
     want = auto_total(Memory(64 * MiB, 200 * MiB, 100 * MiB), tensor_peak=104 * MiB)
-    assert want == 30 * MiB  # (64 - 4) / 2
+    assert want == 30 * MiB  # (64 - 4) / 2: the 100 MiB torch holds beyond its tensors are fragments
     wd = context.summary()["wd"][0]
     assert wd["auto"] and wd["total_limit"] == want and wd["total_workspace"] <= want
     assert_matches(got, run_step(model, x))

@@ -84,7 +84,7 @@ class NumpyBackend(CudaBackend):
     def settled_memory(self, device):
         return self.memory_now
 
-    def allocated(self, device):
+    def peak_allocated(self, device):
         return self.memory_now.allocated
 
     def time_torch(self, problem, device):

@@ -53,7 +53,6 @@ class Context:
         if settings is not None and any(v is not None for v in keywords):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         self.settings = settings or _settings(*keywords)
-        self._tensor_peak: dict[torch.device, int] = {}  # total_auto: sampled while learning
         # WR layers that ucudnn would not speed up run torch's own convolution (delegation.py)
         self.delegate = delegate
         self.backend = backend or CudaBackend()
@@ -221,21 +220,8 @@ class Context:
                 with self.backend.device_guard(device), self.backend.planning(device):
                     handle.finalize(self._auto_total(device) if self.total_auto else None)
 
-    def note_memory(self, y: Tensor) -> None:
-        """While a layer learns (runs torch's convolution and records), for total_limit='auto':
-        sample the memory tensors hold now, at the layer's output, and again when y's gradient
-        arrives in the backward pass."""
-        if not self.total_auto:
-            return
-        self._sample(y.device)
-        if y.requires_grad:
-            y.register_hook(lambda grad, device=y.device: self._sample(device))
-
-    def _sample(self, device: torch.device) -> None:
-        self._tensor_peak[device] = max(self._tensor_peak.get(device, 0), self.backend.allocated(device))
-
     def _auto_total(self, device: torch.device) -> int:
-        return auto_total(self.backend.settled_memory(device), self._tensor_peak.get(device, 0))
+        return auto_total(self.backend.settled_memory(device), self.backend.peak_allocated(device))
 
     def reset(self) -> None:
         """Forget every assignment: kernels are planned again on next use (WD: as one network).

@@ -2,20 +2,21 @@
 
 When a model nearly fills the GPU, no fixed workspace limit is right for every run. With
 `convert(model, optimizer="wd", total_limit="auto")` the first iteration runs torch's own
-convolutions while the layers record their kernels and ucudnn samples the memory held by tensors
-at every layer boundary (forward, and as each layer's gradient arrives). When the second
-iteration starts, torch's unused cached blocks go back to the device and WD divides AUTO_SHARE of
-what stays free at the first iteration's peak:
+convolutions while the layers record their kernels. When the second iteration starts, torch's
+unused cached blocks go back to the device and WD divides AUTO_SHARE of what stays free when
+tensors again take their peak (torch's own peak statistic, which covers the first iteration):
 
     available = free on the device - (tensor peak - in use now)
     total     = AUTO_SHARE x available
 
 What torch still holds beyond its tensors after that is fragments, which cannot hold one large
-buffer: not counted (counting it, on the H100 under 128 MiB of headroom, the run ran out of memory
-in torch's own backward). The other half is margin for what the samples miss between layer
-boundaries (loss, optimizer temporaries) and for torch's allocator. The workspace is one buffer
-from torch's caching allocator; if it cannot be had the network is solved again within half of
-it (ucudnn.assignment).
+buffer: not counted. The other half is margin for torch's allocator. The peak is torch's since
+the process started (or since the caller last called torch.cuda.reset_peak_memory_stats()):
+conservative where something before training held more. (Peaks sampled at layer boundaries
+missed the classifier's gradients, and counting the fragments ran out of memory in torch's own
+backward under 128 MiB of headroom, on the H100.) The workspace is one buffer from torch's
+caching allocator; if it cannot be had the network is solved again within half of it
+(ucudnn.assignment).
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ class Memory(NamedTuple):
 
 def auto_total(now: Memory, tensor_peak: int, share: float = AUTO_SHARE) -> int:
     """WD's total in bytes: `share` of the memory that stays free when tensors again take
-    `tensor_peak` bytes (the first iteration's sampled peak), given the memory `now` (settled:
-    torch's unused cached blocks given back)."""
+    `tensor_peak` bytes, given the memory `now` (settled: torch's unused cached blocks given back)."""
     growth = max(0, tensor_peak - now.allocated)
     return max(0, int(share * (now.free - growth)))
