@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 MiB = 2**20
-HERE = Path(__file__).resolve().parent
 VARIANTS = {  # name: (ucudnn, environment)
     "torch": (False, {}),
     "wr": (True, {}),
@@ -37,7 +36,6 @@ VARIANTS = {  # name: (ucudnn, environment)
 def child(args) -> dict:
     import torch
 
-    sys.path.insert(0, str(HERE))
     from train_step import build, outside_pool_bytes, training_step
 
     ucudnn, _ = VARIANTS[args.variant]
@@ -130,13 +128,10 @@ def parent(args) -> None:
 
 
 def main(argv=None) -> None:
+    from train_step import add_run_arguments
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--net", default="alexnet")
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--precision", choices=("fp32", "amp"), default="fp32")
-    parser.add_argument("--limit", default="64MiB")
-    parser.add_argument("--cache", default=None)
+    add_run_arguments(parser, "alexnet", 256, "fp32")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--timeout", type=float, default=180)

@@ -31,14 +31,11 @@ def program_counts(context) -> Counter:
 
 
 def main(argv=None) -> None:
+    from train_step import add_run_arguments
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--net", default="resnet50")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--precision", choices=("fp32", "amp"), default="amp")
-    parser.add_argument("--limit", default="64MiB")
+    add_run_arguments(parser, "resnet50", 64, "amp")
     parser.add_argument("--delegate", action="store_true", help="let layers be delegated to torch (default: none)")
-    parser.add_argument("--cache", default=None)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--profile", type=int, default=5, help="iterations under cProfile")

@@ -545,6 +545,17 @@ def parent(args) -> None:
     log((Path(args.out) / "train_step.md").read_text())
 
 
+def add_run_arguments(parser, net: str, batch: int, precision: str) -> None:
+    """--out, --net, --batch, --precision, --limit and --cache, as the scripts that run one
+    network through ucudnn.torch (memory_overhead.py, train_profile.py) take them."""
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--net", default=net)
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--precision", choices=("fp32", "amp"), default=precision)
+    parser.add_argument("--limit", default="64MiB")
+    parser.add_argument("--cache", default=None)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
