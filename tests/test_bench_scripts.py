@@ -503,3 +503,28 @@ def test_findings_state_each_bar():
         assert f"Bar {expected}" in notes
     slow = rows_of({"torch-pressure": 30.0, "wr-pressure": 21.0})
     assert "1.43x (FAIL, needs >= 1.5x)" in train.findings(slow)[0]
+
+
+# --- memory_overhead.py ------------------------------------------------------------------------------
+
+def test_memory_overhead_reports_each_phases_growth_and_failed_variants():
+    memory = _load("memory_overhead")
+    phases = [dict(phase="torch step (no benchmark)", outside_mib=766.8, reserved_mib=2248),
+              dict(phase="legacy handle", outside_mib=776.8, reserved_mib=2248),
+              dict(phase="first iteration", outside_mib=800.8, reserved_mib=2616),
+              dict(phase="cupy pool", outside_mib=0.0, reserved_mib=None)]  # not a device phase
+    lines = memory.table([dict(variant="wr", phases=phases), dict(variant="wr-direct", error="Traceback ... OOM")])
+    rows = {line.split(" | ")[1]: line for line in lines.splitlines()[2:]}
+    assert "| 766.8 |  | 2248 |" in rows["torch step (no benchmark)"]  # the baseline: no growth
+    assert "| +10.0 |" in rows["legacy handle"] and "| +24.0 |" in rows["first iteration"]
+    assert rows["cupy pool"].endswith("| 0.0 |  |  |")
+    assert "| wr-direct | error | Traceback ... OOM" in lines
+    assert set(memory.VARIANTS) == {"torch", "wr", "wr-direct", "wr-legacy", "wr-engines"}
+    assert memory.VARIANTS["wr-direct"] == (True, {"UCUDNN_EXECUTION": "direct"})
+
+
+def test_train_step_notes_name_allocator_churn_and_memory_outside_torch():
+    row = dict(allocator_per_iter=dict(num_alloc_retries=2.9, num_device_alloc=8.4), outside_mib=791.2)
+    assert train.notes_of(row) == ("allocator per iteration: 2.9 retries, 8.4 device allocations; "
+                                   "791 MiB outside torch's pool")
+    assert train.notes_of(dict(allocator_per_iter=dict(num_alloc_retries=0.0, num_device_alloc=0.0))) == ""
