@@ -229,8 +229,8 @@ def timed(step, args, blocked: int) -> dict:
     times = [begin.elapsed_time(end) for begin, end in events]
     peak, reserved = (torch.cuda.max_memory_allocated() - blocked, torch.cuda.max_memory_reserved() - blocked)
     churn = {key: (value - counted[key]) / args.iters for key, value in allocator_counts().items()}
-    return dict(out, allocator_per_iter=churn, times_ms=times, median_ms=statistics.median(times), min_ms=min(times), peak_bytes=peak,
-                peak_mib=peak / MiB, peak_reserved_bytes=reserved, peak_reserved_mib=reserved / MiB,
+    return dict(out, allocator_per_iter=churn, times_ms=times, median_ms=statistics.median(times), min_ms=min(times),
+                peak_bytes=peak, peak_mib=peak / MiB, peak_reserved_bytes=reserved, peak_reserved_mib=reserved / MiB,
                 losses=[float(v) for v in losses])
 
 

@@ -219,9 +219,9 @@ def test_cuda_backend_turns_torchs_out_of_memory_into_device_memory_error(monkey
 
 
 @pytest.mark.parametrize("now, peak, want", [
-    (Memory(free=400, reserved=500, allocated=300), 450, 125),  # (400 - 150) / 2; the 200 of fragments not counted
-    (Memory(free=100, reserved=500, allocated=300), 200, 50),  # tensors never held more than now
-    (Memory(free=100, reserved=300, allocated=300), 900, 0),  # nothing left at the peak: no workspace
+    (Memory(free=400, allocated=300), 450, 125),  # (400 - 150) / 2
+    (Memory(free=100, allocated=300), 200, 50),  # tensors never held more than now
+    (Memory(free=100, allocated=300), 900, 0),  # nothing left at the peak: no workspace
 ])
 def test_auto_total_is_a_share_of_what_stays_free_at_the_peak(now, peak, want):
     assert auto_total(now, peak) == want
@@ -232,7 +232,7 @@ class PeakBackend(NumpyBackend):
     statistic says they once held 104 MiB. Counts how often the memory was settled."""
 
     def __init__(self):
-        super().__init__(memory=Memory(free=64 * MiB, reserved=200 * MiB, allocated=100 * MiB))
+        super().__init__(memory=Memory(free=64 * MiB, allocated=100 * MiB))
         self.settled = 0
 
     def settled_memory(self, device):
@@ -255,8 +255,8 @@ def test_auto_total_learns_the_first_iteration_then_solves_within_its_share(tmp_
     assert backend.settled == 0 and not context.runs
     got = run_step(ours, x)  # solved once, at the second iteration's first layer
     assert backend.settled == 1
-    want = auto_total(Memory(64 * MiB, 200 * MiB, 100 * MiB), tensor_peak=104 * MiB)
-    assert want == 30 * MiB  # (64 - 4) / 2: the 100 MiB torch holds beyond its tensors are fragments
+    want = auto_total(Memory(64 * MiB, 100 * MiB), tensor_peak=104 * MiB)
+    assert want == 30 * MiB  # (64 - 4) / 2
     wd = context.summary()["wd"][0]
     assert wd["auto"] and wd["total_limit"] == want and wd["total_workspace"] <= want
     assert_matches(got, run_step(model, x))

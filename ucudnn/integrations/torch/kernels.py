@@ -118,12 +118,12 @@ class CudaBackend:
         return _planning_scope(cupy.cuda.using_allocator(allocate))
 
     def settled_memory(self, device: torch.device) -> Memory:
-        """The device's free memory and torch's reserved and allocated bytes, after torch's unused
+        """The device's free memory and the bytes torch's tensors hold, after torch's unused
         cached blocks went back to the device (a device sync): what torch still holds beyond its
         tensors is then fragments it cannot hand out as one large block."""
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
-        return Memory(free, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
+        return Memory(free, torch.cuda.memory_allocated(device))
 
     def peak_allocated(self, device: torch.device) -> int:
         """The most bytes torch's tensors have held at once, since the process started or the

@@ -30,8 +30,7 @@ class Memory(NamedTuple):
     """One device's memory at one moment, in bytes."""
 
     free: int  # free on the device (cudaMemGetInfo): nobody holds it
-    reserved: int  # held by torch's caching allocator
-    allocated: int  # of which tensors use this much
+    allocated: int  # held by torch's tensors
 
 
 def auto_total(now: Memory, tensor_peak: int, share: float = AUTO_SHARE) -> int:
