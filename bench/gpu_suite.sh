@@ -4,7 +4,7 @@
 #                                          l2probe record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd train shapes coldstart
-#                                          memory hostpath
+#                                          memory hostpath tables buildprobe sweepprofile
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -73,10 +73,20 @@ for stage in "${stages[@]}"; do
     profile) seed_train; run profile python3 bench/train_profile.py --out "$OUT" --cache /tmp/train-cache.db ${PROFILE_ARGS:-} ;;
     # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)
     shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget 170)" ;;
-    # AlexNet: bench + optimize from an empty cache, then a fresh process to its first micro-batched iteration
     memory) seed_train; run memory python3 bench/memory_overhead.py --out "$OUT" --cache /tmp/train-cache.db ${MEMORY_ARGS:-} ;;
     hostpath) run hostpath python3 bench/host_path.py --out "$OUT" --deadline "$(budget 240)" ${HOSTPATH_ARGS:-} ;;
-    coldstart) run coldstart python3 bench/cold_start.py --out "$OUT" --deadline "$(budget 150)" ;;
+    # AlexNet: optimize from an empty cache, then fresh processes to their first iteration (ucudnn, torch alone)
+    coldstart) run coldstart python3 bench/cold_start.py --out "$OUT" --deadline "$(budget 200)" ;;
+    # the shipped torchvision conv tables traced here (torchvision is installed) into the tree, checked, and to $OUT
+    tables) run tables python3 bench/torchvision_tables.py; cp ucudnn/nets/torchvision.json "$OUT/"
+            run tables-test python3 -m pytest -q -p no:cacheprovider tests/test_nets.py ;;
+    # plan building: serial vs threaded; then the engine sweep of Caffe AlexNet under cProfile
+    buildprobe) run buildprobe python3 bench/build_probe.py ;;
+    sweepprofile) rm -f /tmp/sweep-profile.db
+                  run sweepprofile python3 -m cProfile -o /tmp/sweep.prof -m ucudnn bench --net alexnet --batch 256 \
+                    --policy powerOfTwo --backend engines --cache /tmp/sweep-profile.db --json
+                  run sweepprofile-stats python3 -c "import pstats; s = pstats.Stats('/tmp/sweep.prof'); \
+                    s.sort_stats('tottime').print_stats(45); s.sort_stats('cumulative').print_stats(70)" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import importlib.util
 import json
+import os
 import sqlite3
 import sys
 import time
@@ -228,17 +229,23 @@ def test_the_run_writes_after_every_shape_and_stops_at_the_deadline(tmp_path):
 COLD_ARGS = SimpleNamespace(batch=256, backend="engines", cache="/tmp/cold.db", limit="64MiB")
 
 
-@pytest.mark.parametrize("action", ["bench", "optimize"])
-def test_the_sweep_commands_are_ones_the_cli_accepts(action):
+def test_the_sweep_command_is_one_the_cli_accepts():
     from ucudnn.cli import build_parser
 
-    command = cold.cli_command(action, COLD_ARGS)
+    command = cold.sweep_command(COLD_ARGS)
     assert command[1:3] == ["-m", "ucudnn"]
     args = build_parser().parse_args(command[3:])
     assert (args.command, args.net, args.batch, args.dtype, args.policy, args.backend, args.cache, args.json) == (
-        action, "torchvision:alexnet", 256, "float32", "powerOfTwo", "engines", "/tmp/cold.db", True)
-    if action == "optimize":
-        assert args.workspace == 64 * 2**20
+        "optimize", "torchvision:alexnet", 256, "float32", "powerOfTwo", "engines", "/tmp/cold.db", True)
+    assert args.workspace == 64 * 2**20
+
+
+def test_run_process_keeps_the_json_document_of_a_real_process():
+    printed = 'import json; print("progress"); print(json.dumps({"measured": True}, indent=1))'
+    record = cold.run_process([sys.executable, "-c", printed], dict(os.environ), timeout=60)
+    assert record["document"] == {"measured": True} and "error" not in record
+    failed = cold.run_process([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), timeout=60)
+    assert failed["document"] is None and failed["error"].startswith("exit code 3")
 
 
 def test_json_document_skips_what_comes_before_it():
@@ -270,32 +277,37 @@ def test_milestones_and_result_are_parsed_from_the_childs_output():
     assert cold.first_over_second(milestones[:-1]) is None
 
 
-def sweep_records(bench_s: float = 41.0) -> tuple[dict, dict]:
-    plan = {"kernels": [{"configuration": {"micro": [{}, {}]}}, {"configuration": {"micro": [{}]}}],
+def sweep_record(wall_s: float = 48.0) -> dict:
+    plan = {"measured": True, "kernels": [{"configuration": {"micro": [{}, {}]}}, {"configuration": {"micro": [{}]}}],
             "total": {"time_ms": 12.5}}
-    return (dict(wall_s=bench_s + 4, document={"seconds": bench_s, "kernels": 15, "sizes": [1, 2, 256]}),
-            dict(wall_s=3.0, document=plan))
+    return dict(wall_s=wall_s, document=plan)
 
 
-def cold_report(bench_s: float = 41.0, child_out: str = CHILD_OUT) -> dict:
-    return dict(batch=256, limit="64MiB", backend="engines", sweep=cold.sweep_summary(*sweep_records(bench_s)),
+TORCH_ONLY_OUT = "\n".join([cold.milestone_line("import torch", 1.1), cold.milestone_line("first iteration", 3.0)])
+
+
+def cold_report(wall_s: float = 48.0, child_out: str = CHILD_OUT) -> dict:
+    return dict(batch=256, limit="64MiB", backend="engines", sweep=cold.sweep_summary(sweep_record(wall_s)),
                 second_process=cold.first_iteration_summary(dict(wall_s=4.3, stdout=child_out)),
+                torch_only=cold.first_iteration_summary(dict(wall_s=3.2, stdout=TORCH_ONLY_OUT)),
                 rows_after_sweep=1000, rows_added_by_second_process=0, cudnn_versions=[91900])
 
 
-def test_sweep_summary_adds_the_two_processes():
-    sweep = cold.sweep_summary(*sweep_records())
-    assert sweep["total_s"] == 48.0 and sweep["bench_measuring_s"] == 41.0
+def test_sweep_summary():
+    sweep = cold.sweep_summary(sweep_record())
+    assert sweep["total_s"] == 48.0 and sweep["measured"] is True and sweep["kernels"] == 2
     assert sweep["planned_micro_batched"] == 1 and sweep["planned_ms"] == 12.5 and sweep["errors"] == []
-    timed_out = cold.sweep_summary(dict(wall_s=120.2, error="timed out after 120 s"), dict(wall_s=None))
-    assert timed_out["total_s"] is None and timed_out["errors"] == ["timed out after 120 s"]
+    timed_out = cold.sweep_summary(dict(wall_s=120.2, error="timed out after 120 s"))
+    assert timed_out["errors"] == ["timed out after 120 s"] and timed_out["kernels"] is None
+    assert cold.sweep_summary(dict(wall_s=5.0, document=None))["errors"] == ["no JSON document in its output"]
 
 
 def test_verdicts_and_report():
     notes = cold.verdicts(cold_report())
-    assert notes[0].startswith("Bar (a)") and "48.0 s (PASS" in notes[0] and "measuring 41.0 s" in notes[0]
+    assert notes[0].startswith("Bar (a)") and "48.0 s (PASS" in notes[0]
     assert "4.10 s (PASS)" in notes[1] and notes[2] == "(b) dominated by: import torch (1.17 s)"
-    assert "(FAIL" in cold.verdicts(cold_report(bench_s=70.0))[0]
+    assert notes[3] == "(c) torch alone reaches its first iteration in 3.00 s: ucudnn adds 1.10 s"
+    assert "(FAIL" in cold.verdicts(cold_report(wall_s=70.0))[0]
     unsplit = CHILD_OUT.replace('"micro_batched": 9', '"micro_batched": 0')
     assert "no kernel was micro-batched" in cold.verdicts(cold_report(child_out=unsplit))[1]
     crashed = cold_report(child_out=CHILD_OUT.split("\n")[0])
@@ -303,6 +315,7 @@ def test_verdicts_and_report():
     assert cold.verdicts(crashed)[1] == "Bar (b): not reached (exit code 1)"
     text = cold.markdown(cold_report())
     assert "| first iteration | 4.100 | 0.700 |" in text and "cuDNN versions in it: [91900]" in text
+    assert "## (c) milestones of torch alone" in text and "| first iteration | 3.000 | 1.900 |" in text
 
 
 def test_database_bookkeeping(tmp_path):

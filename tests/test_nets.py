@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,8 +120,8 @@ def test_unknown_networks_and_files():
     if not tv.available():
         with pytest.raises(ConfigError, match="alexnet, resnet18"):
             get_network("nosuchnet")
-        with pytest.raises(ConfigError, match="pip install torch"):
-            get_network("torchvision:resnet18")
+        with pytest.raises(ConfigError, match="vgg16.*pip install torch"):
+            get_network("torchvision:vit_b_16")  # not shipped
 
 
 @pytest.mark.skipif(not tv.available(), reason=f"{' and '.join(tv.missing_packages())} not installed")
@@ -127,3 +130,29 @@ def test_traced_torchvision_resnet50_matches_the_builtin_table():
     assert {x.geometry: x.count for x in traced.layers} == {x.geometry: x.count for x in builtin.layers}
     with pytest.raises(ConfigError, match="no model"):
         get_network("torchvision:nosuchnet")
+
+
+def test_shipped_torchvision_tables_load_without_torch():
+    code = ("import sys; from ucudnn.nets import get_network; n = get_network('torchvision:alexnet'); "
+            "v = get_network('vgg16'); print(len(n.layers), v.conv_layers, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.split() == ["5", "13", "False"]
+
+
+def test_shipped_torchvision_alexnet_is_torchvisions_geometry():
+    layers = get_network("torchvision:alexnet").layers
+    assert [(x.in_channels, x.out_channels, x.kernel[0], x.input_size[0], x.stride[0], x.pad[0]) for x in layers] == [
+        (3, 64, 11, 224, 4, 2), (64, 192, 5, 27, 1, 2), (192, 384, 3, 13, 1, 1), (384, 256, 3, 13, 1, 1),
+        (256, 256, 3, 13, 1, 1)]
+
+
+def test_shipped_torchvision_resnet50_matches_the_builtin_table():
+    shipped, builtin = get_network("torchvision:resnet50"), get_network("resnet50")
+    assert {x.geometry: x.count for x in shipped.layers} == {x.geometry: x.count for x in builtin.layers}
+
+
+@pytest.mark.skipif(not tv.available(), reason=f"{' and '.join(tv.missing_packages())} not installed")
+@pytest.mark.parametrize("name", tv.shipped_names())
+def test_shipped_torchvision_tables_equal_a_fresh_trace(name):
+    assert tv.network(name).layers == tv.trace(name).layers

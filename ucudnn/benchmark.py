@@ -92,9 +92,10 @@ class CudnnBenchmarker:
     stream, as `execution` will run it: `direct`, each call as the host issues it; `graph`,
     calls replayed from a CUDA graph, GPU time alone (see _time).
 
-    Coarse, then precise: each candidate is first run once (GPU time of one call after one
-    warm-up); only those that can still be chosen at that size (`worth_timing_again`) are then
-    timed with the full TimingSettings. The engine backend lists 30-90 candidates per kernel,
+    Coarse, then precise: each candidate is first timed on one call, its first, or its second
+    where it is short (COLD_WEIGHS_MS); only those that can still be chosen at that size
+    (`worth_timing_again`) are then timed with the full TimingSettings. No warm-up call precedes
+    a slow candidate: the slow ones, run once each, were most of a sweep's GPU time. The engine backend lists 30-90 candidates per kernel,
     most of them dominated by far. A backward-filter micro-batch smaller than the kernel's batch
     is timed accumulating, as dispatch runs all of a configuration's BF calls but the first
     (legacy: beta = 1, which can cost 2.8x, bench/beta_probe.py; engines: the partial and its
@@ -118,6 +119,7 @@ class CudnnBenchmarker:
             try:
                 ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
                 for name in [backend] if backend else self.backends.names:
+                    self.backends[name].build_ahead([problem.with_batch(b) for b in sizes])
                     for b in sizes:
                         results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs, cap)
             finally:
@@ -136,7 +138,7 @@ class CudnnBenchmarker:
         for algo in worth_timing_again(list(measured.values())):
             m = measured[algo]
             try:
-                times = _time(runs[algo], self.timing, self.stream, self.capturer)
+                times = _time(runs[algo], self.timing, self.stream, self.capturer, estimate=m.time_ms)
             except GraphCaptureError:  # graph execution would run it directly, host-paced: not a candidate
                 measured[algo] = replace(m, time_ms=None, status=FAILED, repeats=0)
                 continue
@@ -161,8 +163,9 @@ class CudnnBenchmarker:
         try:
             call = backend.prepare(timing_step(problem, micro, candidate.id))
             run = functools.partial(call, ptrs["x"], ptrs["w"], ptrs["y"], workspace, ws)
-            run()  # warm-up
             time_ms = gpu.time_calls(run, 1, self.stream, hide_host=True)[0]
+            if time_ms < COLD_WEIGHS_MS:
+                time_ms = gpu.time_calls(run, 1, self.stream, hide_host=True)[0]
         except Exception as exc:  # a candidate that fails to build or run is data
             return Measurement(candidate.id, b, None, ws, _failure(exc)), None
         return Measurement(candidate.id, b, time_ms, ws, OK, 1), run
@@ -176,6 +179,7 @@ def timing_step(problem: ConvProblem, micro: ConvProblem, algo: str) -> Step:
                 part=1 if accumulates else 0, parts=2 if accumulates else 1)
 
 
+COLD_WEIGHS_MS = 1.0  # a first call runs on cold caches, which weighs on short calls only
 SLACK = 1.25  # coarse times are single calls: a candidate within this factor may still win
 
 
@@ -254,16 +258,19 @@ def _capturer(execution: str, backends, stream: int) -> "GraphCapturer | None":
 SWEEP_MS, SWEEP_CALLS = 0.5, 16
 
 
-def _time(run, timing: TimingSettings, stream: int, capturer: "GraphCapturer | None" = None) -> list[float]:
+def _time(run, timing: TimingSettings, stream: int, capturer: "GraphCapturer | None" = None,
+          estimate: float | None = None) -> list[float]:
     """Warm up, then time enough calls to fill the target (see TimingSettings); the warm-up
-    only sizes the repeats.
+    only sizes the repeats, and a call already run and timed (`estimate` ms, the coarse sweep's)
+    stands in for it.
 
     With a `capturer` (graph execution), run() is timed as graph execution runs it: about
     SWEEP_MS of calls (at most SWEEP_CALLS) captured back to back into one CUDA graph, each
     launch timed with the host hidden and divided by the calls. Timing single calls instead
     overstated 30 µs calls by 8-19%, and sweeps on a stream by up to 14%: graphs launch
     dependent kernels with shorter gaps (bench/results/2026-11-23/graph-single-call/)."""
-    estimate = min(gpu.time_calls(run, timing.warmup, stream))
+    if estimate is None:
+        estimate = min(gpu.time_calls(run, timing.warmup, stream))
     if capturer is None:
         return gpu.time_calls(run, timing.repeats(estimate), stream)
     calls = max(1, min(SWEEP_CALLS, round(SWEEP_MS / max(estimate, 1e-3))))

@@ -1,6 +1,7 @@
 """The commands that plan and measure (bench, optimize) and the one that shows networks (nets)."""
 from __future__ import annotations
 
+import textwrap
 import time
 
 from .. import gpu
@@ -8,7 +9,7 @@ from ..cache.paths import cache_path
 from ..config import Settings, format_size
 from ..coverage import Request, explain_missing
 from ..errors import ConfigError, GpuUnavailableError
-from ..nets import Kernel, Network, find_kernel, get_network, list_networks
+from ..nets import Kernel, Network, find_kernel, get_network, list_networks, torchvision
 from ..optimizers.pareto import desirable_set
 from ..parallel import bench_devices, bench_on_devices, bench_with_mpi
 from ..report import Report, make_report
@@ -137,8 +138,11 @@ def nets(args) -> int:
             print(table(("network", "batch", "conv layers", "distinct", "description"),
                         [(n.name, n.default_batch, n.conv_layers, len(n.layers), n.description) for n in networks]))
             print("\nbatch: the default --batch, one the shipped recording covers")
-            print("also: a network file NAME.json (`ucudnn nets NAME --json` writes one) or, with torch "
-                  "and torchvision installed, any torchvision model by name")
+            print(textwrap.fill(
+                "also: a network file NAME.json (`ucudnn nets NAME --json` writes one) or a torchvision model by "
+                "name (torchvision:NAME where a built-in table has that name). These ship traced: "
+                + ", ".join(torchvision.shipped_names()) + "; any other is traced where torch and torchvision "
+                "are installed", width=100, subsequent_indent="  "))
         return 0
     network = get_network(args.name)
     if args.json:

@@ -23,19 +23,21 @@ def list_networks() -> list[Network]:
 
 def get_network(name_or_path: str) -> Network:
     """A built-in network ("alexnet", "ResNet-50", ...), a network file ("my_net.json"), or a
-    torchvision model ("vgg16", or "torchvision:resnet50" to trace rather than use the table)."""
+    torchvision model ("vgg16", or "torchvision:resnet50" for torchvision's rather than the
+    built-in table): shipped traced for common models, traced where torchvision is installed."""
     if name_or_path.lower().endswith(".json"):
         return load_network(name_or_path)
     if name_or_path.startswith(TORCHVISION_PREFIX):
-        return torchvision.trace(name_or_path[len(TORCHVISION_PREFIX):])
+        return torchvision.network(name_or_path[len(TORCHVISION_PREFIX):])
     key = re.sub(r"[^a-z0-9]", "", name_or_path.lower())
     if key in BUILTIN:
         return BUILTIN[key]()
-    if torchvision.available():
-        return torchvision.trace(name_or_path)
+    if name_or_path in torchvision.shipped_names() or torchvision.available():
+        return torchvision.network(name_or_path)
     raise ConfigError(
         f"unknown network {name_or_path!r}; use one of {', '.join(BUILTIN)}, a network file NAME.json, "
-        "or a torchvision model name with torch and torchvision installed"
+        f"or a torchvision model: one of the {len(torchvision.shipped_names())} shipped (`ucudnn nets` lists "
+        "them), any other with torch and torchvision installed"
     )
 
 

@@ -1,11 +1,20 @@
-"""Any torchvision model as a Network: conv shapes traced from one dummy input with forward hooks.
-Needs torch and torchvision, imported only when a model is traced."""
+"""torchvision models as Networks: conv shapes traced from one dummy input with forward hooks.
+
+Tracing needs torch and torchvision (~12 s of imports on the H100 host), so the tables of common
+models ship traced (torchvision.json, written by `bench/torchvision_tables.py`; a test checks
+them against a fresh trace where torchvision is installed). Other models are traced on demand."""
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
+from pathlib import Path
 
 from ..errors import ConfigError
 from .layers import ConvLayer, Network
+
+SHIPPED = Path(__file__).with_name("torchvision.json")
+INPUT_SIZE = 224
 
 
 def missing_packages() -> list[str]:
@@ -23,12 +32,29 @@ def model_names() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
-def trace(name: str, input_size: int = 224) -> Network:
+@functools.lru_cache(maxsize=1)
+def shipped_tables() -> dict:
+    """{"torchvision": version traced with, "input_size": ..., "networks": {name: network JSON}}."""
+    return json.loads(SHIPPED.read_text(encoding="utf-8"))
+
+
+def shipped_names() -> list[str]:
+    return sorted(shipped_tables()["networks"])
+
+
+def network(name: str) -> Network:
+    """Model `name`'s table: the shipped one where there is one, else traced now."""
+    found = shipped_tables()["networks"].get(name)
+    return Network.from_json(found) if found is not None else trace(name)
+
+
+def trace(name: str, input_size: int = INPUT_SIZE) -> Network:
     """The nn.Conv2d layers of torchvision model `name` on a 1 x 3 x input_size^2 input."""
     if not available():
         missing = " and ".join(missing_packages())
-        raise ConfigError(f"network {name!r} needs torch and torchvision to trace, and {missing} "
-                          f"{'is' if ' ' not in missing else 'are'} not installed; pip install {missing}")
+        raise ConfigError(f"network {name!r} is not among the shipped torchvision tables ({', '.join(shipped_names())}) "
+                          f"and tracing it needs torch and torchvision; {missing} "
+                          f"{'is' if ' ' not in missing else 'are'} not installed: pip install {missing}")
     import torch
     import torchvision
 
@@ -55,3 +81,11 @@ def trace(name: str, input_size: int = 224) -> Network:
         for handle in hooks:
             handle.remove()
     return Network(name, tuple(layers), f"torchvision {name} (traced), {input_size}x{input_size}")
+
+
+def tables(names: list[str]) -> dict:
+    """The shipped file's content for models `names`, traced now."""
+    import torchvision
+
+    return {"torchvision": torchvision.__version__, "input_size": INPUT_SIZE,
+            "networks": {name: trace(name).to_json() for name in names}}

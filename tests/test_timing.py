@@ -1,0 +1,185 @@
+"""How ucudnn times GPU calls and builds engine plans for a sweep, on fakes of the CUDA runtime,
+the frontend and the benchmarker's candidates (the real ones: tests/test_gpu_engines.py)."""
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+
+from ucudnn import benchmark, gpu
+from ucudnn.backends import engines
+from ucudnn.measurements import OK, Measurement
+from ucudnn.problem import ConvProblem
+
+
+class FakeRuntime:
+    """Events on a fake GPU clock: each run() adds its GPU milliseconds; the clock is read at
+    eventRecord, as the GPU would when it reaches the event."""
+
+    def __init__(self):
+        self.clock, self.stamps, self.created, self.destroyed = 0.0, {}, 0, []
+
+    def eventCreate(self):
+        self.created += 1
+        return self.created
+
+    def eventRecord(self, event, stream):
+        self.stamps[event] = self.clock
+
+    def eventSynchronize(self, event):
+        pass
+
+    def eventElapsedTime(self, start, end):
+        return self.stamps[end] - self.stamps[start]
+
+    def eventDestroy(self, event):
+        self.destroyed.append(event)
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    fake = FakeRuntime()
+    monkeypatch.setattr(gpu, "cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=fake)))
+    return fake
+
+
+def test_timed_calls_read_the_events_and_free_them(runtime, monkeypatch):
+    spins = []
+    monkeypatch.setattr(gpu, "spin", lambda ms, stream: spins.append(ms))
+    gpu_ms = iter([2.0, 3.0, 5.0])
+
+    def run():
+        runtime.clock += next(gpu_ms)
+
+    times, queued_ms = gpu._timed(run, 3, stream=0, spin_ms=0.7)
+    assert times == [2.0, 3.0, 5.0] and spins == [0.7] and queued_ms >= 0
+    assert sorted(runtime.destroyed) == list(range(1, 7))
+    assert gpu._timed(lambda: None, 1, 0, 0.0)[0] == [0.0] and spins == [0.7]  # no spin asked: none
+
+
+def test_hidden_host_timing_is_taken_again_when_queueing_outlasted_the_spin(monkeypatch):
+    attempts, counted = [], []
+
+    def timed(run, repeats, stream, spin_ms):
+        attempts.append(spin_ms)
+        counted.append(1)
+        queued = 5.0 if len(counted) == 1 else 0.1  # the first call loads code: 5 ms of host time
+        return [1.0 * len(counted)] * repeats, queued
+
+    monkeypatch.setattr(gpu, "_timed", timed)
+    monkeypatch.setattr(gpu, "_queue_ms", [0.05])
+    assert gpu.time_calls(lambda: None, 1, 0, hide_host=True) == [2.0]  # the second timing counts
+    assert attempts == [pytest.approx(0.3), pytest.approx(0.2 + 2 * 5.0)]  # sized from what the first took
+    assert gpu._queue_ms == [0.1]
+    attempts.clear()
+    gpu.time_calls(lambda: None, 4, 0, hide_host=True)
+    assert attempts == [pytest.approx(0.2 + 2 * 4 * 0.1)]  # valid at once: one timing
+    assert gpu.time_calls(lambda: None, 2, 0) == [4.0, 4.0] and attempts[-1] == 0.0  # host not hidden: no spin
+
+
+def test_a_sweep_that_stays_host_bound_gives_up_after_three_timings(monkeypatch):
+    attempts = []
+    monkeypatch.setattr(gpu, "_timed", lambda run, repeats, stream, spin_ms: (attempts.append(spin_ms) or [9.0], 1e6))
+    assert gpu.time_calls(lambda: None, 1, 0, hide_host=True) == [9.0]
+    assert len(attempts) == 3 and attempts[-1] == gpu.SPIN_MAX_MS
+
+
+class OneCandidate:
+    """A backend with one candidate that takes `ms` per call, counting its calls."""
+
+    name = "engines"
+
+    def __init__(self, ms):
+        self.ms, self.calls = ms, 0
+
+    def candidates(self, problem, batch):
+        return [engines.Candidate("engines:eng1", 0, OK)]
+
+    def prepare(self, step):
+        def call(*args):
+            self.calls += 1
+        return call
+
+
+@pytest.mark.parametrize("ms, timings", [(5.0, 1), (0.02, 2)])
+def test_a_coarse_measurement_runs_a_slow_candidate_once_and_a_short_one_twice(monkeypatch, ms, timings):
+    calls = []
+
+    def time_calls(run, repeats, stream, hide_host=False):
+        run()
+        calls.append(hide_host)
+        return [ms]
+
+    monkeypatch.setattr(benchmark.gpu, "time_calls", time_calls)
+    bench = object.__new__(benchmark.CudnnBenchmarker)
+    bench.scratch, bench.stream = types.SimpleNamespace(workspace=lambda nbytes: 0), 0
+    backend = OneCandidate(ms)
+    p = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
+    m, run = bench._coarse(backend, p, p, backend.candidates(p, 8)[0], dict(x=0, w=0, y=0), None)
+    assert m == Measurement("engines:eng1", 8, ms, 0, OK, 1) and calls == [True] * timings
+    assert backend.calls == timings  # no untimed warm-up call
+
+
+# --- building plans ahead, in threads ---------------------------------------------------------------
+
+class FakeGraph:
+    made: list = []
+    lock = threading.Lock()
+
+    def __init__(self, fe, problem, handle):
+        if problem.batch == 3:
+            raise RuntimeError("the frontend refuses this graph")
+        self.problem, self.handle, self.thread = problem, handle, threading.get_ident()
+        with self.lock:
+            self.made.append(self)
+
+    def build_all(self):
+        self.built = True
+        return self
+
+
+@pytest.fixture
+def frontend(monkeypatch):
+    from test_backends import FakeFrontend
+
+    fe = FakeFrontend()
+    devices = []
+    runtime = types.SimpleNamespace(getDevice=lambda: 3, setDevice=devices.append)
+    monkeypatch.setattr(engines, "frontend", lambda: fe)
+    monkeypatch.setattr(engines.gpu, "cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(engines, "KernelGraph", FakeGraph)
+    FakeGraph.made = []
+    return fe, devices
+
+
+def test_build_ahead_builds_each_graph_once_on_threads_with_a_handle_each(monkeypatch, frontend):
+    fe, devices = frontend
+    monkeypatch.setattr(engines, "BUILD_THREADS", 3)
+    backend = engines.EnginesBackend()
+    p = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
+    sizes = [p.with_batch(b) for b in (1, 2, 3, 4, 8)]
+    backend.build_ahead(sizes)
+    assert sorted(g.problem.batch for g in FakeGraph.made) == [1, 2, 4, 8]  # 3: refused, left for candidates()
+    assert set(backend._graphs) == {p.with_batch(b).key for b in (1, 2, 4, 8)}
+    assert all(g.built and g.handle in fe.created[1:] for g in FakeGraph.made)
+    handles_of_thread = {}
+    for g in FakeGraph.made:
+        handles_of_thread.setdefault(g.thread, set()).add(g.handle)
+    assert all(len(h) == 1 for h in handles_of_thread.values())  # a thread keeps to its handle
+    assert devices == [3, 3, 3]  # every thread on the caller's device
+    backend.build_ahead(sizes[:2])  # already built: nothing made
+    assert len(FakeGraph.made) == 4
+    backend.release()
+    assert fe.destroyed == fe.created[1:] and backend._graphs == {}  # the builders' handles, not its own
+    backend.close()
+    assert fe.destroyed == fe.created[1:] + fe.created[:1]
+
+
+def test_build_ahead_on_one_thread_leaves_building_to_candidates(monkeypatch, frontend):
+    fe, _ = frontend
+    monkeypatch.setattr(engines, "BUILD_THREADS", 1)
+    backend = engines.EnginesBackend()
+    p = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
+    backend.build_ahead([p.with_batch(b) for b in (1, 2, 4)])
+    assert FakeGraph.made == [] and fe.created == [1000]
