@@ -1,8 +1,9 @@
 """Where the engine sweep's plan building goes, and whether it parallelises: Caffe AlexNet B=256
-fp32 NCHW, F/BD/BF at micro-batches 256, 32 and 4 (45 graphs). Serial: graph + heuristics, then
-every plan built one by one (timed per engine). Threaded: the same graphs made afresh, built by
-THREADS threads, each on its own frontend handle (one handle is not for concurrent use). Prints
-one JSON object.
+fp32 NCHW, F/BD/BF at micro-batches 256, 32 and 4 (45 graphs). Each mode runs in a fresh
+process, since cuDNN keeps runtime-compiled kernels within a process (a second build of the same
+graph is cheap): `serial` makes each graph (heuristics) and builds every plan one by one, timed
+per engine; `threaded` does the same through EnginesBackend.build_ahead (BUILD_THREADS threads,
+a handle each). Prints one JSON object per mode.
 
     PYTHONPATH=. python3 bench/build_probe.py [--threads 8]
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 
+from ucudnn.backends import engines
 from ucudnn.backends.engines import EnginesBackend, KernelGraph
 from ucudnn.nets import get_network
 
@@ -33,36 +36,47 @@ def build_all(graph: KernelGraph) -> dict[str, float]:
     return seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--threads", type=int, default=8)
-    args = parser.parse_args()
+def serial() -> dict:
     backend = EnginesBackend()
-    fe = backend.fe
     began = time.perf_counter()
-    graphs = [KernelGraph(fe, p, backend.handle) for p in problems()]
+    graphs = [KernelGraph(backend.fe, p, backend.handle) for p in problems()]
     made = time.perf_counter() - began
-    by_engine, plans, failed = defaultdict(float), 0, 0
-    began = time.perf_counter()
+    by_engine, plans = defaultdict(float), 0
     for graph in graphs:
         for name, seconds in build_all(graph).items():
             by_engine[name.split("_")[0]] += seconds
             plans += 1
-            failed += isinstance(graph.built[name], str)
-    serial = time.perf_counter() - began
+    top = sorted(by_engine.items(), key=lambda item: -item[1])[:6]
+    return dict(graphs=len(graphs), plans=plans, graphs_and_heuristics_s=made,
+                total_s=time.perf_counter() - began, slowest_engines_s=top,
+                workspaces={g.problem.key: g.built for g in graphs})
 
-    handles = [fe.create_handle() for _ in range(args.threads)]
-    fresh = [KernelGraph(fe, p, handles[i % args.threads]) for i, p in enumerate(problems())]
-    groups = [fresh[i::args.threads] for i in range(args.threads)]
+
+def threaded(threads: int) -> dict:
+    engines.BUILD_THREADS = threads
+    backend = EnginesBackend()
     began = time.perf_counter()
-    with ThreadPoolExecutor(args.threads) as pool:
-        list(pool.map(lambda group: [build_all(g) for g in group], groups))
-    threaded = time.perf_counter() - began
-    same = all(a.built == b.built for a, b in zip(graphs, fresh))
-    top = sorted(by_engine.items(), key=lambda item: -item[1])[:12]
-    print(json.dumps(dict(graphs=len(graphs), plans=plans, failed=failed, graphs_and_heuristics_s=made,
-                          build_serial_s=serial, build_threaded_s=threaded, threads=args.threads,
-                          same_workspaces=same, slowest_engines_s=top), indent=1))
+    backend.build_ahead(problems())
+    total = time.perf_counter() - began
+    return dict(threads=threads, total_s=total, workspaces={k: g.built for k, g in backend._graphs.items()})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--mode", choices=("serial", "threaded"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mode:
+        print(json.dumps(serial() if args.mode == "serial" else threaded(args.threads)))
+        return
+    found = {}
+    for mode in ("threaded", "serial"):
+        done = subprocess.run([sys.executable, __file__, "--mode", mode, "--threads", str(args.threads)],
+                              capture_output=True, text=True, check=True)
+        found[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    same = found["serial"].pop("workspaces") == found["threaded"].pop("workspaces")
+    print(json.dumps(dict(**found, same_workspaces=same,
+                          speedup=found["serial"]["total_s"] / found["threaded"]["total_s"]), indent=1))
 
 
 if __name__ == "__main__":

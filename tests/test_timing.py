@@ -58,30 +58,41 @@ def test_timed_calls_read_the_events_and_free_them(runtime, monkeypatch):
     assert gpu._timed(lambda: None, 1, 0, 0.0)[0] == [0.0] and spins == [0.7]  # no spin asked: none
 
 
-def test_hidden_host_timing_is_taken_again_when_queueing_outlasted_the_spin(monkeypatch):
-    attempts, counted = [], []
+def fake_timed(monkeypatch, queued: list[float]):
+    """gpu._timed that reports the next of `queued` host milliseconds; returns the spins asked."""
+    attempts = []
 
     def timed(run, repeats, stream, spin_ms):
         attempts.append(spin_ms)
-        counted.append(1)
-        queued = 5.0 if len(counted) == 1 else 0.1  # the first call loads code: 5 ms of host time
-        return [1.0 * len(counted)] * repeats, queued
+        return [float(len(attempts))] * repeats, queued.pop(0) if queued else 0.1
 
     monkeypatch.setattr(gpu, "_timed", timed)
-    monkeypatch.setattr(gpu, "_queue_ms", [0.05])
-    assert gpu.time_calls(lambda: None, 1, 0, hide_host=True) == [2.0]  # the second timing counts
+    return attempts
+
+
+def test_hidden_host_timing_with_a_pace_is_taken_again_when_queueing_outlasted_the_spin(monkeypatch):
+    attempts = fake_timed(monkeypatch, [5.0])  # the first call loads code: 5 ms of host time
+    pace = gpu.HostPace(0.05)
+    assert gpu.time_calls(lambda: None, 1, 0, hide_host=pace) == [2.0]  # the second timing counts
     assert attempts == [pytest.approx(0.3), pytest.approx(0.2 + 2 * 5.0)]  # sized from what the first took
-    assert gpu._queue_ms == [0.1]
+    assert pace.ms == 0.1
     attempts.clear()
-    gpu.time_calls(lambda: None, 4, 0, hide_host=True)
-    assert attempts == [pytest.approx(0.2 + 2 * 4 * 0.1)]  # valid at once: one timing
-    assert gpu.time_calls(lambda: None, 2, 0) == [4.0, 4.0] and attempts[-1] == 0.0  # host not hidden: no spin
+    gpu.time_calls(lambda: None, 4, 0, hide_host=pace)
+    assert attempts == [pytest.approx(0.2 + 2 * 4 * 0.1)]  # valid at once: one timing, no untimed call
+    assert gpu.time_calls(lambda: None, 2, 0) == [2.0, 2.0] and attempts[-1] == 0.0  # host not hidden: no spin
 
 
-def test_a_sweep_that_stays_host_bound_gives_up_after_three_timings(monkeypatch):
-    attempts = []
-    monkeypatch.setattr(gpu, "_timed", lambda run, repeats, stream, spin_ms: (attempts.append(spin_ms) or [9.0], 1e6))
-    assert gpu.time_calls(lambda: None, 1, 0, hide_host=True) == [9.0]
+def test_hidden_host_timing_without_a_pace_sizes_the_spin_from_one_untimed_call(monkeypatch):
+    attempts = fake_timed(monkeypatch, [])
+    ran = []
+    monkeypatch.setattr(gpu.time, "perf_counter", iter([10.0, 10.004]).__next__)  # the call queues in 4 ms
+    gpu.time_calls(lambda: ran.append(1), 3, 0, hide_host=True)
+    assert ran == [1] and attempts == [pytest.approx(0.2 + 2 * 3 * 4.0)]
+
+
+def test_a_timing_that_stays_host_bound_gives_up_after_three(monkeypatch):
+    attempts = fake_timed(monkeypatch, [1e6] * 3)
+    assert gpu.time_calls(lambda: None, 1, 0, hide_host=gpu.HostPace()) == [3.0]
     assert len(attempts) == 3 and attempts[-1] == gpu.SPIN_MAX_MS
 
 
@@ -111,13 +122,14 @@ def test_a_coarse_measurement_runs_a_slow_candidate_once_and_a_short_one_twice(m
         calls.append(hide_host)
         return [ms]
 
+
     monkeypatch.setattr(benchmark.gpu, "time_calls", time_calls)
     bench = object.__new__(benchmark.CudnnBenchmarker)
-    bench.scratch, bench.stream = types.SimpleNamespace(workspace=lambda nbytes: 0), 0
+    bench.scratch, bench.stream, bench.pace = types.SimpleNamespace(workspace=lambda nbytes: 0), 0, gpu.HostPace()
     backend = OneCandidate(ms)
     p = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
     m, run = bench._coarse(backend, p, p, backend.candidates(p, 8)[0], dict(x=0, w=0, y=0), None)
-    assert m == Measurement("engines:eng1", 8, ms, 0, OK, 1) and calls == [True] * timings
+    assert m == Measurement("engines:eng1", 8, ms, 0, OK, 1) and calls == [bench.pace] * timings
     assert backend.calls == timings  # no untimed warm-up call
 
 

@@ -108,6 +108,7 @@ class CudnnBenchmarker:
         self.device = gpu.device_info(backends=self.backends.names).for_execution(execution).for_timing(timing.name)
         self.calls = 0  # (candidate, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
+        self.pace = gpu.HostPace()  # of one candidate's call: sizes the coarse timings' spins
         self.capturer = _capturer(execution, self.backends, self.stream)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
@@ -163,9 +164,9 @@ class CudnnBenchmarker:
         try:
             call = backend.prepare(timing_step(problem, micro, candidate.id))
             run = functools.partial(call, ptrs["x"], ptrs["w"], ptrs["y"], workspace, ws)
-            time_ms = gpu.time_calls(run, 1, self.stream, hide_host=True)[0]
+            time_ms = gpu.time_calls(run, 1, self.stream, hide_host=self.pace)[0]
             if time_ms < COLD_WEIGHS_MS:
-                time_ms = gpu.time_calls(run, 1, self.stream, hide_host=True)[0]
+                time_ms = gpu.time_calls(run, 1, self.stream, hide_host=self.pace)[0]
         except Exception as exc:  # a candidate that fails to build or run is data
             return Measurement(candidate.id, b, None, ws, _failure(exc)), None
         return Measurement(candidate.id, b, time_ms, ws, OK, 1), run

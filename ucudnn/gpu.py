@@ -95,22 +95,35 @@ def spin(ms: float, stream: int) -> None:
 
 
 SPIN_FLOOR_MS, SPIN_SLACK, SPIN_MAX_MS = 0.2, 2.0, 500.0
-_queue_ms = [1.0]  # how long the host last took to queue one timed call: sizes the next spin
 
 
-def time_calls(run, repeats: int, stream: int, hide_host: bool = False) -> list[float]:
+class HostPace:
+    """How long the host took to queue one call of a kind of run, last time it was timed (ms):
+    what sizes the spin that hides the next one's host side, without a sizing call."""
+
+    def __init__(self, ms: float = 0.2):
+        self.ms = ms
+
+
+def time_calls(run, repeats: int, stream: int, hide_host: bool | HostPace = False) -> list[float]:
     """Milliseconds of each of `repeats` calls of run(), timed with CUDA events on `stream`.
     With `hide_host`, a spinning kernel holds the GPU while the host queues every call, so the
     events see GPU time alone, as in a training loop that runs ahead of the GPU; without it, a
     call whose host side outlasts its GPU side is timed at its host's pace. The spin is sized
-    from the host time the last timing took per call; where queueing outlasted the spin (a
-    plan's first call may load its code), the calls are timed again with a spin sized from it."""
+    from one untimed call of run() (True), or, saving that call, from the HostPace of calls of
+    the same kind; where queueing outlasted the spin (a plan's first call may load its code),
+    the calls are timed again with a spin sized from what they took."""
     if not hide_host:
         return _timed(run, repeats, stream, 0.0)[0]
+    pace = hide_host if isinstance(hide_host, HostPace) else None
+    if pace is None:
+        began = time.perf_counter()
+        run()
+        pace = HostPace((time.perf_counter() - began) * 1e3)
     for _ in range(3):
-        spin_ms = min(SPIN_FLOOR_MS + SPIN_SLACK * repeats * _queue_ms[0], SPIN_MAX_MS)
+        spin_ms = min(SPIN_FLOOR_MS + SPIN_SLACK * repeats * pace.ms, SPIN_MAX_MS)
         times, queued_ms = _timed(run, repeats, stream, spin_ms)
-        _queue_ms[0] = queued_ms / repeats
+        pace.ms = queued_ms / repeats
         if queued_ms <= 0.9 * spin_ms:
             break
     return times
