@@ -9,14 +9,16 @@ For each, torch's layer (cudnn.benchmark) and a deep copy converted by
 `ucudnn.torch.convert(copy, workspace_limit=LIMIT)` are warmed up (ucudnn plans on its first call
 and captures graphs on its second), checked once (y, dx, dW and db of the two within the dtype's
 bound), then timed: CUDA events around `--steps` training steps back to back (forward, backward
-with a fixed dy, the input needing a gradient so BD runs; gradients set to None), torch and ucudnn
-alternating in `--rounds` rounds (who goes first alternates too), medians over rounds.
+with a fixed dy, the input needing a gradient so BD runs; gradients set to None), torch, ucudnn
+and the control alternating in `--rounds` rounds (who goes first rotates too), medians over
+rounds. The control is an A/A test: a second deep copy of torch's layer, left unconverted, timed
+as the other two are; torch/control is what the harness reports between identical work.
 
 Verdict per shape: PASS when ucudnn's ms/step <= torch's x (1 + MARGIN), MARGIN = 3%: the two
 are medians of alternating rounds on one GPU, whose differences between identical work (clocks,
 L2 and allocator state, launch jitter) are a few percent at most on short steps; the report gives
-the spread of torch's own rounds per shape, so the margin can be checked against the noise of
-the run itself. Results go to OUT/torch_shapes.json and OUT/torch_shapes.md after every shape,
+the spread of torch's own rounds per shape and the A/A control's verdicts, so the margin can be
+checked against the noise of the run itself. Results go to OUT/torch_shapes.json and OUT/torch_shapes.md after every shape,
 so a run cut by --deadline (or killed) keeps what it measured.
 
     PYTHONPATH=. python3 bench/torch_shapes.py --out OUT [--count 24] [--seed 0] [--limit 4GiB]
@@ -25,6 +27,7 @@ so a run cut by --deadline (or killed) keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -187,11 +190,12 @@ def random_layers(count: int, seed: int) -> list[LayerSpec]:
 def alternate_rounds(variants: dict[str, Callable[[], None]], time_loop: Callable[[Callable[[], None]], float],
                      rounds: int, steps: int) -> dict[str, list[float]]:
     """Milliseconds per step of each variant in each round: `time_loop` times `steps` steps back
-    to back; the variants take turns, and who goes first alternates from round to round."""
+    to back; the variants take turns, and who goes first rotates from round to round."""
     names = list(variants)
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
-        for name in names if round_index % 2 == 0 else names[::-1]:
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
             step = variants[name]
 
             def loop(step=step) -> None:
@@ -237,9 +241,12 @@ def result_row(spec: LayerSpec, times: dict[str, list[float]], errors: dict[str,
                first_step_s: float, margin: float = MARGIN) -> dict:
     """What is reported of one shape."""
     torch_ms, ucudnn_ms = statistics.median(times["torch"]), statistics.median(times["ucudnn"])
+    control_ms = statistics.median(times["control"]) if times.get("control") else None
     limits = {name: error_limit(spec.precision, name, bf_parts(summary)) for name in errors}
     return dict(layer=asdict(spec), shape=spec.describe(), torch_ms=torch_ms, ucudnn_ms=ucudnn_ms,
                 ratio=torch_ms / ucudnn_ms, verdict=verdict(torch_ms, ucudnn_ms, margin),
+                control_ms=control_ms, control_ratio=None if control_ms is None else torch_ms / control_ms,
+                control_verdict=None if control_ms is None else verdict(torch_ms, control_ms, margin),
                 torch_spread=spread(times["torch"]), rounds=times, errors=errors, error_limits=limits,
                 correct=all(errors[name] <= limits[name] for name in errors), via=via(summary),
                 first_step_s=first_step_s, kernels=summary.get("kernels", []), runs=summary.get("runs", {}))
@@ -255,14 +262,15 @@ def table_row(row: dict) -> str:
     layer = row["layer"]
     head = f"| {layer['index']} | {layer['family']} | {row['shape']} | {layer['precision']} |"
     if "error" in row:
-        return f"{head} - | - | - | ERROR | - | {row['error'].splitlines()[0][:120]} |"
+        return f"{head} - | - | - | ERROR | - | - | {row['error'].splitlines()[0][:120]} |"
     correct = ("ok " if row["correct"] else "WRONG ") + worst_error(row)
+    control = "-" if row.get("control_ratio") is None else f"{row['control_ratio']:.3f}"
     return (f"{head} {row['torch_ms']:.3f} | {row['ucudnn_ms']:.3f} | {row['ratio']:.3f} | {row['verdict']} | "
-            f"{correct} | {row['via']} |")
+            f"{control} | {correct} | {row['via']} |")
 
 
 TABLE_HEAD = ("| # | family | shape | precision | torch ms/step | ucudnn ms/step | torch/ucudnn | verdict | "
-              "max rel. error (limit) | via |\n|---|---|---|---|---|---|---|---|---|---|")
+              "torch/copy (A/A) | max rel. error (limit) | via |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def findings(rows: list[dict], planned: int, margin: float = MARGIN) -> list[str]:
@@ -282,6 +290,13 @@ def findings(rows: list[dict], planned: int, margin: float = MARGIN) -> list[str
         spreads = [r["torch_spread"] for r in done]
         notes.append(f"noise: torch's own rounds spread (max-min)/median {statistics.median(spreads):.1%} "
                      f"in the median shape, {max(spreads):.1%} at most")
+        controlled = [r for r in done if r.get("control_ratio") is not None]
+        if controlled:
+            ratios = sorted(r["control_ratio"] for r in controlled)
+            notes.append(f"A/A control (torch vs an unconverted copy of its layer, same harness): "
+                         f"{sum(r['control_verdict'] != 'PASS' for r in controlled)} of {len(controlled)} shapes "
+                         f"'slower' beyond the margin; torch/copy {ratios[0]:.3f} to {ratios[-1]:.3f}, median "
+                         f"{statistics.median(ratios):.3f}")
     notes.append(f"correctness: {len(done) - len(wrong)} of {len(done)} shapes within bounds"
                  + (": WRONG " + ", ".join(f"#{r['layer']['index']}" for r in wrong) if wrong else ""))
     return notes
@@ -330,17 +345,17 @@ def measure_layer(spec: LayerSpec, convert_copy: Callable, time_loop: Callable[[
 
     case = Case(spec.conv_kwargs(), spec.input_shape, spec.precision == "amp", device, seed=spec.index)
     theirs = case.module
-    ours = convert_copy(theirs)
+    ours, control = convert_copy(theirs), copy.deepcopy(theirs)
     began = time.perf_counter()
     case.step(ours)  # ucudnn plans (benchmarks) every kernel here
     synchronize()
     first_step_s = time.perf_counter() - began
-    for module in (ours, theirs):
+    for module in (ours, theirs, control):
         for _ in range(args.warmup):
             case.step(module)
     errors = relative_errors(case.outputs(ours), case.outputs(theirs))
-    times = alternate_rounds({"torch": lambda: case.step(theirs), "ucudnn": lambda: case.step(ours)},
-                             time_loop, args.rounds, args.steps)
+    times = alternate_rounds({"torch": lambda: case.step(theirs), "ucudnn": lambda: case.step(ours),
+                              "control": lambda: case.step(control)}, time_loop, args.rounds, args.steps)
     return result_row(spec, times, errors, ours.ucudnn_context.summary(), first_step_s, args.margin)
 
 
@@ -375,8 +390,6 @@ def measure_all(layers: list[LayerSpec], measure: Callable[[LayerSpec], dict], m
 
 def gpu_rig(args) -> tuple[Callable, Callable, Callable, Callable]:
     """(convert_copy, time_loop, synchronize, tidy) on the current CUDA device."""
-    import copy
-
     import torch
 
     import ucudnn.torch as ut
@@ -403,7 +416,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", default="4GiB", help="ucudnn's workspace limit per kernel (one that does not bind)")
     parser.add_argument("--steps", type=int, default=50, help="training steps back to back per timed loop")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians over them)")
+    parser.add_argument("--rounds", type=int, default=9, help="rotating rounds (medians over them)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps of each layer after ucudnn's first")
     parser.add_argument("--margin", type=float, default=MARGIN, help="noise margin of the verdict")
     parser.add_argument("--deadline", type=float, default=170, help="seconds for the whole run")

@@ -106,16 +106,16 @@ def test_error_limits_per_dtype_and_bf_micro_batches():
     assert shapes.error_limit("amp", "dw", bf_parts=4) == 4 * shapes.error_limit("amp", "dw")
 
 
-def test_rounds_alternate_who_goes_first_and_report_ms_per_step():
+def test_rounds_rotate_who_goes_first_and_report_ms_per_step():
     calls = []
 
     def time_loop(loop):
         loop()
         return 10.0  # ms for the whole loop
-    times = shapes.alternate_rounds({"torch": lambda: calls.append("t"), "ucudnn": lambda: calls.append("u")},
-                                    time_loop, rounds=3, steps=2)
-    assert times == {"torch": [5.0] * 3, "ucudnn": [5.0] * 3}
-    assert "".join(calls) == "ttuu" + "uutt" + "ttuu"
+    times = shapes.alternate_rounds({"torch": lambda: calls.append("t"), "ucudnn": lambda: calls.append("u"),
+                                     "control": lambda: calls.append("c")}, time_loop, rounds=4, steps=2)
+    assert times == {"torch": [5.0] * 4, "ucudnn": [5.0] * 4, "control": [5.0] * 4}
+    assert "".join(calls) == "ttuucc" + "uucctt" + "ccttuu" + "ttuucc"
     assert shapes.spread([1.0, 1.1, 0.9]) == pytest.approx(0.2)
 
 
@@ -132,7 +132,7 @@ def test_via_names_the_kernels_ucudnn_and_torch_ran():
 
 def make_row(index: int = 0, torch_ms: float = 1.0, ucudnn_ms: float = 0.9, dw_error: float = 1e-3) -> dict:
     spec = shapes.LayerSpec(index, "grouped", "amp", 37, 32, 64, 3, 2, 1, 1, 4, True, 56, 56)
-    times = {"torch": [torch_ms, torch_ms * 1.01], "ucudnn": [ucudnn_ms] * 2}
+    times = {"torch": [torch_ms, torch_ms * 1.01], "ucudnn": [ucudnn_ms] * 2, "control": [torch_ms * 1.01] * 2}
     return shapes.result_row(spec, times, {"y": 1e-4, "dw": dw_error}, SUMMARY, 0.5)
 
 
@@ -141,11 +141,13 @@ def test_result_row_and_its_table_row():
     assert row["ratio"] == pytest.approx(1.005 / 0.9) and row["verdict"] == "PASS" and row["correct"]
     assert row["error_limits"] == {"y": 2e-2, "dw": 4e-2}  # amp; BF ran in 2 parts
     assert shapes.table_row(row) == ("| 0 | grouped | B=37 32->64 k3 s2 p1 d1 g4 56x56 bias | amp | 1.005 | 0.900 | "
-                                     "1.117 | PASS | ok dw 1.0e-03 (4.0e-02) | ucudnn F(1) BF(2); torch BD |")
+                                     "1.117 | PASS | 0.995 | ok dw 1.0e-03 (4.0e-02) | ucudnn F(1) BF(2); torch BD |")
+    assert row["control_verdict"] == "PASS" and row["control_ratio"] == pytest.approx(1.005 / 1.01)
     assert shapes.table_row(row).count("|") == shapes.TABLE_HEAD.splitlines()[0].count("|")
     assert "WRONG dw" in shapes.table_row(make_row(dw_error=0.5))
     error = dict(layer=row["layer"], shape=row["shape"], error="RuntimeError: out of memory\nmore")
-    assert shapes.table_row(error).endswith("| ERROR | - | RuntimeError: out of memory |")
+    assert shapes.table_row(error).endswith("| ERROR | - | - | RuntimeError: out of memory |")
+    assert shapes.table_row(error).count("|") == shapes.TABLE_HEAD.splitlines()[0].count("|")
 
 
 def test_findings_state_the_bar_over_what_was_measured():
@@ -154,6 +156,7 @@ def test_findings_state_the_bar_over_what_was_measured():
     slow = shapes.findings([make_row(0), make_row(1, ucudnn_ms=1.2)], planned=3)
     assert ": FAIL on 2 of 3" in slow[0] and "1 slower" in slow[0] and "1 not reached" in slow[0]
     assert "#1" in slow[1]  # the worst shape
+    assert slow[3].startswith("A/A control") and "0 of 2 shapes" in slow[3] and "median 0.995" in slow[3]
     wrong = shapes.findings([make_row(0, dw_error=1.0)], planned=1)
     assert ": FAIL" in wrong[0] and "WRONG #0" in wrong[-1]
     assert ": FAIL on 0 of 4" in shapes.findings([], planned=4)[0]
@@ -166,7 +169,7 @@ def test_out_of_time_keeps_room_for_the_slowest_shape():
 
 def test_arguments_and_their_defaults(tmp_path):
     args = shapes.parse_args(["--out", str(tmp_path)])
-    assert (args.count, args.seed, args.limit, args.steps, args.rounds) == (24, 0, "4GiB", 50, 5)
+    assert (args.count, args.seed, args.limit, args.steps, args.rounds) == (24, 0, "4GiB", 50, 9)
     assert args.cache == str(tmp_path / "ucudnn-bench.db") and args.margin == shapes.MARGIN
 
 
@@ -204,6 +207,7 @@ def test_one_shape_end_to_end_on_the_cpu(cpu_measure, precision):
     assert row["via"].startswith("ucudnn F(") and "BD(" in row["via"] and "BF(" in row["via"]
     assert "torch" not in row["via"]
     assert len(row["rounds"]["torch"]) == 2 and row["torch_ms"] > 0 and row["ucudnn_ms"] > 0
+    assert len(row["rounds"]["control"]) == 2 and row["control_ratio"] > 0
     json.dumps(row)  # the report is JSON
 
 
@@ -283,7 +287,8 @@ def sweep_record(wall_s: float = 48.0) -> dict:
     return dict(wall_s=wall_s, document=plan)
 
 
-TORCH_ONLY_OUT = "\n".join([cold.milestone_line("import torch", 1.1), cold.milestone_line("first iteration", 3.0)])
+TORCH_ONLY_OUT = "\n".join([cold.milestone_line("import torch", 1.1), cold.milestone_line("import torchvision", 1.4),
+                            cold.milestone_line("first iteration", 3.0)])
 
 
 def cold_report(wall_s: float = 48.0, child_out: str = CHILD_OUT) -> dict:
@@ -306,7 +311,8 @@ def test_verdicts_and_report():
     notes = cold.verdicts(cold_report())
     assert notes[0].startswith("Bar (a)") and "48.0 s (PASS" in notes[0]
     assert "4.10 s (PASS)" in notes[1] and notes[2] == "(b) dominated by: import torch (1.17 s)"
-    assert notes[3] == "(c) torch alone reaches its first iteration in 3.00 s: ucudnn adds 1.10 s"
+    assert notes[3] == ("(c) torch alone reaches its first iteration in 3.00 s (imports of torch and torchvision: "
+                        "1.40 s); from those imports on, 2.60 s with ucudnn vs 1.60 s without: ucudnn's part is 1.00 s")
     assert "(FAIL" in cold.verdicts(cold_report(wall_s=70.0))[0]
     unsplit = CHILD_OUT.replace('"micro_batched": 9', '"micro_batched": 0')
     assert "no kernel was micro-batched" in cold.verdicts(cold_report(child_out=unsplit))[1]
@@ -315,7 +321,7 @@ def test_verdicts_and_report():
     assert cold.verdicts(crashed)[1] == "Bar (b): not reached (exit code 1)"
     text = cold.markdown(cold_report())
     assert "| first iteration | 4.100 | 0.700 |" in text and "cuDNN versions in it: [91900]" in text
-    assert "## (c) milestones of torch alone" in text and "| first iteration | 3.000 | 1.900 |" in text
+    assert "## (c) milestones of torch alone" in text and "| first iteration | 3.000 | 1.600 |" in text
 
 
 def test_database_bookkeeping(tmp_path):

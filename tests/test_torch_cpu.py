@@ -712,3 +712,23 @@ def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
     assert timing.ms == float("inf") and timing.workspace == 0
     from ucudnn.integrations.torch.delegation import worth_delegating
     assert not worth_delegating([1.0], [timing], 2**30)
+
+
+def test_a_parametrized_weight_is_read_through_its_parametrization(numpy_context):
+    """torch.nn.utils.parametrize moves `weight` out of _parameters into a property: the layer's
+    site must see the weight the parametrization computes, and its gradient reaches the original."""
+    from torch.nn.utils import parametrize
+
+    class Double(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    torch.manual_seed(0)
+    plain = nn.Conv2d(3, 4, 3)
+    conv = ut.convert(copy.deepcopy(plain), context=numpy_context())
+    for module in (plain, conv):
+        parametrize.register_parametrization(module, "weight", Double())
+    assert "weight" not in conv._parameters
+    x = torch.randn(4, 3, 6, 6)
+    assert_matches(run_step(conv, x), run_step(plain, x))
+    assert conv.ucudnn_context.runs  # ran through ucudnn, not a fallback

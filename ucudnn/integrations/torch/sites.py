@@ -23,12 +23,15 @@ def signature(module: nn.Conv2d, input: Tensor) -> tuple:
     """What resolve() reads of `module`, `input` and torch's global state (autocast, TF32,
     determinism, grad mode), as a cheap key: raw state only, so that a steady-state call derives
     nothing (the dtype, math and kernels are derived from it once, on a miss)."""
-    weight, device = module.weight, input.device
+    weight = module._parameters.get("weight")  # nn.Module.__getattr__ costs 0.4 us a call
+    if weight is None:  # a parametrized weight (torch.nn.utils.parametrize) is a property
+        weight = module.weight
+    device = input.device
     return (input.shape, input.stride(), input.dtype, device, input.requires_grad, weight.shape, weight.stride(),
             weight.dtype, weight.device, weight.requires_grad, module.padding, module.stride, module.dilation,
             module.groups, module.padding_mode, module.in_channels, module.out_channels,
-            torch.is_grad_enabled(), autocast_dtype(device.type), _cudnn_allow_tf32(), _deterministic(),
-            _cudnn_deterministic())
+            torch.is_grad_enabled(), autocast_dtype("cuda" if input.is_cuda else device.type), _cudnn_allow_tf32(),
+            _deterministic(), _cudnn_deterministic())
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
