@@ -72,7 +72,7 @@ for stage in "${stages[@]}"; do
     # where a converted iteration spends its host time (PROFILE_ARGS: e.g. --net alexnet --batch 256)
     profile) seed_train; run profile python3 bench/train_profile.py --out "$OUT" --cache /tmp/train-cache.db ${PROFILE_ARGS:-} ;;
     # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)
-    shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget 170)" ;;
+    shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget ${SHAPES_S:-170})" ;;
     memory) seed_train; run memory python3 bench/memory_overhead.py --out "$OUT" --cache /tmp/train-cache.db ${MEMORY_ARGS:-} ;;
     hostpath) run hostpath python3 bench/host_path.py --out "$OUT" --deadline "$(budget 240)" ${HOSTPATH_ARGS:-} ;;
     # AlexNet: optimize from an empty cache, then fresh processes to their first iteration (ucudnn, torch alone)
