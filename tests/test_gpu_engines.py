@@ -141,42 +141,6 @@ def test_micro_batched_half_dw_is_summed_in_float32(engines, dtype, layout):
     assert split_error <= 2 * whole_error
 
 
-@pytest.mark.parametrize("kind", list(ConvKind), ids=str)
-def test_plans_built_ahead_on_threads_list_the_same_candidates_and_run_on_the_backends_handle(engines, kind):
-    """build_ahead builds on worker threads, each on a handle of its own; the plans then run on
-    the backend's handle and stream: same candidates and workspaces as built in line, results
-    equal to float64, for every candidate that builds, at each of three micro-batch sizes."""
-    from ucudnn import gpu
-    from ucudnn.backends.engines import EnginesBackend
-    from ucudnn.measurements import OK
-
-    rng = np.random.default_rng(11)
-    problem = ConvProblem(kind, (64, 32, 14, 14), (48, 32, 3, 3), pads=1, math="fma")
-    sizes = [problem.with_batch(b) for b in (64, 16, 4)]
-    ahead = EnginesBackend()
-    ahead.set_stream(gpu.current_stream())
-    try:
-        ahead.build_ahead(sizes)
-        assert len(ahead._builders) == min(3, len(sizes)) and all(m.key in ahead._graphs for m in sizes)
-        host = host_operands(rng, problem)
-        want = expected(problem, host, 1.0, 0.0)
-        for micro in sizes:
-            listed = ahead.candidates(micro, problem.batch)
-            assert listed == engines.candidates(micro, problem.batch)
-            runnable = [c for c in listed if c.status == OK]
-            assert runnable, f"no engine builds for {micro.describe()}"
-            parts = problem.batch // micro.batch
-            for candidate in runnable:
-                split = Configuration(tuple(MicroConfig(candidate.id, micro.batch, 0.0, candidate.workspace)
-                                            for _ in range(parts)))
-                error = relative_error(run(ahead, problem, split, host, 1.0, 0.0), want)
-                assert error <= 1e-5, f"{candidate.id} at {micro.batch}: error {error:.2e}"
-        ahead.release()
-        assert ahead._builders == [] and ahead._graphs == {}
-    finally:
-        ahead.close()
-
-
 def test_benchmarker_times_and_names_engine_candidates():
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
     from ucudnn.benchmark import CudnnBenchmarker

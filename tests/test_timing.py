@@ -1,14 +1,13 @@
-"""How ucudnn times GPU calls and builds engine plans for a sweep, on fakes of the CUDA runtime,
-the frontend and the benchmarker's candidates (the real ones: tests/test_gpu_engines.py)."""
+"""How ucudnn times GPU calls for a sweep, on fakes of the CUDA runtime and of the benchmarker's
+candidates (the real ones: tests/test_gpu_engines.py)."""
 from __future__ import annotations
 
-import threading
 import types
 
 import pytest
 
 from ucudnn import benchmark, gpu
-from ucudnn.backends import engines
+from ucudnn.backends import Candidate
 from ucudnn.measurements import OK, Measurement
 from ucudnn.problem import ConvProblem
 
@@ -105,7 +104,7 @@ class OneCandidate:
         self.ms, self.calls = ms, 0
 
     def candidates(self, problem, batch):
-        return [engines.Candidate("engines:eng1", 0, OK)]
+        return [Candidate("engines:eng1", 0, OK)]
 
     def prepare(self, step):
         def call(*args):
@@ -131,67 +130,3 @@ def test_a_coarse_measurement_runs_a_slow_candidate_once_and_a_short_one_twice(m
     m, run = bench._coarse(backend, p, p, backend.candidates(p, 8)[0], dict(x=0, w=0, y=0), None)
     assert m == Measurement("engines:eng1", 8, ms, 0, OK, 1) and calls == [bench.pace] * timings
     assert backend.calls == timings  # no untimed warm-up call
-
-
-# --- building plans ahead, in threads ---------------------------------------------------------------
-
-class FakeGraph:
-    made: list = []
-    lock = threading.Lock()
-
-    def __init__(self, fe, problem, handle):
-        if problem.batch == 3:
-            raise RuntimeError("the frontend refuses this graph")
-        self.problem, self.handle, self.thread = problem, handle, threading.get_ident()
-        with self.lock:
-            self.made.append(self)
-
-    def build_all(self):
-        self.built = True
-        return self
-
-
-@pytest.fixture
-def frontend(monkeypatch):
-    from test_backends import FakeFrontend
-
-    fe = FakeFrontend()
-    devices = []
-    runtime = types.SimpleNamespace(getDevice=lambda: 3, setDevice=devices.append)
-    monkeypatch.setattr(engines, "frontend", lambda: fe)
-    monkeypatch.setattr(engines.gpu, "cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
-    monkeypatch.setattr(engines, "KernelGraph", FakeGraph)
-    FakeGraph.made = []
-    return fe, devices
-
-
-def test_build_ahead_builds_each_graph_once_on_threads_with_a_handle_each(monkeypatch, frontend):
-    fe, devices = frontend
-    monkeypatch.setattr(engines, "BUILD_THREADS", 3)
-    backend = engines.EnginesBackend()
-    p = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
-    sizes = [p.with_batch(b) for b in (1, 2, 3, 4, 8)]
-    backend.build_ahead(sizes)
-    assert sorted(g.problem.batch for g in FakeGraph.made) == [1, 2, 4, 8]  # 3: refused, left for candidates()
-    assert set(backend._graphs) == {p.with_batch(b).key for b in (1, 2, 4, 8)}
-    assert all(g.built and g.handle in fe.created[1:] for g in FakeGraph.made)
-    handles_of_thread = {}
-    for g in FakeGraph.made:
-        handles_of_thread.setdefault(g.thread, set()).add(g.handle)
-    assert all(len(h) == 1 for h in handles_of_thread.values())  # a thread keeps to its handle
-    assert devices == [3, 3, 3]  # every thread on the caller's device
-    backend.build_ahead(sizes[:2])  # already built: nothing made
-    assert len(FakeGraph.made) == 4
-    backend.release()
-    assert fe.destroyed == fe.created[1:] and backend._graphs == {}  # the builders' handles, not its own
-    backend.close()
-    assert fe.destroyed == fe.created[1:] + fe.created[:1]
-
-
-def test_build_ahead_on_one_thread_leaves_building_to_candidates(monkeypatch, frontend):
-    fe, _ = frontend
-    monkeypatch.setattr(engines, "BUILD_THREADS", 1)
-    backend = engines.EnginesBackend()
-    p = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
-    backend.build_ahead([p.with_batch(b) for b in (1, 2, 4)])
-    assert FakeGraph.made == [] and fe.created == [1000]

@@ -120,7 +120,6 @@ class CudnnBenchmarker:
             try:
                 ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
                 for name in [backend] if backend else self.backends.names:
-                    self.backends[name].build_ahead([problem.with_batch(b) for b in sizes])
                     for b in sizes:
                         results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs, cap)
             finally:

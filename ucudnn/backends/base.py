@@ -75,10 +75,6 @@ class Backend(Protocol):
         """Every candidate of micro-batch kernel `problem`, part of a kernel of `batch` samples
         (backward-filter micro-batches then accumulate, which may need buffers)."""
 
-    def build_ahead(self, problems: "list[ConvProblem]") -> None:
-        """Prepare listing these micro-batch kernels' candidates now, in parallel where the
-        backend can (the engines backend builds their plans); held until `release`."""
-
     def prepare(self, step: "Step") -> "Call":
         """A call that runs `step` on device addresses (see ucudnn.dispatch)."""
 

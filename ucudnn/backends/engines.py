@@ -3,16 +3,13 @@
 Each micro-batch kernel is one frontend graph. Its candidates are every engine configuration
 that heuristics modes A, B and FALLBACK list, without those the numerics forbid, named by engine
 id and knobs (`get_plan_name_at_index`). Listing a candidate's workspace needs its plan built
-(0.05-1.5 s per graph for all of them), so a handle builds only the plans it runs, the
-benchmarker builds a kernel's graphs for all its micro-batch sizes at once on BUILD_THREADS
-threads (`build_ahead`: 5.5x faster on 8 threads, bench/build_probe.py) and drops them once the
-kernel is measured (`release`).
+(0.05-1.5 s per graph for all of them), so a handle builds only the plans it runs, and the
+benchmarker drops the graphs of each kernel it has measured (`release`). Building on 8 threads,
+a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, bench/build_probe.py).
 """
 from __future__ import annotations
 
 import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -27,7 +24,6 @@ from . import partials
 from .base import Candidate, candidate_id, split_id
 
 NAME = "engines"
-BUILD_THREADS = int(os.environ.get("UCUDNN_BUILD_THREADS", "8"))  # 1: build on the calling thread
 NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where the graph API has no plan at all
 INSTALL = "pip install nvidia-cudnn-frontend (ucudnn's cuda12/cuda13 extras include it)"
 OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
@@ -137,15 +133,9 @@ class KernelGraph:
                 self.built[name] = f"{type(exc).__name__}: {exc}"
         return self.built[name]
 
-    def build_all(self) -> "KernelGraph":
-        for name in self.index:
-            self.build(name)
-        return self
-
-    def execute(self, name: str, pointers: dict[str, int], workspace: int, handle) -> None:
-        """Run plan `name` on `handle` (the backend's, on its stream, whichever handle built it)."""
+    def execute(self, name: str, pointers: dict[str, int], workspace: int) -> None:
         self.graph.execute_plan_at_index({self.uids[r]: a for r, a in pointers.items()}, workspace,
-                                         self.index[name], handle=handle)
+                                         self.index[name], handle=self.handle)
 
 
 def _data_type(fe, dtype: str):
@@ -168,38 +158,11 @@ class EnginesBackend:
         self.owns_handle = not shared
         self.stream = 0
         self._graphs: dict[str, KernelGraph] = {}
-        self._builders: list = []  # frontend handles of build_ahead's threads (one handle per thread)
 
     def graph(self, problem: ConvProblem) -> KernelGraph:
         if problem.key not in self._graphs:
             self._graphs[problem.key] = KernelGraph(self.fe, problem, self.handle)
         return self._graphs[problem.key]
-
-    def build_ahead(self, problems: list[ConvProblem]) -> None:
-        """Make these micro-batch kernels' graphs and build all their plans now, in parallel
-        (cuDNN builds without holding the GIL), each thread on a handle of its own. A graph that
-        fails here is left for `candidates`, which records why."""
-        missing = [p for p in problems if p.key not in self._graphs]
-        threads = min(BUILD_THREADS, len(missing))
-        if threads < 2:
-            return
-        device = gpu.cupy().cuda.runtime.getDevice()
-        while len(self._builders) < threads:
-            self._builders.append(self.fe.create_handle())
-
-        def build(worker: int) -> list[KernelGraph]:
-            gpu.cupy().cuda.runtime.setDevice(device)  # a new thread starts on device 0
-            built = []
-            for p in missing[worker::threads]:
-                try:
-                    built.append(KernelGraph(self.fe, p, self._builders[worker]).build_all())
-                except Exception:  # noqa: BLE001  (candidates() makes it again and records the refusal)
-                    continue
-            return built
-
-        with ThreadPoolExecutor(threads) as pool:
-            for graphs in pool.map(build, range(threads)):
-                self._graphs.update((g.problem.key, g) for g in graphs)
 
     def candidates(self, problem: ConvProblem, batch: int) -> list[Candidate]:
         try:
@@ -236,7 +199,7 @@ class EnginesBackend:
                        "partial": scratch.pointer() if scratch else workspace + places["partial"]}
             if target == "partial":
                 addresses[out] = buffers["partial"]
-            graph.execute(name, addresses, workspace + places["plan"], self.handle)
+            graph.execute(name, addresses, workspace + places["plan"])
             for c in combines:
                 combine(c, buffers)
 
@@ -254,16 +217,11 @@ class EnginesBackend:
             self.handle.stream = stream
 
     def release(self) -> None:
-        """Forget the graphs and their plans, and build_ahead's handles (each holds device
-        memory); calls prepared from graphs this backend built on its own handle keep running."""
+        """Forget the graphs and their plans; calls prepared from them keep what they run."""
         self._graphs = {}
-        for handle in self._builders:
-            self.fe.destroy_handle(handle)
-        self._builders = []
 
     def close(self) -> None:
-        """Destroy the frontend handles this backend made (calls prepared on them end)."""
-        self.release()
+        """Destroy the frontend handle if it is this backend's own (calls prepared on it end)."""
         if self.owns_handle and self.handle is not None:
             self.fe.destroy_handle(self.handle)
         self.handle = None

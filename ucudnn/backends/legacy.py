@@ -74,9 +74,6 @@ class LegacyBackend:
     def set_stream(self, stream: int) -> None:
         cudnn.set_stream(self.handle, stream)
 
-    def build_ahead(self, problems: list[ConvProblem]) -> None:
-        """Listing the algorithms costs little: nothing to do ahead."""
-
     def release(self) -> None:
         """Nothing is built to measure: descriptors are kept for the calls that use them."""
 
