@@ -97,5 +97,6 @@ def main() -> None:
     print(json.dumps(dict(runs=runs, same_workspaces=all(w == workspaces[0] for w in workspaces),
                           best_s=best, speedup=best["serial"] / best["threaded"]), indent=1))
 
+
 if __name__ == "__main__":
     main()

@@ -194,7 +194,8 @@ def markdown(report: dict) -> str:
               for (name, at), (_, phase) in zip(first["milestones"], first["phases"])]
     control = report.get("torch_only") or {}
     if control.get("milestones"):
-        lines += ["", "## (c) milestones of torch alone", "", "| milestone | since launch s | phase s |", "|---|---|---|"]
+        lines += ["", "## (c) milestones of torch alone", "", "| milestone | since launch s | phase s |",
+                  "|---|---|---|"]
         lines += [f"| {name} | {at:.3f} | {phase:.3f} |"
                   for (name, at), (_, phase) in zip(control["milestones"], control["phases"])]
     sweep = report["sweep"]

@@ -15,11 +15,12 @@ rounds. The control is an A/A test: a second deep copy of torch's layer, left un
 as the other two are; torch/control is what the harness reports between identical work.
 
 Verdict per shape: PASS when ucudnn's ms/step <= torch's x (1 + MARGIN), MARGIN = 3%: the two
-are medians of alternating rounds on one GPU, whose differences between identical work (clocks,
+are medians of rotating rounds on one GPU, whose differences between identical work (clocks,
 L2 and allocator state, launch jitter) are a few percent at most on short steps; the report gives
 the spread of torch's own rounds per shape and the A/A control's verdicts, so the margin can be
-checked against the noise of the run itself. Results go to OUT/torch_shapes.json and OUT/torch_shapes.md after every shape,
-so a run cut by --deadline (or killed) keeps what it measured.
+checked against the noise of the run itself. Results go to OUT/torch_shapes.json and
+OUT/torch_shapes.md after every shape, so a run cut by --deadline (or killed) keeps what it
+measured.
 
     PYTHONPATH=. python3 bench/torch_shapes.py --out OUT [--count 24] [--seed 0] [--limit 4GiB]
         [--steps 50] [--rounds 5] [--warmup 3] [--deadline 170] [--backend all|engines|legacy]
@@ -306,7 +307,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     head = (f"# Conv training steps: torch vs ucudnn.torch at {meta['limit']} per kernel\n\n"
             f"{meta.get('device', '?')}, torch {meta.get('torch', '?')}, cuDNN {meta.get('cudnn', '?')}, "
             f"ucudnn backend {meta.get('backend') or 'default'}; {meta['steps']} steps back to back per "
-            f"round, median of {meta['rounds']} alternating rounds; seed {meta['seed']}\n\n")
+            f"round, median of {meta['rounds']} rotating rounds; seed {meta['seed']}\n\n")
     notes = "\n".join(f"- {note}" for note in findings(rows, meta["count"], meta["margin"]))
     return head + TABLE_HEAD + "\n" + "\n".join(table_row(r) for r in rows) + "\n\n" + notes + "\n"
 

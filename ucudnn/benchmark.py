@@ -95,11 +95,11 @@ class CudnnBenchmarker:
     Coarse, then precise: each candidate is first timed on one call, its first, or its second
     where it is short (COLD_WEIGHS_MS); only those that can still be chosen at that size
     (`worth_timing_again`) are then timed with the full TimingSettings. No warm-up call precedes
-    a slow candidate: the slow ones, run once each, were most of a sweep's GPU time. The engine backend lists 30-90 candidates per kernel,
-    most of them dominated by far. A backward-filter micro-batch smaller than the kernel's batch
-    is timed accumulating, as dispatch runs all of a configuration's BF calls but the first
-    (legacy: beta = 1, which can cost 2.8x, bench/beta_probe.py; engines: the partial and its
-    sum). Failures (unsupported, errors, out of memory) are recorded, not raised."""
+    a slow candidate: the slow ones, run once each, were most of a sweep's GPU time. The engine
+    backend lists 30-90 candidates per kernel, most of them dominated by far. A backward-filter
+    micro-batch smaller than the kernel's batch is timed accumulating, as dispatch runs all of a
+    configuration's BF calls but the first (legacy: beta = 1, which can cost 2.8x,
+    bench/beta_probe.py; engines: the partial and its sum). Failures (unsupported, errors, out of memory) are recorded, not raised."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
                  execution: str = "graph", backend: str = ""):

@@ -52,8 +52,8 @@ def trace(name: str, input_size: int = INPUT_SIZE) -> Network:
     """The nn.Conv2d layers of torchvision model `name` on a 1 x 3 x input_size^2 input."""
     if not available():
         missing = " and ".join(missing_packages())
-        raise ConfigError(f"network {name!r} is not among the shipped torchvision tables ({', '.join(shipped_names())}) "
-                          f"and tracing it needs torch and torchvision; {missing} "
+        raise ConfigError(f"network {name!r} is not among the shipped torchvision tables "
+                          f"({', '.join(shipped_names())}) and tracing it needs torch and torchvision; {missing} "
                           f"{'is' if ' ' not in missing else 'are'} not installed: pip install {missing}")
     import torch
     import torchvision
