@@ -4,7 +4,7 @@
 #                                          l2probe record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd train shapes coldstart
-#                                          memory hostpath tables buildprobe sweepprofile
+#                                          memory hostpath tables buildprobe sweepprofile trainab
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -69,6 +69,8 @@ for stage in "${stages[@]}"; do
     # torch vs ucudnn.torch with memory free and under pressure; ucudnn's variants start from a copy
     # of the shipped recording (see seed_train)
     train) seed_train; run train python3 bench/train_step.py --out "$OUT" --cache /tmp/train-cache.db --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ${TRAIN_ARGS:-} ;;
+    # torch and ucudnn.torch trained in turns in one process, memory free, with an A/A control (TRAINAB_ARGS)
+    trainab) seed_train; run trainab python3 bench/train_ab.py --out "$OUT" --cache /tmp/train-cache.db --deadline "$(budget 400)" ${TRAINAB_ARGS:-} ;;
     # where a converted iteration spends its host time (PROFILE_ARGS: e.g. --net alexnet --batch 256)
     profile) seed_train; run profile python3 bench/train_profile.py --out "$OUT" --cache /tmp/train-cache.db ${PROFILE_ARGS:-} ;;
     # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)

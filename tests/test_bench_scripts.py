@@ -547,3 +547,36 @@ def test_train_step_notes_name_allocator_churn_and_memory_outside_torch():
     assert train.notes_of(row) == ("allocator per iteration: 2.9 retries, 8.4 device allocations; "
                                    "791 MiB outside torch's pool")
     assert train.notes_of(dict(allocator_per_iter=dict(num_alloc_retries=0.0, num_device_alloc=0.0))) == ""
+
+
+# --- train_ab ------------------------------------------------------------------------------------------
+
+ab = _load("train_ab")
+AB_META = dict(gpu="GPU", torch="2", cudnn=91900, limit="64MiB", rounds=3, iters=10)
+
+
+def ab_row(net="alexnet", precision="fp32"):
+    times = {"torch": [10.0, 12.0, 11.0], "ucudnn": [8.0, 12.0, 11.0], "control": [10.0, 10.0, 11.0]}
+    summary = dict(kernels=14, delegated=12, micro_batched=1)
+    return ab.summarise(net, 256, precision, times, dict(kernels=ab.kernels_note(summary)))
+
+
+def test_ab_ratios_are_torch_over_the_variant_round_by_round():
+    row = ab_row()
+    assert row["median_ms"] == {"torch": 11.0, "ucudnn": 11.0, "control": 10.0}
+    assert row["speedup"] == {"median": 1.0, "min": 1.0, "max": 1.25}
+    assert row["control"] == {"median": 1.0, "min": 1.0, "max": 1.2}
+    assert row["kernels"] == "12/14 delegated, 1 micro-batched"
+    table = ab.markdown(AB_META, [row])
+    assert "| alexnet B=256 | fp32 | 11.00 | 11.00 | 10.00 | 1.000 (1.000-1.250) | 1.000 (1.000-1.200) |" in table
+
+
+def test_ab_configs_and_the_run_writes_after_each_and_stops_at_the_deadline(tmp_path):
+    assert ab.configs("alexnet:256,resnet50:64", "fp32,amp") == [
+        ("alexnet", 256, "fp32"), ("alexnet", 256, "amp"), ("resnet50", 64, "fp32"), ("resnet50", 64, "amp")]
+    rows = ab.measure_all(ab.configs("alexnet:256", "fp32,amp"), lambda n, b, p: ab_row(n, p), AB_META, tmp_path, 1e6)
+    assert [r["precision"] for r in rows] == ["fp32", "amp"]
+    assert len(json.loads((tmp_path / "train_ab.json").read_text())["rows"]) == 2
+    assert "| alexnet B=256 | amp |" in (tmp_path / "train_ab.md").read_text()
+    assert ab.measure_all(ab.configs("alexnet:256", "fp32"), lambda *c: pytest.fail("measured"), AB_META,
+                          tmp_path, -1) == []

@@ -140,7 +140,7 @@ def resolve(module: nn.Conv2d, input: Tensor, context) -> Site | str | None:
     """The Site of this call when ucudnn runs it; a reason string when ucudnn cannot; None when
     torch should handle it because the call is invalid (torch raises the error users expect).
     Decided once per signature (see sites.py): a steady-state call reads the key and looks it up."""
-    return context.sites.get(signature(module, input), lambda: _resolve(module, input, context))
+    return context.sites.get(signature(module, input), _resolve, module, input, context)
 
 
 def pack(module: nn.Conv2d, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:

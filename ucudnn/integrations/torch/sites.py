@@ -11,12 +11,13 @@ A signature holds everything that decision reads, so a site is a pure function o
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import torch
 from torch import Tensor, nn
 
 MAX_SITES = 4096  # per Context: beyond it (inputs of ever new shapes) the cache starts afresh
+_UNSEEN = object()  # Sites.get's miss: None is a site's value (a call torch must reject)
 
 
 def signature(module: nn.Conv2d, input: Tensor) -> tuple:
@@ -75,13 +76,12 @@ class Sites:
         self.max_sites = max_sites
         self.resolved = 0  # signatures resolved (cache misses): what tests and benchmarks check
 
-    def get(self, key: Hashable, resolve) -> Site | str | None:
-        """The site of `key`, from `resolve()` (a Call and its kinds, a reason or None) on first sight."""
-        try:
-            return self._sites[key]
-        except KeyError:
-            pass
-        resolved = resolve()
+    def get(self, key: Hashable, resolve: Callable, *args) -> Site | str | None:
+        """The site of `key`, from `resolve(*args)` (a Call and its kinds, a reason or None) on first sight."""
+        site = self._sites.get(key, _UNSEEN)
+        if site is not _UNSEEN:
+            return site
+        resolved = resolve(*args)
         site = resolved if resolved is None or isinstance(resolved, str) else Site(*resolved)
         if len(self._sites) >= self.max_sites:
             self.clear()
