@@ -4,21 +4,23 @@
 differs between processes by up to 20% (ResNet-50 B=64: 21.3-34.7 ms over four processes):
 cudnn.benchmark picks among near-ties afresh in each process, and a GradScaler step synchronises
 with the host every iteration, so the host's pace shows. That noise is larger than the bars
-(>= 0.95x). Here one process builds the network once and deep-copies it twice: `ucudnn`, converted
-(WR at --limit per kernel, delegation on, as users run it), and `control`, torch's model again
-(an A/A test: what the harness reports between identical work). Each has its own SGD optimizer and
-GradScaler. After --warmup iterations each (ucudnn plans and captures in its first ones), the
-three take turns in --rounds rounds of --iters iterations back to back, who goes first rotating,
-timed with CUDA events around each round. Delegated layers therefore run the very plans torch's
-benchmark chose for torch's model.
+(>= 0.95x). Here one process builds the network once and deep-copies it: `ucudnn@LIMIT` for each
+of --limits, converted (WR at LIMIT per kernel, delegation on, as users run it), and `control`,
+torch's model again (an A/A test: what the harness reports between identical work). Each has its
+own SGD optimizer and GradScaler. After --warmup iterations each (ucudnn plans and captures in
+its first ones), the variants take turns in --rounds rounds of --iters iterations back to back,
+who goes first rotating, with a CUDA event after each iteration. Delegated layers therefore run
+the very plans torch's benchmark chose for torch's model.
 
-Reported per network and precision: each variant's median ms per iteration over the rounds, the
-per-round ratios torch/ucudnn and torch/control (median, min, max), and ucudnn's kernels
-(delegated or micro-batched). Results go to OUT/train_ab.json and OUT/train_ab.md after each
-network.
+Reported per network, precision and variant: the median ms per iteration over the rounds,
+torch/variant round by round (median, min, max), the median of the rounds' first iterations apart
+from the rest (a model that ran after another finds the caching allocator's blocks elsewhere:
+ucudnn's CUDA graphs, kept per set of addresses, may be captured anew), and ucudnn's kernels
+(delegated, micro-batched) with its graph replays, captures and direct runs in the timed rounds.
+Results go to OUT/train_ab.json and OUT/train_ab.md after each network.
 
     PYTHONPATH=. python3 bench/train_ab.py --out OUT [--nets alexnet:256,resnet50:64]
-        [--precisions fp32,amp] [--limit 64MiB] [--rounds 9] [--iters 10] [--cache DB]
+        [--precisions fp32,amp] [--limits 64MiB,4GiB] [--rounds 9] [--iters 10] [--cache DB]
 """
 from __future__ import annotations
 
@@ -29,44 +31,81 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_shapes import alternate_rounds  # noqa: E402
+from train_profile import program_counts  # noqa: E402
 from train_step import build, condensed, training_step  # noqa: E402
 
-VARIANTS = ("torch", "ucudnn", "control")
+def interleave(steps: dict[str, Callable[[], object]], rounds: int, iters: int, mark: Callable[[], Any]) -> dict:
+    """Per variant, per round, the marks around its iterations: `mark()` (a recorded CUDA event)
+    before the round and after each iteration. The variants take turns, who goes first rotating."""
+    names = list(steps)
+    marks: dict[str, list[list[Any]]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            step, held = steps[name], [mark()]
+            for _ in range(iters):
+                step()
+                held.append(mark())
+            marks[name].append(held)
+    return marks
 
 
-def ratios(times: dict[str, list[float]], of: str) -> dict[str, float]:
-    """torch's time over `of`'s, round by round: median, min and max (above 1: `of` is faster)."""
-    per_round = [t / o for t, o in zip(times["torch"], times[of])]
+def iteration_ms(marks: dict) -> dict[str, list[list[float]]]:
+    """Milliseconds of every iteration, from the marks of interleave() (once they completed)."""
+    return {name: [[a.elapsed_time(b) for a, b in zip(held, held[1:])] for held in rounds]
+            for name, rounds in marks.items()}
+
+
+def ratios(torch_rounds: list[float], rounds: list[float]) -> dict[str, float]:
+    """torch's time over a variant's, round by round: median, min and max (above 1: it is faster)."""
+    per_round = [t / v for t, v in zip(torch_rounds, rounds)]
     return dict(median=statistics.median(per_round), min=min(per_round), max=max(per_round))
 
 
-def summarise(net: str, batch: int, precision: str, times: dict[str, list[float]], extra: dict) -> dict:
-    """One row of the report: medians per variant, the ratios, and what the run says of itself."""
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    return dict(net=net, batch=batch, precision=precision, median_ms=medians, rounds_ms=times,
-                speedup=ratios(times, "ucudnn"), control=ratios(times, "control"), **extra)
+def summarise(net: str, batch: int, precision: str, iterations: dict[str, list[list[float]]],
+              notes: dict[str, str], extra: dict) -> dict:
+    """One network and precision: per variant the mean of each round, the medians of the rounds,
+    of their first iterations and of the others, torch/variant per round, and its note."""
+    rounds = {name: [statistics.fmean(r) for r in values] for name, values in iterations.items()}
+    variants = {name: dict(median_ms=statistics.median(rounds[name]),
+                           first_ms=statistics.median(r[0] for r in values),
+                           rest_ms=statistics.median(t for r in values for t in r[1:]),
+                           ratio=ratios(rounds["torch"], rounds[name]), rounds_ms=rounds[name],
+                           iterations_ms=values, note=notes.get(name, ""))
+                for name, values in iterations.items()}
+    return dict(net=net, batch=batch, precision=precision, variants=variants, **extra)
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# torch and ucudnn.torch interleaved in one process ({meta['gpu']}, torch {meta['torch']})\n",
-             f"Limit {meta['limit']} per kernel, memory free; ms per iteration, median of {meta['rounds']} "
-             f"rotating rounds of {meta['iters']} iterations; ratios are torch/variant per round.\n",
-             "| net | precision | torch | ucudnn | control | torch/ucudnn median (min-max) | "
-             "torch/control median (min-max) | ucudnn's kernels |", "|---|---|---|---|---|---|---|---|"]
+             f"Memory free; ms per iteration: median over {meta['rounds']} rotating rounds of {meta['iters']} "
+             "iterations (a round's mean); torch/variant per round; first / rest: median of the rounds' first "
+             "iterations / of the others. `control` is torch's model again (A/A).\n",
+             "| net | precision | variant | ms | torch/variant median (min-max) | first / rest | notes |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        m, s, c = r["median_ms"], r["speedup"], r["control"]
-        lines.append(f"| {r['net']} B={r['batch']} | {r['precision']} | {m['torch']:.2f} | {m['ucudnn']:.2f} | "
-                     f"{m['control']:.2f} | {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}) | "
-                     f"{c['median']:.3f} ({c['min']:.3f}-{c['max']:.3f}) | {r['kernels']} |")
+        for name, v in r["variants"].items():
+            q = v["ratio"]
+            lines.append(f"| {r['net']} B={r['batch']} | {r['precision']} | {name} | {v['median_ms']:.2f} | "
+                         f"{q['median']:.3f} ({q['min']:.3f}-{q['max']:.3f}) | {v['first_ms']:.2f} / "
+                         f"{v['rest_ms']:.2f} | {v['note']} |")
     return "\n".join(lines) + "\n"
 
 
-def kernels_note(summary: dict) -> str:
-    """How many of ucudnn's kernels run delegated to torch, and how many micro-batched."""
-    return f"{summary['delegated']}/{summary['kernels']} delegated, {summary['micro_batched']} micro-batched"
+def kernels_note(summary: dict, programs: dict) -> str:
+    """ucudnn's kernels delegated to torch and micro-batched; its graph replays, captures and direct runs."""
+    return (f"{summary['delegated']}/{summary['kernels']} delegated, {summary['micro_batched']} micro-batched; "
+            f"{programs.get('replays', 0)} replays, {programs.get('captures', 0)} captures, "
+            f"{programs.get('direct_runs', 0)} direct")
+
+
+def context_of(model):
+    import ucudnn.torch as ut
+
+    return next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
 
 
 def measure(net: str, batch: int, precision: str, args) -> dict:
@@ -77,9 +116,13 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
     amp = precision == "amp"
     torch.manual_seed(0)
     model, x, target = build(net, batch, amp, torch.device("cuda"))
-    models = {"torch": model, "ucudnn": copy.deepcopy(model), "control": copy.deepcopy(model)}
-    with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-        ut.convert(models["ucudnn"], workspace_limit=args.limit, cache_path=args.cache)
+    models = {"torch": model}
+    for limit in args.limits.split(","):
+        models[f"ucudnn@{limit}"] = converted = copy.deepcopy(model)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            ut.convert(converted, workspace_limit=limit, cache_path=args.cache)
+    models["control"] = copy.deepcopy(model)
+    contexts = {name: context_of(m) for name, m in models.items() if name.startswith("ucudnn")}
     steps = {name: training_step(m, x, target, amp) for name, m in models.items()}
     began = time.perf_counter()
     first_losses = {name: float(step()) for name, step in steps.items()}
@@ -89,20 +132,21 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - began
 
-    def time_loop(loop) -> float:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        loop()
-        end.record()
-        end.synchronize()
-        return begin.elapsed_time(end)
+    def mark():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
-    times = alternate_rounds(steps, time_loop, args.rounds, args.iters)
-    context = next(m.ucudnn_context for m in models["ucudnn"].modules() if isinstance(m, ut.Conv2d))
-    summary = condensed(context.summary())
-    row = summarise(net, batch, precision, times, dict(first_losses=first_losses, warmup_s=warm_s,
-                                                       kernels=kernels_note(summary), ucudnn=summary))
-    del models, steps, model
+    before = {name: program_counts(c) for name, c in contexts.items()}
+    marks = interleave(steps, args.rounds, args.iters, mark)
+    torch.cuda.synchronize()
+    notes, summaries = {}, {}
+    for name, context in contexts.items():
+        after, summaries[name] = program_counts(context), condensed(context.summary())
+        notes[name] = kernels_note(summaries[name], {k: after[k] - before[name][k] for k in after})
+    row = summarise(net, batch, precision, iteration_ms(marks), notes,
+                    dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries))
+    del models, steps, model, contexts
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return row
@@ -113,7 +157,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", required=True)
     parser.add_argument("--nets", default="alexnet:256,resnet50:64", help="NAME:BATCH,... (torchvision)")
     parser.add_argument("--precisions", default="fp32,amp")
-    parser.add_argument("--limit", default="64MiB", help="ucudnn's workspace per kernel")
+    parser.add_argument("--limits", default="64MiB", help="ucudnn's workspace per kernel: a converted copy for each")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--iters", type=int, default=10, help="iterations back to back per round")
     parser.add_argument("--warmup", type=int, default=3)
@@ -151,7 +195,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                limit=args.limit, rounds=args.rounds, iters=args.iters)
+                limits=args.limits, rounds=args.rounds, iters=args.iters)
     measure_all(configs(args.nets, args.precisions), lambda *config: measure(*config, args), meta, out,
                 args.deadline)
 

@@ -552,23 +552,58 @@ def test_train_step_notes_name_allocator_churn_and_memory_outside_torch():
 # --- train_ab ------------------------------------------------------------------------------------------
 
 ab = _load("train_ab")
-AB_META = dict(gpu="GPU", torch="2", cudnn=91900, limit="64MiB", rounds=3, iters=10)
+AB_META = dict(gpu="GPU", torch="2", cudnn=91900, limits="64MiB", rounds=3, iters=10)
 
 
 def ab_row(net="alexnet", precision="fp32"):
-    times = {"torch": [10.0, 12.0, 11.0], "ucudnn": [8.0, 12.0, 11.0], "control": [10.0, 10.0, 11.0]}
+    iterations = {"torch": [[10.0, 10.0], [14.0, 10.0], [11.0, 11.0]],
+                  "ucudnn@64MiB": [[10.0, 6.0], [14.0, 10.0], [11.0, 11.0]],
+                  "control": [[10.0, 10.0], [10.0, 10.0], [11.0, 11.0]]}
     summary = dict(kernels=14, delegated=12, micro_batched=1)
-    return ab.summarise(net, 256, precision, times, dict(kernels=ab.kernels_note(summary)))
+    note = ab.kernels_note(summary, dict(replays=30, captures=2, direct_runs=1))
+    return ab.summarise(net, 256, precision, iterations, {"ucudnn@64MiB": note}, {})
+
+
+class Mark:
+    """A CUDA event's stand-in: recorded at a fake clock's time."""
+
+    clock = 0.0
+
+    def __init__(self):
+        self.at = Mark.clock
+
+    def elapsed_time(self, other):
+        return other.at - self.at
+
+
+def test_ab_variants_take_turns_and_every_iteration_is_timed():
+    calls = []
+
+    def step(name, ms):
+        def run():
+            calls.append(name)
+            Mark.clock += ms
+        return run
+    marks = ab.interleave({"torch": step("t", 2.0), "ucudnn": step("u", 3.0), "control": step("c", 1.0)},
+                          rounds=4, iters=2, mark=Mark)
+    assert "".join(calls) == "ttuucc" + "uucctt" + "ccttuu" + "ttuucc"
+    assert ab.iteration_ms(marks) == {"torch": [[2.0, 2.0]] * 4, "ucudnn": [[3.0, 3.0]] * 4,
+                                      "control": [[1.0, 1.0]] * 4}
 
 
 def test_ab_ratios_are_torch_over_the_variant_round_by_round():
-    row = ab_row()
-    assert row["median_ms"] == {"torch": 11.0, "ucudnn": 11.0, "control": 10.0}
-    assert row["speedup"] == {"median": 1.0, "min": 1.0, "max": 1.25}
-    assert row["control"] == {"median": 1.0, "min": 1.0, "max": 1.2}
-    assert row["kernels"] == "12/14 delegated, 1 micro-batched"
-    table = ab.markdown(AB_META, [row])
-    assert "| alexnet B=256 | fp32 | 11.00 | 11.00 | 10.00 | 1.000 (1.000-1.250) | 1.000 (1.000-1.200) |" in table
+    variants = ab_row()["variants"]
+    ours, control = variants["ucudnn@64MiB"], variants["control"]
+    assert variants["torch"]["rounds_ms"] == [10.0, 12.0, 11.0] and ours["rounds_ms"] == [8.0, 12.0, 11.0]
+    assert [variants[name]["median_ms"] for name in variants] == [11.0, 11.0, 10.0]
+    assert (ours["first_ms"], ours["rest_ms"]) == (11.0, 10.0)
+    assert ours["ratio"] == {"median": 1.0, "min": 1.0, "max": 1.25}
+    assert control["ratio"] == {"median": 1.0, "min": 1.0, "max": 1.2}
+    assert variants["torch"]["ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    assert ours["note"] == "12/14 delegated, 1 micro-batched; 30 replays, 2 captures, 1 direct"
+    table = ab.markdown(AB_META, [ab_row()])
+    assert "| alexnet B=256 | fp32 | ucudnn@64MiB | 11.00 | 1.000 (1.000-1.250) | 11.00 / 10.00 | 12/14 " in table
+    assert "| alexnet B=256 | fp32 | control | 10.00 | 1.000 (1.000-1.200) | 10.00 / 10.00 |  |" in table
 
 
 def test_ab_configs_and_the_run_writes_after_each_and_stops_at_the_deadline(tmp_path):
@@ -577,6 +612,6 @@ def test_ab_configs_and_the_run_writes_after_each_and_stops_at_the_deadline(tmp_
     rows = ab.measure_all(ab.configs("alexnet:256", "fp32,amp"), lambda n, b, p: ab_row(n, p), AB_META, tmp_path, 1e6)
     assert [r["precision"] for r in rows] == ["fp32", "amp"]
     assert len(json.loads((tmp_path / "train_ab.json").read_text())["rows"]) == 2
-    assert "| alexnet B=256 | amp |" in (tmp_path / "train_ab.md").read_text()
+    assert "| alexnet B=256 | amp | torch |" in (tmp_path / "train_ab.md").read_text()
     assert ab.measure_all(ab.configs("alexnet:256", "fp32"), lambda *c: pytest.fail("measured"), AB_META,
                           tmp_path, -1) == []
