@@ -24,6 +24,11 @@ reaches its first micro-batched training iteration in <= 5 s.
 (c) the control: the same child with --torch-only (no ucudnn: torch's own convolutions, its
     cudnn.benchmark off) gives what torch alone takes to its first iteration, the floor that
     (b)'s imports of torch and torchvision sit on.
+(d) the drop-in handle, no torch: a fresh process (--handle-only) that imports ucudnn and CuPy,
+    makes a ucudnn.Handle on the database, and runs the network's conv kernels (F, BD and BF of
+    every layer, from the shipped table) once through Handle.convolve on CuPy arrays: ucudnn's
+    own start to a micro-batched iteration of the convolutions, as a framework using the handle
+    (or a C++ program through it) meets it; then a second iteration.
 Results: OUT/cold_start.json and OUT/cold_start.md.
 
     PYTHONPATH=. python3 bench/cold_start.py --out OUT [--deadline 200] [--backend engines]
@@ -37,6 +42,7 @@ STARTED_AT = time.time()  # first: the child's milestone of the interpreter reac
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sqlite3  # noqa: E402
@@ -178,6 +184,14 @@ def verdicts(report: dict) -> list[str]:
         notes.append(f"(c) torch alone reaches its first iteration in {floor:.2f} s (imports of torch and "
                      f"torchvision: {until(control['milestones'], 'import torchvision'):.2f} s); from those imports "
                      f"on, {ours:.2f} s with ucudnn vs {theirs:.2f} s without: ucudnn's part is {ours - theirs:.2f} s")
+    handle = report.get("handle_only") or {}
+    if handle.get("first_micro_batched_s") is not None:
+        notes.append(f"(d) the drop-in handle without torch: the conv kernels' first micro-batched iteration "
+                     f"{handle['first_micro_batched_s']:.2f} s after launch "
+                     f"({'PASS' if handle['first_micro_batched_s'] <= FIRST_ITERATION_BAR_S else 'FAIL'} "
+                     f"against {FIRST_ITERATION_BAR_S:.0f} s)")
+    elif handle:
+        notes.append(f"(d) the drop-in handle: not reached ({handle.get('error') or 'no micro-batched iteration'})")
     added = report.get("rows_added_by_second_process")
     if added:
         notes.append(f"(b) measured {added} rows the sweep had not (a cache miss: see cudnn_versions)")
@@ -198,6 +212,12 @@ def markdown(report: dict) -> str:
                   "|---|---|---|"]
         lines += [f"| {name} | {at:.3f} | {phase:.3f} |"
                   for (name, at), (_, phase) in zip(control["milestones"], control["phases"])]
+    handle = report.get("handle_only") or {}
+    if handle.get("milestones"):
+        lines += ["", "## (d) milestones of the drop-in handle without torch", "",
+                  "| milestone | since launch s | phase s |", "|---|---|---|"]
+        lines += [f"| {name} | {at:.3f} | {phase:.3f} |"
+                  for (name, at), (_, phase) in zip(handle["milestones"], handle["phases"])]
     sweep = report["sweep"]
     if sweep.get("kernels"):
         lines += ["", f"(a): {sweep['kernels']} kernels planned on {sweep['device']}; "
@@ -268,20 +288,58 @@ def parent(args) -> dict:
                "--batch", str(args.batch)]
     child = run_process(command + ["--spawned-at", repr(time.time())], env, min(60, left() - 30))
     rows_added = rows_in(database) - report["rows_after_sweep"]
-    control = run_process(command + ["--torch-only", "--spawned-at", repr(time.time())], env, min(60, left() - 5))
+    control = run_process(command + ["--torch-only", "--spawned-at", repr(time.time())], env, min(60, left() - 20))
+    handle = run_process(command + ["--handle-only", "--spawned-at", repr(time.time())], env, min(60, left() - 5))
     report.update(second_process=first_iteration_summary(child), torch_only=first_iteration_summary(control),
+                  handle_only=first_iteration_summary(handle),
                   cudnn_versions=cudnn_versions_in(database), rows_added_by_second_process=rows_added,
                   logs=dict(sweep=sweep.get("stderr_tail"), child=child.get("stderr_tail"),
-                            torch_only=control.get("stderr_tail")),
+                            torch_only=control.get("stderr_tail"), handle_only=handle.get("stderr_tail")),
                   elapsed_s=time.perf_counter() - started)
     return report
 
 
+def marker(spawned_at: float):
+    """mark(name[, at]): prints a milestone, seconds since the process's launch."""
+    def mark(name: str, at: float | None = None) -> None:
+        print(milestone_line(name, (time.time() if at is None else at) - spawned_at), flush=True)
+    return mark
+
+
+def handle_child(args) -> None:
+    """(d): the conv kernels of one training iteration through ucudnn.Handle, without torch."""
+    mark = marker(args.spawned_at)
+    mark("interpreter", STARTED_AT)
+    from ucudnn import Handle
+    from ucudnn.cache import Cache
+    from ucudnn.nets import get_network
+    mark("import ucudnn")
+    import cupy
+    cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))
+    mark("import cupy, CUDA context")
+    kernels = get_network(NET).problems(args.batch, "float32")
+    operands = [(k.problem, k.count, [cupy.ones(shape, dtype=cupy.float32) for shape in
+                                      (k.problem.x_shape, k.problem.w_shape, k.problem.y_shape)])
+                for k in kernels]
+    cupy.cuda.runtime.deviceSynchronize()
+    mark("operands on the GPU")
+    handle = Handle(cache=Cache(args.cache), workspace_limit=args.limit, batch_size_policy="powerOfTwo")
+    mark("ucudnn handle")
+    for iteration in ("first", "second"):
+        for problem, count, (x, w, y) in operands:
+            for _ in range(count):
+                handle.convolve(problem, x, w, y)
+        cupy.cuda.runtime.deviceSynchronize()
+        mark(f"{iteration} iteration")
+    configurations = [handle.configuration(problem) for problem, _, _ in operands]
+    print(RESULT + " " + json.dumps(dict(
+        kernels=len(kernels), micro_batched=sum(1 for c in configurations if len(c.micro) > 1), via_torch=0,
+        backend=handle.settings.backend, configurations=[c.describe() for c in configurations])), flush=True)
+
+
 def child(args) -> None:
     """(b): prints milestones since the launch, then one RESULT line."""
-    def mark(name: str, at: float | None = None) -> None:
-        print(milestone_line(name, (time.time() if at is None else at) - args.spawned_at), flush=True)
-
+    mark = marker(args.spawned_at)
     mark("interpreter", STARTED_AT)
     import torch
     torch.backends.cudnn.version()  # torch's libcudnn first, so ucudnn binds the same library
@@ -291,7 +349,7 @@ def child(args) -> None:
     if not args.torch_only:
         import ucudnn.torch as ut
         mark("import ucudnn.torch")
-        import cupy  # noqa: F401  (ucudnn's GPU side imports it on first use; here, to time it apart)
+        importlib.import_module("cupy")  # ucudnn's GPU side imports it on first use; here, to time it apart
         mark("import cupy")
     device = torch.device("cuda", torch.cuda.current_device())
     torch.zeros(1, device=device)
@@ -342,10 +400,11 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep-timeout", type=float, default=120, help="seconds for the sweep")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--handle-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spawned-at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args)
+        (handle_child if args.handle_only else child)(args)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

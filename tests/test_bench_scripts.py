@@ -291,10 +291,16 @@ TORCH_ONLY_OUT = "\n".join([cold.milestone_line("import torch", 1.1), cold.miles
                             cold.milestone_line("first iteration", 3.0)])
 
 
-def cold_report(wall_s: float = 48.0, child_out: str = CHILD_OUT) -> dict:
+HANDLE_OUT = "\n".join([cold.milestone_line("import ucudnn", 0.4), cold.milestone_line("import cupy, CUDA context", 0.9),
+                        cold.milestone_line("ucudnn handle", 1.0), cold.milestone_line("first iteration", 1.8),
+                        cold.RESULT + " " + json.dumps(dict(kernels=15, micro_batched=12, via_torch=0))])
+
+
+def cold_report(wall_s: float = 48.0, child_out: str = CHILD_OUT, handle_out: str = HANDLE_OUT) -> dict:
     return dict(batch=256, limit="64MiB", backend="engines", sweep=cold.sweep_summary(sweep_record(wall_s)),
                 second_process=cold.first_iteration_summary(dict(wall_s=4.3, stdout=child_out)),
                 torch_only=cold.first_iteration_summary(dict(wall_s=3.2, stdout=TORCH_ONLY_OUT)),
+                handle_only=cold.first_iteration_summary(dict(wall_s=2.0, stdout=handle_out)),
                 rows_after_sweep=1000, rows_added_by_second_process=0, cudnn_versions=[91900])
 
 
@@ -322,6 +328,15 @@ def test_verdicts_and_report():
     text = cold.markdown(cold_report())
     assert "| first iteration | 4.100 | 0.700 |" in text and "cuDNN versions in it: [91900]" in text
     assert "## (c) milestones of torch alone" in text and "| first iteration | 3.000 | 1.600 |" in text
+    assert notes[4] == "(d) the drop-in handle without torch: the conv kernels' first micro-batched iteration " \
+                       "1.80 s after launch (PASS against 5 s)"
+    assert "## (d) milestones of the drop-in handle without torch" in text and "| ucudnn handle | 1.000 | 0.100 |" in text
+    slow = cold_report(handle_out=HANDLE_OUT.replace(cold.milestone_line("first iteration", 1.8),
+                                                     cold.milestone_line("first iteration", 6.2)))
+    assert cold.verdicts(slow)[4].endswith("6.20 s after launch (FAIL against 5 s)")
+    failed = cold_report(handle_out="")
+    failed["handle_only"]["error"] = "exit code 1: ImportError"
+    assert cold.verdicts(failed)[4] == "(d) the drop-in handle: not reached (exit code 1: ImportError)"
 
 
 def test_database_bookkeeping(tmp_path):
