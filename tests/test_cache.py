@@ -20,7 +20,7 @@ from ucudnn.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaE
 from ucudnn.cache import database as database_module
 from ucudnn.cache import paths as paths_module
 from ucudnn.cache.database import read_export
-from ucudnn.errors import ConfigError, DamagedDatabaseError, ReadOnlyDatabaseError, UcudnnWarning
+from ucudnn.errors import ConfigError, DamagedDatabaseError, UcudnnWarning
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 

@@ -16,8 +16,7 @@ from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.errors import UcudnnWarning  # noqa: E402
-from ucudnn.integrations import torch as integration  # noqa: E402
-from ucudnn.integrations.torch import call as calls, fallback  # noqa: E402
+from ucudnn.integrations.torch import fallback  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
