@@ -37,7 +37,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 MARGIN = 0.03
 # ||a - b|| / ||b|| of one rounding, as tests/test_gpu_torch.py bounds each against float64: TF32
@@ -188,21 +188,25 @@ def random_layers(count: int, seed: int) -> list[LayerSpec]:
 
 # --- timing, checking and verdicts (pure) -------------------------------------------------------------
 
+def turns(names: list[str], rounds: int) -> Iterator[str]:
+    """The names in `rounds` rounds, each name once a round, who goes first rotating."""
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        yield from names[shift:] + names[:shift]
+
+
 def alternate_rounds(variants: dict[str, Callable[[], None]], time_loop: Callable[[Callable[[], None]], float],
                      rounds: int, steps: int) -> dict[str, list[float]]:
     """Milliseconds per step of each variant in each round: `time_loop` times `steps` steps back
-    to back; the variants take turns, and who goes first rotates from round to round."""
-    names = list(variants)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            step = variants[name]
+    to back; the variants take turns (see turns())."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for name in turns(list(variants), rounds):
+        step = variants[name]
 
-            def loop(step=step) -> None:
-                for _ in range(steps):
-                    step()
-            times[name].append(time_loop(loop) / steps)
+        def loop(step=step) -> None:
+            for _ in range(steps):
+                step()
+        times[name].append(time_loop(loop) / steps)
     return times
 
 

@@ -34,22 +34,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_shapes import turns  # noqa: E402
 from train_profile import program_counts  # noqa: E402
 from train_step import build, condensed, training_step  # noqa: E402
 
 def interleave(steps: dict[str, Callable[[], object]], rounds: int, iters: int, mark: Callable[[], Any]) -> dict:
     """Per variant, per round, the marks around its iterations: `mark()` (a recorded CUDA event)
-    before the round and after each iteration. The variants take turns, who goes first rotating."""
-    names = list(steps)
-    marks: dict[str, list[list[Any]]] = {name: [] for name in names}
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            step, held = steps[name], [mark()]
-            for _ in range(iters):
-                step()
-                held.append(mark())
-            marks[name].append(held)
+    before the round and after each iteration. The variants take turns (torch_shapes.turns)."""
+    marks: dict[str, list[list[Any]]] = {name: [] for name in steps}
+    for name in turns(list(steps), rounds):
+        step, held = steps[name], [mark()]
+        for _ in range(iters):
+            step()
+            held.append(mark())
+        marks[name].append(held)
     return marks
 
 

@@ -80,8 +80,8 @@ class Conv2d(nn.Conv2d):
     ucudnn_context: Context | None = None
 
     def forward(self, input: Tensor) -> Tensor:
-        # Eager calls skip the wrapper of compiler.disable (1.1 us a call, which a delegated layer
-        # would pay on top of torch's own); traced ones graph-break into the wrapped twin.
+        # Eager calls skip compiler.disable's wrapper (0.2-0.3 us a call on a desktop CPU, which a
+        # delegated layer would pay on top of torch's own); traced ones graph-break into the wrapped twin.
         if _is_compiling():
             return _eager_forward(self, input)
         return self._forward(input)
