@@ -1,53 +1,104 @@
-"""Training iterations of torch and of ucudnn.torch interleaved in one process, memory free (issue 13).
+"""Training iterations of torch and of ucudnn.torch interleaved in one process, memory free
+(issue 13) or under memory pressure (issue 18).
 
 `bench/train_step.py` runs each variant in a process of its own, and in AMP torch's own iteration
 differs between processes by up to 20% (ResNet-50 B=64: 21.3-34.7 ms over four processes):
 cudnn.benchmark picks among near-ties afresh in each process, and a GradScaler step synchronises
 with the host every iteration, so the host's pace shows. That noise is larger than the bars
-(>= 0.95x). Here one process builds the network once and deep-copies it: `ucudnn@LIMIT` for each
-of --limits, converted (WR at LIMIT per kernel, delegation on, as users run it), and `control`,
-torch's model again (an A/A test: what the harness reports between identical work). Each has its
-own SGD optimizer and GradScaler. After --warmup iterations each (ucudnn plans and captures in
-its first ones), the variants take turns in --rounds rounds of --iters iterations back to back,
-who goes first rotating, with a CUDA event after each iteration. Delegated layers therefore run
-the very plans torch's benchmark chose for torch's model.
+(>= 0.95x). Here one process builds the network once and deep-copies it: `ucudnn@SPEC` for each
+of --limits, converted (SPEC: a size, WR at that limit per kernel with delegation on, as users run
+it; `wd:SIZE`, WD with that total learned from the batch; `wd:auto`, WD's memory-aware total), and
+`control`, torch's model again (an A/A test: what the harness reports between identical work).
+Each has its own SGD optimizer and GradScaler, and runs one untimed plain-torch iteration first
+(optimizer state; cudnn.benchmark off and deterministic, so that torch's plan cache holds no choice
+the timed iterations would use). After --warmup iterations each (torch's model first: its
+benchmark mode picks its plans there; ucudnn plans and captures in its first ones), the variants
+take turns in --rounds rounds of --iters iterations back to back, who goes first rotating, with a
+CUDA event after each iteration. Delegated layers therefore run the very plans torch's benchmark
+chose for torch's model.
+
+--free L puts every copy under the pressure of train_step.py, in one process: a child process
+first trains the same copies with no convolution workspace (every copy converted, WR at 0, no
+delegation) and takes torch's peak allocated bytes over a rotation of turns (every copy's
+parameters, gradients and optimizer state, one iteration's activations), then a blocker
+allocation leaves that plus L free before the copies are converted and warmed up. torch's
+benchmark mode then drops every plan whose workspace does not fit, and ucudnn plans under the same
+pressure.
 
 Reported per network, precision and variant: the median ms per iteration over the rounds,
 torch/variant round by round (median, min, max), the median of the rounds' first iterations apart
 from the rest (a model that ran after another finds the caching allocator's blocks elsewhere:
-ucudnn's CUDA graphs, kept per set of addresses, may be captured anew), and ucudnn's kernels
-(delegated, micro-batched) with its graph replays, captures and direct runs in the timed rounds.
-Results go to OUT/train_ab.json and OUT/train_ab.md after each network.
+ucudnn's CUDA graphs, kept per set of addresses, may be captured anew), torch's peak allocated
+bytes during the variant's rounds (blocker excluded; every copy's persistent tensors included,
+the same for all) and the caching allocator's retries per iteration (each a device sync: memory
+pressure's cost to torch), and ucudnn's kernels (delegated, micro-batched) with its graph replays,
+captures and direct runs in the timed rounds. Results go to OUT/train_ab.json and OUT/train_ab.md
+after each network.
 
     PYTHONPATH=. python3 bench/train_ab.py --out OUT [--nets alexnet:256,resnet50:64]
-        [--precisions fp32,amp] [--limits 64MiB,4GiB] [--rounds 9] [--iters 10] [--cache DB]
+        [--precisions fp32,amp] [--limits 64MiB,4GiB,wd:64MiB] [--free 64MiB] [--rounds 9]
+        [--iters 10] [--cache DB]
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch_shapes import turns  # noqa: E402
 from train_profile import program_counts  # noqa: E402
-from train_step import build, condensed, training_step  # noqa: E402
+from train_step import (ALLOC_CONF, MiB, allocator_counts, block, build, child_env, condensed,  # noqa: E402
+                        outside_pool_bytes, training_step)
 
-def interleave(steps: dict[str, Callable[[], object]], rounds: int, iters: int, mark: Callable[[], Any]) -> dict:
+
+class Watch:
+    """Per variant, per round: torch's peak allocated bytes while it ran (less `blocked`, the
+    blocker's) and the caching allocator's retries (each a device sync), read on the host right
+    after the round was queued (the allocator counts on the host)."""
+
+    def __init__(self, blocked: int = 0):
+        self.blocked, self.rounds = blocked, {}
+
+    def begin(self) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+        self._counts = allocator_counts()
+
+    def end(self, name: str) -> None:
+        import torch
+
+        retries = allocator_counts()["num_alloc_retries"] - self._counts["num_alloc_retries"]
+        self.rounds.setdefault(name, []).append(
+            dict(peak_mib=(torch.cuda.max_memory_allocated() - self.blocked) / MiB, retries=retries))
+
+
+def interleave(steps: dict[str, Callable[[], object]], rounds: int, iters: int, mark: Callable[[], Any],
+               watch: Watch | None = None) -> dict:
     """Per variant, per round, the marks around its iterations: `mark()` (a recorded CUDA event)
-    before the round and after each iteration. The variants take turns (torch_shapes.turns)."""
+    before the round and after each iteration. The variants take turns (torch_shapes.turns);
+    `watch` sees each round begin and end."""
     marks: dict[str, list[list[Any]]] = {name: [] for name in steps}
     for name in turns(list(steps), rounds):
+        if watch:
+            watch.begin()
         step, held = steps[name], [mark()]
         for _ in range(iters):
             step()
             held.append(mark())
         marks[name].append(held)
+        if watch:
+            watch.end(name)
     return marks
 
 
@@ -63,33 +114,49 @@ def ratios(torch_rounds: list[float], rounds: list[float]) -> dict[str, float]:
     return dict(median=statistics.median(per_round), min=min(per_round), max=max(per_round))
 
 
+def memory_of(watched: list[dict], iters: int) -> dict:
+    """A variant's rounds as Watch saw them: its highest peak, and retries per iteration."""
+    return dict(peak_mib=max(r["peak_mib"] for r in watched),
+                retries_per_iter=sum(r["retries"] for r in watched) / (iters * len(watched)))
+
+
 def summarise(net: str, batch: int, precision: str, iterations: dict[str, list[list[float]]],
-              notes: dict[str, str], extra: dict) -> dict:
+              notes: dict[str, str], extra: dict, watched: dict[str, list[dict]] | None = None) -> dict:
     """One network and precision: per variant the mean of each round, the medians of the rounds,
-    of their first iterations and of the others, torch/variant per round, and its note."""
+    of their first iterations and of the others, torch/variant per round, its memory (Watch) and
+    its note."""
     rounds = {name: [statistics.fmean(r) for r in values] for name, values in iterations.items()}
     variants = {name: dict(median_ms=statistics.median(rounds[name]),
                            first_ms=statistics.median(r[0] for r in values),
                            rest_ms=statistics.median(t for r in values for t in r[1:]),
                            ratio=ratios(rounds["torch"], rounds[name]), rounds_ms=rounds[name],
-                           iterations_ms=values, note=notes.get(name, ""))
+                           iterations_ms=values, note=notes.get(name, ""),
+                           **(memory_of(watched[name], len(values[0])) if watched else {}))
                 for name, values in iterations.items()}
     return dict(net=net, batch=batch, precision=precision, variants=variants, **extra)
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
+    pressure = (f"Under pressure: free memory left at the copies' own peak + {meta['free']}"
+                if meta.get("free") else "Memory free")
     lines = [f"# torch and ucudnn.torch interleaved in one process ({meta['gpu']}, torch {meta['torch']})\n",
-             f"Memory free; ms per iteration: median over {meta['rounds']} rotating rounds of {meta['iters']} "
+             f"{pressure}; ms per iteration: median over {meta['rounds']} rotating rounds of {meta['iters']} "
              "iterations (a round's mean); torch/variant per round; first / rest: median of the rounds' first "
-             "iterations / of the others. `control` is torch's model again (A/A).\n",
-             "| net | precision | variant | ms | torch/variant median (min-max) | first / rest | notes |",
-             "|---|---|---|---|---|---|---|"]
+             "iterations / of the others; peak: torch's allocated MiB during the variant's rounds (every copy's "
+             "tensors); retries: the allocator's per iteration. `control` is torch's model again (A/A).\n",
+             "| net | precision | variant | ms | torch/variant median (min-max) | first / rest | peak MiB | "
+             "retries | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['net']} B={r['batch']} | {r['precision']} | failed | | | | | | {r['error'][:300]} |")
+            continue
         for name, v in r["variants"].items():
             q = v["ratio"]
+            memory = (f"{v['peak_mib']:.0f} | {v['retries_per_iter']:.1f}" if "peak_mib" in v else " | ")
             lines.append(f"| {r['net']} B={r['batch']} | {r['precision']} | {name} | {v['median_ms']:.2f} | "
                          f"{q['median']:.3f} ({q['min']:.3f}-{q['max']:.3f}) | {v['first_ms']:.2f} / "
-                         f"{v['rest_ms']:.2f} | {v['note']} |")
+                         f"{v['rest_ms']:.2f} | {memory} | {v['note']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -106,24 +173,98 @@ def context_of(model):
     return next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
 
 
-def measure(net: str, batch: int, precision: str, args) -> dict:
+def convert_keywords(spec: str, x) -> dict:
+    """ucudnn.torch.convert's keywords for a --limits entry: SIZE (WR at SIZE per kernel), wd:SIZE
+    (WD, total SIZE, learned from the batch x) or wd:auto (WD's memory-aware total)."""
+    optimizer, _, limit = spec.rpartition(":")
+    if optimizer not in ("", "wd"):
+        raise ValueError(f"--limits entry {spec!r}: write SIZE (WR), wd:SIZE or wd:auto")
+    if not optimizer:
+        return dict(workspace_limit=limit)
+    return dict(optimizer="wd", total_limit=limit, **({} if limit == "auto" else dict(sample_input=x)))
+
+
+def copies(model, specs: list[str]) -> dict:
+    """torch's model, a copy per ucudnn spec (converted later) and the control copy."""
+    return {"torch": model, **{f"ucudnn@{spec}": copy.deepcopy(model) for spec in specs},
+            "control": copy.deepcopy(model)}
+
+
+def convert(model, keywords: dict, amp: bool, cache: str | None):
+    """Convert in place (the optimizer made before keeps its parameters), under the training
+    autocast (WD learns from its sample input); the copy's Context."""
     import torch
 
     import ucudnn.torch as ut
 
+    with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+        ut.convert(model, cache_path=cache, **keywords)
+    return context_of(model)
+
+
+def settle(steps: dict) -> None:
+    """One untimed iteration of each copy: optimizer state, cuBLAS and torch's cuDNN handle. Not
+    benchmarked and deterministic: torch caches the plans it runs keyed by the deterministic flag,
+    so the timed iterations' plans stay unchosen."""
+    import torch
+
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
+        for step in steps.values():
+            step()
+
+
+def tensors_peak(net: str, batch: int, precision: str, args) -> int:
+    """torch's peak allocated bytes over a rotation of turns of every copy with no convolution
+    workspace (each converted, WR at 0, no delegation): what the copies' tensors take at most."""
+    import torch
+
     amp = precision == "amp"
     torch.manual_seed(0)
     model, x, target = build(net, batch, amp, torch.device("cuda"))
-    models = {"torch": model}
-    for limit in args.limits.split(","):
-        models[f"ucudnn@{limit}"] = converted = copy.deepcopy(model)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            ut.convert(converted, workspace_limit=limit, cache_path=args.cache)
-    models["control"] = copy.deepcopy(model)
-    contexts = {name: context_of(m) for name, m in models.items() if name.startswith("ucudnn")}
+    models = copies(model, args.limits.split(","))
     steps = {name: training_step(m, x, target, amp) for name, m in models.items()}
+    settle(steps)
+    for m in models.values():
+        convert(m, dict(workspace_limit=0, delegate=False), amp, args.cache)
+    for _ in range(args.warmup):
+        for step in steps.values():
+            step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    interleave(steps, len(steps), 2, lambda: None)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+
+
+def footprint(net: str, batch: int, precision: str, args) -> int:
+    """tensors_peak in a child process (this one's plan caches must not see a memory-free run)."""
+    result = Path(args.out) / f"footprint-{net}-{precision}.json"
+    command = [sys.executable, __file__, "--footprint-of-run", str(result), "--out", args.out,
+               "--nets", f"{net}:{batch}", "--precisions", precision, "--limits", args.limits,
+               "--warmup", str(args.warmup)] + (["--cache", args.cache] if args.cache else [])
+    subprocess.run(command, env=child_env(os.environ), check=True, timeout=300)
+    return json.loads(result.read_text())["peak_bytes"]
+
+
+def measure(net: str, batch: int, precision: str, args) -> dict:
+    import torch
+
+    amp = precision == "amp"
+    device = torch.device("cuda")
+    peak = footprint(net, batch, precision, args) if args.free else None
+    torch.manual_seed(0)
+    model, x, target = build(net, batch, amp, device)
+    specs = args.limits.split(",")
+    models = copies(model, specs)
+    steps = {name: training_step(m, x, target, amp) for name, m in models.items()}
+    settle(steps)
+    pressure: dict = {}
+    blocker = (block(SimpleNamespace(footprint_of="allocated", footprint=peak, free_bytes=args.free_bytes),
+                     device, pressure) if args.free else None)
+    contexts = {f"ucudnn@{spec}": convert(models[f"ucudnn@{spec}"], convert_keywords(spec, x), amp, args.cache)
+                for spec in specs}
     began = time.perf_counter()
-    first_losses = {name: float(step()) for name, step in steps.items()}
+    first_losses = {name: float(step()) for name, step in steps.items()}  # torch's model first
     for _ in range(args.warmup - 1):
         for step in steps.values():
             step()
@@ -136,47 +277,74 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
         return event
 
     before = {name: program_counts(c) for name, c in contexts.items()}
-    marks = interleave(steps, args.rounds, args.iters, mark)
+    watch = Watch(blocker.numel() if blocker is not None else 0)
+    marks = interleave(steps, args.rounds, args.iters, mark, watch)
     torch.cuda.synchronize()
     notes, summaries = {}, {}
     for name, context in contexts.items():
         after, summaries[name] = program_counts(context), condensed(context.summary())
         notes[name] = kernels_note(summaries[name], {k: after[k] - before[name][k] for k in after})
     row = summarise(net, batch, precision, iteration_ms(marks), notes,
-                    dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries))
-    del models, steps, model, contexts
+                    dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries, pressure=pressure,
+                         outside_pool_mib=outside_pool_bytes() / MiB), watch.rounds)
+    del models, steps, model, contexts, blocker
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return row
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from ucudnn.config import parse_size
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--nets", default="alexnet:256,resnet50:64", help="NAME:BATCH,... (torchvision)")
     parser.add_argument("--precisions", default="fp32,amp")
-    parser.add_argument("--limits", default="64MiB", help="ucudnn's workspace per kernel: a converted copy for each")
+    parser.add_argument("--limits", default="64MiB",
+                        help="a converted copy for each: SIZE (WR per kernel), wd:SIZE or wd:auto (WD's total)")
+    parser.add_argument("--free", default=None, help="memory pressure: free memory left beyond the copies' own peak")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--iters", type=int, default=10, help="iterations back to back per round")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--cache", default=None, help="ucudnn's benchmark database")
     parser.add_argument("--deadline", type=float, default=540.0, help="seconds; no new network after it")
-    return parser.parse_args(argv)
+    parser.add_argument("--footprint-of-run", default=None, help=argparse.SUPPRESS)  # child: write tensors_peak
+    args = parser.parse_args(argv)
+    args.free_bytes = parse_size(args.free, "--free") if args.free else 0
+    for spec in args.limits.split(","):  # a bad entry fails here, before any GPU work
+        keywords = convert_keywords(spec, None)
+        limit = keywords.get("workspace_limit", keywords.get("total_limit"))
+        if limit != "auto":
+            parse_size(limit, "--limits")
+    return args
 
 
 def measure_all(configs: list[tuple[str, int, str]], measure, meta: dict, out: Path, deadline_s: float) -> list[dict]:
     """measure(net, batch, precision) of each config until `deadline_s` has passed, writing the
-    report after each one."""
+    report after each one. A config that fails (e.g. out of memory under pressure) is a row with
+    its error, and the next one runs."""
     rows, started = [], time.perf_counter()
     for net, batch, precision in configs:
         if time.perf_counter() - started > deadline_s:
             print(f"deadline: {net} {precision} not measured", flush=True)
             continue
-        rows.append(measure(net, batch, precision))
+        try:
+            rows.append(measure(net, batch, precision))
+        except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
+            rows.append(dict(net=net, batch=batch, precision=precision, error=f"{type(exc).__name__}: {exc}"[:600]))
+            released()
         (out / "train_ab.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
         (out / "train_ab.md").write_text(markdown(meta, rows))
         print(markdown(meta, rows[-1:]).splitlines()[-1], flush=True)
     return rows
+
+
+def released() -> None:
+    """A failed config's tensors back to the device before the next one."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def configs(nets: str, precisions: str) -> list[tuple[str, int, str]]:
@@ -186,14 +354,22 @@ def configs(nets: str, precisions: str) -> list[tuple[str, int, str]]:
 
 
 def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.free:  # before CUDA starts: torch's default segments fragment too much for any pressure (train_step.py)
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
     import torch
 
-    args = parse_args(argv)
     torch.backends.cudnn.benchmark = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.footprint_of_run:
+        (net, batch, precision), = configs(args.nets, args.precisions)
+        peak = tensors_peak(net, batch, precision, args)
+        Path(args.footprint_of_run).write_text(json.dumps(dict(peak_bytes=peak)))
+        return
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                limits=args.limits, rounds=args.rounds, iters=args.iters)
+                limits=args.limits, rounds=args.rounds, iters=args.iters, free=args.free,
+                alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     measure_all(configs(args.nets, args.precisions), lambda *config: measure(*config, args), meta, out,
                 args.deadline)
 

@@ -312,6 +312,7 @@ def condensed(summary: dict) -> dict:
         max_workspace_mib=max((k["workspace"] for k in ours), default=0) / MiB,
         sum_workspace_mib=sum(k["workspace"] for k in ours) / MiB,
         runs=summary["runs"], fallbacks=summary["fallbacks"], wd=summary.get("wd"), shrinks=summary["shrinks"],
+        cudnn_handles=summary.get("cudnn_handles"),
         configurations=[(k["kind"], k["kernel"], k.get("configuration")) for k in kernels],
     )
 

@@ -547,11 +547,13 @@ def test_memory_overhead_reports_each_phases_growth_and_failed_variants():
               dict(phase="legacy handle", outside_mib=776.8, reserved_mib=2248),
               dict(phase="first iteration", outside_mib=800.8, reserved_mib=2616),
               dict(phase="cupy pool", outside_mib=0.0, reserved_mib=None)]  # not a device phase
-    lines = memory.table([dict(variant="wr", phases=phases), dict(variant="wr-direct", error="Traceback ... OOM")])
+    lines = memory.table([dict(variant="wr", phases=phases, cudnn_handles={"cuda:0": "torch's"}),
+                          dict(variant="wr-direct", error="Traceback ... OOM")])
     rows = {line.split(" | ")[1]: line for line in lines.splitlines()[2:]}
     assert "| 766.8 |  | 2248 |" in rows["torch step (no benchmark)"]  # the baseline: no growth
     assert "| +10.0 |" in rows["legacy handle"] and "| +24.0 |" in rows["first iteration"]
     assert rows["cupy pool"].endswith("| 0.0 |  |  |")
+    assert "| wr | cuDNN handle on cuda:0: torch's | | | |" in lines
     assert "| wr-direct | error | Traceback ... OOM" in lines
     assert set(memory.VARIANTS) == {"torch", "wr", "wr-direct", "wr-legacy", "wr-engines"}
     assert memory.VARIANTS["wr-direct"] == (True, {"UCUDNN_EXECUTION": "direct"})
@@ -576,7 +578,8 @@ def ab_row(net="alexnet", precision="fp32"):
                   "control": [[10.0, 10.0], [10.0, 10.0], [11.0, 11.0]]}
     summary = dict(kernels=14, delegated=12, micro_batched=1)
     note = ab.kernels_note(summary, dict(replays=30, captures=2, direct_runs=1))
-    return ab.summarise(net, 256, precision, iterations, {"ucudnn@64MiB": note}, {})
+    watched = {name: [dict(peak_mib=1000.0 + i, retries=i) for i in range(3)] for name in iterations}
+    return ab.summarise(net, 256, precision, iterations, {"ucudnn@64MiB": note}, {}, watched)
 
 
 class Mark:
@@ -617,8 +620,45 @@ def test_ab_ratios_are_torch_over_the_variant_round_by_round():
     assert variants["torch"]["ratio"] == {"median": 1.0, "min": 1.0, "max": 1.0}
     assert ours["note"] == "12/14 delegated, 1 micro-batched; 30 replays, 2 captures, 1 direct"
     table = ab.markdown(AB_META, [ab_row()])
-    assert "| alexnet B=256 | fp32 | ucudnn@64MiB | 11.00 | 1.000 (1.000-1.250) | 11.00 / 10.00 | 12/14 " in table
-    assert "| alexnet B=256 | fp32 | control | 10.00 | 1.000 (1.000-1.200) | 10.00 / 10.00 |  |" in table
+    assert (ours["peak_mib"], ours["retries_per_iter"]) == (1002.0, 0.5)  # the highest peak; 3 retries / 6 iterations
+    assert "| ucudnn@64MiB | 11.00 | 1.000 (1.000-1.250) | 11.00 / 10.00 | 1002 | 0.5 | 12/14 " in table
+    assert "| alexnet B=256 | fp32 | control | 10.00 | 1.000 (1.000-1.200) | 10.00 / 10.00 | 1002 | 0.5 |  |" in table
+    assert table.count("Memory free;") == 1
+    failed = dict(net="resnet50", batch=64, precision="amp", error="OutOfMemoryError: CUDA out of memory")
+    table = ab.markdown(dict(AB_META, free="64MiB"), [failed])
+    assert "leaves" not in table and "copies' own peak + 64MiB" in table
+    assert "| resnet50 B=64 | amp | failed | | | | | | OutOfMemoryError: CUDA out of memory |" in table
+
+
+class FakeWatch:
+    def __init__(self):
+        self.seen = []
+
+    def begin(self):
+        self.seen.append("begin")
+
+    def end(self, name):
+        self.seen.append(name)
+
+
+def test_ab_watch_sees_every_round_begin_and_end_in_turn():
+    watch = FakeWatch()
+    ab.interleave({"torch": lambda: None, "ucudnn": lambda: None}, rounds=2, iters=3, mark=Mark, watch=watch)
+    assert watch.seen == ["begin", "torch", "begin", "ucudnn", "begin", "ucudnn", "begin", "torch"]
+
+
+def test_ab_limits_name_wr_wd_and_auto_copies_and_bad_ones_fail_before_the_gpu():
+    x = object()
+    assert ab.convert_keywords("64MiB", x) == dict(workspace_limit="64MiB")
+    assert ab.convert_keywords("wd:64MiB", x) == dict(optimizer="wd", total_limit="64MiB", sample_input=x)
+    assert ab.convert_keywords("wd:auto", x) == dict(optimizer="wd", total_limit="auto")
+    assert list(ab.copies("model", ["64MiB", "wd:auto"])) == ["torch", "ucudnn@64MiB", "ucudnn@wd:auto", "control"]
+    args = ab.parse_args(["--out", "o", "--limits", "64MiB,wd:32MiB,wd:auto", "--free", "96MiB"])
+    assert args.free_bytes == 96 * 2**20 and ab.parse_args(["--out", "o"]).free_bytes == 0
+    with pytest.raises(ValueError, match="write SIZE"):
+        ab.parse_args(["--out", "o", "--limits", "wr:64MiB"])
+    with pytest.raises(Exception, match="--limits"):
+        ab.parse_args(["--out", "o", "--limits", "wd:lots"])
 
 
 def test_ab_configs_and_the_run_writes_after_each_and_stops_at_the_deadline(tmp_path):
@@ -630,3 +670,12 @@ def test_ab_configs_and_the_run_writes_after_each_and_stops_at_the_deadline(tmp_
     assert "| alexnet B=256 | amp | torch |" in (tmp_path / "train_ab.md").read_text()
     assert ab.measure_all(ab.configs("alexnet:256", "fp32"), lambda *c: pytest.fail("measured"), AB_META,
                           tmp_path, -1) == []
+
+def test_ab_a_failed_config_is_a_row_and_the_next_one_runs(tmp_path):
+    def measure(net, batch, precision):
+        if precision == "fp32":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 138.00 MiB")
+        return ab_row(net, precision)
+    rows = ab.measure_all(ab.configs("alexnet:256", "fp32,amp"), measure, AB_META, tmp_path, 1e6)
+    assert rows[0]["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 138.00 MiB"
+    assert rows[1]["precision"] == "amp" and "variants" in rows[1]

@@ -275,6 +275,45 @@ def test_runs_on_torchs_current_stream(make_context):
         assert model_error(g, w) < 5e-4
 
 
+def outside_torchs_pool() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
+
+
+def test_runs_on_torchs_cudnn_handle_wherever_torch_moved_it(make_context):
+    """No cuDNN handle of ucudnn's own (~10 MiB of device memory): torch's is borrowed, and since
+    torch sets it to its current stream at each of its calls, ucudnn's direct runs set it back."""
+    from ucudnn.bindings import cudnn
+    from ucudnn.integrations.torch.torch_handle import TORCHS, _tiny_convolution, torch_cudnn_handle
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    theirs = nn.Conv2d(8, 16, 3, padding=1, device="cuda")
+    context = make_context(execution="direct")
+    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    x = torch.randn(32, 8, 20, 20, device="cuda")
+    _tiny_convolution(x.device)  # its kernel's code loaded before the measurement
+    torch.cuda.synchronize()
+    before = outside_torchs_pool()
+    handle = context.handle(x.device)
+    torch.cuda.synchronize()
+    assert outside_torchs_pool() - before < 4 * 2**20  # a handle of its own takes ~10 MiB
+    torchs = torch_cudnn_handle(x.device).handle
+    assert handle.cudnn_handle.value == torchs.value
+    assert context.summary()["cudnn_handles"] == {str(x.device): TORCHS}
+    with torch.no_grad():
+        want = theirs(x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            theirs(x)  # torch moves its handle to the side stream
+            assert cudnn.get_stream(torchs) == side.cuda_stream
+        torch.cuda.current_stream().wait_stream(side)
+        got = ours(x)
+    assert cudnn.get_stream(torchs) == torch.cuda.current_stream().cuda_stream
+    assert model_error(got, want) < 5e-4 and context.runs[("ucudnn", "F")] == 1
+
+
 def train(model: nn.Module, data, labels, amp: bool, steps: int = 20) -> list[float]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=amp)

@@ -67,6 +67,7 @@ class NumpyBackend(CudaBackend):
     handle_class = NumpyHandle
 
     def __init__(self, torch_timing=lambda problem: TorchTiming(float("inf"), 0), memory=Memory(2**40, 0)):
+        super().__init__()
         self.torch_timing = torch_timing
         self.timed = []
         self.timed_planning = []  # per timing of torch's kernels: whether inside the planning scope

@@ -52,11 +52,13 @@ class Capturer(Protocol):
 
 class GraphedProgram:
     """Runs `program(x, w, y, workspace, workspace_size)` as described above; `kernel` names the
-    kernel in the warning given if its calls cannot be captured (it then always runs directly)."""
+    kernel in the warning given if its calls cannot be captured (it then always runs directly).
+    `direct`: what runs instead of `program` where it runs directly (default: program)."""
 
     def __init__(self, program: Callable[..., None], capturer: Capturer, kernel: str = "kernel",
-                 max_graphs: int = MAX_GRAPHS, max_seen: int = MAX_SEEN):
+                 max_graphs: int = MAX_GRAPHS, max_seen: int = MAX_SEEN, direct: Callable[..., None] | None = None):
         self.program, self.capturer, self.kernel = program, capturer, kernel
+        self.direct = direct or program
         self.max_graphs, self.max_seen = max_graphs, max_seen
         self.graphs: OrderedDict[Hashable, Any] = OrderedDict()  # addresses -> graph, oldest first
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
@@ -70,7 +72,7 @@ class GraphedProgram:
             graph = self._capture(addresses)
         if graph is None:
             self.direct_runs += 1
-            self.program(*addresses)
+            self.direct(*addresses)
             return
         self.graphs.move_to_end(addresses)
         self.replays += 1

@@ -29,7 +29,9 @@ class Handle:
     ctypes cuDNN call it acts as the cuDNN handle it wraps.
 
     Settings come from keyword arguments, then UCUDNN_* variables (see ucudnn.config.Settings).
-    `allocator(nbytes)` returns an object holding device memory (default: CuPy's pool)."""
+    `allocator(nbytes)` returns an object holding device memory (default: CuPy's pool).
+    `cudnn_handle`: a cuDNN handle to run on (else one of its own, destroyed by close()); its
+    owner may move it to other streams, so every call sets it to this handle's stream first."""
 
     def __init__(self, settings: Settings | None = None, *, cache=None,
                  benchmarker: Benchmarker | None = None, allocator: Callable[[int], Any] | None = None,
@@ -83,9 +85,12 @@ class Handle:
         """`configuration` compiled for this handle: run(x, w, y, workspace, workspace_size)
         on device addresses, as the execution setting says (graph: see ucudnn.graphs)."""
         program = compile_program(problem, configuration, self.backends, alpha, beta)
+        # a lent handle's owner (torch, a framework) sets it to the stream of each of its own
+        # calls, which may not be ours: direct runs set it back first (captures redirect it anyway)
+        direct = program if self._owns_handle else functools.partial(_on_stream, self, program)
         if self._capturer is None:
-            return program
-        return GraphedProgram(program, self._capturer, problem.describe())
+            return direct
+        return GraphedProgram(program, self._capturer, problem.describe(), direct=direct)
 
     def assignment(self, problem: ConvProblem) -> Assignment:
         """The kernel's configuration and workspace, optimizing it (WD: solving) if needed."""
@@ -157,6 +162,12 @@ class Handle:
         s = self.settings
         return (f"ucudnn.Handle(optimizer={s.optimizer!r}, backends={self.backends.names}, policy={s.batch_size_policy!r}, "
                 f"workspace_limit={s.workspace_limit}, execution={s.execution!r}, kernels={len(self)})")
+
+
+def _on_stream(handle: Handle, program: Callable[..., None], *operands: int) -> None:
+    """Run `program` with the lent cuDNN handle set to `handle`'s stream."""
+    cudnn.set_stream(handle.cudnn_handle, handle.stream)
+    program(*operands)
 
 
 def _run(program: Callable[..., None], workspace: int, workspace_size: int, x: int, w: int, y: int) -> None:

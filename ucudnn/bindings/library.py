@@ -12,8 +12,8 @@ from ..errors import GPU_INSTALL, LibraryNotFoundError
 SONAME = "libcudnn.so.9"
 
 
-def _mapped() -> dict[tuple[str, str], str]:
-    """The files named libcudnn.so.9* mapped into this process: (device, inode) -> path."""
+def mapped(soname: str = SONAME) -> dict[tuple[str, str], str]:
+    """The files named `soname`* mapped into this process: (device, inode) -> path."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
@@ -21,20 +21,20 @@ def _mapped() -> dict[tuple[str, str], str]:
     found = {}
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and Path(fields[5]).name.startswith(SONAME):
+        if len(fields) == 6 and Path(fields[5]).name.startswith(soname):
             found.setdefault((fields[3], fields[4]), fields[5])
     return found
 
 
 def _already_loaded() -> str | None:
-    return next(iter(_mapped().values()), None)
+    return next(iter(mapped().values()), None)
 
 
 def copies_loaded() -> int:
     """How many distinct libcudnn.so.9 files this process has mapped. A cuDNN handle belongs to
     the library that made it: it can pass between callers (ucudnn's bindings, the frontend)
     only where there is one."""
-    return len(_mapped())
+    return len(mapped())
 
 
 def _wheel() -> str | None:

@@ -249,6 +249,7 @@ class Context:
             out["wd"] = [dict(total_limit=h.wd_limit, total_workspace=r.total_workspace, auto=self.total_auto,
                               variables=r.variables, solve_seconds=r.solve_seconds, solver=r.solver)
                          for h in self._handles.values() if (r := h.wd_result) is not None]
+        out["cudnn_handles"] = dict(self.backend.cudnn_handles)  # device -> whose handle: torch's, or why not
         out["shrinks"] = [dict(kernel=what, failed=failed, limit=limit)
                           for h in self._handles.values() for what, failed, limit in h.shrinks]
         return out

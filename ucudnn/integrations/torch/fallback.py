@@ -1,4 +1,5 @@
-"""Why a call goes to torch's own convolution instead, said once per reason."""
+"""Why a call goes to torch's own convolution instead (or ucudnn.torch works around something
+else), said once per reason."""
 from __future__ import annotations
 
 import warnings
@@ -13,7 +14,11 @@ _warned: set[str] = set()
 
 
 def warn_once(reason: str) -> None:
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"ucudnn.torch falls back to torch's own convolution: {reason}", UcudnnWarning,
-                      stacklevel=4)
+    say_once(f"ucudnn.torch falls back to torch's own convolution: {reason}")
+
+
+def say_once(message: str) -> None:
+    """A UcudnnWarning, the first time `message` is said."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, UcudnnWarning, stacklevel=5)

@@ -14,7 +14,9 @@ from torch import Tensor
 from ...config import Settings
 from ...errors import CudnnError, DeviceMemoryError
 from ...problem import ConvKind, ConvProblem
+from .fallback import say_once
 from .memory import Memory
+from .torch_handle import torch_cudnn_handle
 
 F_, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
 
@@ -59,6 +61,9 @@ def _no_persistent_workspace(nbytes: int) -> int:
 class CudaBackend:
     """Runs kernels on CUDA tensors through ucudnn.Handle, on torch's current stream."""
 
+    def __init__(self):
+        self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
+
     def runs_on(self, device: torch.device) -> bool:
         return device.type == "cuda"
 
@@ -74,6 +79,8 @@ class CudaBackend:
         return _raw_stream(torch.cuda.current_device() if device.index is None else device.index)
 
     def make_handle(self, settings: Settings, cache, device: torch.device):
+        """A ucudnn.Handle on torch's own cuDNN handle where it can be borrowed (torch_handle.py),
+        else on one of its own (with a warning: it costs ~10 MiB of device memory)."""
         from ...handle import Handle
 
         torch.backends.cudnn.version()  # loads torch's libcudnn, so ucudnn's bindings use the same one
@@ -81,13 +88,20 @@ class CudaBackend:
             allocator = functools.partial(self.borrow, device=device)
         else:
             allocator = _no_persistent_workspace
+        lent = torch_cudnn_handle(device)
+        self.cudnn_handles[str(device)] = lent.source
+        if lent.handle is None:
+            say_once(f"ucudnn.torch makes a cuDNN handle of its own (~10 MiB of device memory) on "
+                            f"{device}: torch's could not be borrowed ({lent.source})")
+        make = functools.partial(Handle, settings, cache=cache, allocator=allocator, cudnn_handle=lent.handle,
+                                 stream=self.stream(device))
         try:
-            return Handle(settings, cache=cache, allocator=allocator, stream=self.stream(device))
+            return make()
         except CudnnError:
             # cudnnCreate takes device memory outside torch's pool: under memory pressure, give
             # torch's cached blocks back to the device and try once more
             torch.cuda.empty_cache()
-            return Handle(settings, cache=cache, allocator=allocator, stream=self.stream(device))
+            return make()
 
     def borrow(self, nbytes: int, device: torch.device) -> Tensor:
         """Workspace from torch's caching allocator, on the current stream; where it cannot be
