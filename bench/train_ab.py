@@ -151,6 +151,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         if "error" in r:
             lines.append(f"| {r['net']} B={r['batch']} | {r['precision']} | failed | | | | | | {r['error'][:300]} |")
             continue
+        for name, why in r.get("failed", {}).items():
+            lines.append(f"| {r['net']} B={r['batch']} | {r['precision']} | {name} | failed | | | | | {why} |")
         for name, v in r["variants"].items():
             q = v["ratio"]
             memory = (f"{v['peak_mib']:.0f} | {v['retries_per_iter']:.1f}" if "peak_mib" in v else " | ")
@@ -213,6 +215,25 @@ def settle(steps: dict) -> None:
             step()
 
 
+def warm_up(steps: dict, iterations: int) -> tuple[dict[str, float], dict[str, str]]:
+    """`iterations` of each copy in turn (torch's model first): its first loss, or, where it runs
+    out of memory, why (that copy is left out from then on, the others go on)."""
+    import torch
+
+    losses, failed = {}, {}
+    for i in range(iterations):
+        for name, step in steps.items():
+            if name in failed:
+                continue
+            try:
+                loss = step()
+            except torch.cuda.OutOfMemoryError as exc:
+                failed[name] = f"warm-up iteration {i + 1}: {str(exc).splitlines()[0][:300]}"
+                continue
+            losses.setdefault(name, float(loss))
+    return losses, failed
+
+
 def tensors_peak(net: str, batch: int, precision: str, args) -> int:
     """torch's peak allocated bytes over a rotation of turns of every copy with no convolution
     workspace (each converted, WR at 0, no delegation): what the copies' tensors take at most."""
@@ -264,10 +285,13 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
     contexts = {f"ucudnn@{spec}": convert(models[f"ucudnn@{spec}"], convert_keywords(spec, x), amp, args.cache)
                 for spec in specs}
     began = time.perf_counter()
-    first_losses = {name: float(step()) for name, step in steps.items()}  # torch's model first
-    for _ in range(args.warmup - 1):
-        for step in steps.values():
-            step()
+    first_losses, failed = warm_up(steps, args.warmup)  # torch's model first
+    if "torch" in failed:
+        raise RuntimeError(f"torch's own model failed under this pressure: {failed['torch']}")
+    for name in failed:
+        del steps[name], models[name]
+        contexts.pop(name, None)
+    released()
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - began
 
@@ -286,7 +310,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
         notes[name] = kernels_note(summaries[name], {k: after[k] - before[name][k] for k in after})
     row = summarise(net, batch, precision, iteration_ms(marks), notes,
                     dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries, pressure=pressure,
-                         outside_pool_mib=outside_pool_bytes() / MiB), watch.rounds)
+                         outside_pool_mib=outside_pool_bytes() / MiB, failed=failed), watch.rounds)
     del models, steps, model, contexts, blocker
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

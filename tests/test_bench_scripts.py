@@ -671,6 +671,27 @@ def test_ab_configs_and_the_run_writes_after_each_and_stops_at_the_deadline(tmp_
     assert ab.measure_all(ab.configs("alexnet:256", "fp32"), lambda *c: pytest.fail("measured"), AB_META,
                           tmp_path, -1) == []
 
+def test_ab_a_copy_out_of_memory_in_warm_up_is_left_out_and_the_others_go_on():
+    import torch
+
+    calls = []
+
+    def step(name, fails_at=None):
+        def run():
+            calls.append(name)
+            if calls.count(name) == fails_at:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 44.00 MiB.\nmore")
+            return 2.0
+        return run
+    losses, failed = ab.warm_up({"torch": step("t"), "ucudnn@64MiB": step("u", fails_at=2), "control": step("c")}, 3)
+    assert "".join(calls) == "tuc" + "tuc" + "tc"
+    assert losses == {"torch": 2.0, "ucudnn@64MiB": 2.0, "control": 2.0}
+    assert failed == {"ucudnn@64MiB": "warm-up iteration 2: CUDA out of memory. Tried to allocate 44.00 MiB."}
+    row = dict(ab_row(), failed=failed)
+    assert ("| alexnet B=256 | fp32 | ucudnn@64MiB | failed | | | | | warm-up iteration 2: CUDA out of memory."
+            in ab.markdown(AB_META, [row]))
+
+
 def test_ab_a_failed_config_is_a_row_and_the_next_one_runs(tmp_path):
     def measure(net, batch, precision):
         if precision == "fp32":
