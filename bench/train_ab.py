@@ -356,7 +356,8 @@ def measure_all(configs: list[tuple[str, int, str]], measure, meta: dict, out: P
             rows.append(measure(net, batch, precision))
         except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
             rows.append(dict(net=net, batch=batch, precision=precision, error=f"{type(exc).__name__}: {exc}"[:600]))
-            released()
+        if "error" in rows[-1]:
+            released()  # here, not in the except clause: its traceback still holds the config's tensors
         (out / "train_ab.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
         (out / "train_ab.md").write_text(markdown(meta, rows))
         print(markdown(meta, rows[-1:]).splitlines()[-1], flush=True)

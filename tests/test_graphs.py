@@ -166,3 +166,56 @@ def test_replays_compute_what_direct_dispatch_does(kind, alpha, beta):
         written = flats[{"F": "y", "BD": "x", "BF": "w"}[kind]]
         np.testing.assert_allclose(written, expected, rtol=1e-12, atol=1e-12)
     assert (graphed.direct_runs, graphed.captures, graphed.replays) == (1, 1, 3)
+
+
+class FakeRuntime:
+    """cupy.cuda.runtime's graph calls: graphInstantiate fails with `failures` statuses first."""
+
+    class CUDARuntimeError(RuntimeError):
+        def __init__(self, status):
+            super().__init__(f"status {status}")
+            self.status = status
+
+    def __init__(self, failures=()):
+        self.failures, self.calls = list(failures), []
+
+    def __getattr__(self, name):  # every other runtime call: recorded, returns a handle
+        return lambda *args: self.calls.append(name) or 7
+
+    def graphInstantiate(self, graph):
+        self.calls.append("graphInstantiate")
+        if self.failures:
+            raise self.CUDARuntimeError(self.failures.pop(0))
+        return 11
+
+
+def fake_cupy(monkeypatch, runtime):
+    from types import SimpleNamespace
+
+    from ucudnn import graphs
+
+    monkeypatch.setattr(graphs, "cupy", lambda: SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    return graphs
+
+
+@pytest.mark.parametrize("make_room", [True, False])
+def test_a_graph_without_device_memory_is_instantiated_again_after_making_room(monkeypatch, make_room):
+    runtime, made = FakeRuntime(failures=[2]), []  # cudaErrorMemoryAllocation, once
+    graphs = fake_cupy(monkeypatch, runtime)
+    capturer = graphs.GraphCapturer(lambda stream: None, lambda: 3,
+                                    (lambda: made.append(runtime.calls.count("graphInstantiate"))) if make_room else None)
+    if make_room:
+        assert capturer.capture(lambda: None)._executable == 11
+        assert made == [1] and runtime.calls.count("graphInstantiate") == 2  # room made between the two tries
+    else:
+        with pytest.raises(GraphCaptureError, match="status 2"):
+            capturer.capture(lambda: None)
+
+
+def test_other_instantiation_failures_are_not_retried(monkeypatch):
+    runtime, made = FakeRuntime(failures=[1]), []  # cudaErrorInvalidValue
+    graphs = fake_cupy(monkeypatch, runtime)
+    capturer = graphs.GraphCapturer(lambda stream: None, lambda: 3, lambda: made.append(True))
+    with pytest.raises(GraphCaptureError, match="status 1"):
+        capturer.capture(lambda: None)
+    assert made == [] and runtime.calls.count("graphInstantiate") == 1

@@ -143,7 +143,7 @@ def lent_streams(monkeypatch):
     monkeypatch.setattr(cudnn, "set_stream", lambda handle, stream: calls.append((handle, stream)))
     monkeypatch.setattr(handles, "open_backends", lambda choice, handle, stream: FakeBackends())
     monkeypatch.setattr(handles, "compile_program", lambda *args: Recorder())
-    monkeypatch.setattr(handles, "GraphCapturer", lambda redirect, stream: FakeCapturer())
+    monkeypatch.setattr(handles, "GraphCapturer", lambda redirect, stream, make_room: FakeCapturer())
     return calls
 
 

@@ -113,6 +113,7 @@ class GraphedProgram:
 # --- CUDA graphs through CuPy ----------------------------------------------------------------------
 
 _CAPTURE_THREAD_LOCAL = 1  # cudaStreamCaptureModeThreadLocal: other threads' CUDA calls stay legal
+_OUT_OF_MEMORY = 2  # cudaErrorMemoryAllocation
 
 
 class Graph:
@@ -135,10 +136,12 @@ class GraphCapturer:
 
     Work is captured on a private stream (a caller's stream may be the legacy default stream,
     which cannot capture): `redirect(stream)` points the library at a stream (for cuDNN,
-    cudnnSetStream on its handle) and `stream()` names the caller's stream, where graphs run."""
+    cudnnSetStream on its handle) and `stream()` names the caller's stream, where graphs run.
+    An instantiated graph holds device memory outside any allocator's pool: where there is none,
+    `make_room()` (e.g. torch.cuda.empty_cache) is called and instantiation is tried once more."""
 
-    def __init__(self, redirect, stream):
-        self._redirect, self._stream = redirect, stream
+    def __init__(self, redirect, stream, make_room: Callable[[], None] | None = None):
+        self._redirect, self._stream, self._make_room = redirect, stream, make_room
         self._private = cupy().cuda.runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
 
     def capture(self, run) -> Graph:
@@ -155,13 +158,23 @@ class GraphCapturer:
                 raise
             graph = rt.streamEndCapture(self._private)  # raises if the capture was invalidated
             try:
-                return Graph(rt.graphInstantiate(graph))
+                return Graph(self._instantiate(graph))
             finally:
                 rt.graphDestroy(graph)
         except Exception as exc:
             raise GraphCaptureError(f"{type(exc).__name__}: {exc}") from exc
         finally:
             self._redirect(self._stream())
+
+    def _instantiate(self, graph: int) -> int:
+        rt = cupy().cuda.runtime
+        try:
+            return rt.graphInstantiate(graph)
+        except rt.CUDARuntimeError as exc:
+            if self._make_room is None or exc.status != _OUT_OF_MEMORY:
+                raise
+        self._make_room()
+        return rt.graphInstantiate(graph)
 
     def launch(self, graph: Graph) -> None:
         graph.launch(self._stream())

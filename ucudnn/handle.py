@@ -31,11 +31,14 @@ class Handle:
     Settings come from keyword arguments, then UCUDNN_* variables (see ucudnn.config.Settings).
     `allocator(nbytes)` returns an object holding device memory (default: CuPy's pool).
     `cudnn_handle`: a cuDNN handle to run on (else one of its own, destroyed by close()); its
-    owner may move it to other streams, so every call sets it to this handle's stream first."""
+    owner may move it to other streams, so every call sets it to this handle's stream first.
+    `make_room()`: gives device memory back where a CUDA graph finds none (a framework's
+    allocator cache, e.g. torch.cuda.empty_cache)."""
 
     def __init__(self, settings: Settings | None = None, *, cache=None,
                  benchmarker: Benchmarker | None = None, allocator: Callable[[int], Any] | None = None,
-                 cudnn_handle=None, stream: int | None = None, **settings_kwargs):
+                 cudnn_handle=None, stream: int | None = None, make_room: Callable[[], None] | None = None,
+                 **settings_kwargs):
         from .cache import Cache
 
         self.settings = settings or Settings.load(**settings_kwargs)
@@ -52,7 +55,7 @@ class Handle:
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
         self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
-        self._capturer = (GraphCapturer(self.backends.set_stream, lambda: self.stream)
+        self._capturer = (GraphCapturer(self.backends.set_stream, lambda: self.stream, make_room)
                           if self.settings.execution == "graph" else None)
 
     def set_stream(self, stream: int) -> None:

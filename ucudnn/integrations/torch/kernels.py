@@ -94,7 +94,7 @@ class CudaBackend:
             say_once(f"ucudnn.torch makes a cuDNN handle of its own (~10 MiB of device memory) on "
                             f"{device}: torch's could not be borrowed ({lent.source})")
         make = functools.partial(Handle, settings, cache=cache, allocator=allocator, cudnn_handle=lent.handle,
-                                 stream=self.stream(device))
+                                 stream=self.stream(device), make_room=torch.cuda.empty_cache)
         try:
             return make()
         except CudnnError:
