@@ -69,9 +69,10 @@ class Watch:
     def __init__(self, blocked: int = 0):
         self.blocked, self.rounds = blocked, {}
 
-    def begin(self) -> None:
+    def begin(self, name: str) -> None:
         import torch
 
+        self.current = name
         torch.cuda.reset_peak_memory_stats()
         self._counts = allocator_counts()
 
@@ -91,7 +92,7 @@ def interleave(steps: dict[str, Callable[[], object]], rounds: int, iters: int, 
     marks: dict[str, list[list[Any]]] = {name: [] for name in steps}
     for name in turns(list(steps), rounds):
         if watch:
-            watch.begin()
+            watch.begin(name)
         step, held = steps[name], [mark()]
         for _ in range(iters):
             step()
@@ -186,10 +187,10 @@ def convert_keywords(spec: str, x) -> dict:
     return dict(optimizer="wd", total_limit=limit, **({} if limit == "auto" else dict(sample_input=x)))
 
 
-def copies(model, specs: list[str]) -> dict:
-    """torch's model, a copy per ucudnn spec (converted later) and the control copy."""
+def copies(model, specs: list[str], control: bool = True) -> dict:
+    """torch's model, a copy per ucudnn spec (converted later) and the control copy (if asked for)."""
     return {"torch": model, **{f"ucudnn@{spec}": copy.deepcopy(model) for spec in specs},
-            "control": copy.deepcopy(model)}
+            **({"control": copy.deepcopy(model)} if control else {})}
 
 
 def convert(model, keywords: dict, amp: bool, cache: str | None):
@@ -242,7 +243,7 @@ def tensors_peak(net: str, batch: int, precision: str, args) -> int:
     amp = precision == "amp"
     torch.manual_seed(0)
     model, x, target = build(net, batch, amp, torch.device("cuda"))
-    models = copies(model, args.limits.split(","))
+    models = copies(model, args.limits.split(","), args.control)
     steps = {name: training_step(m, x, target, amp) for name, m in models.items()}
     settle(steps)
     for m in models.values():
@@ -262,7 +263,8 @@ def footprint(net: str, batch: int, precision: str, args) -> int:
     result = Path(args.out) / f"footprint-{net}-{precision}.json"
     command = [sys.executable, __file__, "--footprint-of-run", str(result), "--out", args.out,
                "--nets", f"{net}:{batch}", "--precisions", precision, "--limits", args.limits,
-               "--warmup", str(args.warmup)] + (["--cache", args.cache] if args.cache else [])
+               "--warmup", str(args.warmup)] + (["--cache", args.cache] if args.cache else []) + (
+               [] if args.control else ["--no-control"])
     subprocess.run(command, env=child_env(os.environ), check=True, timeout=300)
     return json.loads(result.read_text())["peak_bytes"]
 
@@ -276,7 +278,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
     torch.manual_seed(0)
     model, x, target = build(net, batch, amp, device)
     specs = args.limits.split(",")
-    models = copies(model, specs)
+    models = copies(model, specs, args.control)
     steps = {name: training_step(m, x, target, amp) for name, m in models.items()}
     settle(steps)
     pressure: dict = {}
@@ -302,8 +304,12 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
 
     before = {name: program_counts(c) for name, c in contexts.items()}
     watch = Watch(blocker.numel() if blocker is not None else 0)
-    marks = interleave(steps, args.rounds, args.iters, mark, watch)
-    torch.cuda.synchronize()
+    try:
+        marks = interleave(steps, args.rounds, args.iters, mark, watch)
+        torch.cuda.synchronize()
+    except torch.cuda.OutOfMemoryError as exc:
+        raise RuntimeError(f"{watch.current} ran out of memory in the timed rounds: "
+                           f"{str(exc).splitlines()[0][:300]}") from None
     notes, summaries = {}, {}
     for name, context in contexts.items():
         after, summaries[name] = program_counts(context), condensed(context.summary())
@@ -327,6 +333,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--limits", default="64MiB",
                         help="a converted copy for each: SIZE (WR per kernel), wd:SIZE or wd:auto (WD's total)")
     parser.add_argument("--free", default=None, help="memory pressure: free memory left beyond the copies' own peak")
+    parser.add_argument("--no-control", dest="control", action="store_false",
+                        help="no A/A control copy (under tight pressure: one copy less to hold)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--iters", type=int, default=10, help="iterations back to back per round")
     parser.add_argument("--warmup", type=int, default=3)

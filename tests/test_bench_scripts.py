@@ -634,8 +634,8 @@ class FakeWatch:
     def __init__(self):
         self.seen = []
 
-    def begin(self):
-        self.seen.append("begin")
+    def begin(self, name):
+        self.seen.append(f"begin {name}")
 
     def end(self, name):
         self.seen.append(name)
@@ -644,7 +644,8 @@ class FakeWatch:
 def test_ab_watch_sees_every_round_begin_and_end_in_turn():
     watch = FakeWatch()
     ab.interleave({"torch": lambda: None, "ucudnn": lambda: None}, rounds=2, iters=3, mark=Mark, watch=watch)
-    assert watch.seen == ["begin", "torch", "begin", "ucudnn", "begin", "ucudnn", "begin", "torch"]
+    assert watch.seen == ["begin torch", "torch", "begin ucudnn", "ucudnn", "begin ucudnn", "ucudnn",
+                          "begin torch", "torch"]
 
 
 def test_ab_limits_name_wr_wd_and_auto_copies_and_bad_ones_fail_before_the_gpu():
@@ -653,6 +654,8 @@ def test_ab_limits_name_wr_wd_and_auto_copies_and_bad_ones_fail_before_the_gpu()
     assert ab.convert_keywords("wd:64MiB", x) == dict(optimizer="wd", total_limit="64MiB", sample_input=x)
     assert ab.convert_keywords("wd:auto", x) == dict(optimizer="wd", total_limit="auto")
     assert list(ab.copies("model", ["64MiB", "wd:auto"])) == ["torch", "ucudnn@64MiB", "ucudnn@wd:auto", "control"]
+    assert list(ab.copies("model", ["64MiB"], control=False)) == ["torch", "ucudnn@64MiB"]
+    assert ab.parse_args(["--out", "o"]).control and not ab.parse_args(["--out", "o", "--no-control"]).control
     args = ab.parse_args(["--out", "o", "--limits", "64MiB,wd:32MiB,wd:auto", "--free", "96MiB"])
     assert args.free_bytes == 96 * 2**20 and ab.parse_args(["--out", "o"]).free_bytes == 0
     with pytest.raises(ValueError, match="write SIZE"):
