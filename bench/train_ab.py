@@ -23,7 +23,8 @@ delegation) and takes torch's peak allocated bytes over a rotation of turns (eve
 parameters, gradients and optimizer state, one iteration's activations), then a blocker
 allocation leaves that plus L free before the copies are converted and warmed up. torch's
 benchmark mode then drops every plan whose workspace does not fit, and ucudnn plans under the same
-pressure.
+pressure. Every copy takes its share of the pressure (the allocator's blocks move between them):
+--no-control leaves the control out where torch's own model cannot train beside three.
 
 Reported per network, precision and variant: the median ms per iteration over the rounds,
 torch/variant round by round (median, min, max), the median of the rounds' first iterations apart
