@@ -363,7 +363,7 @@ def child(args) -> None:
     mark("model and batch on the GPU")
     if not args.torch_only:
         ut.convert(model, workspace_limit=args.limit, cache_path=args.cache)
-        context = next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
+        context = ut.context_of(model)
         mark("convert")
         context.handle(device)  # made by the first call anyway; here, to time it apart
         mark("ucudnn handle")

@@ -68,7 +68,7 @@ def child(args) -> dict:
         step()
     phase("warm iterations")
     if ucudnn:
-        context = next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
+        context = ut.context_of(model)
         graphs = 0
         for kernel in context._kernels.values():
             held = getattr(getattr(kernel, "program", None), "graphs", None)

@@ -171,12 +171,6 @@ def kernels_note(summary: dict, programs: dict) -> str:
             f"{programs.get('direct_runs', 0)} direct")
 
 
-def context_of(model):
-    import ucudnn.torch as ut
-
-    return next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
-
-
 def convert_keywords(spec: str, x) -> dict:
     """ucudnn.torch.convert's keywords for a --limits entry: SIZE (WR at SIZE per kernel), wd:SIZE
     (WD, total SIZE, learned from the batch x) or wd:auto (WD's memory-aware total)."""
@@ -203,7 +197,7 @@ def convert(model, keywords: dict, amp: bool, cache: str | None):
 
     with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
         ut.convert(model, cache_path=cache, **keywords)
-    return context_of(model)
+    return ut.context_of(model)
 
 
 def settle(steps: dict) -> None:

@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     x = torch.randn(args.batch, 3, 224, 224, device="cuda").contiguous(memory_format=layout)
     target = torch.randint(0, 1000, (args.batch,), device="cuda")
     ut.convert(model, workspace_limit=args.limit, cache_path=args.cache, delegate=args.delegate)
-    context = next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
+    context = ut.context_of(model)
     step = training_step(model, x, target, amp)
 
     for _ in range(args.warmup):

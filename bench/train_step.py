@@ -299,7 +299,7 @@ def convert(model, x, variant: Variant, args, amp: bool):
     keywords = convert_keywords(variant, dict(vars(args), sample_input=x))
     with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
         ut.convert(model, cache_path=args.cache, **keywords)
-    return next(m.ucudnn_context for m in model.modules() if isinstance(m, ut.Conv2d))
+    return ut.context_of(model)
 
 
 def condensed(summary: dict) -> dict:

@@ -90,6 +90,19 @@ def test_convert_replaces_every_conv2d_in_place_nested_ones_too():
     assert len(contexts) == 1 and convs[0].ucudnn_context.settings.workspace_limit == 8 * 2**20
 
 
+def test_context_of_names_the_one_context_of_a_converted_model():
+    from ucudnn.errors import ConfigError
+
+    model = Net()
+    with pytest.raises(ConfigError, match="Net has converted layers of 0 ucudnn contexts"):
+        ut.context_of(model)
+    ut.convert(model, workspace_limit="8MiB")
+    assert ut.context_of(model) is converted_convs(model)[0].ucudnn_context
+    converted_convs(model)[1].ucudnn_context = ut.Context(workspace_limit="1MiB")
+    with pytest.raises(ConfigError, match="of 2 ucudnn contexts; context_of needs exactly one"):
+        ut.context_of(model)
+
+
 def test_convert_takes_a_bare_conv_and_keeps_hooks():
     conv = nn.Conv2d(2, 3, 3)
     seen = []

@@ -24,7 +24,7 @@ from ...errors import NoAlgorithmError
 from .call import Call, Geometry, geometry, math_type, pack, resolve
 from .context import Context, default_context
 from .kernels import CudaBackend, TorchKernel, UcudnnKernel
-from .layers import Conv2d, convert, learn, network
+from .layers import Conv2d, context_of, convert, learn, network
 from .sites import Sites
 
-__all__ = ["Conv2d", "Context", "CudaBackend", "convert", "default_context", "learn", "network"]
+__all__ = ["Conv2d", "Context", "CudaBackend", "context_of", "convert", "default_context", "learn", "network"]

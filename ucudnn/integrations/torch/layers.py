@@ -170,6 +170,16 @@ def _contexts(model: nn.Module) -> list[Context]:
     return list(found.values())
 
 
+def context_of(model: nn.Module) -> Context:
+    """The Context that `model`'s converted layers share (its summary(), runs, reset()):
+    ConfigError where the model has no converted layer, or layers of more than one Context."""
+    contexts = _contexts(model)
+    if len(contexts) != 1:
+        raise ConfigError(f"{type(model).__name__} has converted layers of {len(contexts)} ucudnn contexts; "
+                          "context_of needs exactly one (ucudnn.torch.convert(model) gives every layer the same)")
+    return contexts[0]
+
+
 @contextlib.contextmanager
 def network(model: nn.Module) -> Iterator[nn.Module]:
     """`with ucudnn.torch.network(model): model(x)`: the converted layers record their kernels
