@@ -31,7 +31,8 @@ class Handle:
     Settings come from keyword arguments, then UCUDNN_* variables (see ucudnn.config.Settings).
     `allocator(nbytes)` returns an object holding device memory (default: CuPy's pool).
     `cudnn_handle`: a cuDNN handle to run on (else one of its own, destroyed by close()); its
-    owner may move it to other streams, so every call sets it to this handle's stream first.
+    owner may move it to other streams, so every direct call sets it to this handle's stream
+    first (graph replays do not use it).
     `make_room()`: gives device memory back where a CUDA graph finds none (a framework's
     allocator cache, e.g. torch.cuda.empty_cache)."""
 

@@ -92,7 +92,7 @@ class CudaBackend:
         self.cudnn_handles[str(device)] = lent.source
         if lent.handle is None:
             say_once(f"ucudnn.torch makes a cuDNN handle of its own (~10 MiB of device memory) on "
-                            f"{device}: torch's could not be borrowed ({lent.source})")
+                     f"{device}: torch's could not be borrowed ({lent.source})")
         make = functools.partial(Handle, settings, cache=cache, allocator=allocator, cudnn_handle=lent.handle,
                                  stream=self.stream(device), make_room=torch.cuda.empty_cache)
         try:
