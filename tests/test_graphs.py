@@ -219,3 +219,18 @@ def test_other_instantiation_failures_are_not_retried(monkeypatch):
     with pytest.raises(GraphCaptureError, match="status 1"):
         capturer.capture(lambda: None)
     assert made == [] and runtime.calls.count("graphInstantiate") == 1
+
+
+def test_the_benchmarkers_capturer_makes_room_as_the_handles_does(monkeypatch):
+    """Under memory pressure a candidate's graph that cannot be instantiated would be recorded
+    FAILED (and never measured again): the benchmarker's capturer makes room too."""
+    from types import SimpleNamespace
+
+    from ucudnn import benchmark
+
+    runtime, made = FakeRuntime(failures=[2]), []
+    fake_cupy(monkeypatch, runtime)
+    backends = SimpleNamespace(set_stream=lambda stream: None)
+    capturer = benchmark._capturer("graph", backends, 3, lambda: made.append(True))
+    assert capturer.capture(lambda: None)._executable == 11 and made == [True]
+    assert benchmark._capturer("direct", backends, 3, lambda: made.append(True)) is None

@@ -103,14 +103,14 @@ class CudnnBenchmarker:
     of memory) are recorded, not raised."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
-                 execution: str = "graph", backend: str = ""):
+                 execution: str = "graph", backend: str = "", make_room: Callable[[], None] | None = None):
         self.handle, self.stream, self.backends = _open(handle, stream, backend)
         self.timing = timing
         self.device = gpu.device_info(backends=self.backends.names).for_execution(execution).for_timing(timing.name)
         self.calls = 0  # (candidate, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
         self.pace = gpu.HostPace()  # of one candidate's call: sizes the coarse timings' spins
-        self.capturer = _capturer(execution, self.backends, self.stream)
+        self.capturer = _capturer(execution, self.backends, self.stream, make_room)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
                 backend: str | None = None) -> list[Measurement]:
@@ -205,7 +205,7 @@ class ConfigurationTimer:
                  stream: int | None = None, execution: str = "graph", backend: str = ""):
         self.handle, self.stream, self.backends = _open(handle, stream, backend)
         self.timing, self.scratch = timing, Scratch()
-        self.capturer = _capturer(execution, self.backends, self.stream)
+        self.capturer = _capturer(execution, self.backends, self.stream, make_room)
 
     def time_ms(self, problem: ConvProblem, configuration) -> float:
         """Median milliseconds of one run of `configuration` on `problem` (all micro-batches)."""
@@ -251,9 +251,13 @@ def _stream_kept(handle):
         cudnn.set_stream(handle, before)
 
 
-def _capturer(execution: str, backends, stream: int) -> "GraphCapturer | None":
-    """What captures the backends' calls for graph execution; None for direct execution."""
-    return GraphCapturer(backends.set_stream, lambda: stream) if check_execution(execution) == "graph" else None
+def _capturer(execution: str, backends, stream: int,
+              make_room: Callable[[], None] | None = None) -> "GraphCapturer | None":
+    """What captures the backends' calls for graph execution (making room as GraphCapturer says);
+    None for direct execution."""
+    if check_execution(execution) != "graph":
+        return None
+    return GraphCapturer(backends.set_stream, lambda: stream, make_room)
 
 
 SWEEP_MS, SWEEP_CALLS = 0.5, 16

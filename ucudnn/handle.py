@@ -33,8 +33,8 @@ class Handle:
     `cudnn_handle`: a cuDNN handle to run on (else one of its own, destroyed by close()); its
     owner may move it to other streams, so every direct call sets it to this handle's stream
     first (graph replays do not use it).
-    `make_room()`: gives device memory back where a CUDA graph finds none (a framework's
-    allocator cache, e.g. torch.cuda.empty_cache)."""
+    `make_room()`: gives device memory back where a CUDA graph, the handle's or its benchmarker's,
+    finds none (a framework's allocator cache, e.g. torch.cuda.empty_cache)."""
 
     def __init__(self, settings: Settings | None = None, *, cache=None,
                  benchmarker: Benchmarker | None = None, allocator: Callable[[int], Any] | None = None,
@@ -52,7 +52,8 @@ class Handle:
             self.settings, cache if cache is not None else Cache(self.settings.cache_path),
             benchmarker=lambda: benchmarker or CudnnBenchmarker(self.cudnn_handle, stream=self.stream,
                                                                 execution=self.settings.execution,
-                                                                backend=self.settings.backend),
+                                                                backend=self.settings.backend,
+                                                                make_room=make_room),
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
         self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)

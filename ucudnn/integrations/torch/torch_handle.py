@@ -16,8 +16,8 @@ ucudnn borrows it only where all of these hold; otherwise it makes its own and w
   getCudnnHandle reports failure by a C++ exception, which must not reach a ctypes call;
 - libtorch_cuda exports the function under its C++ name (SYMBOL).
 The borrowed handle is torch's, so ucudnn never destroys it, and sets its stream before each of its
-calls (ucudnn.Handle does that for any handle it is lent): torch moves it to its current stream on
-each of torch's own calls.
+direct runs (ucudnn.Handle does that for any handle it is lent; graph replays do not use it): torch
+moves it to its current stream on each of torch's own calls.
 """
 from __future__ import annotations
 
@@ -43,16 +43,27 @@ def _own(why: str) -> Lent:
     return Lent(None, f"ucudnn's own: {why}")
 
 
-def torch_cudnn_handle(device, warm: Callable[[object], None] | None = None,
+def _tiny_convolution(device) -> None:
+    """A convolution through torch's cuDNN path on `device`: torch makes this thread's handle if
+    it has none (raising RuntimeError, e.g. out of memory, where it cannot)."""
+    import torch
+
+    x = torch.zeros(1, 2, 4, 4, device=device)
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False), torch.no_grad():
+        torch.nn.functional.conv2d(x, torch.zeros(2, 2, 3, 3, device=device))
+
+
+def torch_cudnn_handle(device, warm: Callable[[object], None] = _tiny_convolution,
                        load: Callable[[str], ctypes.CDLL] = ctypes.CDLL) -> Lent:
     """torch's cuDNN handle of `device` (the current one) for this thread, or why not (see above).
-    `warm(device)` runs torch's own convolution there (default: a tiny one); `load` opens a library."""
+    `warm(device)` runs torch's own convolution there; `load` opens a library."""
     if threading.current_thread() is not threading.main_thread():
         return _own("asked for outside the main thread; torch's handles belong to threads")
-    if library.copies_loaded() != 1:
-        return _own(f"{library.copies_loaded()} copies of libcudnn are loaded; a handle works only with its own")
+    copies = library.copies_loaded()
+    if copies != 1:
+        return _own(f"{copies} copies of libcudnn are loaded; a handle works only with its own")
     try:
-        (warm or _tiny_convolution)(device)
+        warm(device)
     except RuntimeError as exc:
         return _own(f"torch's own cuDNN convolution failed here ({exc})")
     paths = list(library.mapped(LIBRARY).values())
@@ -67,13 +78,3 @@ def torch_cudnn_handle(device, warm: Callable[[object], None] | None = None,
     if not address:
         return _own("at::native::getCudnnHandle returned no handle")
     return Lent(ctypes.c_void_p(address), TORCHS)
-
-
-def _tiny_convolution(device) -> None:
-    """A convolution through torch's cuDNN path on `device`: torch makes this thread's handle if
-    it has none (raising RuntimeError, e.g. out of memory, where it cannot)."""
-    import torch
-
-    x = torch.zeros(1, 2, 4, 4, device=device)
-    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False), torch.no_grad():
-        torch.nn.functional.conv2d(x, torch.zeros(2, 2, 3, 3, device=device))
