@@ -211,6 +211,10 @@ def settle(steps: dict) -> None:
             step()
 
 
+def first_line(error: Exception) -> str:
+    return str(error).splitlines()[0][:300]
+
+
 def warm_up(steps: dict, iterations: int) -> tuple[dict[str, float], dict[str, str]]:
     """`iterations` of each copy in turn (torch's model first): its first loss, or, where it runs
     out of memory, why (that copy is left out from then on, the others go on)."""
@@ -224,15 +228,15 @@ def warm_up(steps: dict, iterations: int) -> tuple[dict[str, float], dict[str, s
             try:
                 loss = step()
             except torch.cuda.OutOfMemoryError as exc:
-                failed[name] = f"warm-up iteration {i + 1}: {str(exc).splitlines()[0][:300]}"
+                failed[name] = f"warm-up iteration {i + 1}: {first_line(exc)}"
                 continue
             losses.setdefault(name, float(loss))
     return losses, failed
 
 
-def tensors_peak(net: str, batch: int, precision: str, args) -> int:
-    """torch's peak allocated bytes over a rotation of turns of every copy with no convolution
-    workspace (each converted, WR at 0, no delegation): what the copies' tensors take at most."""
+def settled_copies(net: str, batch: int, precision: str, args) -> tuple[dict, dict, Any]:
+    """The copies (copies()), each one's training step, settled (settle()), and the batch: built
+    alike where the footprint is measured and where the copies are timed."""
     import torch
 
     amp = precision == "amp"
@@ -241,8 +245,17 @@ def tensors_peak(net: str, batch: int, precision: str, args) -> int:
     models = copies(model, args.limits.split(","), args.control)
     steps = {name: training_step(m, x, target, amp) for name, m in models.items()}
     settle(steps)
+    return models, steps, x
+
+
+def tensors_peak(net: str, batch: int, precision: str, args) -> int:
+    """torch's peak allocated bytes over a rotation of turns of every copy with no convolution
+    workspace (each converted, WR at 0, no delegation): what the copies' tensors take at most."""
+    import torch
+
+    models, steps, _ = settled_copies(net, batch, precision, args)
     for m in models.values():
-        convert(m, dict(workspace_limit=0, delegate=False), amp, args.cache)
+        convert(m, dict(workspace_limit=0, delegate=False), precision == "amp", args.cache)
     for _ in range(args.warmup):
         for step in steps.values():
             step()
@@ -267,20 +280,15 @@ def footprint(net: str, batch: int, precision: str, args) -> int:
 def measure(net: str, batch: int, precision: str, args) -> dict:
     import torch
 
-    amp = precision == "amp"
     device = torch.device("cuda")
     peak = footprint(net, batch, precision, args) if args.free else None
-    torch.manual_seed(0)
-    model, x, target = build(net, batch, amp, device)
+    models, steps, x = settled_copies(net, batch, precision, args)
     specs = args.limits.split(",")
-    models = copies(model, specs, args.control)
-    steps = {name: training_step(m, x, target, amp) for name, m in models.items()}
-    settle(steps)
     pressure: dict = {}
     blocker = (block(SimpleNamespace(footprint_of="allocated", footprint=peak, free_bytes=args.free_bytes),
                      device, pressure) if args.free else None)
-    contexts = {f"ucudnn@{spec}": convert(models[f"ucudnn@{spec}"], convert_keywords(spec, x), amp, args.cache)
-                for spec in specs}
+    contexts = {f"ucudnn@{spec}": convert(models[f"ucudnn@{spec}"], convert_keywords(spec, x), precision == "amp",
+                                          args.cache) for spec in specs}
     began = time.perf_counter()
     first_losses, failed = warm_up(steps, args.warmup)  # torch's model first
     if "torch" in failed:
@@ -303,8 +311,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
         marks = interleave(steps, args.rounds, args.iters, mark, watch)
         torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError as exc:
-        raise RuntimeError(f"{watch.current} ran out of memory in the timed rounds: "
-                           f"{str(exc).splitlines()[0][:300]}") from None
+        raise RuntimeError(f"{watch.current} ran out of memory in the timed rounds: {first_line(exc)}") from None
     notes, summaries = {}, {}
     for name, context in contexts.items():
         after, summaries[name] = program_counts(context), condensed(context.summary())
@@ -312,7 +319,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
     row = summarise(net, batch, precision, iteration_ms(marks), notes,
                     dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries, pressure=pressure,
                          outside_pool_mib=outside_pool_bytes() / MiB, failed=failed), watch.rounds)
-    del models, steps, model, contexts, blocker
+    del models, steps, contexts, blocker
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return row
