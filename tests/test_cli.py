@@ -287,6 +287,9 @@ def inline(capsys, *argv: str) -> tuple[int, str, str]:
     (("optimize", "--net", "alexnet", "--policy", "most"), "invalid choice: 'most' (choose from"),
     (("optimize", "--net", "alexnet", "--plot", "/nonexistent/plan.png"), "folder /nonexistent does not exist"),
     (("cache", "export", "/nonexistent/out.json"), "folder /nonexistent does not exist"),
+    (("cache", "export", str(REPO / "docs")), f"{REPO / 'docs'} is a folder; give a file name such as "
+                                             f"{REPO / 'docs' / 'out.json'}"),
+    (("cache", "merge", "a.db", "--into", str(REPO / "docs")), f"such as {REPO / 'docs' / 'benchmarks.db'}"),
     (("optimize", "--net", "alexnet", "--cache", "/nonexistent/x.db"), "no benchmark database at /nonexistent/x.db"),
     (("optimize", "--net", "alexnet", "--optimizer", "wr", "--total-workspace", "1GiB"), "use --optimizer wd"),
     (("nets", "/nonexistent/net.json"), "network file /nonexistent/net.json does not exist"),
@@ -570,3 +573,44 @@ def test_cache_prune_shrinks_a_file_and_keeps_its_plans(db, tmp_path):
 def test_cache_prune_names_a_missing_file(capsys, tmp_path):
     status, _, err = inline(capsys, "cache", "prune", "--cache", str(tmp_path / "none.db"))
     assert status == 2 and "does not exist" in err and not (tmp_path / "none.db").exists()
+
+
+# ---- a shard folder as the cache
+
+
+@pytest.fixture
+def shards(db, tmp_path) -> Path:
+    """A folder of two shards: the synthetic database and an empty one."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "node1.db").write_bytes(Path(db).read_bytes())
+    BenchmarkDatabase(folder / "node2.db").close()
+    return folder
+
+
+def test_reading_commands_read_every_shard_of_a_folder(capsys, db, shards, tmp_path):
+    before = {path.name: path.read_bytes() for path in shards.iterdir()}
+    result = run("optimize", "--offline", "--net", "alexnet", "--json", env_extra={"UCUDNN_CACHE": str(shards)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["total"] == optimize(db, "--net", "alexnet")["total"]
+    assert json.loads(result.stdout)["database"] == str(shards)
+    assert len(json.loads(ok("cache", "list", "--cache", str(shards), "--json"))["devices"][0]["kernels"]) == 63
+    assert "legacy:FFT" in ok("cache", "show", "--net", "alexnet", "--kernel", "conv2/F", "--cache", str(shards))
+    assert "exported" in ok("cache", "export", str(tmp_path / "all.json"), "--cache", str(shards))
+    assert ok("cache", "verify", "--cache", str(shards)) == f"{shards}: no problems found in 2 shard(s)\n"
+    assert {path.name: path.read_bytes() for path in shards.iterdir()} == before
+
+
+def test_verify_names_the_damaged_shard_of_a_folder(capsys, shards, damaged):
+    (shards / "node3.db").write_bytes(damaged.read_bytes())
+    status, out, _ = inline(capsys, "cache", "verify", "--cache", str(shards))
+    assert status == 1 and out.startswith(f"{shards / 'node3.db'}: integrity:")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("cache", "prune"), "is a shard folder; name one database file to prune, e.g. --cache {shards}/node1.db"),
+    (("cache", "import", "x.json"), "is a folder; give a file name such as {shards}/benchmarks.db"),
+])
+def test_writing_commands_name_one_file_of_a_shard_folder(capsys, shards, argv, message):
+    status, _, err = inline(capsys, *argv, "--cache", str(shards))
+    assert status == 2 and one_line_naming(err, message.format(shards=shards))

@@ -2,6 +2,7 @@
 bindings number, and what a Provenance is made of."""
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,34 @@ def test_a_provenance_is_hardware_and_how_it_was_measured():
     assert provenance == Provenance("GPU", "9.0", 91900, 570, "node1", execution="graph", timing="quick")
     assert provenance.describe() == f"{hardware.describe()}, graph execution"
 
+
+
+@pytest.fixture
+def shard_folder(tmp_path) -> Path:
+    """AlexNet at batch 256 recorded in two shards of one folder, half the kernels each."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    kernels = get_network("alexnet").problems(256)
+    for name, part in (("node1.db", kernels[:8]), ("node2.db", kernels[8:])):
+        with BenchmarkDatabase(folder / name) as database:
+            record_network(database, part)
+    return folder
+
+
+def test_a_shard_folder_reads_as_its_shards_merged_and_stays_unchanged(shard_folder, tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    before = {path.name: path.read_bytes() for path in shard_folder.iterdir()}
+    problems = [k.problem for k in get_network("alexnet").problems(256)]
+    found = tables_for(problems, Settings.load(env={}, cache_path=str(shard_folder)), 64 * 2**20, measure=False)
+    assert (found.device, found.path) == (DEVICE, shard_folder)
+    assert all(len(found.tables[p.key]) for p in problems)
+    assert {path.name: path.read_bytes() for path in shard_folder.iterdir()} == before
+    assert list(scratch.iterdir()) == []  # the merged copy is gone
+
+
+def test_a_folder_without_shards_is_named(tmp_path):
+    problems = [k.problem for k in get_network("alexnet").problems(256)]
+    with pytest.raises(CacheError, match=f"{tmp_path} holds no shard files"):
+        tables_for(problems, Settings.load(env={}, cache_path=str(tmp_path)), None, measure=False)

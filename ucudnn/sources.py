@@ -3,15 +3,16 @@ recording of the GPU with the most of them. `tables_for` decides; the CLI and sc
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .bindings import gpu_available
 from .benchmark import Benchmarker, CudnnBenchmarker, ensure_tables
-from .cache.database import BenchmarkDatabase
+from .cache.database import BenchmarkDatabase, merge
 from .cache.memo import Cache
-from .cache.paths import cache_path
+from .cache.paths import cache_path, shard_paths
 from .config import Settings
 from .device import Provenance
 from .errors import CacheError, MissingMeasurementsError
@@ -44,17 +45,50 @@ def complete_tables(problems: Sequence[ConvProblem], settings: Settings, cap: in
 
 
 def open_database(path: str | Path | None, check: bool = True) -> BenchmarkDatabase:
-    """The benchmark database at `path`, read-only, checked whole unless `check` is False; an
-    error naming the fix where there is none or it is damaged."""
+    """The benchmark database at `path`, read-only, checked whole unless `check` is False; a
+    shard folder reads as its shards merged (`MergedShards`); an error naming the fix where there
+    is none or it is damaged."""
     if path is None:
         raise MissingMeasurementsError("no recorded measurements are shipped with this ucudnn; "
                                        "pass --cache FILE with a database from `ucudnn bench`")
+    if Path(path).is_dir():
+        shards = shards_in(path)
+        return open_database(shards[0], check) if len(shards) == 1 else MergedShards(Path(path), shards)
     if not Path(path).is_file():
         raise CacheError(f"no benchmark database at {path}; pass --cache FILE with one from `ucudnn bench`")
     try:
         return BenchmarkDatabase(path, readonly=True, check=check)
     except sqlite3.DatabaseError as exc:
         raise CacheError(f"{path} is not a usable benchmark database ({exc}); check the path") from None
+
+
+def shards_in(folder: str | Path) -> list[Path]:
+    """The shard files of a shard folder; an error naming the fix where it holds none."""
+    shards = shard_paths(folder)
+    if not shards:
+        raise CacheError(f"{folder} holds no shard files (*.db); pass --cache FILE with a database from "
+                         "`ucudnn bench`, or a folder of the shards it wrote")
+    return shards
+
+
+class MergedShards(BenchmarkDatabase):
+    """The shards of a folder merged as `ucudnn cache merge` merges them, into a temporary file
+    that close() removes; read-only, and `path` is the folder."""
+
+    def __init__(self, folder: Path, shards: list[Path]):
+        self._scratch = tempfile.TemporaryDirectory(prefix="ucudnn-shards-")
+        merged = Path(self._scratch.name) / "merged.db"
+        try:
+            merge(shards, merged)
+            super().__init__(merged, readonly=True)
+        except BaseException:
+            self._scratch.cleanup()
+            raise
+        self.path = folder
+
+    def close(self) -> None:
+        super().close()
+        self._scratch.cleanup()
 
 
 def devices_in(database: BenchmarkDatabase) -> list[Provenance]:
@@ -98,4 +132,6 @@ def tables_for(problems: Sequence[ConvProblem], settings: Settings, cap: int | N
         if explain is None or measure:
             raise
         raise explain(exc, source, device) from None
+    finally:
+        source.close()
     return Measurements(tables, device, Path(source.path), measure)

@@ -38,6 +38,11 @@ def shard_path(directory: str | os.PathLike, host: str | None = None, *, pid: in
     return Path(directory) / (f"{name}-{pid}.db" if pid is not None else f"{name}.db")
 
 
+def shard_paths(directory: str | os.PathLike) -> list[Path]:
+    """The shard files of a shard directory (every `*.db` in it), by name."""
+    return sorted(Path(directory).glob("*.db"))
+
+
 def _recordings_dir() -> Path:
     if (_CHECKOUT_RECORDINGS / "__init__.py").is_file():  # this source checkout's, not an installed copy's
         return _CHECKOUT_RECORDINGS

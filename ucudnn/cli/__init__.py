@@ -17,7 +17,7 @@ from ..config import OPTIMIZERS, POLICIES
 from ..device import EXECUTIONS
 from ..errors import UcudnnError
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
-from .arguments import batch_size, byte_size, device_list, output_file, plot_file
+from .arguments import batch_size, byte_size, database_file, device_list, output_file, plot_file
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize
 
@@ -67,7 +67,8 @@ _POLICY = _parent(
         "installed, and all that a database holds offline)"))),
 )
 _CACHE = _parent((("--cache",), dict(metavar="PATH", help=(
-    "benchmark database (default: $UCUDNN_CACHE, else your cache file where ucudnn measures or writes, "
+    "benchmark database, or a folder of shards: measuring uses this host's shard, reading every shard "
+    "(default: $UCUDNN_CACHE, else your cache file where ucudnn measures or writes, "
     "and the measurements shipped in cache/ where it only reads)"))))
 _JSON = _parent((("--json",), dict(action="store_true", help="print one JSON document instead of text")))
 
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(actions, "merge", "add shard databases into one", "ucudnn cache merge shards/*.db --into all.db",
                  cache_merge)
     p.add_argument("shards", nargs="+", metavar="SHARD.db")
-    p.add_argument("--into", type=output_file, metavar="PATH", help="target database (default: your cache file)")
+    p.add_argument("--into", type=database_file, metavar="PATH", help="target database (default: your cache file)")
     p = _command(actions, "export", "write a database as JSON", "ucudnn cache export h100.json --cache h100.db",
                  cache_export, [_CACHE])
     p.add_argument("file", type=output_file, metavar="FILE.json")

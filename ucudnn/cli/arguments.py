@@ -32,11 +32,13 @@ def device_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def output_file(text: str) -> Path:
+def output_file(text: str, example: str = "out.json") -> Path:
+    """A file to write: its folder exists and is writable; a folder is refused, suggesting
+    `example` in it."""
     path = Path(text)
     folder = path.parent
     if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name such as {path / 'out.png'}")
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name such as {path / example}")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {text}: folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
@@ -44,8 +46,12 @@ def output_file(text: str) -> Path:
     return path
 
 
+def database_file(text: str) -> Path:
+    return output_file(text, "benchmarks.db")
+
+
 def plot_file(text: str) -> Path:
-    path = output_file(text)
+    path = output_file(text, "plot.png")
     try:
         check_plot_path(path)
     except ConfigError as exc:
@@ -59,6 +65,6 @@ def target(path) -> Path:
     if Path(path) == default_path():
         return Path(path)
     try:
-        return output_file(str(path))
+        return database_file(str(path))
     except argparse.ArgumentTypeError as exc:
         raise CacheError(str(exc)) from None

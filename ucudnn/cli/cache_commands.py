@@ -10,7 +10,7 @@ from ..config import format_size
 from ..coverage import describe_by_backend, recordings, recordings_by_backend
 from ..errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
 from ..nets import find_kernel
-from ..sources import devices_in, open_database
+from ..sources import devices_in, open_database, shards_in
 from .arguments import target
 from .commands import kernels_of
 from .output import device_json, dims, ms, print_json, table
@@ -100,6 +100,9 @@ def cache_import(args) -> int:
 
 def cache_prune(args) -> int:
     path = cache_path(args.cache)
+    if path.is_dir():
+        raise CacheError(f"{path} is a shard folder; name one database file to prune, e.g. "
+                         f"--cache {shards_in(path)[0]}")
     if not path.is_file():
         raise CacheError(f"{path} does not exist; name the database to prune with --cache")
     with writing(path) as database:
@@ -109,15 +112,23 @@ def cache_prune(args) -> int:
     return 0
 
 
-def cache_verify(args) -> int:
-    path = cache_path(args.cache, readonly=True)
+def _verify(path) -> list[str]:
+    """The problems of one database file, each after the file's name."""
     try:
         with open_database(path, check=False) as database:
             problems = database.verify()
     except DamagedDatabaseError as exc:  # too damaged to open
         problems = [f"integrity: {exc.reason}"]
+    return [f"{path}: {problem}" for problem in problems]
+
+
+def cache_verify(args) -> int:
+    path = cache_path(args.cache, readonly=True)
+    folder = path is not None and path.is_dir()
+    files = shards_in(path) if folder else [path]
+    problems = [problem for file in files for problem in _verify(file)]
     for problem in problems:
-        print(f"{path}: {problem}")
+        print(problem)
     if not problems:
-        print(f"{path}: no problems found")
+        print(f"{path}: no problems found" + (f" in {len(files)} shard(s)" if folder else ""))
     return 1 if problems else 0
