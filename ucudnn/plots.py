@@ -10,6 +10,10 @@ from .optimizers.configuration import Configuration
 from .report import KernelReport, Report
 
 MIB = 2**20
+LEGEND_COLUMNS = 2  # of candidate names, which run to 50 characters: two columns fit the figure's width
+STACKED_PARTS = 10  # parts a stacked bar shows apart (the rest as one): one colour each
+STACKED_COLUMNS = 3  # of the legend below a stacked bar: layer names run to 25 characters
+OTHERS = "others"  # the part of a stacked bar that sums the smaller ones: "12 others"
 
 
 def _pyplot():
@@ -45,40 +49,58 @@ def _save(figure, path: str | Path) -> None:
         _pyplot().close(figure)
 
 
-def draw_front(points_ax, parts_ax, row: KernelReport, front: list[Configuration], limit: int) -> None:
-    """Fig. 8: the desirable configurations in (workspace, time), and each one's micro-batches
-    as a bar coloured by algorithm; the report's choice starred."""
+def draw_front(points_ax, parts_ax, legend_ax, row: KernelReport, front: list[Configuration], limit: int) -> None:
+    """Fig. 8: the desirable configurations in (workspace, time), the report's choice starred, and
+    each one's micro-batches as a row of boxes coloured by candidate, named in `legend_ax`."""
     workspace = [c.workspace / MIB for c in front]
     time = [c.time_ms for c in front]
     points_ax.step(workspace, time, where="post", color="0.75", zorder=1)
     points_ax.scatter(workspace, time, zorder=2, label="desirable")
     points_ax.scatter([row.configuration.workspace / MIB], [row.configuration.time_ms], marker="*", s=250,
                       color="C3", zorder=3, label="plan")
-    points_ax.axvline(limit / MIB, color="C7", linestyle="--", label=f"limit {limit / MIB:.0f} MiB")
+    # the front, not a limit far beyond it, sets the scale: a limit past twice the widest point is off the axis
+    widest = max(workspace, default=0.0)
+    shown = limit / MIB <= 2 * widest
+    points_ax.axvline(limit / MIB, color="C7", linestyle="--",
+                      label=f"limit {format_size(limit)}" + ("" if shown else " (off the axis)"))
+    points_ax.set_xlim(-0.05 * widest, 1.05 * (limit / MIB if shown else widest) or 1)
     points_ax.set(xlabel="workspace (MiB)", ylabel="time (ms, predicted)", title=f"{row.kernel.name}: Pareto front")
     points_ax.legend()
-    _draw_parts(parts_ax, row, front)
+    candidates = _draw_parts(parts_ax, front)
     parts_ax.set_yticks(range(len(front)), [format_size(c.workspace) for c in front])
     parts_ax.set(xlabel="samples", title="micro-batches of each desirable configuration")
+    legend_ax.axis("off")
+    legend_ax.legend(handles=candidates, loc="upper center", ncol=LEGEND_COLUMNS, fontsize="small",
+                     title="candidates (colours of the micro-batches)", title_fontsize="small")
 
 
-def _draw_parts(ax, row: KernelReport, front: list[Configuration]) -> None:
-    """Configuration y as a row of boxes, one per micro-batch, one colour per algorithm (one
-    collection per algorithm: fronts have hundreds of boxes)."""
+def _draw_parts(ax, front: list[Configuration]) -> list:
+    """Configuration y as a row of boxes, one per micro-batch, one colour per candidate (one
+    collection per candidate: fronts have hundreds of boxes); the collections, to name in a legend."""
     from matplotlib.collections import PolyCollection
 
-    boxes: dict[int, list] = {}
+    boxes: dict[str, list] = {}
     for y, configuration in enumerate(front):
         left = 0
         for m in configuration.micro:
             boxes.setdefault(m.algo, []).append(
                 [(left, y - 0.4), (left + m.batch, y - 0.4), (left + m.batch, y + 0.4), (left, y + 0.4)])
             left += m.batch
-    for i, (algo, polygons) in enumerate(sorted(boxes.items())):
-        ax.add_collection(PolyCollection(polygons, facecolor=f"C{i % 10}", edgecolor="white",
-                                         label=algo))
+    # thin edges: a configuration of 256 one-sample boxes stays its colour, not the edges' white
+    colours = _colours(len(boxes))
+    collections = [ax.add_collection(PolyCollection(polygons, facecolor=colour, edgecolor="white",
+                                                    linewidth=0.3, label=algo))
+                   for colour, (algo, polygons) in zip(colours, sorted(boxes.items()))]
     ax.autoscale_view()
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize="small")
+    return collections
+
+
+def _colours(count: int) -> list:
+    """`count` colours, all distinct up to 20."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10" if count <= 10 else "tab20"]
+    return [palette(i % palette.N) for i in range(count)]
 
 
 def _by_layer(report: Report, which: str) -> dict[str, float]:
@@ -89,21 +111,33 @@ def _by_layer(report: Report, which: str) -> dict[str, float]:
     return times
 
 
-def _stacked(ax, bars: dict[str, dict[str, float]], unit: str, legend_max: int = 20) -> None:
-    """One bar per entry of `bars`, stacked by its parts (same parts, same colours)."""
-    from matplotlib import colormaps
-
+def _largest_parts(bars: dict[str, dict[str, float]], most: int) -> dict[str, dict[str, float]]:
+    """`bars` with at most `most` parts: the largest (summed over the bars) each as they are, in
+    their order, and the rest summed as one last part, "N others"."""
     parts = list(next(iter(bars.values())))
-    palette = colormaps["tab10" if len(parts) <= 10 else "tab20"]
+    if len(parts) <= most:
+        return bars
+    largest = set(sorted(parts, key=lambda part: sum(segments[part] for segments in bars.values()))[-(most - 1):])
+    others = f"{len(parts) - len(largest)} {OTHERS}"
+    return {bar: {**{part: value for part, value in segments.items() if part in largest},
+                  others: sum(value for part, value in segments.items() if part not in largest)}
+            for bar, segments in bars.items()}
+
+
+def _stacked(ax, bars: dict[str, dict[str, float]], unit: str) -> None:
+    """One bar per entry of `bars`, stacked by its parts (same parts, same colours), each part in
+    the legend below the panel: at most STACKED_PARTS of them, so that no two share a colour;
+    the rest, if any, as one light grey part."""
+    bars = _largest_parts(bars, STACKED_PARTS)
+    parts = list(next(iter(bars.values())))
     bottoms = [0.0] * len(bars)
-    for i, part in enumerate(parts):
+    for part, colour in zip(parts, _colours(len(parts))):
         values = [segments[part] for segments in bars.values()]
-        ax.bar(list(bars), values, bottom=bottoms, label=part, color=palette(i % palette.N),
+        ax.bar(list(bars), values, bottom=bottoms, label=part, color="lightgrey" if part.endswith(OTHERS) else colour,
                edgecolor="white", linewidth=0.5)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     ax.set_ylabel(unit)
-    if len(parts) <= legend_max:
-        ax.legend(fontsize="small", ncol=2)
+    ax.legend(fontsize="small", ncol=STACKED_COLUMNS, loc="upper center", bbox_to_anchor=(0.5, -0.14))
 
 
 def draw_layer_times(ax, report: Report) -> None:
@@ -126,17 +160,20 @@ def draw_division(ax, report: Report) -> None:
 
 
 def plot_report(report: Report, row: KernelReport, front: list[Configuration], path: str | Path, title: str) -> None:
-    """One PNG: `row`'s Pareto front (`front`: its desirable set), per-layer times and, for WD,
-    the workspace division."""
+    """One PNG: `row`'s Pareto front (`front`: its desirable set) with its candidates named below
+    it, per-layer times and, for WD, the workspace division."""
     plt = _pyplot()
-    figure = plt.figure(figsize=(14, 10), layout="constrained")
-    grid = figure.add_gridspec(2, 2)
-    draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), row, front, report.limit)
+    candidates = len({m.algo for c in front for m in c.micro})
+    legend_inches = 0.4 + 0.2 * -(-candidates // LEGEND_COLUMNS)  # the title, then a line per row
+    figure = plt.figure(figsize=(14, 9 + legend_inches), layout="constrained")
+    grid = figure.add_gridspec(3, 2, height_ratios=(4.5, legend_inches, 4.5))
+    draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, :]),
+               row, front, report.limit)
     if report.optimizer == "wd":
-        draw_layer_times(figure.add_subplot(grid[1, 0]), report)
-        draw_division(figure.add_subplot(grid[1, 1]), report)
+        draw_layer_times(figure.add_subplot(grid[2, 0]), report)
+        draw_division(figure.add_subplot(grid[2, 1]), report)
     else:
-        draw_layer_times(figure.add_subplot(grid[1, :]), report)
+        draw_layer_times(figure.add_subplot(grid[2, :]), report)
     figure.suptitle(title)
     _save(figure, path)
 

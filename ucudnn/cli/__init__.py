@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="WD limit for the network (implies --optimizer wd; default: --workspace times the kernels)")
     p.add_argument("--plot", type=plot_file, metavar="FILE.png",
                    help="draw a kernel's Pareto front, per-layer times and (WD) the workspace division")
-    p.add_argument("--kernel", metavar="LAYER/KIND", help="the kernel --plot shows, e.g. conv2/F (default: slowest)")
+    p.add_argument("--kernel", metavar="LAYER/KIND", help=(
+        "the kernel whose Pareto front --plot draws, e.g. conv2/F (default: the one the plan speeds up most)"))
     p.add_argument("--offline", action="store_true", help="plan from the cache only, even where a GPU could measure")
 
     cache = _command(commands, "cache", "inspect and maintain benchmark databases",

@@ -120,7 +120,7 @@ def optimize(args) -> int:
 
 
 def _plot(args, network: Network, report: Report, tables, settings: Settings) -> None:
-    row = report.row(args.kernel) if args.kernel else report.slowest()
+    row = report.row(args.kernel) if args.kernel else report.most_improved()
     problem = row.kernel.problem
     front = desirable_set(tables[problem.key], problem.batch, settings.sizes(problem.batch),
                           report.limit, problem.batch_quantum())
