@@ -309,12 +309,24 @@ BAD_LAYER = {"name": "c1", "in_channels": 3, "out_channels": 8, "kernel": 3, "in
 @pytest.mark.parametrize("content, message", [
     (b"\xff\xfe", "is not UTF-8 text (byte 0xff at offset 0); save it as UTF-8 JSON"),
     (json.dumps({"layers": [{**BAD_LAYER, "in_channels": "three"}]}).encode(),
-     "layer c1: in_channels='three' must be a positive integer"),
+     "layer c1: in_channels='three' must be an integer from 1 to 2**63 - 1"),
     (json.dumps({"layers": [{**BAD_LAYER, "input_size": 32.5}]}).encode(),
      "layer c1: input_size=32.5 must be an integer or a pair of integers"),
     (json.dumps({"layers": [{**BAD_LAYER, "stride": None}]}).encode(),
      "layer c1: stride=None must be an integer or a pair of integers"),
-    (json.dumps({"layers": [BAD_LAYER], "default_batch": 0}).encode(), "default_batch=0 must be a positive integer"),
+    (json.dumps({"layers": [BAD_LAYER], "default_batch": 0}).encode(), "default_batch=0 must be an integer from 1"),
+    (json.dumps({"layers": [{**BAD_LAYER, "stride": 0}]}).encode(), "layer c1: stride=0 must be"),
+    (json.dumps({"layers": [{**BAD_LAYER, "dilation": [1, 0]}]}).encode(), "layer c1: dilation=[1, 0] must be"),
+    (json.dumps({"layers": [{**BAD_LAYER, "kernel": 0}]}).encode(), "layer c1: kernel=0 must be"),
+    (json.dumps({"layers": [{**BAD_LAYER, "pad": -1}]}).encode(), "layer c1: pad=-1 must be"),
+    (json.dumps({"layers": [{**BAD_LAYER, "input_size": 0}]}).encode(), "layer c1: input_size=0 must be"),
+    (json.dumps({"layers": [{k: v for k, v in BAD_LAYER.items() if k != "kernel"}]}).encode(),
+     "layer c1 lacks kernel; a layer has the keys"),
+    (json.dumps({"layers": [{**BAD_LAYER, "strides": 2}]}).encode(), "layer c1 has an unknown key strides; a layer"),
+    (json.dumps({"layers": [{**BAD_LAYER, "in_channels": 10**20}]}).encode(),
+     "layer c1: in_channels=100000000000000000000 must be an integer from 1 to 2**63 - 1"),
+    (json.dumps({"layers": [{**BAD_LAYER, "in_channels": 1e20}]}).encode(),
+     "layer c1: in_channels=1e+20 must be an integer from 1 to 2**63 - 1"),
 ])
 def test_a_bad_network_file_names_the_file_layer_field_and_value(tmp_path, content, message):
     path = tmp_path / "b.json"
@@ -323,6 +335,14 @@ def test_a_bad_network_file_names_the_file_layer_field_and_value(tmp_path, conte
     assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and f"network file {path}" in result.stderr and message in result.stderr
     assert path.read_bytes() == content
+    assert "ConvProblem(" not in result.stderr and "must be positive" not in result.stderr
+
+
+def test_a_network_file_with_a_byte_order_mark_reads_as_without(capsys, tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"name": "bom", "layers": [BAD_LAYER]}).encode())
+    status, out, err = inline(capsys, "nets", str(path))
+    assert status == 0 and out.startswith("bom: ") and err == ""
 
 
 def test_missing_measurements_with_no_gpu(capsys, db):
@@ -334,6 +354,25 @@ def test_missing_measurements_with_no_gpu(capsys, db):
     assert ("it has legacy: alexnet batch 256 float16 nhwc (powerOfTwo), alexnet batch 256 float32 nchw "
             "(powerOfTwo); engines: none;") in err
     assert "`ucudnn bench --net alexnet --batch 512` on a GPU" in err  # both backends lack it: no --backend
+
+
+def test_missing_measurements_name_the_math_and_the_flags_that_measure_them(capsys, db):
+    """The file has alexnet float32 nchw with default math: a plan with fma math lacks them, and
+    says so with the math it asked for, beside what the file has."""
+    status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--math", "fma", "--cache", db)
+    assert status == 2 and err.count("\n") == 1
+    assert "has no measurements for alexnet at batch 256 float32 nchw math fma (powerOfTwo)" in err
+    assert "`ucudnn bench --net alexnet --batch 256 --math fma` on a GPU" in err
+
+
+@pytest.mark.parametrize("flags, asked, bench", [
+    (("--dtype", "bfloat16"), "alexnet conv2/F at batch 256 bfloat16 nchw", "--batch 256 --dtype bfloat16"),
+    (("--math", "fma"), "alexnet conv2/F at batch 256 float32 nchw math fma", "--batch 256 --math fma"),
+])
+def test_cache_show_of_a_kernel_not_measured_names_its_type_and_the_bench_flags(capsys, db, flags, asked, bench):
+    status, _, err = inline(capsys, "cache", "show", "--net", "alexnet", "--kernel", "conv2/F", *flags, "--cache", db)
+    assert status == 2 and err.count("\n") == 1
+    assert f"has no measurements of {asked}" in err and f"`ucudnn bench --net alexnet {bench}` on a GPU" in err
 
 
 def test_a_missing_backend_is_named_and_measured_alone(capsys, db):
@@ -573,6 +612,14 @@ def test_cache_prune_shrinks_a_file_and_keeps_its_plans(db, tmp_path):
 def test_cache_prune_names_a_missing_file(capsys, tmp_path):
     status, _, err = inline(capsys, "cache", "prune", "--cache", str(tmp_path / "none.db"))
     assert status == 2 and "does not exist" in err and not (tmp_path / "none.db").exists()
+
+
+def test_install_hints_name_the_clone_not_pypi():
+    """ucudnn is installed from its clone (README): no hint or page says pip install 'ucudnn[extra]'."""
+    files = [*sorted((REPO / "ucudnn").rglob("*.py")), *sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    offenders = [f"{path.relative_to(REPO)}:{number}" for path in files
+                 for number, line in enumerate(path.read_text().splitlines(), 1) if "ucudnn[" in line]
+    assert offenders == []
 
 
 # ---- a shard folder as the cache

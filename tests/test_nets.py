@@ -98,9 +98,10 @@ def test_network_file_with_rectangular_and_repeated_layers(tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("{not json", "cannot be read"),
     ('{"layers": 3}', "a network file is a JSON object"),
-    ('{"layers": [{"name": "a", "in_channels": 3}]}', "is not understood"),
+    ('{"layers": [{"name": "a", "in_channels": 3}]}', "layer a lacks input_size, kernel, out_channels; a layer has"),
     ('{"layers": [{"name": "a", "in_channels": 3, "out_channels": 8, "kernel": 3, "input_size": 8, "colour": 1}]}',
-     "is not understood"),
+     "layer a has an unknown key colour; a layer has the keys"),
+    ('{"layers": [3]}', "layer 3 is not a JSON object; a layer has the keys"),
     ('{"layers": [{"name": "a", "in_channels": 3, "out_channels": 8, "kernel": 3, "input_size": 8, "groups": 2}]}',
      "layer a"),
     ('{"layers": [{"name": "a", "in_channels": 3, "out_channels": 8, "kernel": 9, "input_size": 4}]}', "empty"),

@@ -396,7 +396,7 @@ def test_mpi_needs_mpi4py():
         import mpi4py  # noqa: F401
         pytest.skip("mpi4py is installed")
     except ImportError:
-        with pytest.raises(ConfigError, match=r"pip install 'ucudnn\[mpi\]'"):
+        with pytest.raises(ConfigError, match=r"pip install '\.\[mpi\]' in a clone"):
             parallel.mpi_world()
 
 

@@ -2,6 +2,8 @@
 figure, one colour per thing named, and a default kernel whose Pareto front has something to show."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import synthetic
 
@@ -9,6 +11,7 @@ from ucudnn import plots
 from ucudnn.cache import recorded_path
 from ucudnn.cli import main
 from ucudnn.config import Settings
+from ucudnn.errors import ConfigError
 from ucudnn.nets import get_network
 from ucudnn.report import make_report
 
@@ -94,3 +97,9 @@ def test_the_default_kernel_is_the_one_the_plan_speeds_up_most(capsys, tmp_path,
     saved = lambda r: r.kernel.count * (r.undivided.time_ms - r.configuration.time_ms)  # noqa: E731
     assert saved(row) == max(saved(r) for r in report.rows) > 0
     assert len(drawn["front"]) > 2
+
+
+def test_plots_without_matplotlib_say_how_to_install_it_from_the_clone(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(ConfigError, match=r"plots need matplotlib: pip install '\.\[plot\]' in a clone of the ucudnn"):
+        plots._pyplot()

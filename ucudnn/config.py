@@ -13,6 +13,7 @@ from .cache.paths import CACHE_VARIABLE
 from .device import EXECUTIONS
 from .errors import ConfigError
 
+INT64_MAX = 2**63 - 1  # no size or count is larger: NumPy and SQLite hold them as int64
 POLICIES = ("all", "powerOfTwo", "undivided")
 OPTIMIZERS = ("wr", "wd")
 

@@ -16,6 +16,11 @@ from .problem import default_math
 POLICY_ORDER = ("all", "powerOfTwo")  # the first one a recording satisfies describes it
 
 
+def describe_variant(dtype: str, layout: str, math: str) -> str:
+    """'float32 nchw', with the math type where it is not the dtype's default: 'float32 nchw math fma'."""
+    return f"{dtype} {layout}" + ("" if math == default_math(dtype) else f" math {math}")
+
+
 @dataclass(frozen=True)
 class Recording:
     """A network measured at every micro-batch size `policy` needs up to `batch`, on one device:
@@ -36,8 +41,7 @@ class Recording:
 
     def describe(self) -> str:
         sizes = f"any batch up to {self.batch}" if self.policy == "all" else f"batch {self.batch}"
-        math = "" if self.math == default_math(self.dtype) else f" math {self.math}"
-        return f"{self.network} {sizes} {self.dtype} {self.layout}{math} ({self.policy})"
+        return f"{self.network} {sizes} {describe_variant(self.dtype, self.layout, self.math)} ({self.policy})"
 
     def to_json(self) -> dict:
         return {"network": self.network, "batch": self.batch, "dtype": self.dtype, "layout": self.layout,
@@ -117,6 +121,11 @@ class Request:
         return ((recording.dtype, recording.layout, recording.math) == (self.dtype, self.layout, self.math)
                 and recording.covers(self.batch, self.policy))
 
+    def describe(self, what: str) -> str:
+        """'alexnet at batch 256 float32 nchw math fma': `what` (the network, one of its kernels)
+        as this asks for it."""
+        return f"{what} at batch {self.batch} {describe_variant(self.dtype, self.layout, self.math)}"
+
     def missing_backends(self, by_backend: dict[str, list[Recording]]) -> list[str]:
         """The backends of this request whose recordings do not cover it."""
         return [b for b in self.backends if not any(self.covered_by(r) for r in by_backend.get(b, ()))]
@@ -142,7 +151,7 @@ def explain_missing(error: MissingMeasurementsError, database, device: DeviceInf
     missing = request.missing_backends(by_backend)
     command = request.bench_command(missing[0] if len(missing) == 1 else None)
     return MissingMeasurementsError(
-        f"{database.path} has no measurements for {network.name} at batch {request.batch} {request.dtype} "
-        f"{request.layout} ({request.policy}) on {device.describe()}{lacking}; it has {has}; measure them "
+        f"{database.path} has no measurements for {request.describe(network.name)} ({request.policy}) on "
+        f"{device.describe()}{lacking}; it has {has}; measure them "
         f"with `{command}` on a GPU, or point --cache at a database that has them",
         problem=error.problem, missing=error.missing)

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 
-# ucudnn is not on PyPI: its GPU extras install from a clone of the repository
-GPU_INSTALL = "pip install '.[cuda13]' (or '.[cuda12]') in a clone of the ucudnn repository"
+def install_extra(extra: str) -> str:
+    """How to install one of ucudnn's extras: ucudnn is not on PyPI, so in a clone of its repository."""
+    return f"pip install '.[{extra}]' in a clone of the ucudnn repository"
+
+
+GPU_INSTALL = install_extra("cuda13") + " (or '.[cuda12]')"
 
 
 class UcudnnError(Exception):

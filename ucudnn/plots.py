@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import format_size
-from .errors import ConfigError
+from .errors import ConfigError, install_extra
 from .optimizers.configuration import Configuration
 from .report import KernelReport, Report
 
@@ -20,7 +20,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ConfigError("plots need matplotlib; install it: pip install 'ucudnn[plot]'") from None
+        raise ConfigError(f"plots need matplotlib: {install_extra('plot')}") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -41,6 +41,9 @@ SLICE_ALIGNMENT = ALIGNMENT
 DETERMINISTIC_KEY = {False: (), True: ("deterministic",)}
 
 
+_SMALLEST = {"x_shape": 1, "w_shape": 1, "pads": 0, "strides": 1, "dilations": 1}  # of every dimension
+
+
 def _tuple(value, n: int, name: str) -> tuple[int, ...]:
     values = (value,) * n if isinstance(value, int) else tuple(int(v) for v in value)
     if len(values) != n:
@@ -106,8 +109,9 @@ class ConvProblem:
             raise ConfigError(f"deterministic={self.deterministic!r} is not a bool; pass True or False")
         n, c = self.x_shape[:2]
         k, cg = self.w_shape[:2]
-        if min(self.x_shape + self.w_shape) < 1 or min(self.strides + self.dilations) < 1 or min(self.pads) < 0:
-            raise ConfigError(f"shapes, strides and dilations must be positive and pads >= 0: {self}")
+        for name, smallest in _SMALLEST.items():
+            if min(getattr(self, name)) < smallest:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= {smallest} in every dimension")
         if self.groups < 1 or c != cg * self.groups or k % self.groups:
             raise ConfigError(
                 f"x has {c} channels and w has {cg} per group with groups={self.groups}: "

@@ -15,7 +15,7 @@ from typing import Sequence
 from ..backends import CHOICES as BACKEND_CHOICES
 from ..config import OPTIMIZERS, POLICIES
 from ..device import EXECUTIONS
-from ..errors import UcudnnError
+from ..errors import UcudnnError, install_extra
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from .arguments import batch_size, byte_size, database_file, device_list, output_file, plot_file
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "GPUs to measure on, one worker process each, all of one model (default: $UCUDNN_BENCH_DEVICES, "
         "else 0; with --mpi, every GPU of the node, the k-th rank of a node taking the k-th)"))
     p.add_argument("--mpi", nargs="?", const="shards", choices=("shards", "shared"), help=(
-        "share the sweep among the ranks of mpirun/srun (needs mpi4py: pip install 'ucudnn[mpi]'); "
+        f"share the sweep among the ranks of mpirun/srun (needs mpi4py: {install_extra('mpi')}); "
         "each rank writes a shard that rank 0 merges (shards, the default) or the database itself (shared)"))
     p.add_argument("--timing", choices=("default", "quick"), default="default", help=(
         "quick: one warm-up and at most 3 timed calls per algorithm and size, for long sweeps "

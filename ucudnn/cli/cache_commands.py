@@ -12,7 +12,7 @@ from ..errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
 from ..nets import find_kernel
 from ..sources import devices_in, open_database, shards_in
 from .arguments import target
-from .commands import kernels_of
+from .commands import kernels_of, request_of
 from .output import device_json, dims, ms, print_json, table
 
 _KERNEL_HEADERS = ("kind", "input", "filter", "pad", "stride", "dil", "groups", "dtype", "math", "layout")
@@ -53,8 +53,10 @@ def cache_show(args) -> int:
         found = [(d, database.table(kernel.problem, d)) for d in devices_in(database)]
     found = [(device, measured) for device, measured in found if len(measured)]
     if not found:
-        raise MissingMeasurementsError(f"{path} has no measurements of {network.name} {kernel.name}; "
-                                       f"measure them with `ucudnn bench --net {args.net}` on a GPU")
+        request = request_of(args)
+        asked = request.describe(f"{network.name} {kernel.name}")
+        raise MissingMeasurementsError(f"{path} has no measurements of {asked}; measure them with "
+                                       f"`{request.bench_command()}` on a GPU")
     ordered = lambda measured: sorted(measured, key=lambda m: (m.batch, m.algo))  # noqa: E731
     if args.json:
         print_json({"kernel": kernel.name, "problem": kernel.problem.with_batch(1).to_dict(), "devices": [

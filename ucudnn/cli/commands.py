@@ -37,9 +37,11 @@ def kernels_of(args) -> tuple[Network, list[Kernel]]:
     return network, network.problems(args.batch, args.dtype, args.math, args.layout)
 
 
-def _request(args, settings: Settings) -> Request:
-    return Request(args.net, args.batch, args.dtype, args.layout, args.math, settings.batch_size_policy,
-                   settings.backends(gpu=False))
+def request_of(args, settings: Settings | None = None) -> Request:
+    """What `args` ask for (after kernels_of); with `settings`, at their policy and backends."""
+    planning = {} if settings is None else {"policy": settings.batch_size_policy,
+                                            "backends": settings.backends(gpu=False)}
+    return Request(args.net, args.batch, args.dtype, args.layout, args.math, **planning)
 
 
 def _progress(kernels: list[Kernel]) -> ProgressBar:
@@ -99,7 +101,7 @@ def optimize(args) -> int:
         find_kernel(kernels, args.kernel)
     measured = not args.offline and gpu_available()
     limit = settings.limit(len(kernels))
-    request = _request(args, settings)
+    request = request_of(args, settings)
     found = tables_for([k.problem for k in kernels], settings, limit, measure=measured,
                        progress=_progress(kernels) if measured else None,
                        explain=lambda exc, database, device: explain_missing(exc, database, device, network, request))

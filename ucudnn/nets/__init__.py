@@ -44,7 +44,7 @@ def get_network(name_or_path: str) -> Network:
 def load_network(path: str | Path) -> Network:
     """A network file: {"name": ..., "description": ..., "layers": [{"name": ..., ...}, ...]}."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))  # a byte order mark, if any, is no text
     except FileNotFoundError:
         raise ConfigError(f"network file {path} does not exist; check the path") from None
     except UnicodeDecodeError as exc:

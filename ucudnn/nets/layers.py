@@ -4,29 +4,36 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import NamedTuple
 
+from ..config import INT64_MAX
 from ..errors import ConfigError
 from ..problem import ConvKind, ConvProblem
 
 Pair = tuple[int, int]
-_PAIRS = ("kernel", "input_size", "stride", "pad", "dilation")
+_PAIRS = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1}  # each one's smallest value
 _COUNTS = ("in_channels", "out_channels", "groups", "count")  # positive integers
 DEFAULT_BATCH = 256  # of a network that names none
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _is_int(value, smallest: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and smallest <= value <= INT64_MAX
+
+
+def _range(smallest: int) -> str:
+    return f"from {smallest} to 2**63 - 1"
 
 
 def _pair(value, name: str) -> Pair:
-    values = (value, value) if _is_int(value) else tuple(value) if isinstance(value, (list, tuple)) else ()
-    if len(values) != 2 or not all(_is_int(v) for v in values):
-        raise ConfigError(f"{name}={value!r} must be an integer or a pair of integers [height, width]")
+    smallest = _PAIRS[name]
+    values = (value,) * 2 if isinstance(value, int) else tuple(value) if isinstance(value, (list, tuple)) else ()
+    if len(values) != 2 or not all(_is_int(v, smallest) for v in values):
+        raise ConfigError(f"{name}={value!r} must be an integer or a pair of integers [height, width], "
+                          f"each {_range(smallest)}")
     return values
 
 
 def _positive(value, name: str) -> int:
-    if not _is_int(value) or value < 1:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
+    if not _is_int(value):
+        raise ConfigError(f"{name}={value!r} must be an integer {_range(1)}")
     return value
 
 
@@ -85,9 +92,14 @@ class ConvLayer:
     def from_json(cls, d: dict) -> "ConvLayer":
         known = {f.name for f in fields(cls)}
         required = {f.name for f in fields(cls) if f.default is MISSING}
-        if not isinstance(d, dict) or set(d) - known or required - set(d):
-            raise ConfigError(f"layer {d!r} is not understood: a layer has the keys {sorted(required)} "
-                              f"and optionally {sorted(known - required)}")
+        keys = f"a layer has the keys {sorted(required)} and optionally {sorted(known - required)}"
+        if not isinstance(d, dict):
+            raise ConfigError(f"layer {d!r} is not a JSON object; {keys}")
+        missing, unknown = sorted(required - set(d)), sorted(set(d) - known)
+        if missing or unknown:
+            wrong = [f"lacks {', '.join(missing)}"] if missing else []
+            wrong += [f"has an unknown key {', '.join(unknown)}"] if unknown else []
+            raise ConfigError(f"layer {d.get('name', d)} {' and '.join(wrong)}; {keys}")
         return cls(**d)
 
 

@@ -14,7 +14,7 @@ from ..cache.database import BenchmarkDatabase
 from ..cache.memo import resolve_path
 from ..cache.paths import shard_path
 from ..device import Provenance
-from ..errors import ConfigError, GpuUnavailableError, UcudnnError
+from ..errors import ConfigError, GpuUnavailableError, UcudnnError, install_extra
 from ..problem import ConvProblem
 from .devices import Factory, backend_setting, check_one_model, cuda_device_count, default_factory
 from .pool import merge_shards, new_shard_dir, remove_if_empty
@@ -33,7 +33,7 @@ def mpi_world():
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:  # RuntimeError: mpi4py found no MPI library to load
         raise ConfigError(f"--mpi needs mpi4py and an MPI library ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0]}): pip install 'ucudnn[mpi]' and an MPI (Open MPI, MPICH; "
+                          f"{str(exc).splitlines()[0]}): {install_extra('mpi')} and an MPI (Open MPI, MPICH; "
                           "or pip install mpich), then start e.g. mpirun -np 2 python -m mpi4py -m ucudnn bench "
                           "--mpi ...") from None
     return MPI.COMM_WORLD

@@ -18,7 +18,9 @@ from __future__ import annotations
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("ucudnn.torch needs PyTorch: pip install 'ucudnn[torch]'") from exc
+    from ...errors import install_extra
+
+    raise ImportError(f"ucudnn.torch needs PyTorch: {install_extra('torch')}") from exc
 
 from ...errors import NoAlgorithmError
 from .call import Call, Geometry, geometry, math_type, pack, resolve
