@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
-#   bash bench/gpu_suite.sh [stage ...]    stages: env tests probe alignment hostbound betaprobe
-#                                          l2probe record record-new vstorch
+#   bash bench/gpu_suite.sh [stage ...]    stages: env tests alignment record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd train shapes coldstart
-#                                          memory hostpath tables buildprobe sweepprofile trainab
+#                                          memory hostpath tables sweepprofile trainab
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -45,11 +44,7 @@ for stage in "${stages[@]}"; do
   case $stage in
     env) run env python3 bench/env_report.py ;;
     tests) run tests python3 -m pytest -m gpu -v -s -rs ${GPU_TESTS:-tests} ;;
-    probe) run probe python3 bench/probe.py ;;
     alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
-    hostbound) run hostbound python3 bench/host_bound.py --out "$OUT" ;;
-    betaprobe) run betaprobe python3 bench/beta_probe.py --out "$OUT" ;;
-    l2probe) run l2probe python3 bench/l2_probe.py --out "$OUT" ;;
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
@@ -82,8 +77,7 @@ for stage in "${stages[@]}"; do
     # the shipped torchvision conv tables traced here (torchvision is installed) into the tree, checked, and to $OUT
     tables) run tables python3 bench/torchvision_tables.py; cp ucudnn/nets/torchvision.json "$OUT/"
             run tables-test python3 -m pytest -q -p no:cacheprovider tests/test_nets.py ;;
-    # plan building: serial vs threaded; then the engine sweep of Caffe AlexNet under cProfile
-    buildprobe) run buildprobe python3 bench/build_probe.py ;;
+    # the engine sweep of Caffe AlexNet under cProfile
     sweepprofile) rm -f /tmp/sweep-profile.db
                   run sweepprofile python3 -m cProfile -o /tmp/sweep.prof -m ucudnn bench --net alexnet --batch 256 \
                     --policy powerOfTwo --backend engines --cache /tmp/sweep-profile.db --json

@@ -1,4 +1,4 @@
-"""What the single-question GPU probes of bench/ (alignment, host_bound, beta_probe, l2_probe)
+"""What the single-question GPU probes of bench/ (alignment, host_path)
 share: an `--out` folder, a cuDNN handle on the current stream, a kernel looked up by name,
 graph timing, and one JSON report written at the end."""
 from __future__ import annotations
@@ -32,12 +32,6 @@ def median_ms(run, stream: int, warmup: int, repeats: int, hide_host: bool = Fal
     """Median milliseconds of run() after `warmup` untimed calls (see gpu.time_calls)."""
     gpu.time_calls(run, warmup, stream, hide_host=hide_host)
     return statistics.median(gpu.time_calls(run, repeats, stream, hide_host=hide_host))
-
-
-def graph_ms(capturer, stream: int, run, warmup: int, repeats: int, hide_host: bool = False) -> float:
-    """median_ms of one launch of run(), captured once into a CUDA graph."""
-    graph = capturer.capture(run)
-    return median_ms(lambda: capturer.launch(graph), stream, warmup, repeats, hide_host)
 
 
 def write_report(out: Path, name: str, report) -> None:

@@ -76,7 +76,7 @@ def recorded_network(database: str, network: str = "resnet50", batch: int = 32,
         if not devices:
             raise SystemExit(f"{database} holds no measurements{f' on a {gpu}' if gpu else ''}")
         tables = db.tables([k.problem for k in kernels], devices[0])
-    return [WDKernel(k.name, tables[k.problem.shape_key()], batch, k.count, k.problem.batch_quantum())
+    return [WDKernel(k.name, tables[k.problem.key], batch, k.count, k.problem.batch_quantum())
             for k in kernels]
 
 

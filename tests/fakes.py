@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import itertools
 
-from ucudnn.backends import Backends
+from ucudnn.accumulation import accumulates
+from ucudnn.backends import Backends, backend_of
+from ucudnn.benchmark import timing_step
 from ucudnn.device import DeviceInfo
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, Measurement
 
@@ -15,13 +17,15 @@ ALGORITHMS = {"legacy:A0": (0.050, 0.01, 0), "legacy:A1": (0.020, 0.02, 64 * 2**
 # the engine backend's candidates, as FakeBenchmarker(backends=(..., "engines")) measures them; None: unsupported
 ENGINE_ALGORITHMS = {"engines:E0": (0.030, 0.015, 0), "engines:E1": (0.006, 0.04, 2 * 2**20), "engines:E2": None}
 CANDIDATES = {"legacy": ALGORITHMS, "engines": ENGINE_ALGORITHMS}
+BLENDS = {"legacy": True, "engines": False}  # whose calls take alpha and beta (ucudnn.accumulation)
 
 
 class FakeBenchmarker:
     """t(a, b) = work * (per_sample * b + fixed); ws(a, b) = ws_per_sample * b * work, where work
-    is the kernel's per-sample size. Counts measurements. Measures the candidates of `backend`
-    (None: of each of its `backends`, CANDIDATES); a backend it was not made with is refused
-    (ConfigError), as CudnnBenchmarker refuses it."""
+    is the kernel's per-sample size, plus the buffers of a part of a backward-filter sum, which
+    it records as such (ucudnn.accumulation), as CudnnBenchmarker does. Counts measurements.
+    Measures the candidates of `backend` (None: of each of its `backends`, CANDIDATES); a
+    backend it was not made with is refused (ConfigError), as CudnnBenchmarker refuses it."""
 
     def __init__(self, device: DeviceInfo = FAKE_DEVICE, scale: float = 1.0, backends=("legacy",)):
         self.device, self.scale, self.calls = device, scale, 0
@@ -34,15 +38,17 @@ class FakeBenchmarker:
         work = problem.flops() / problem.batch / 1e6  # per-sample size of the kernel
         for b, (algo, model) in itertools.product(sorted(set(sizes)), candidates.items()):
             self.calls += 1
+            summed = accumulates(problem, b)
             if model is None:
-                results.append(Measurement(algo, b, None, 0, UNSUPPORTED))
+                results.append(Measurement(algo, b, None, 0, UNSUPPORTED, accumulates=summed))
                 continue
             per, fixed, ws_per = model
-            ws = int(ws_per * b * max(work, 1e-3))
+            buffers = timing_step(problem, b, algo, lambda a: BLENDS[backend_of(a)]).route.buffer_bytes
+            ws = int(ws_per * b * max(work, 1e-3)) + buffers
             if cap is not None and ws > cap:
-                results.append(Measurement(algo, b, None, ws, OVER_CAP))
+                results.append(Measurement(algo, b, None, ws, OVER_CAP, accumulates=summed))
             else:
-                results.append(Measurement(algo, b, self.scale * work * (per * b + fixed), ws, OK, 3))
+                results.append(Measurement(algo, b, self.scale * work * (per * b + fixed), ws, OK, 3, summed))
         return results
 
 
@@ -50,7 +56,7 @@ class FakeBackend:
     """A backend by name only, for code that asks which backends are in use."""
 
     def __init__(self, name: str):
-        self.name = name
+        self.name, self.blends = name, BLENDS.get(name, True)
 
     def set_stream(self, stream: int) -> None:
         pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ucudnn import reference
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.problem import ConvKind, ConvProblem
 
 # (dtype, math, layout, bound on ||out - ref|| / ||ref||)
@@ -81,3 +82,30 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     if not np.all(np.isfinite(got)):
         return float("inf")
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def measured(backends, problem: ConvProblem, parts) -> Configuration:
+    """The configuration of `parts` ((candidate, micro-batch size) pairs) on `backends` with the
+    workspace each part's measurement would record: the route's buffers and the plan's own."""
+    from ucudnn.dispatch import steps
+
+    unsized = Configuration(tuple(MicroConfig(algo, b, 0.0, 0) for algo, b in parts))
+    return Configuration(tuple(
+        MicroConfig(s.algo, s.problem.batch, 0.0, s.route.buffer_bytes + backends.prepare_plan(s).workspace)
+        for s in steps(problem, unsized, backends.blends)))
+
+
+def run_configuration(backends, problem: ConvProblem, configuration, host: dict, alpha: float,
+                      beta: float) -> np.ndarray:
+    """The output of `configuration` run through `backends` (ucudnn.dispatch), float64, memory order."""
+    import cupy as cp
+
+    from ucudnn import gpu
+    from ucudnn.dispatch import compile_program
+
+    device = {role: cp.asarray(array) for role, array in host.items()}
+    workspace = gpu.alloc(max(configuration.workspace, 1))
+    compile_program(problem, configuration, backends, alpha, beta)(
+        *(device[r].data.ptr for r in "xwy"), workspace.ptr, configuration.workspace)
+    cp.cuda.get_current_stream().synchronize()
+    return as_float64(cp.asnumpy(device[OUTPUT[problem.kind]]), problem.dtype)

@@ -5,6 +5,7 @@ overhead: under a tight limit, WR splits the batch to use them, as on real GPUs.
 """
 from __future__ import annotations
 
+from ucudnn.accumulation import accumulates
 from ucudnn.backends.legacy import legacy_id
 from ucudnn.config import batch_sizes
 from ucudnn.device import DeviceInfo
@@ -24,12 +25,13 @@ def measurements(problem: ConvProblem, sizes) -> list[Measurement]:
         micro = problem.with_batch(b)
         for number, model in ALGORITHMS.items():
             algo = legacy_id(problem.kind, number)
+            summed = accumulates(problem, b)
             if model is None:
-                rows.append(Measurement(algo, b, None, 0, UNSUPPORTED))
+                rows.append(Measurement(algo, b, None, 0, UNSUPPORTED, accumulates=summed))
                 continue
             rate, overhead, per_byte = model
             time_ms = micro.flops() / rate / 1e6 + overhead
-            rows.append(Measurement(algo, b, time_ms, int(per_byte * b * problem.sample_bytes("x")), OK, 3))
+            rows.append(Measurement(algo, b, time_ms, int(per_byte * b * problem.sample_bytes("x")), OK, 3, summed))
     return rows
 
 

@@ -9,7 +9,7 @@ from fakes import FAKE_DEVICE, FakeAllocator, FakeBenchmarker
 from ucudnn import reference
 from ucudnn.cache import Cache
 from ucudnn.config import Settings
-from executors import NumpyExecutor, dispatch
+from executors import dispatch
 from ucudnn.assignment import Assignments
 from ucudnn.problem import ConvKind, ConvProblem
 
@@ -101,7 +101,7 @@ def test_planned_dispatch_matches_reference(tmp_path, kind, rng):
     assert len(configuration.micro) > 1
     host = {r: rng.uniform(-1, 1, s) for r, s in (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape))}
     flat = {r: a.ravel().copy() for r, a in host.items()}
-    dispatch(p, configuration, NumpyExecutor(), flat["x"], flat["w"], flat["y"], 2.0, 0.5)
+    dispatch(p, configuration, flat["x"], flat["w"], flat["y"], 2.0, 0.5)
     out = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}[kind]
     want = 2.0 * reference.convolve(p, host["x"], host["w"], host["y"]) + 0.5 * host[out]
     np.testing.assert_allclose(flat[out].reshape(want.shape), want, rtol=1e-12, atol=1e-12)

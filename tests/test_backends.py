@@ -1,6 +1,7 @@
 """CPU: the backend seam. Candidate ids and the backend setting, engine numerics filters, the
-partial sums of engine calls (float32 accumulation of half dW, checked with NumPy), the coarse
-sweep's re-timing rule, and candidates of several backends in the cache and in ensure_tables."""
+float32 accumulation of half dW (checked with NumPy through the fakes), how measurements of
+sums are taken and kept apart from whole calls, the coarse sweep's re-timing rule, and
+candidates of several backends in the cache and in ensure_tables."""
 from __future__ import annotations
 
 import sys
@@ -11,15 +12,16 @@ import numpy as np
 import pytest
 
 from fakes import FAKE_DEVICE, FakeBackend
-from ucudnn.backends import Backends, Candidate, candidate_id, partials, resolve, split_id
+from ucudnn.backends import Backends, Candidate, candidate_id, resolve, split_id
 from ucudnn.benchmark import ensure_tables, timing_step, worth_timing_again
 from ucudnn.cache import Cache
 from ucudnn.cache.database import BenchmarkDatabase
 from ucudnn.config import Settings
-from ucudnn.dispatch import steps
 from ucudnn.errors import BackendUnavailableError, ConfigError, MissingMeasurementsError
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
+from ucudnn import reference
+from ucudnn.accumulation import accumulates
 from ucudnn.problem import ConvProblem
 
 
@@ -107,15 +109,15 @@ def test_legacy_deterministic_kernels_offer_only_what_cudnn_reports_deterministi
 
     backend, ranked = legacy_backend
     bf = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
-    assert len(backend.candidates(bf, 8)) == 7 and ranked["calls"] == 0  # no setting: every algorithm
-    chosen = backend.candidates(replace(bf, deterministic=True), 8)
+    assert len(backend.candidates(bf)) == 7 and ranked["calls"] == 0  # no setting: every algorithm
+    chosen = backend.candidates(replace(bf, deterministic=True))
     assert [c.id for c in chosen] == ["legacy:ALGO_1", "legacy:FFT", "legacy:WINOGRAD",
                                       "legacy:WINOGRAD_NONFUSED", "legacy:FFT_TILING"]
     assert [c.workspace for c in chosen] == [100, 200, 400, 500, 600]
     ranked["perfs"] = [_perf(1, 1, status=0), _perf(1, 0), _perf(2, 0)]  # a non-deterministic duplicate
-    assert [c.id for c in backend.candidates(replace(bf, deterministic=True), 8)] == ["legacy:ALGO_1"]
+    assert [c.id for c in backend.candidates(replace(bf, deterministic=True))] == ["legacy:ALGO_1"]
     ranked["perfs"] = CudnnError("cudnnGetConvolutionBackwardFilterAlgorithm_v7", 3000, "NOT_SUPPORTED")
-    assert backend.candidates(replace(bf, deterministic=True), 8) == [Candidate("legacy:none", 0, UNSUPPORTED)]
+    assert backend.candidates(replace(bf, deterministic=True)) == [Candidate("legacy:none", 0, UNSUPPORTED)]
 
 
 def test_deterministic_kernels_are_measured_and_cached_apart(tmp_path):
@@ -124,7 +126,8 @@ def test_deterministic_kernels_are_measured_and_cached_apart(tmp_path):
     p = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
     strict = replace(p, deterministic=True)
     cache = Cache(tmp_path / "db.sqlite")
-    cache.record(p, FAKE_DEVICE, [Measurement("legacy:ALGO_0", b, 1.0, 0, OK, 3) for b in (1, 2, 4, 8)])
+    cache.record(p, FAKE_DEVICE, [Measurement("legacy:ALGO_0", b, 1.0, 0, OK, 3, accumulates(p, b))
+                                  for b in (1, 2, 4, 8)])
     bench = TwoBackendBenchmarker(("legacy",))
     tables = ensure_tables([p, strict], Settings().sizes_for, None, cache, bench)
     assert bench.asked == [("legacy", (1, 2, 4, 8))]  # the deterministic kernel's only
@@ -142,77 +145,55 @@ def test_engine_tensor_strides_follow_the_layout():
     assert strides((2, 3, 4, 5, 6), "nhwc") == [360, 1, 90, 18, 3]
 
 
-def _run_parts(problem: ConvProblem, parts: list[np.ndarray], alpha: float, beta: float, prior: np.ndarray):
-    """Emulate the engine executor's partial sums with NumPy: each part's plan writes its partial
-    in the kernel's dtype, Combine steps add in float32 (storage rounds to the output dtype)."""
-    configuration = Configuration(tuple(MicroConfig("engines:e", 1, 0.0, 0) for _ in parts))
-    whole = problem.with_batch(len(parts))
-    out = prior.astype(problem.dtype)
-    accumulator = np.full(out.shape, np.nan, np.float32)  # garbage: must never be read first
-    for step, partial in zip(steps(whole, configuration, alpha, beta), parts):
-        buffers = {"output": out, "accumulator": accumulator, "partial": partial.astype(problem.dtype)}
-        target, combines = partials.route(step)
-        assert target == "partial"
-        for c in combines:
-            src = buffers[c.src].astype(np.float32)
-            acc = np.float32(c.alpha) * src
-            if c.beta != 0:
-                acc = acc + np.float32(c.beta) * buffers[c.dst].astype(np.float32)
-            buffers[c.dst][...] = acc.astype(buffers[c.dst].dtype)
-    return out
-
-
+@pytest.mark.parametrize("algo", ["legacy:A0", "engines:E0"])
 @pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (0.5, 1.0), (2.0, -0.5)])
-def test_half_dw_partials_are_summed_in_float32(alpha, beta):
+def test_half_dw_partials_are_summed_in_float32(algo, alpha, beta):
+    """64 one-sample parts of an fp16 dW, on either backend: one rounding at the end, 4x more
+    accurate than summing in the half output."""
+    from executors import dispatch
+
     rng = np.random.default_rng(0)
     problem = ConvProblem("BF", (64, 16, 8, 8), (16, 16, 3, 3), pads=1, dtype="float16")
-    parts = [rng.uniform(-1, 1, problem.w_shape) for _ in range(64)]  # 64 one-sample partials
-    prior = rng.uniform(-1, 1, problem.w_shape)
-    want = alpha * np.sum([p.astype(np.float16).astype(np.float64) for p in parts], axis=0) + beta * prior.astype(np.float16)
-    got = _run_parts(problem, parts, alpha, beta, prior).astype(np.float64)
-    naive = prior.astype(np.float16) * np.float16(beta)  # summing in the half output instead
+    operands = {r: rng.uniform(-1, 1, int(np.prod(s))).astype(np.float16)
+                for r, s in (("x", problem.x_shape), ("w", problem.w_shape), ("y", problem.y_shape))}
+    prior = operands["w"].astype(np.float64)
+    parts = [reference.backward_filter(problem.with_batch(1), *(reference.to_logical(
+        operands[r].reshape(reference.stored_shape(s, "nchw"))[i:i + 1], "nchw") for r, s in
+        (("x", problem.x_shape), ("y", problem.y_shape)))).ravel() for i in range(64)]
+    want = alpha * np.sum(parts, axis=0) + beta * prior
+    dispatch(problem, Configuration(tuple(MicroConfig(algo, 1, 0.0, 0) for _ in range(64))),
+             operands["x"], operands["w"], operands["y"], alpha, beta)
+    naive = np.float16(beta) * prior.astype(np.float16)  # summing in the half output instead
     for p in parts:
         naive = (naive + np.float16(alpha) * p.astype(np.float16)).astype(np.float16)
-    error = lambda x: np.linalg.norm(x - want) / np.linalg.norm(want)  # noqa: E731
-    assert error(got) <= 1e-3  # one rounding to fp16 at the end
-    assert error(got) * 4 < error(naive.astype(np.float64))
+    error = lambda x: np.linalg.norm(x.astype(np.float64) - want) / np.linalg.norm(want)  # noqa: E731
+    assert error(operands["w"]) <= 1e-3  # the parts' own roundings and one at the end
+    assert error(operands["w"]) * 4 < error(naive)
 
 
-def test_float32_partials_add_into_dw_with_the_callers_beta_first():
-    problem = ConvProblem("BF", (3, 2, 4, 4), (2, 2, 3, 3), pads=1)
-    parts = [np.full(problem.w_shape, v) for v in (1.0, 2.0, 4.0)]
-    got = _run_parts(problem, parts, 2.0, 0.5, np.full(problem.w_shape, 10.0))
-    assert np.all(got == 2.0 * 7.0 + 0.5 * 10.0)
-
-
-def test_routes_write_in_place_only_where_nothing_blends_or_adds():
-    f = ConvProblem("F", (4, 2, 4, 4), (2, 2, 3, 3), pads=1)
-    one = Configuration((MicroConfig("engines:e", 4, 0.0, 0),))
-    two = Configuration((MicroConfig("engines:e", 2, 0.0, 0),) * 2)
-    assert [partials.route(s) for s in steps(f, two)] == [("output", []), ("output", [])]
-    blended = partials.route(steps(f, one, 1.0, 0.5)[0])
-    assert blended == ("partial", [partials.Combine("partial", "output", 1.0, 0.5)])
-    assert partials.route(steps(f.with_kind("BF"), one)[0]) == ("output", [])  # one part: no sum
-
-
-def test_buffers_of_accumulating_calls_count_as_workspace():
+def test_measurements_of_parts_include_the_buffers_of_the_sum():
     half = ConvProblem("BF", (8, 16, 8, 8), (32, 16, 3, 3), pads=1, dtype="float16")
-    w_bytes = 32 * 16 * 9 * 2
-    assert not partials.accumulates(half, 8) and partials.buffer_bytes(half, False) == 0
-    assert partials.accumulates(half.with_batch(4), 8)
-    assert partials.buffer_bytes(half, True) == 9216 + 18432  # partial (fp16) + accumulator (fp32), aligned
-    single = ConvProblem("BF", (8, 16, 8, 8), (32, 16, 3, 3), pads=1)
-    assert partials.buffer_bytes(single, True) == 2 * w_bytes  # fp32: the partial only; dw is its own sum
-    assert partials.offsets(half, True) == {"partial": 0, "accumulator": 9216, "plan": 27648}
-    assert not partials.accumulates(half.with_kind("F").with_batch(4), 8)
+    blends = lambda algo: algo.startswith("legacy")  # noqa: E731
+    assert not accumulates(half, 8) and accumulates(half, 4) and not accumulates(half.with_kind("F"), 4)
+    for algo in ("legacy:ALGO_0", "engines:eng0"):  # half: a partial (fp16) and the accumulator (fp32)
+        assert timing_step(half, 4, algo, blends).route.buffer_bytes == 9216 + 18432
+        assert timing_step(half, 8, algo, blends).route.buffer_bytes == 0  # the whole call
+    single = half.__class__("BF", (8, 16, 8, 8), (32, 16, 3, 3), pads=1)
+    assert timing_step(single, 4, "engines:eng0", blends).route.buffer_bytes == 18432  # the partial: dw is its own sum
+    assert timing_step(single, 4, "legacy:ALGO_0", blends).route.buffer_bytes == 0  # adds into dw itself
 
 
-def test_timing_step_times_backward_filter_parts_as_accumulating():
+def test_timing_step_times_backward_filter_parts_as_a_middle_part_of_a_sum():
     p = ConvProblem("BF", (64, 8, 6, 6), (8, 8, 3, 3), pads=1)
-    assert timing_step(p, p.with_batch(16), "legacy:ALGO_0").accumulates
-    assert timing_step(p, p.with_batch(16), "legacy:ALGO_0").call_beta == 1.0  # legacy: beta = 1, as dispatched
-    assert not timing_step(p, p, "legacy:ALGO_0").accumulates
-    assert not timing_step(p.with_kind("F"), p.with_batch(16).with_kind("F"), "legacy:GEMM").accumulates
+    blends = lambda algo: True  # noqa: E731
+    part = timing_step(p, 16, "legacy:ALGO_0", blends)
+    assert part.accumulates and (part.part, part.parts) == (1, 3)
+    assert part.route.beta == 1.0  # legacy float32: adds with beta = 1, as dispatched
+    assert not timing_step(p, 64, "legacy:ALGO_0", blends).accumulates
+    assert not timing_step(p.with_kind("F"), 16, "legacy:GEMM", blends).accumulates
+    half = replace(p, dtype="float16")
+    combines = timing_step(half, 16, "legacy:ALGO_0", blends).route.combines
+    assert [(c.src, c.dst, c.beta) for c in combines] == [("partial", "accumulator", 1.0)]  # no final write
 
 
 def test_only_candidates_that_can_still_win_are_timed_again():
@@ -237,7 +218,7 @@ class TwoBackendBenchmarker:
     def measure(self, problem, sizes, cap, backend=None):
         self.asked.append((backend, tuple(sizes)))
         ms = {"legacy": 2.0, "engines": 1.0}[backend]
-        return [Measurement(candidate_id(backend, "x"), b, ms * b, 0, OK, 3) for b in sizes]
+        return [Measurement(candidate_id(backend, "x"), b, ms * b, 0, OK, 3, accumulates(problem, b)) for b in sizes]
 
 
 def test_ensure_tables_measures_only_the_backend_the_cache_lacks(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import multiprocessing
 import os
 import re
@@ -15,6 +16,7 @@ import pytest
 from fakes import damage_middle
 
 from ucudnn import CacheError, ConvProblem, DeviceInfo, Measurement
+from ucudnn.accumulation import accumulates
 from ucudnn.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaError, default_path, merge,
                           recorded_path, recorded_paths, shard_path)
 from ucudnn.cache import database as database_module
@@ -58,7 +60,7 @@ def fake_measurements(problem: ConvProblem, sizes=SIZES) -> list[Measurement]:
     seed = sum(map(ord, problem.shape_key()))
     return [Measurement(f"legacy:A{algo}", b, None if algo >= 6 else 0.01 * b * (1 + (seed + algo) % 5),
                         2**34 if algo == 6 else 2**10 * algo * b,
-                        OK if algo < 6 else (OVER_CAP if algo == 6 else UNSUPPORTED), 3)
+                        OK if algo < 6 else (OVER_CAP if algo == 6 else UNSUPPORTED), 3, accumulates(problem, b))
             for algo in ALGOS for b in sizes]
 
 
@@ -151,8 +153,8 @@ def test_tables_answers_every_problem_in_one_call(filled):
     problems = resnet50()
     with BenchmarkDatabase(filled) as db:
         found = db.tables(problems, H100)
-    assert set(found) == {p.shape_key() for p in problems}
-    stored = {p.shape_key() for p in problems[:12]}
+    assert set(found) == {p.key for p in problems}
+    stored = {p.key for p in problems[:12]}
     assert all((len(table) > 0) == (key in stored) for key, table in found.items())
 
 
@@ -341,14 +343,14 @@ def test_a_v2_file_is_refused_read_only_and_migrated_when_writable(db_path):
     problem = make_v2(db_path)
     before = db_path.read_bytes()
     with pytest.raises(CacheError, match="open it writable once"):
-        BenchmarkDatabase(db_path, readonly=True)  # v4 named the candidates, which every read needs
+        BenchmarkDatabase(db_path, readonly=True)  # v5 tells parts of sums, which every read needs
     assert db_path.read_bytes() == before
     with BenchmarkDatabase(db_path) as db:
         assert [d.execution for d in db.devices()] == ["direct"]
         db.record(problem, QUICK, [Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.25, 1024, OK, 1)])  # v2 rows were default-timed
         assert list(db.table(problem, H100)) == [Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.5, 1024, OK, 7)]
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert conn.execute("SELECT backend, frontend_version FROM measurements").fetchall() == [("legacy", "")]
     assert stored_times(db_path) == [("IMPLICIT_PRECOMP_GEMM", 0.5, "default")]
 
@@ -411,7 +413,7 @@ def test_tables_prefetches_a_network_in_one_file_query(filled):
     found = cache.tables(problems, H100)
     assert cache.stats.file_hits == len({p.shape_key() for p in problems[:12]})
     assert cache.stats.misses == len({p.shape_key() for p in problems}) - cache.stats.file_hits
-    assert found[problems[0].shape_key()].sizes == SIZES
+    assert found[problems[0].key].sizes == SIZES
     cache.tables(problems[:12], H100)
     assert cache.stats.memo_hits == len({p.shape_key() for p in problems[:12]})
 
@@ -687,7 +689,7 @@ def test_resnet50_lookup_from_the_file_is_fast(db_path):
         found = Cache(db_path, readonly=True).tables(problems, H100)
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
-    rows = sum(len(found[key]) for key in distinct)
+    rows = sum(len(found[p.key]) for p in distinct.values())
     assert rows == len(distinct) * len(SIZES) * len(ALGOS)
     best = min(walls) * 1e3
     print(f"\nResNet-50 lookup: {len(problems)} kernels ({len(distinct)} shape keys, {rows} measurements) "
@@ -722,3 +724,96 @@ def test_resnet50_lookup_from_the_shipped_recording_is_fast():
     print(f"\nshipped ResNet-50 lookup: {len(found)} shape keys, {rows} measurements in "
           f"{min(walls) * 1e3:.1f} ms (best of 10; median {sorted(walls)[5] * 1e3:.1f} ms)")
     assert min(walls) <= 0.050
+
+
+# --- parts of backward-filter sums, kept apart from whole calls (ucudnn.accumulation) ---
+
+
+def test_a_kernel_plans_with_parts_below_its_batch_and_whole_calls_at_it(db_path):
+    bf = conv(16, 16, 14, 3, batch=64).with_kind("BF")
+    part = lambda b, ms: Measurement("legacy:A0", b, ms, 0, OK, 3, True)  # noqa: E731
+    whole = lambda b, ms: Measurement("legacy:A0", b, ms, 0, OK, 3, False)  # noqa: E731
+    with BenchmarkDatabase(db_path) as db:
+        db.record(bf, H100, [part(16, 1.5), part(32, 2.5), whole(32, 2.0), whole(64, 4.0)])
+        assert sorted((m.batch, m.time_ms) for m in db.table(bf, H100)) == [(16, 1.5), (32, 2.5), (64, 4.0)]
+        assert sorted((m.batch, m.time_ms) for m in db.table(bf.with_batch(32), H100)) == [(16, 1.5), (32, 2.0),
+                                                                                           (64, 4.0)]
+        # a part stands in for the whole call where no whole call was measured, never the other way
+        assert sorted((m.batch, m.time_ms) for m in db.table(bf.with_batch(16), H100) if m.batch <= 16) == [(16, 1.5)]
+        forward = bf.with_kind("F")
+        db.record(forward, H100, [whole(32, 1.0)])
+        assert [m.batch for m in db.table(forward, H100)] == [32]  # F and BD are never parts
+
+
+def test_a_whole_call_measured_first_is_measured_again_as_a_part(tmp_path):
+    """Recording ResNet-50 at 32 then at 64 samples: the BF row at 32 of the first kernel is a
+    whole call; the second kernel needs it as a part of its sum and measures it again."""
+    small = conv(64, 64, 56, 1, batch=32).with_kind("BF")
+    large = small.with_batch(64)
+    cache = Cache(tmp_path / "db.sqlite")
+    bench = FakeBenchmarker(H100)
+    for problem in (small, large):
+        table = cache.table(problem, H100)
+        missing = table.missing((16, 32, problem.batch), None)
+        cache.record(problem, H100, [replace(m, accumulates=accumulates(problem, m.batch))
+                                     for m in bench.measure(problem, missing, None)])
+    assert bench.calls == 2 and sorted(m.batch for m in cache.table(large, H100)) == [16] * 8 + [32] * 8 + [64] * 8
+    assert all(m.accumulates == (m.batch < 64) for m in cache.table(large, H100))
+
+
+def _v4_row(shape_key, batch, backend, algo, workspace, recorded_at):
+    return dict(gpu_name="G", cudnn_version=1, execution="graph", shape_key=shape_key, batch=batch, backend=backend,
+                algo=algo, workspace=workspace, recorded_at=recorded_at)
+
+
+def test_v4_rows_are_parts_where_a_larger_size_was_measured_by_their_call():
+    from ucudnn.cache.schema import v4_accumulates
+
+    bf = conv(64, 64, 56, 1).with_kind("BF")
+    half = replace(bf, dtype="float16")
+    key, half_key = bf.shape_key(), half.shape_key()
+    rows = [_v4_row(key, 32, "legacy", "A0", 0, "t1"), _v4_row(key, 16, "legacy", "A0", 0, "t1"),  # kernel of 32
+            _v4_row(key, 64, "legacy", "A0", 0, "t2"),  # then one of 64 measured only its own size
+            _v4_row(key, 48, "legacy", "A0", 0, "t3"),  # a later top-up below the largest: a part
+            _v4_row(key, 16, "engines", "e", 0, "t1"),  # an engine part without its buffers: a whole call
+            _v4_row(key, 8, "engines", "e", 10**8, "t1"), _v4_row(key, 32, "engines", "e", 0, "t1"),
+            _v4_row(half_key, 8, "legacy", "A0", 0, "t1"), _v4_row(half_key, 32, "legacy", "A0", 0, "t1"),
+            _v4_row(bf.with_kind("F").shape_key(), 8, "legacy", "A0", 0, "t1"),
+            _v4_row(bf.with_kind("F").shape_key(), 32, "legacy", "A0", 0, "t1")]
+    problems = {p.shape_key(): p.with_batch(1) for p in (bf, half, bf.with_kind("F"))}
+    kept = {(r["shape_key"][:2], r["batch"], r["backend"]): r["accumulates"] for r in v4_accumulates(rows, problems)}
+    assert kept == {("BF", 32, "legacy"): 0, ("BF", 16, "legacy"): 1, ("BF", 64, "legacy"): 0, ("BF", 48, "legacy"): 1,
+                    ("BF", 16, "engines"): 0, ("BF", 8, "engines"): 1, ("BF", 32, "engines"): 0,
+                    ("F|", 8, "legacy"): 0, ("F|", 32, "legacy"): 0}
+    assert sum(1 for r in v4_accumulates(rows, problems) if r["shape_key"] == half_key) == 1
+
+
+def test_a_v4_file_is_migrated_and_its_half_legacy_parts_dropped(db_path):
+    half = conv(16, 16, 14, 3, batch=64).with_kind("BF")
+    half = replace(half, dtype="float16", math="tensor_op", layout="nhwc")
+    with BenchmarkDatabase(db_path) as db:
+        db.record(half, H100, [Measurement("legacy:A0", b, 1.0, 0, OK, 3, b < 64) for b in (8, 64)])
+    with sqlite3.connect(db_path) as conn:  # back to v4: no accumulates column
+        conn.execute("UPDATE measurements SET accumulates = 0")
+        conn.execute("PRAGMA user_version = 4")
+    with pytest.raises(CacheError, match="open it writable once"):
+        BenchmarkDatabase(db_path, readonly=True)
+    with BenchmarkDatabase(db_path) as db:
+        assert [(m.batch, m.accumulates) for m in db.table(half, H100)] == [(64, False)]
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+
+
+def test_an_export_of_schema_4_gets_its_parts_told_apart(tmp_path, db_path):
+    bf = conv(16, 16, 14, 3, batch=64).with_kind("BF")
+    with BenchmarkDatabase(db_path) as db:
+        db.record(bf, H100, [Measurement("legacy:A0", b, 1.0, 0, OK, 3, b < 64) for b in (8, 64)])
+        db.export_json(tmp_path / "export.json")
+    document = json.loads((tmp_path / "export.json").read_text())
+    for row in document["measurements"]:
+        del row["accumulates"]
+    document["schema_version"] = 4
+    (tmp_path / "export.json").write_text(json.dumps(document))
+    with BenchmarkDatabase(tmp_path / "other.db") as other:
+        other.import_json(tmp_path / "export.json")
+        assert sorted((m.batch, m.accumulates) for m in other.table(bf, H100)) == [(8, True), (64, False)]

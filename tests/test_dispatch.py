@@ -1,4 +1,7 @@
-"""Dispatch: steps() + dispatch() + NumpyExecutor (tests/executors.py) on flat arrays equals the undivided reference call."""
+"""Dispatch: steps() + compose() through the real router over fakes of both backends
+(tests/executors.py) on a fake device memory equals the undivided reference call, whatever
+backend runs each part: which part zeroes, adds and writes a sum, and a workspace layout in which
+no plan's workspace overlaps a buffer that must survive."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,23 +9,31 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from executors import NumpyExecutor, dispatch
+from executors import BLENDS, FakeMemory, dispatch, fake_backends, footprint, steps_run
 from strategies import geometry
 
 from ucudnn import reference
 from ucudnn import dispatch as dispatching
-from ucudnn.dispatch import Step
-from ucudnn.errors import ConfigError
+from ucudnn.accumulation import Combine
+from ucudnn.backends import backend_of
+from ucudnn.dispatch import Step, compile_program
+from ucudnn.errors import CandidateError, ConfigError
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.problem import ConvProblem
 
 OUTPUT = {"F": "y", "BD": "x", "BF": "w"}  # what each kind writes; it reads the other two
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3}
+# candidates of both backends, alternating: configurations of several parts mix them
+ALGOS = ["legacy:A0", "engines:E0", "legacy:A1", "engines:E1", "legacy:A2", "engines:E2", "legacy:A3", "engines:E3"]
+
+
+def blends(algo: str) -> bool:
+    return BLENDS[backend_of(algo)]
 
 
 def configuration(parts, algos=None) -> Configuration:
-    algos = algos or [i % 7 for i in range(len(parts))]
-    return Configuration(tuple(MicroConfig(a, b, 0.5 * b, 64 * b) for a, b in zip(algos, parts)))
+    algos = algos or [i % len(ALGOS) for i in range(len(parts))]
+    return Configuration(tuple(MicroConfig(ALGOS[a], b, 0.5 * b, 64 * b) for a, b in zip(algos, parts)))
 
 
 def _stored_to_logical(flat: np.ndarray, shape, layout: str) -> np.ndarray:
@@ -59,8 +70,7 @@ def run_and_check(p: ConvProblem, config: Configuration, alpha: float, beta: flo
     flats = make_operands(p, rng)
     original = {k: v.copy() for k, v in flats.items()}
     expected = expected_output(p, flats, alpha, beta)
-    executor = NumpyExecutor()
-    dispatch(p, config, executor, flats["x"], flats["w"], flats["y"], alpha=alpha, beta=beta)
+    ran = steps_run(dispatch(p, config, flats["x"], flats["w"], flats["y"], alpha=alpha, beta=beta))
     out = OUTPUT[p.kind.value]
     tol = TOLERANCE[p.dtype]
     assert flats[out].dtype == np.dtype(p.dtype) and flats[out].shape == original[out].shape
@@ -68,9 +78,9 @@ def run_and_check(p: ConvProblem, config: Configuration, alpha: float, beta: flo
     np.testing.assert_allclose(flats[out].astype(np.float64), expected, rtol=tol, atol=tol * scale)
     for name in set(flats) - {out}:  # the operands it reads are left alone
         np.testing.assert_array_equal(flats[name], original[name])
-    assert executor.steps == dispatching.steps(p, config, alpha, beta)
-    check_steps(p, config, executor.steps, alpha, beta)
-    return executor.steps
+    assert ran == dispatching.steps(p, config, blends, alpha, beta)
+    check_steps(p, config, ran, alpha, beta)
+    return ran
 
 
 def check_steps(p: ConvProblem, config: Configuration, steps: list[Step], alpha: float, beta: float) -> None:
@@ -84,13 +94,34 @@ def check_steps(p: ConvProblem, config: Configuration, steps: list[Step], alpha:
         assert step.problem == p.with_batch(part.batch)
         assert step.problem.shape_key() == p.shape_key()
         assert step.alpha == alpha
+        assert (step.part, step.parts) == (i, len(steps))
+        check_route(step, alpha, beta)
         n0 += part.batch
     assert n0 == p.batch
-    betas = [s.call_beta for s in steps]
-    if p.kind is ConvKind.BACKWARD_FILTER:
-        assert betas == [beta] + [1.0] * (len(steps) - 1)
+
+
+def check_route(step: Step, alpha: float, beta: float) -> None:
+    """Each part's route, stated independently of ucudnn.accumulation's code."""
+    r, first, last = step.route, step.part == 0, step.part == step.parts - 1
+    half, blends_ = step.problem.dtype == "float16", blends(step.algo)
+    added = beta if first else 1.0
+    if not blends_:
+        assert (r.alpha, r.beta) == (1.0, 0.0)  # a graph API call never blends
+    if step.accumulates and half:
+        assert r.target == "partial" and r.accumulator > 0 and r.partial > 0
+        want = [Combine("partial", "accumulator", 1.0, 0.0 if first else 1.0)]
+        assert list(r.combines) == want + ([Combine("accumulator", "output", alpha, beta)] if last else [])
+    elif step.accumulates:
+        assert r.accumulator == 0
+        if blends_:
+            assert (r.target, r.alpha, r.beta, r.combines) == ("output", alpha, added, ())
+        else:
+            assert r.target == "partial" and r.combines == (Combine("partial", "output", alpha, added),)
+    elif blends_ or (alpha, beta) == (1.0, 0.0):
+        assert (r.target, r.alpha, r.beta, r.combines, r.buffer_bytes) == ("output", alpha, beta, (), 0)
     else:
-        assert betas == [beta] * len(steps)
+        assert r.target == "scratch" and r.combines == (Combine("scratch", "output", alpha, beta),)
+        assert r.buffer_bytes == 0  # scratch is the call's own, not workspace
 
 
 # -------------------------------------------------------------------------------- strategies
@@ -105,13 +136,13 @@ def dispatch_cases(draw, max_batch: int = 11):
         draw(st.sampled_from(["F", "BD", "BF"])), (batch, cg * groups, *g["sizes"]),
         (groups * draw(st.integers(1, 2)), cg, *g["kernel"]), pads=g["pads"], strides=g["strides"],
         dilations=g["dilations"],
-        groups=groups, dtype=draw(st.sampled_from(["float64", "float32"])),
+        groups=groups, dtype=draw(st.sampled_from(["float64", "float32", "float16"])),
         layout=draw(st.sampled_from(["nchw", "nhwc"])), mode=draw(st.sampled_from(["cross_correlation", "convolution"])),
     )
     # A random composition of the batch: cut points anywhere (none: one part).
     cuts = sorted(draw(st.sets(st.integers(1, batch - 1), max_size=batch - 1)) if batch > 1 else [])
     parts = [b - a for a, b in zip([0, *cuts], [*cuts, batch])]
-    algos = draw(st.lists(st.integers(0, 7), min_size=len(parts), max_size=len(parts)))
+    algos = draw(st.lists(st.integers(0, len(ALGOS) - 1), min_size=len(parts), max_size=len(parts)))
     coefficient = st.floats(-3, 3, allow_nan=False).filter(lambda v: abs(v) > 1e-3)
     alpha = draw(st.one_of(st.just(1.0), coefficient))
     beta = draw(st.one_of(st.just(0.0), st.just(1.0), coefficient))
@@ -125,6 +156,10 @@ def dispatch_cases(draw, max_batch: int = 11):
           configuration([1] * 7), -1.5, 0.25, 2))
 @example((ConvProblem("F", (9, 4, 4, 4), (2, 2, 3, 3), pads=1, groups=2, dtype="float64", layout="nhwc"),
           configuration([9]), 2.0, -0.5, 3))
+@example((ConvProblem("BF", (61, 3, 9, 9), (4, 3, 3, 3), strides=2, dtype="float16", layout="nhwc"),
+          configuration([16, 16, 16, 8, 4, 1], [0, 0, 0, 1, 2, 3]), 1.0, 0.0, 4))  # the mixed BF of an odd batch
+@example((ConvProblem("BF", (33, 3, 9, 9), (4, 3, 3, 3), dtype="float16"), configuration([16, 16, 1], [0, 0, 1]),
+          1.0, 0.0, 5))
 def test_dispatch_equals_undivided_reference(case):
     p, config, alpha, beta, seed = case
     run_and_check(p, config, alpha, beta, seed)
@@ -139,7 +174,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("kind", ["F", "BD", "BF"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
 @pytest.mark.parametrize("batch", sorted(CONFIGS))
 def test_dispatch_fixed_configurations(kind, layout, dtype, batch, rng):
     p = ConvProblem(kind, (batch, 4, 6, 5), (6, 2, 3, 2), pads=(1, 0), strides=(2, 1), dilations=(1, 2),
@@ -165,7 +200,7 @@ def test_beta_zero_does_not_read_the_output(kind, rng):
     out = OUTPUT[kind]
     expected = expected_output(p, {**flats, out: np.zeros_like(flats[out])}, 1.5, 0.0)
     flats[out][:] = np.nan
-    dispatch(p, configuration([2, 2, 1]), NumpyExecutor(), flats["x"], flats["w"], flats["y"], 1.5, 0.0)
+    dispatch(p, configuration([2, 2, 1]), flats["x"], flats["w"], flats["y"], 1.5, 0.0)
     assert not np.isnan(flats[out]).any()
     np.testing.assert_allclose(flats[out], expected, rtol=1e-12, atol=1e-12)
 
@@ -174,10 +209,10 @@ def test_defaults_are_alpha_one_beta_zero(rng):
     p = ConvProblem("F", (4, 2, 5, 5), (3, 2, 3, 3), dtype="float64")
     flats = make_operands(p, rng)
     expected = expected_output(p, flats, 1.0, 0.0)
-    dispatch(p, configuration([3, 1]), NumpyExecutor(), flats["x"], flats["w"], flats["y"])
+    dispatch(p, configuration([3, 1]), flats["x"], flats["w"], flats["y"])
     np.testing.assert_allclose(flats["y"], expected, rtol=1e-12)
-    steps = dispatching.steps(p, configuration([3, 1]))
-    assert [(s.alpha, s.call_beta) for s in steps] == [(1.0, 0.0), (1.0, 0.0)]
+    steps = dispatching.steps(p, configuration([3, 1]), blends)
+    assert [(s.alpha, s.beta, s.route.target) for s in steps] == [(1.0, 0.0, "output"), (1.0, 0.0, "output")]
 
 
 # ---------------------------------------------------------------------------------------- plan
@@ -188,23 +223,24 @@ def test_defaults_are_alpha_one_beta_zero(rng):
 def test_plan_offsets_and_coefficients(kind, layout, dtype, itemsize):
     p = ConvProblem(kind, (13, 6, 10, 9), (4, 3, 3, 3), pads=(1, 0), strides=(1, 2), groups=2,
                     dtype=dtype, layout=layout)
-    steps = dispatching.steps(p, configuration([8, 4, 1], [5, 1, 0]), alpha=0.75, beta=0.25)
+    steps = dispatching.steps(p, configuration([8, 4, 1], [5, 1, 0]), blends, alpha=0.75, beta=0.25)
     x_sample, y_sample = 6 * 10 * 9 * itemsize, 4 * 10 * 4 * itemsize
     assert p.y_shape == (13, 4, 10, 4)
     assert [s.first_sample for s in steps] == [0, 8, 12]
     assert [s.x_offset for s in steps] == [0, 8 * x_sample, 12 * x_sample]
     assert [s.y_offset for s in steps] == [0, 8 * y_sample, 12 * y_sample]
     assert [s.problem.batch for s in steps] == [8, 4, 1]
-    assert [s.algo for s in steps] == [5, 1, 0]
+    assert [s.algo for s in steps] == [ALGOS[5], ALGOS[1], ALGOS[0]]
     assert [s.alpha for s in steps] == [0.75] * 3
-    assert [s.call_beta for s in steps] == ([0.25, 1.0, 1.0] if kind == "BF" else [0.25] * 3)
+    for s in steps:
+        check_route(s, 0.75, 0.25)
 
 
 @settings(max_examples=100)
 @given(dispatch_cases(max_batch=40))
 def test_plan_properties(case):
     p, config, alpha, beta, _ = case
-    check_steps(p, config, dispatching.steps(p, config, alpha, beta), alpha, beta)
+    check_steps(p, config, dispatching.steps(p, config, blends, alpha, beta), alpha, beta)
 
 
 @pytest.mark.parametrize("parts", [[4, 4], [8, 2], [10], [1] * 8, [3, 3, 2], [3, 3, 2, 1, 1], []])
@@ -213,19 +249,17 @@ def test_mismatched_configuration_batch(parts, kind):
     p = ConvProblem(kind, (9, 2, 5, 5), (2, 2, 3, 3))
     config = configuration(parts)
     with pytest.raises(ConfigError) as info:
-        dispatching.steps(p, config)
+        dispatching.steps(p, config, blends)
     message = str(info.value)
     assert str(sum(parts)) in message and "9" in message
-    with pytest.raises(ConfigError):
-        dispatch(p, config, NumpyExecutor(), None, None, None)
 
 
 def test_mismatched_configuration_runs_nothing():
     p = ConvProblem("F", (4, 2, 5, 5), (2, 2, 3, 3), dtype="float64")
-    executor = NumpyExecutor()
+    backends = fake_backends(FakeMemory())
     with pytest.raises(ConfigError):
-        dispatch(p, configuration([2, 1]), executor, None, None, None)
-    assert executor.steps == []
+        compile_program(p, configuration([2, 1]), backends)
+    assert steps_run(backends) == []
 
 
 def test_executor_writes_only_its_slice(rng):
@@ -233,8 +267,12 @@ def test_executor_writes_only_its_slice(rng):
     p = ConvProblem("F", (7, 2, 4, 4), (3, 2, 3, 3), pads=1, dtype="float64", layout="nhwc")
     flats = make_operands(p, rng)
     before = flats["y"].copy()
-    step = dispatching.steps(p, configuration([2, 3, 2]), 1.0, 0.0)[1]
-    NumpyExecutor()(step, flats["x"], flats["w"], flats["y"])
+    memory = FakeMemory()
+    backends = fake_backends(memory)
+    step = dispatching.steps(p, configuration([2, 3, 2]), blends, 1.0, 0.0)[1]
+    addresses = [memory.place(flats[r]) for r in "xwy"]
+    backends.prepare(step)(*addresses, memory.alloc(1024), 1024)
+    flats["y"][...] = memory.view(addresses[2], flats["y"].size, "float64")
     per_sample = int(np.prod(p.y_shape[1:]))
     changed = np.flatnonzero(flats["y"] != before)
     assert changed.min() >= 2 * per_sample and changed.max() < 5 * per_sample
@@ -242,3 +280,48 @@ def test_executor_writes_only_its_slice(rng):
     logical_w = _stored_to_logical(flats["w"], p.w_shape, "nhwc")
     y = reference.forward(p.with_batch(3), logical_x[2:5], logical_w)
     np.testing.assert_allclose(flats["y"][2 * per_sample:5 * per_sample], _logical_to_flat(y, "nhwc"), rtol=1e-12)
+
+
+# ------------------------------------------------------------------- sums across backends
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("algos", [[0, 1, 0], [1, 0, 1], [1, 1, 0], [0, 0, 1]], ids=str)
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (0.5, 1.0), (2.0, -0.75)])
+def test_a_sum_mixing_backends_equals_the_undivided_call(dtype, algos, alpha, beta, rng):
+    """The parts of one backward-filter sum on both backends, in every order: each adds into
+    the same sum (half: one float32 accumulator, rounded once at the end)."""
+    p = ConvProblem("BF", (11, 3, 9, 9), (5, 3, 3, 3), strides=2, dtype=dtype, layout="nhwc")
+    run_and_check(p, configuration([4, 6, 1], algos), alpha, beta, int(rng.integers(2**32)))
+
+
+def test_the_accumulator_is_the_same_bytes_for_every_part_and_no_plan_workspace_overlaps_it():
+    p = ConvProblem("BF", (13, 3, 9, 9), (5, 3, 3, 3), dtype="float16")
+    parts = dispatching.steps(p, configuration([8, 4, 1], [0, 1, 2]), blends)
+    # dw: 135 elements; in float32 540 bytes, 768 aligned to 256; its fp16 partial 270, 512
+    assert {s.route.accumulator for s in parts} == {768}
+    assert {s.route.partial_offset for s in parts} == {768} and {s.route.partial for s in parts} == {512}
+    assert {s.route.buffer_bytes for s in parts} == {1280}  # the plan's workspace starts after both
+
+
+def test_float32_parts_of_a_blending_backend_need_no_buffer():
+    p = ConvProblem("BF", (13, 3, 9, 9), (5, 3, 3, 3))
+    legacy, engines = dispatching.steps(p, configuration([8, 5], [0, 1]), blends)
+    assert legacy.route.buffer_bytes == 0 and engines.route.buffer_bytes == 768  # dw (540 bytes), its partial
+
+
+def test_a_workspace_below_what_a_part_needs_is_refused_before_anything_runs(rng):
+    p = ConvProblem("BF", (11, 3, 9, 9), (5, 3, 3, 3), dtype="float16")
+    config = configuration([4, 6, 1], [0, 1, 0])
+    flats = make_operands(p, rng)
+    before = flats["w"].copy()
+    needs = footprint(p, config)
+    with pytest.raises(CandidateError, match=f"needs {needs} bytes.*given {needs - 1}.*re-measure"):
+        dispatch(p, config, flats["x"], flats["w"], flats["y"], workspace_size=needs - 1)
+    np.testing.assert_array_equal(flats["w"], before)
+
+
+def test_a_blend_on_a_backend_that_cannot_blend_goes_through_scratch(rng):
+    p = ConvProblem("F", (6, 3, 7, 7), (4, 3, 3, 3), dtype="float32")
+    run_and_check(p, configuration([6], [1]), 1.0, 0.5, int(rng.integers(2**32)))
+    step, = dispatching.steps(p, configuration([6], [1]), blends, 1.0, 0.5)
+    assert step.route.target == "scratch"

@@ -12,9 +12,9 @@ import zlib
 import numpy as np
 import pytest
 
-from executors import dispatch
-from gpu_support import CASES, OUTPUT, as_float64, expected, host_operands, random_problem, relative_error
-from ucudnn.optimizers.configuration import Configuration, MicroConfig
+from gpu_support import (CASES, OUTPUT, expected, host_operands, measured, random_problem, relative_error,
+                         run_configuration)
+from ucudnn.optimizers.configuration import Configuration
 from ucudnn.problem import ConvKind, ConvProblem
 
 pytestmark = pytest.mark.gpu
@@ -34,32 +34,29 @@ RESULTS: list[dict] = []
 
 @pytest.fixture(scope="module")
 def engines():
+    """The engines backend alone, routed as a handle routes it (ucudnn.backends.open_backends)."""
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
     from ucudnn import gpu
-    from ucudnn.backends.engines import EnginesBackend
+    from ucudnn.backends import open_backends
+    from ucudnn.bindings import cudnn
 
-    backend = EnginesBackend()
-    backend.set_stream(gpu.current_stream())
-    yield backend
+    handle = cudnn.create_handle()
+    yield open_backends("engines", handle, gpu.current_stream())
+    cudnn.destroy_handle(handle)
     if os.environ.get("UCUDNN_RESULTS_DIR"):
         with open(os.path.join(os.environ["UCUDNN_RESULTS_DIR"], "engine_dispatch_errors.json"), "w") as f:
             json.dump(RESULTS, f)
 
 
-def pick(rng, engines, problem: ConvProblem, batch: int, first: bool = False) -> tuple[str, int] | None:
+def pick(rng, engines, problem: ConvProblem, first: bool = False) -> str | None:
     """A candidate of micro-batch kernel `problem` that builds (heuristics' first, or a random
-    one), with its workspace; None if the graph API has none."""
-    from ucudnn.backends import candidate_id, partials
+    one); None if the graph API has none."""
+    from ucudnn.backends import candidate_id
 
-    graph = engines.graph(problem)
+    graph = engines["engines"].graph(problem)
     names = list(graph.index)
     order = names if first else [names[i] for i in rng.permutation(len(names))]
-    for name in order:
-        built = graph.build(name)
-        if not isinstance(built, str):
-            return candidate_id("engines", name), built + partials.buffer_bytes(
-                problem, partials.accumulates(problem, batch))
-    return None
+    return next((candidate_id("engines", n) for n in order if not isinstance(graph.build(n), str)), None)
 
 
 def random_configuration(rng, engines, problem: ConvProblem) -> Configuration | None:
@@ -68,26 +65,16 @@ def random_configuration(rng, engines, problem: ConvProblem) -> Configuration | 
     starts = np.arange(problem.batch_quantum(), problem.batch, problem.batch_quantum())
     parts = int(rng.integers(2, min(4, len(starts) + 1) + 1)) if len(starts) else 1
     cuts = sorted(rng.choice(starts, parts - 1, replace=False)) if parts > 1 else []
-    micro = []
+    parts = []
     for b in map(int, np.diff([0, *cuts, problem.batch])):
-        found = pick(rng, engines, problem.with_batch(b), problem.batch)
+        found = pick(rng, engines, problem.with_batch(b))
         if found is None:
             return None
-        micro.append(MicroConfig(found[0], b, 0.0, found[1]))
-    return Configuration(tuple(micro))
+        parts.append((found, b))
+    return measured(engines, problem, parts)
 
 
-def run(engines, problem, configuration, host, alpha, beta) -> np.ndarray:
-    import cupy as cp
-
-    from ucudnn import gpu
-
-    device = {role: cp.asarray(array) for role, array in host.items()}
-    workspace = gpu.alloc(configuration.workspace)
-    dispatch(problem, configuration, engines, *(device[r].data.ptr for r in "xwy"),
-             alpha, beta, workspace.ptr, configuration.workspace)
-    cp.cuda.get_current_stream().synchronize()
-    return as_float64(cp.asnumpy(device[OUTPUT[problem.kind]]), problem.dtype)
+run = run_configuration
 
 
 @pytest.mark.parametrize("kind", list(ConvKind), ids=str)
@@ -98,7 +85,7 @@ def test_engine_dispatch_equals_undivided_and_reference(engines, kind, dtype, ma
     checked, worst = 0, 0.0
     for _ in range(SHAPES_PER_CASE):
         problem = random_problem(rng, kind, dtype, math, layout)
-        whole_pick = pick(rng, engines, problem, problem.batch, first=True)
+        whole_pick = pick(rng, engines, problem, first=True)
         split = random_configuration(rng, engines, problem)
         if whole_pick is None or split is None:
             RESULTS.append(dict(problem=problem.describe(), skipped="no engine builds"))
@@ -106,7 +93,7 @@ def test_engine_dispatch_equals_undivided_and_reference(engines, kind, dtype, ma
         host = host_operands(rng, problem)
         alpha, beta = float(rng.uniform(0.5, 2.0)), float(rng.choice([0.0, rng.uniform(-1, 1)]))
         want = expected(problem, host, alpha, beta)
-        whole = Configuration((MicroConfig(whole_pick[0], problem.batch, 0.0, whole_pick[1]),))
+        whole = measured(engines, problem, [(whole_pick, problem.batch)])
         got_split = run(engines, problem, split, host, alpha, beta)
         got_whole = run(engines, problem, whole, host, alpha, beta)
         errors = (relative_error(got_split, want), relative_error(got_whole, want),
@@ -131,12 +118,10 @@ def test_micro_batched_half_dw_is_summed_in_float32(engines, dtype, layout):
     problem = ConvProblem("BF", (64, 32, 14, 14), (32, 32, 3, 3), pads=1, dtype=dtype, layout=layout)
     host = host_operands(rng, problem)
     want = expected(problem, host, 1.0, 0.0)
-    first = pick(rng, engines, problem.with_batch(8), 64, first=True)
-    whole = pick(rng, engines, problem, 64, first=True)
-    split = Configuration(tuple(MicroConfig(first[0], 8, 0.0, first[1]) for _ in range(8)))
+    split = measured(engines, problem, [(pick(rng, engines, problem.with_batch(8), first=True), 8)] * 8)
+    whole = measured(engines, problem, [(pick(rng, engines, problem, first=True), 64)])
     split_error = relative_error(run(engines, problem, split, host, 1.0, 0.0), want)
-    whole_error = relative_error(run(engines, problem, Configuration((MicroConfig(whole[0], 64, 0.0, whole[1]),)),
-                                     host, 1.0, 0.0), want)
+    whole_error = relative_error(run(engines, problem, whole, host, 1.0, 0.0), want)
     print(f"{dtype} dW {layout}: 8 x 8 {split_error:.2e}, undivided {whole_error:.2e}")
     assert split_error <= 2 * whole_error
 

@@ -6,10 +6,9 @@ import warnings
 
 import numpy as np
 import pytest
-from executors import NumpyExecutor
+from executors import array_program
 from test_dispatch import configuration, expected_output, make_operands
 
-from ucudnn.dispatch import compile_program
 from ucudnn.errors import GraphCaptureError, UcudnnWarning
 from ucudnn.graphs import CHURN_CAPTURES, GraphedProgram
 from ucudnn.problem import ConvProblem
@@ -153,7 +152,7 @@ def test_replays_compute_what_direct_dispatch_does(kind, alpha, beta):
     """BF accumulates (beta, then 1) and beta != 0 blends: a replay must run each call exactly
     once, in order, on the same memory, or these differ from the undivided reference."""
     p = ConvProblem(kind, (7, 3, 9, 9), (4, 3, 3, 3), pads=(1, 1), strides=(2, 1), dtype="float64")
-    program = compile_program(p, configuration([3, 3, 1]), NumpyExecutor(), alpha, beta)
+    program = array_program(p, configuration([3, 3, 1]), alpha, beta)
     memory = {}  # address -> the array "at" it; refilled before each call, as a training loop does
     graphed = GraphedProgram(lambda x, w, y, ws, n: program(memory[x], memory[w], memory[y], ws, n),
                              FakeCapturer())

@@ -15,6 +15,7 @@ from fakes import FAKE_DEVICE, FakeBenchmarker
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ucudnn.accumulation import accumulates
 from ucudnn import parallel
 from ucudnn.backends import BACKENDS, CHOICES, resolve
 from ucudnn.benchmark import ensure_tables
@@ -168,16 +169,16 @@ def test_plan_is_what_the_database_lacks(tmp_path):
     assert len(again) == len(tasks) - 3 and Task(PROBLEMS[0], 2, "legacy") not in again
 
 
-def task_keys(tasks) -> list[tuple[str, int, str]]:
-    return [(t.problem.shape_key(), t.batch, t.backend) for t in tasks]
+def task_keys(tasks) -> list[tuple[str, int, bool, str]]:
+    return [(t.problem.shape_key(), t.batch, accumulates(t.problem, t.batch), t.backend) for t in tasks]
 
 
 @pytest.mark.parametrize("setting", CHOICES)
 @pytest.mark.parametrize("workers", range(1, 6))
 def test_split_of_kernel_size_backend_tasks_is_disjoint_and_complete(tmp_path, setting, workers):
     smaller = [p.with_batch(8) for p in PROBLEMS]  # the same shapes: sizes 1-8 are wanted twice
-    wanted = {(p.shape_key(), b, backend) for p in PROBLEMS + smaller for b in sizes_for(p)
-              for backend in resolve(setting)}
+    wanted = {(p.shape_key(), b, accumulates(p, b), backend) for p in PROBLEMS + smaller for b in sizes_for(p)
+              for backend in resolve(setting)}  # BF at 8: a part of the larger batch's sum, and whole
     with BenchmarkDatabase(tmp_path / "empty.db") as db:
         tasks = split_tasks(PROBLEMS + smaller, sizes_for, None, db, FAKE_DEVICE, resolve(setting))
     assert sorted(task_keys(tasks)) == sorted(wanted)  # complete, each (shape, size, backend) once

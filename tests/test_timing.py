@@ -6,6 +6,8 @@ import types
 
 import pytest
 
+from ucudnn.backends import Backends
+from ucudnn.dispatch import Plan
 from ucudnn import benchmark, gpu
 from ucudnn.backends import Candidate
 from ucudnn.measurements import OK, Measurement
@@ -98,18 +100,21 @@ def test_a_timing_that_stays_host_bound_gives_up_after_three(monkeypatch):
 class OneCandidate:
     """A backend with one candidate that takes `ms` per call, counting its calls."""
 
-    name = "engines"
+    name, blends = "engines", False
 
     def __init__(self, ms):
         self.ms, self.calls = ms, 0
 
-    def candidates(self, problem, batch):
+    def candidates(self, problem):
         return [Candidate("engines:eng1", 0, OK)]
 
     def prepare(self, step):
         def call(*args):
             self.calls += 1
-        return call
+        return Plan(call, 0)
+
+    def set_stream(self, stream):
+        pass
 
 
 @pytest.mark.parametrize("ms, timings", [(5.0, 1), (0.02, 2)])
@@ -126,7 +131,8 @@ def test_a_coarse_measurement_runs_a_slow_candidate_once_and_a_short_one_twice(m
     bench = object.__new__(benchmark.CudnnBenchmarker)
     bench.scratch, bench.stream, bench.pace = types.SimpleNamespace(workspace=lambda nbytes: 0), 0, gpu.HostPace()
     backend = OneCandidate(ms)
+    bench.backends = Backends([backend])
     p = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
-    m, run = bench._coarse(backend, p, p, backend.candidates(p, 8)[0], dict(x=0, w=0, y=0), None)
+    m, run = bench._coarse(p, p, backend.candidates(p)[0], dict(x=0, w=0, y=0), None)
     assert m == Measurement("engines:eng1", 8, ms, 0, OK, 1) and calls == [bench.pace] * timings
     assert backend.calls == timings  # no untimed warm-up call

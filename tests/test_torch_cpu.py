@@ -331,7 +331,7 @@ def test_micro_batches_really_run(numpy_context):
     kernels = context.summary()["kernels"]
     assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
     assert all(k["parts"] > 1 and 0 < k["workspace"] <= 100 * 2**10 for k in kernels), kernels
-    steps = context.handle(torch.device("cpu")).executor.steps
+    steps = context.handle(torch.device("cpu")).steps
     assert len(steps) == sum(k["parts"] for k in kernels)
 
 

@@ -5,25 +5,24 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from executors import NumpyExecutor
+from executors import array_program
 from fakes import FakeAllocator, FakeBenchmarker
 
 from ucudnn.assignment import Assignments
-from ucudnn.dispatch import compile_program
 from ucudnn.integrations.torch import CudaBackend
 from ucudnn.integrations.torch.kernels import TorchTiming
 from ucudnn.integrations.torch.memory import Memory
 
 
 class NumpyHandle:
-    """ucudnn.Handle's interface over real Assignments, a fake benchmarker and the NumPy executor."""
+    """ucudnn.Handle's interface over real Assignments, a fake benchmarker and the fake backends."""
 
     def __init__(self, settings, cache):
         self.settings = settings
         self.assignments = Assignments(settings, cache, FakeBenchmarker, FakeAllocator(),
                                        pointer=lambda address: address)
-        self.executor = NumpyExecutor()
         self.stream = None
+        self.steps = []  # every step its programs ran
 
     def query(self, problem):
         self.assignments.record(problem)
@@ -32,7 +31,7 @@ class NumpyHandle:
         return self.assignments.get(problem)
 
     def program(self, problem, configuration, alpha=1.0, beta=0.0):
-        return compile_program(problem, configuration, self.executor, alpha, beta)
+        return array_program(problem, configuration, alpha, beta, self.steps)
 
     def finalize(self, total=None):
         self.assignments.finalize(total)

@@ -9,14 +9,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from . import gpu
+from .accumulation import accumulates
 from .bindings.enums import refuses_problem
 from .device import DeviceInfo, check_execution, check_timing
-from .dispatch import Step, compile_program
+from .dispatch import Step, compile_program, step
 from .errors import ConfigError, CudnnError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
 from .graphs import GraphCapturer, GraphedProgram
 from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement,
                            describe_sizes)
-from .problem import ConvKind, ConvProblem
+from .problem import ConvProblem
 
 
 class Benchmarker(Protocol):
@@ -131,9 +132,9 @@ class CudnnBenchmarker:
     def _measure_size(self, backend, problem: ConvProblem, micro: ConvProblem, ptrs: dict,
                       cap: int | None) -> list[Measurement]:
         runs, measured = {}, {}
-        for candidate in backend.candidates(micro, problem.batch):
+        for candidate in backend.candidates(micro):
             self.calls += 1
-            measured[candidate.id], run = self._coarse(backend, problem, micro, candidate, ptrs, cap)
+            measured[candidate.id], run = self._coarse(problem, micro, candidate, ptrs, cap)
             if run is not None:
                 runs[candidate.id] = run
         for algo in worth_timing_again(list(measured.values())):
@@ -149,35 +150,36 @@ class CudnnBenchmarker:
             measured[algo] = replace(m, time_ms=statistics.median(times), repeats=len(times))
         return list(measured.values())
 
-    def _coarse(self, backend, problem: ConvProblem, micro: ConvProblem, candidate, ptrs: dict,
+    def _coarse(self, problem: ConvProblem, micro: ConvProblem, candidate, ptrs: dict,
                 cap: int | None) -> tuple[Measurement, Callable[[], None] | None]:
         """The candidate's one-call measurement, and how to run it again (None: it cannot run)."""
-        b, ws = micro.batch, candidate.workspace
+        step = timing_step(problem, micro.batch, candidate.id, self.backends.blends)
+        b, ws, summed = micro.batch, step.route.buffer_bytes + candidate.workspace, step.accumulates
         if candidate.status != OK:
-            return Measurement(candidate.id, b, None, ws, candidate.status), None
+            return Measurement(candidate.id, b, None, ws, candidate.status, accumulates=summed), None
         if cap is not None and ws > cap:
-            return Measurement(candidate.id, b, None, ws, OVER_CAP), None
+            return Measurement(candidate.id, b, None, ws, OVER_CAP, accumulates=summed), None
         try:
             workspace = self.scratch.workspace(ws)
         except gpu.cupy().cuda.memory.OutOfMemoryError:
-            return Measurement(candidate.id, b, None, ws, OUT_OF_MEMORY), None
+            return Measurement(candidate.id, b, None, ws, OUT_OF_MEMORY, accumulates=summed), None
         try:
-            call = backend.prepare(timing_step(problem, micro, candidate.id))
+            call = self.backends.prepare(step)
             run = functools.partial(call, ptrs["x"], ptrs["w"], ptrs["y"], workspace, ws)
             time_ms = gpu.time_calls(run, 1, self.stream, hide_host=self.pace)[0]
             if time_ms < COLD_WEIGHS_MS:
                 time_ms = gpu.time_calls(run, 1, self.stream, hide_host=self.pace)[0]
         except Exception as exc:  # a candidate that fails to build or run is data
-            return Measurement(candidate.id, b, None, ws, _failure(exc)), None
-        return Measurement(candidate.id, b, time_ms, ws, OK, 1), run
+            return Measurement(candidate.id, b, None, ws, _failure(exc), accumulates=summed), None
+        return Measurement(candidate.id, b, time_ms, ws, OK, 1, accumulates=summed), run
 
 
-def timing_step(problem: ConvProblem, micro: ConvProblem, algo: str) -> Step:
-    """The call a measurement of `micro` times: a backward-filter micro-batch smaller than the
-    kernel's batch as a later part of an accumulation, every other one as a whole call."""
-    accumulates = problem.kind is ConvKind.BACKWARD_FILTER and micro.batch < problem.batch
-    return Step(problem=micro, algo=algo, first_sample=0, x_offset=0, y_offset=0, alpha=1.0, beta=0.0,
-                part=1 if accumulates else 0, parts=2 if accumulates else 1)
+def timing_step(kernel: ConvProblem, batch: int, algo: str, blends) -> Step:
+    """The call a measurement of `batch` samples of `kernel` times: a backward-filter micro-batch
+    smaller than the kernel's batch as a middle part of a sum (ucudnn.accumulation), every other
+    one as a whole call."""
+    summed = accumulates(kernel, batch)
+    return step(kernel, algo, 0, batch, 1 if summed else 0, 3 if summed else 1, 1.0, 0.0, blends)
 
 
 COLD_WEIGHS_MS = 1.0  # a first call runs on cold caches, which weighs on short calls only
@@ -202,7 +204,8 @@ class ConfigurationTimer:
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(warmup=2, min_repeats=10,
                                                                             max_repeats=10),
-                 stream: int | None = None, execution: str = "graph", backend: str = ""):
+                 stream: int | None = None, execution: str = "graph", backend: str = "",
+                 make_room: Callable[[], None] | None = None):
         self.handle, self.stream, self.backends = _open(handle, stream, backend)
         self.timing, self.scratch = timing, Scratch()
         self.capturer = _capturer(execution, self.backends, self.stream, make_room)

@@ -9,9 +9,9 @@ from .backends import BACKENDS
 from .config import batch_sizes
 from .device import DeviceInfo
 from .errors import MissingMeasurementsError
-from .measurements import describe_sizes
+from .measurements import KernelTable, describe_sizes
 from .nets import Network, list_networks
-from .problem import default_math
+from .problem import ConvKind, default_math
 
 POLICY_ORDER = ("all", "powerOfTwo")  # the first one a recording satisfies describes it
 
@@ -54,27 +54,41 @@ def _variants(database, device: DeviceInfo) -> list[tuple[str, str, str]]:
 
 
 def _measured_sizes(database, device: DeviceInfo, network: Network, variant: tuple[str, str, str],
-                    backend: str | None) -> set[int]:
+                    backend: str | None) -> tuple[set[int], set[int]]:
     """The micro-batch sizes at which every kernel of `network` is completely measured (by the
-    candidates of `backend`; None: of every backend together)."""
+    candidates of `backend`; None: of every backend together): as whole calls, and as parts of
+    a mini-batch (backward-filter parts of sums, ucudnn.accumulation; whole calls otherwise)."""
     dtype, layout, math = variant
-    keys = [k.problem.shape_key() for k in network.problems(1, dtype, math, layout)]
-    tables = [table.only(None if backend is None else [backend]) for table in database.lookup(keys, device).values()]
-    sizes = [{b for b in table.sizes if table.complete_for(b, None)} for table in tables]
-    return set.intersection(*sizes) if sizes else set()
+    problems = network.problems(1, dtype, math, layout)
+    found = database.lookup([k.problem.shape_key() for k in problems], device)
+    whole, parts = [], []
+    for kernel in problems:
+        shape = found[kernel.problem.shape_key()]
+        summed = kernel.problem.kind is ConvKind.BACKWARD_FILTER
+        as_whole, as_part = (_complete(shape.summed(flavour), backend) for flavour in (False, summed))
+        whole.append(as_whole | as_part)  # a part stands in for the whole call (ShapeTable.for_kernel)
+        parts.append(as_part)
+    return (set.intersection(*whole), set.intersection(*parts)) if whole else (set(), set())
 
 
-def _largest(sizes: set[int], policy: str) -> int | None:
-    """The largest mini-batch all of whose `policy` micro-batch sizes are in `sizes`."""
-    fitting = [b for b in sizes if sizes.issuperset(batch_sizes(policy, b))]
+def _complete(table: KernelTable, backend: str | None) -> set[int]:
+    table = table.only(None if backend is None else [backend])
+    return {b for b in table.sizes if table.complete_for(b, None)}
+
+
+def _largest(sizes: tuple[set[int], set[int]], policy: str) -> int | None:
+    """The largest mini-batch measured whole whose smaller `policy` micro-batch sizes are all
+    measured as parts."""
+    whole, parts = sizes
+    fitting = [b for b in whole if parts.issuperset(set(batch_sizes(policy, b)) - {b})]
     return max(fitting, default=None)
 
 
-def _recording(network: Network, variant: tuple[str, str, str], sizes: set[int]) -> Recording | None:
+def _recording(network: Network, variant: tuple[str, str, str], sizes: tuple[set[int], set[int]]) -> Recording | None:
     batch = _largest(sizes, "powerOfTwo")
     if batch is None:
         return None
-    policy = next(p for p in POLICY_ORDER if sizes.issuperset(batch_sizes(p, batch)))
+    policy = next(p for p in POLICY_ORDER if _largest(sizes, p) == batch)
     return Recording(network.name, batch, *variant, policy)
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from .accumulation import accumulates
+from .problem import ConvProblem
+
 # Statuses of a measurement. Only OK ones are candidates for the optimizers.
 OK = "ok"
 UNSUPPORTED = "unsupported"  # cuDNN does not implement this algorithm for this kernel
@@ -18,7 +21,9 @@ UNMEASURED = (OVER_CAP, OUT_OF_MEMORY)  # not timed: measured again when a limit
 
 @dataclass(frozen=True)
 class Measurement:
-    """Candidate `algo` on a micro-batch of `batch` samples: median time and workspace bytes."""
+    """Candidate `algo` on a micro-batch of `batch` samples: median time and workspace bytes;
+    `accumulates`: timed as a part of a backward-filter sum, its buffers in the workspace
+    (ucudnn.accumulation), which a whole call of `batch` samples is not."""
 
     algo: str
     batch: int
@@ -26,6 +31,7 @@ class Measurement:
     workspace: int
     status: str = OK
     repeats: int = 0
+    accumulates: bool = False
 
     @property
     def available(self) -> bool:
@@ -83,6 +89,42 @@ class KernelTable:
 
     def missing(self, sizes: Iterable[int], limit: int | None) -> list[int]:
         return [b for b in sizes if not self.complete_for(b, limit)]
+
+
+class ShapeTable:
+    """Every measurement of one shape key at any micro-batch size, whole calls and parts of sums
+    apart: what a database holds, shared by the kernels of every batch size."""
+
+    def __init__(self, measurements: Iterable[Measurement] = ()):
+        self._rows: dict[tuple[int, bool, str], Measurement] = {}
+        for m in measurements:
+            self.add(m)
+
+    def add(self, m: Measurement) -> None:
+        self._rows[m.batch, m.accumulates, m.algo] = m
+
+    def __iter__(self):
+        return iter(self._rows.values())
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def for_kernel(self, kernel: ConvProblem) -> KernelTable:
+        """The table of `kernel`: at each micro-batch size, the measurements taken as the kernel
+        runs it (ucudnn.accumulation): parts of sums below its batch; at its batch the whole call,
+        or where a candidate was measured only as a part, the part, which overstates the whole
+        call's workspace and time, never understates them."""
+        rows: dict[tuple[int, str], Measurement] = {}
+        for m in self:
+            if m.accumulates == accumulates(kernel, m.batch):
+                rows[m.batch, m.algo] = m
+            elif m.batch == kernel.batch:
+                rows.setdefault((m.batch, m.algo), m)
+        return KernelTable(rows.values())
+
+    def summed(self, parts: bool) -> KernelTable:
+        """The measurements of parts of sums (True) or of whole calls (False)."""
+        return KernelTable(m for m in self if m.accumulates == parts)
 
 
 def describe_sizes(sizes: Sequence[int], shown: int = 10) -> str:

@@ -29,6 +29,9 @@ def open_backends(choice: str, cudnn_handle, stream: int) -> Backends:
             from .engines import EnginesBackend
 
             backends.append(EnginesBackend(cudnn_handle))
-    opened = Backends(backends)
+    from .. import gpu
+    from .combine import run as combine
+
+    opened = Backends(backends, combine=combine, alloc=gpu.alloc)
     opened.set_stream(stream)
     return opened

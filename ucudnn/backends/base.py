@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
+from ..dispatch import compose
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..dispatch import Call, Step
+    from ..accumulation import Combine
+    from ..dispatch import Call, Plan, Step
     from ..problem import ConvProblem
 
 BACKENDS = ("legacy", "engines")
@@ -60,8 +62,9 @@ def resolve(choice: str, *, frontend: bool | None = None) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way a backend can run a micro-batch kernel: its id, the workspace bytes it needs
-    (partial-sum buffers included) and whether it can run (measurements.OK) or why not."""
+    """One way a backend can run a micro-batch kernel: its id, the bytes of workspace its plan
+    needs (dispatch's buffers come on top: ucudnn.accumulation) and whether it can run
+    (measurements.OK) or why not."""
 
     id: str
     workspace: int
@@ -70,13 +73,13 @@ class Candidate:
 
 class Backend(Protocol):
     name: str
+    blends: bool  # whether its calls take alpha and beta (ucudnn.accumulation)
 
-    def candidates(self, problem: "ConvProblem", batch: int) -> list[Candidate]:
-        """Every candidate of micro-batch kernel `problem`, part of a kernel of `batch` samples
-        (backward-filter micro-batches then accumulate, which may need buffers)."""
+    def candidates(self, problem: "ConvProblem") -> list[Candidate]:
+        """Every candidate of micro-batch kernel `problem`."""
 
-    def prepare(self, step: "Step") -> "Call":
-        """A call that runs `step` on device addresses (see ucudnn.dispatch)."""
+    def prepare(self, step: "Step") -> "Plan":
+        """The plan of `step` (see ucudnn.dispatch.Plan)."""
 
     def set_stream(self, stream: int) -> None:
         """Queue later work on `stream`."""
@@ -88,11 +91,24 @@ class Backend(Protocol):
         """Free what the backend holds of its own (a handle); its calls can no longer run."""
 
 
-class Backends:
-    """The backends a handle or benchmarker uses, by name: routes each step to its backend."""
+def _no_device(*args) -> None:
+    raise RuntimeError("these backends were made without a device to combine or allocate on; "
+                       "make them with ucudnn.backends.open_backends")
 
-    def __init__(self, backends: Iterable[Backend]):
+
+class Backends:
+    """The backends a handle or benchmarker uses, by name: routes each step to its backend and
+    composes the step's whole call (ucudnn.dispatch.compose) with Combine steps on the GPU."""
+
+    def __init__(self, backends: Iterable[Backend],
+                 combine: Callable[["ConvProblem", "Combine", dict, int], None] = _no_device,
+                 alloc: Callable[[int], Any] = _no_device):
+        """`combine(problem, combine, buffers, stream)` runs a Combine step; `alloc(nbytes)` gives
+        memory (an address, or an object with .ptr) for the rare call that needs a buffer of its
+        own (ucudnn.backends.open_backends passes the GPU's)."""
         self.by_name = {b.name: b for b in backends}
+        self.stream = 0
+        self._combine, self._alloc, self._scratch = combine, alloc, []
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -105,10 +121,27 @@ class Backends:
             raise ConfigError(f"backend {name!r} is not in use here (in use: {', '.join(self.by_name)}); "
                               "set backend='all' or the backend the configuration names") from None
 
-    def prepare(self, step: "Step") -> "Call":
+    def blends(self, algo: str) -> bool:
+        return self[backend_of(algo)].blends
+
+    def prepare_plan(self, step: "Step") -> "Plan":
+        """The plan of `step` alone, as its backend makes it."""
         return self[backend_of(step.algo)].prepare(step)
 
+    def prepare(self, step: "Step") -> "Call":
+        return compose(step, self.prepare_plan(step), self._run_combine, self._scratch_buffer)
+
+    def _run_combine(self, problem: "ConvProblem", c: "Combine", buffers: dict) -> None:
+        self._combine(problem, c, buffers, self.stream)
+
+    def _scratch_buffer(self, nbytes: int) -> int:
+        """A buffer of `nbytes` kept as long as these backends (a call's own, see ucudnn.dispatch)."""
+        buffer = self._alloc(nbytes)
+        self._scratch.append(buffer)
+        return buffer if isinstance(buffer, int) else buffer.ptr
+
     def set_stream(self, stream: int) -> None:
+        self.stream = stream
         for backend in self.by_name.values():
             backend.set_stream(stream)
 

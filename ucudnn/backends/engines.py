@@ -5,28 +5,22 @@ that heuristics modes A, B and FALLBACK list, without those the numerics forbid,
 id and knobs (`get_plan_name_at_index`). Listing a candidate's workspace needs its plan built
 (0.05-1.5 s per graph for all of them), so a handle builds only the plans it runs, and the
 benchmarker drops the graphs of each kernel it has measured (`release`). Building on 8 threads,
-a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, bench/build_probe.py).
+a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, docs/results.md).
 """
 from __future__ import annotations
-
-import functools
-
-import numpy as np
 
 from .. import gpu
 from ..bindings import cudnn as bindings
 from ..bindings import library
-from ..dispatch import Call, Step
+from ..dispatch import OUTPUT, Plan, Step
 from ..errors import BackendUnavailableError, CandidateError
 from ..measurements import FAILED, OK, UNSUPPORTED
 from ..problem import ConvKind, ConvProblem
-from . import partials
 from .base import Candidate, candidate_id, split_id
 
 NAME = "engines"
 NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where the graph API has no plan at all
 INSTALL = "pip install nvidia-cudnn-frontend (ucudnn's cuda12/cuda13 extras include it)"
-OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
 
 
 def frontend():
@@ -146,9 +140,11 @@ def _data_type(fe, dtype: str):
 class EnginesBackend:
     """Candidates and calls of the graph API, on `cudnn_handle` (the legacy backend's) where the
     frontend runs the same libcudnn as ucudnn's bindings, else on a frontend handle of its own.
-    (A cuDNN handle holds ~10 MiB of device memory: under memory pressure each one counts.)"""
+    (A cuDNN handle holds ~10 MiB of device memory: under memory pressure each one counts.)
+    Graph API calls write out = conv: dispatch blends and sums around them (ucudnn.accumulation)."""
 
     name = NAME
+    blends = False
 
     def __init__(self, cudnn_handle=None):
         self.fe = frontend()
@@ -164,46 +160,37 @@ class EnginesBackend:
             self._graphs[problem.key] = KernelGraph(self.fe, problem, self.handle)
         return self._graphs[problem.key]
 
-    def candidates(self, problem: ConvProblem, batch: int) -> list[Candidate]:
+    def candidates(self, problem: ConvProblem) -> list[Candidate]:
         try:
             graph = self.graph(problem)
         except BackendUnavailableError:
             raise
         except Exception:  # the frontend refuses the graph itself (e.g. a layout it cannot express)
             return [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
-        extra = partials.buffer_bytes(problem, partials.accumulates(problem, batch))
         found = []
         for name in graph.index:
             built = graph.build(name)
             found.append(Candidate(candidate_id(NAME, name), 0, FAILED) if isinstance(built, str)
-                         else Candidate(candidate_id(NAME, name), built + extra, OK))
+                         else Candidate(candidate_id(NAME, name), built, OK))
         return found or [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
 
-    def prepare(self, step: Step) -> Call:
+    def prepare(self, step: Step) -> Plan:
         p, name = step.problem, split_id(step.algo)[1]
         graph = self.graph(p)
-        plan_workspace = graph.build(name) if name in graph.index else "not listed by heuristics here"
-        if isinstance(plan_workspace, str):
+        workspace = graph.build(name) if name in graph.index else "not listed by heuristics here"
+        if isinstance(workspace, str):
             raise CandidateError(f"candidate {step.algo} of {p.describe()} cannot be built here "
-                                 f"({plan_workspace}); re-measure the kernel (ucudnn bench) with this cuDNN")
-        target, combines = partials.route(step)
-        places = partials.offsets(p, step.accumulates)
-        scratch = _Scratch(p) if target == "partial" and not step.accumulates else None
-        offsets = {"x": step.x_offset, "w": 0, "y": step.y_offset}
+                                 f"({workspace}); re-measure the kernel (ucudnn bench) with this cuDNN")
+        if (step.route.alpha, step.route.beta) != (1.0, 0.0):
+            raise ValueError(f"a graph API call cannot blend (route {step.route}); dispatch routes it")
         out = OUTPUT[p.kind]
-        combine = functools.partial(_combine, p, self)
 
-        def call(x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
-            addresses = {"x": x + offsets["x"], "w": w, "y": y + offsets["y"]}
-            buffers = {"output": addresses[out], "accumulator": workspace + places["accumulator"],
-                       "partial": scratch.pointer() if scratch else workspace + places["partial"]}
-            if target == "partial":
-                addresses[out] = buffers["partial"]
-            graph.execute(name, addresses, workspace + places["plan"])
-            for c in combines:
-                combine(c, buffers)
+        def run(x: int, w: int, y: int, target: int, workspace: int, workspace_size: int) -> None:
+            addresses = {"x": x, "w": w, "y": y}
+            addresses[out] = target
+            graph.execute(name, addresses, workspace)
 
-        return call
+        return Plan(run, workspace)
 
     def set_stream(self, stream: int) -> None:
         self.stream = stream
@@ -234,64 +221,3 @@ def _wrapped(fe, cudnn_handle):
     if not hasattr(fe, "Handle"):
         return address
     return fe.Handle(address, gpu.cupy().cuda.runtime.getDevice(), bindings.get_stream(cudnn_handle))
-
-
-def output_elements(problem: ConvProblem) -> int:
-    """Elements of the tensor the kernel writes (y, dx or dw)."""
-    shape = {"x": problem.x_shape, "w": problem.w_shape, "y": problem.y_shape}[OUTPUT[problem.kind]]
-    return int(np.prod(shape))
-
-
-class _Scratch:
-    """A partial buffer of the call's own, for an unaccumulated call that blends (alpha, beta):
-    frameworks call with alpha 1 and beta 0, so it is rarely made, and it is not workspace."""
-
-    def __init__(self, problem: ConvProblem):
-        self.nbytes, self.buffer = output_elements(problem) * problem.itemsize, None
-
-    def pointer(self) -> int:
-        if self.buffer is None:
-            self.buffer = gpu.alloc(self.nbytes)
-        return self.buffer.ptr
-
-
-def _combine(problem: ConvProblem, backend: EnginesBackend, c: partials.Combine, buffers: dict[str, int]) -> None:
-    """Run one Combine on the backend's stream, over the call's output elements."""
-    count = output_elements(problem)
-    dtype = {"accumulator": "float32"}
-    cp = gpu.cupy()
-    src = _view(cp, buffers[c.src], count, dtype.get(c.src, problem.dtype))
-    dst = _view(cp, buffers[c.dst], count, dtype.get(c.dst, problem.dtype))
-    with cp.cuda.ExternalStream(backend.stream):
-        _kernel(dtype.get(c.src, problem.dtype), dtype.get(c.dst, problem.dtype))(
-            src, cp.float32(c.alpha), cp.float32(c.beta), dst)
-
-
-_STORAGE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "float64": "float64"}
-_LOAD = {"bfloat16": "bf16_load({})"}
-_STORE = {"bfloat16": "bf16_store({})", "float16": "(float16)({})", "float32": "({})", "float64": "(double)({})"}
-_BF16 = """
-__device__ float bf16_load(unsigned short v) { return __uint_as_float(((unsigned int)v) << 16); }
-__device__ unsigned short bf16_store(float f) {
-    unsigned int u = __float_as_uint(f);
-    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-"""
-
-
-def _view(cp, address: int, count: int, dtype: str):
-    itemsize = cp.dtype(_STORAGE[dtype]).itemsize
-    memory = cp.cuda.UnownedMemory(address, count * itemsize, None)
-    return cp.ndarray((count,), _STORAGE[dtype], cp.cuda.MemoryPointer(memory, 0))
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(src: str, dst: str):
-    """dst = alpha * src + beta * dst in float32 (beta 0: dst is not read, so garbage stays out)."""
-    wide = "double" if "float64" in (src, dst) else "float"
-    load = lambda t, v: _LOAD.get(t, f"({wide})({{}})").format(v)  # noqa: E731
-    body = (f"{wide} acc = alpha * {load(src, 'a')};\n"
-            f"if (beta != 0.0f) acc += beta * {load(dst, 'b')};\n"
-            f"b = {_STORE[dst].format('acc')};")
-    return gpu.cupy().ElementwiseKernel(f"{_STORAGE[src]} a, float32 alpha, float32 beta", f"{_STORAGE[dst]} b",
-                                        body, f"ucudnn_combine_{src}_{dst}", preamble=_BF16)

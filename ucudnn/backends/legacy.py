@@ -8,7 +8,7 @@ from ..bindings import cudnn
 from ..bindings.convolution import get_algorithms, workspace_size
 from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, refuses_problem
 from ..bindings.executor import CudnnExecutor
-from ..dispatch import Call, Step
+from ..dispatch import Plan, Step
 from ..errors import CudnnError
 from ..measurements import FAILED, OK, UNSUPPORTED
 from ..problem import ConvProblem
@@ -36,16 +36,17 @@ def failure(exc: CudnnError) -> str:
 
 
 class LegacyBackend:
-    """Candidates and calls on one cuDNN handle. Legacy calls take alpha and beta themselves,
-    so backward-filter micro-batches accumulate into dw with beta = 1 and need no buffer."""
+    """Candidates and calls on one cuDNN handle. Legacy calls take alpha and beta themselves
+    (float32 backward-filter micro-batches add into dw with beta = 1: ucudnn.accumulation)."""
 
     name = NAME
+    blends = True
 
     def __init__(self, handle):
         self.handle = handle
         self.executor = CudnnExecutor(handle)
 
-    def candidates(self, problem: ConvProblem, batch: int) -> list[Candidate]:
+    def candidates(self, problem: ConvProblem) -> list[Candidate]:
         descs = self.executor.descriptors(problem)
         found = []
         for algo in self._allowed(problem, descs):
@@ -68,8 +69,8 @@ class LegacyBackend:
             return []
         return [algo for algo in every if algo in allowed]
 
-    def prepare(self, step: Step) -> Call:
-        return self.executor.prepare(step)
+    def prepare(self, step: Step) -> Plan:
+        return self.executor.plan(step)
 
     def set_stream(self, stream: int) -> None:
         cudnn.set_stream(self.handle, stream)

@@ -15,7 +15,7 @@ import sqlite_utils
 from ..backends import split_id
 from ..device import Provenance
 from ..errors import CacheError, DamagedDatabaseError
-from ..measurements import OK, STATUSES, KernelTable, Measurement
+from ..measurements import OK, STATUSES, KernelTable, Measurement, ShapeTable
 from ..problem import ConvProblem
 from . import schema
 from .connection import connect, in_write_transaction, retrying
@@ -31,7 +31,8 @@ ROWS_PER_TRANSACTION = 1000  # bulk writes (merge, import) keep each lock short 
 # Shape keys go in as one JSON array and come back as their index in it (small ints are cheaper
 # than long strings); CROSS JOIN makes SQLite walk the keys and search the primary key for each.
 _LOOKUP = (
-    "SELECT k.key, m.backend || ':' || m.algo, m.batch, m.time_ms, m.workspace, m.status, m.repeats "
+    "SELECT k.key, m.backend || ':' || m.algo, m.batch, m.time_ms, m.workspace, m.status, m.repeats, "
+    "m.accumulates "
     "FROM json_each(:keys) k CROSS JOIN measurements m "
     "WHERE m.gpu_name = :gpu AND m.cudnn_version = :cudnn AND m.execution = :execution "
     "AND m.shape_key = k.value"
@@ -55,7 +56,8 @@ def _measurement_row(device: Provenance, shape_key: str, m: Measurement, recorde
     backend, name = split_id(m.algo)
     return {
         "gpu_name": device.gpu_name, "cudnn_version": device.cudnn_version, "execution": device.execution,
-        "shape_key": shape_key, "batch": m.batch, "backend": backend, "algo": name,
+        "shape_key": shape_key, "batch": m.batch, "accumulates": int(m.accumulates), "backend": backend,
+        "algo": name,
         "time_ms": m.time_ms, "workspace": m.workspace,
         "status": m.status, "repeats": m.repeats, "compute_capability": device.compute_capability,
         "driver_version": device.driver_version, "host": device.host, "recorded_at": recorded_at,
@@ -151,24 +153,27 @@ class BenchmarkDatabase:
         self._write(lambda: self._upsert([_kernel_row(problem)], rows))
 
     def table(self, problem: ConvProblem, device: Provenance) -> KernelTable:
-        """Every measurement of `problem`'s shape key (any micro-batch size) on `device`'s GPU
-        model and cuDNN version, timed for its execution."""
-        return self.tables([problem], device)[problem.shape_key()]
+        """The measurements `problem` plans with (any micro-batch size; parts of sums or whole
+        calls as the kernel runs them) on `device`'s GPU model and cuDNN version, timed for its
+        execution."""
+        return self.tables([problem], device)[problem.key]
 
     def tables(self, problems: Iterable[ConvProblem], device: Provenance) -> dict[str, KernelTable]:
-        """The tables of many problems in one query, keyed by shape key; every problem asked
+        """The tables of many problems in one query, keyed by problem.key; every problem asked
         for has an entry, empty if nothing is stored for it."""
-        return self.lookup([p.shape_key() for p in problems], device)
+        problems = list(problems)
+        found = self.lookup([p.shape_key() for p in problems], device)
+        return {p.key: found[p.shape_key()].for_kernel(p) for p in problems}
 
-    def lookup(self, shape_keys: Iterable[str], device: Provenance) -> dict[str, KernelTable]:
-        """`tables` for callers that already hold the shape keys."""
+    def lookup(self, shape_keys: Iterable[str], device: Provenance) -> dict[str, ShapeTable]:
+        """Every measurement of each shape key on `device`, by shape key."""
         keys = list(dict.fromkeys(shape_keys))
-        tables = [KernelTable() for _ in keys]
+        tables = [ShapeTable() for _ in keys]
         params = {"gpu": device.gpu_name, "cudnn": device.cudnn_version, "execution": device.execution,
                   "keys": json.dumps(keys)}
         rows = self._read(lambda: self._conn.execute(_LOOKUP, params).fetchall())
-        for index, algo, batch, time_ms, workspace, status, repeats in rows:
-            tables[index].add(Measurement(algo, batch, time_ms, workspace, status, repeats))
+        for index, algo, batch, time_ms, workspace, status, repeats, summed in rows:
+            tables[index].add(Measurement(algo, batch, time_ms, workspace, status, repeats, bool(summed)))
         return dict(zip(keys, tables))
 
     # --- what is stored ---
@@ -270,6 +275,9 @@ def read_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
             raise schema.NewerSchemaError(Path(path), document["schema_version"])
         kernels = list(document["kernels"])
         rows = [schema.legacy_row({**schema.DEFAULTS, **row}) for row in document["measurements"]]
+        if document.get("schema_version", 0) < 5:  # no `accumulates` yet: derived as a file's migration does
+            problems = {k["shape_key"]: ConvProblem.from_dict(json.loads(k["problem"])) for k in kernels}
+            rows = schema.v4_accumulates(rows, problems)
     except schema.NewerSchemaError:
         raise
     except (ValueError, KeyError, TypeError, CacheError) as error:  # ValueError: bad JSON or UTF-8

@@ -18,7 +18,7 @@ from typing import Callable, Hashable, Iterable, TypeVar
 
 from ..device import Provenance
 from ..errors import CacheError, UcudnnWarning
-from ..measurements import KernelTable, Measurement
+from ..measurements import KernelTable, Measurement, ShapeTable
 from ..optimizers.configuration import Configuration
 from ..problem import ConvProblem
 from .database import BenchmarkDatabase
@@ -55,7 +55,7 @@ class Cache:
                  readonly: bool = False, timeout_s: float = 60.0):
         self.stats = CacheStats()
         self.path = resolve_path(path) if use_file else None
-        self._tables: dict[tuple, KernelTable] = {}  # (device.reuse_key, shape key) -> table
+        self._tables: dict[tuple, ShapeTable] = {}  # (device.reuse_key, shape key) -> its measurements
         self._configurations: dict[Hashable, Configuration] = {}
         self._lock = threading.RLock()
         self._warned = False
@@ -101,13 +101,14 @@ class Cache:
     # --- kernel tables ---
 
     def table(self, problem: ConvProblem, device: Provenance) -> KernelTable:
-        """The measurements of `problem`'s shape key on `device`'s GPU model and cuDNN version:
-        from memory, else from the file; empty if neither has any. Never raises on file faults.
-        The table is shared with the memo: read it, add to it only through `record`."""
-        return self.tables([problem], device)[problem.shape_key()]
+        """The measurements `problem` plans with (see BenchmarkDatabase.table) on `device`'s GPU
+        model and cuDNN version: from memory, else from the file; empty if neither has any.
+        Never raises on file faults."""
+        return self.tables([problem], device)[problem.key]
 
     def tables(self, problems: Iterable[ConvProblem], device: Provenance) -> dict[str, KernelTable]:
-        """`table` for many problems, with one file query for all those not in memory."""
+        """`table` for many problems, by problem.key, with one file query for all those not in memory."""
+        problems = list(problems)
         keys = list(dict.fromkeys(p.shape_key() for p in problems))
         with self._lock:
             absent = [key for key in keys if (device.reuse_key, key) not in self._tables]
@@ -118,10 +119,12 @@ class Cache:
                     self._tables[device.reuse_key, key] = found
                 else:
                     self.stats.misses += 1
-            return {key: self._tables.get((device.reuse_key, key)) or KernelTable() for key in keys}
+            empty = ShapeTable()
+            return {p.key: self._tables.get((device.reuse_key, p.shape_key()), empty).for_kernel(p)
+                    for p in problems}
 
-    def _from_file(self, shape_keys: list[str], device: Provenance) -> dict[str, KernelTable]:
-        empty = {key: KernelTable() for key in shape_keys}
+    def _from_file(self, shape_keys: list[str], device: Provenance) -> dict[str, ShapeTable]:
+        empty = {key: ShapeTable() for key in shape_keys}
         if not shape_keys or self._file is None:
             return empty
         return self._guard(lambda: self._file.lookup(shape_keys, device), empty)
@@ -135,7 +138,7 @@ class Cache:
             # a new table, not the old one changed: tables handed out never change under a reader;
             # with nothing in memory yet, start from what the file has
             old = self._tables[key] if key in self._tables else self._from_file([key[1]], device)[key[1]]
-            self._tables[key] = KernelTable([*old, *measurements])
+            self._tables[key] = ShapeTable([*old, *measurements])
             if self._writable and self._file is not None:
                 self._guard(lambda: self._file.record(problem, device, measurements), None, "written")
 

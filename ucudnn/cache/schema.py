@@ -8,24 +8,27 @@ measurement is never replaced by a `quick` one, whatever their order.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
 import sqlite_utils
 
+from ..accumulation import route
 from ..bindings.enums import algo_name
 from ..device import TIMING_PRESETS
 from ..errors import CacheError
+from ..problem import HALF_TYPES, ConvProblem
 
-SCHEMA_VERSION = 4
-# A file this old or newer is read without migrating it (a read-only file cannot be): v4 named
-# candidates by backend and name, which every read needs.
-READABLE_FROM = 4
+SCHEMA_VERSION = 5
+# A file this old or newer is read without migrating it (a read-only file cannot be): v5 keeps
+# measurements of parts of backward-filter sums apart from whole calls, which every read needs.
+READABLE_FROM = 5
 
-KEY = ("gpu_name", "cudnn_version", "execution", "shape_key", "batch", "backend", "algo")
+KEY = ("gpu_name", "cudnn_version", "execution", "shape_key", "batch", "accumulates", "backend", "algo")
 MEASUREMENT_COLUMNS = {
     "gpu_name": str, "cudnn_version": int, "execution": str, "shape_key": str, "batch": int,
-    "backend": str, "algo": str,
+    "accumulates": int, "backend": str, "algo": str,
     "time_ms": float, "workspace": int, "status": str, "repeats": int,
     "compute_capability": str, "driver_version": int, "host": str, "recorded_at": str, "timing": str,
     "frontend_version": str,
@@ -33,9 +36,10 @@ MEASUREMENT_COLUMNS = {
 # What rows of older files (and exports) that lack a column are given: before v2 every
 # measurement was timed one host call at a time, as direct execution runs it; before v3 every
 # measurement ucudnn shipped was taken with the default timing; before v4 every one was of the
-# legacy API.
+# legacy API. `accumulates` of older rows is derived by _to_v5.
 DEFAULTS = {"execution": "direct", "repeats": 0, "compute_capability": "", "driver_version": 0, "host": "",
-            "recorded_at": "", "timing": TIMING_PRESETS[0], "backend": "legacy", "frontend_version": ""}
+            "recorded_at": "", "timing": TIMING_PRESETS[0], "backend": "legacy", "frontend_version": "",
+            "accumulates": 0}
 # A deterministic kernel (ConvProblem.deterministic) has a shape key of its own, ending in
 # '|deterministic', and its JSON alone holds the field: rows of older files, and of kernels
 # without the setting, read as deterministic=False as they are (no new schema version).
@@ -149,8 +153,61 @@ def _to_v4(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE measurements_v4 RENAME TO measurements")
 
 
+def v4_accumulates(rows: list[dict], problems: dict[str, ConvProblem]) -> list[dict]:
+    """Rows of schema v4 or older (no `accumulates`), as v5 has them. v4 kept one row per
+    micro-batch size of a shape key: a backward-filter row was timed as a part of a sum where the
+    kernel it was measured for had more samples. That kernel is taken to be the largest size of
+    its shape key (and backend) measured by the time of the row's call (rows one call recorded
+    share `recorded_at`; rows without it are taken as of the latest call). The rows that cannot
+    stand are dropped, to be measured again: half-precision legacy parts (their sum was in the
+    half output, with no buffers in their workspace; parts now sum in a float32 accumulator,
+    ucudnn.accumulation). An engine part whose workspace is below the buffers every part holds
+    was a whole call: it is kept as one. `problems`: the kernels by shape key."""
+    group = lambda r: (r["gpu_name"], r["cudnn_version"], r["execution"], r["shape_key"], r["backend"])  # noqa: E731
+    calls: dict[tuple, dict[str, int]] = {}  # group -> recorded_at -> the largest size of that call
+    for r in rows:
+        call = calls.setdefault(group(r), {})
+        call[r["recorded_at"]] = max(call.get(r["recorded_at"], 0), r["batch"])
+    kernel: dict[tuple, int] = {}  # (group, recorded_at) -> the largest size measured by then
+    for g, call in calls.items():
+        undated, largest = call.get("", 0), 0
+        for recorded_at in sorted(call):  # ISO times sort in time order
+            largest = max(largest, call[recorded_at])
+            kernel[g, recorded_at] = max(largest, undated)
+        kernel[g, ""] = largest
+    kept = []
+    for r in rows:
+        problem = problems.get(r["shape_key"])
+        summed = (problem is not None and problem.kind.value == "BF"
+                  and r["batch"] < kernel[group(r), r["recorded_at"]])
+        if summed and r["backend"] == "legacy" and problem.dtype in HALF_TYPES:
+            continue
+        if summed and r["backend"] != "legacy":
+            buffers = route(problem.with_batch(r["batch"]), 1, 3, 1.0, 0.0, blends=False).buffer_bytes
+            summed = r["workspace"] >= buffers
+        kept.append({**r, "accumulates": int(summed)})
+    return kept
+
+
+def kernel_problems(db: sqlite_utils.Database) -> dict[str, ConvProblem]:
+    """The kernels a file describes, by shape key (batch 1)."""
+    return {row["shape_key"]: ConvProblem.from_dict(json.loads(row["problem"])) for row in db["kernels"].rows}
+
+
+def _to_v5(db: sqlite_utils.Database) -> None:
+    """v4 to v5: `accumulates` joins the key (the table is copied); see v4_accumulates."""
+    rows = [dict(r) for r in db["measurements"].rows]
+    _create_measurements(db, "measurements_v5")
+    columns = list(MEASUREMENT_COLUMNS)
+    insert = f"INSERT INTO measurements_v5 ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    converted = v4_accumulates(rows, kernel_problems(db))
+    db.conn.executemany(insert, [tuple(r[c] for c in columns) for r in converted])
+    db.execute("DROP TABLE measurements")
+    db.execute("ALTER TABLE measurements_v5 RENAME TO measurements")
+
+
 # MIGRATIONS[v] brings a file of version v to version v + 1.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1, _to_v2, _to_v3, _to_v4]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_to_v1, _to_v2, _to_v3, _to_v4, _to_v5]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

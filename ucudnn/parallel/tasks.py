@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, NamedTuple, Sequence, TypeVar
 
+from ..accumulation import accumulates
 from ..benchmark import Benchmarker
 from ..device import DeviceInfo
 from ..errors import ConfigError, MissingMeasurementsError
@@ -64,8 +65,8 @@ def split_tasks(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int |
     tasks: dict[tuple[str, int, str], Task] = {}
     for p in problems:
         for backend in backends:
-            for b in tables[p.shape_key()].only([backend]).missing(sizes_for(p), cap):
-                tasks.setdefault((p.shape_key(), b, backend), Task(p, b, backend))
+            for b in tables[p.key].only([backend]).missing(sizes_for(p), cap):
+                tasks.setdefault((p.shape_key(), b, accumulates(p, b), backend), Task(p, b, backend))
     return list(tasks.values())
 
 

@@ -16,17 +16,14 @@ convolution, which costs less host time (see delegation.py). See docs/torch.md.
 from __future__ import annotations
 
 try:
-    import torch
+    import torch  # noqa: F401  (what this package needs first)
 except ImportError as exc:  # pragma: no cover - depends on the environment
     from ...errors import install_extra
 
     raise ImportError(f"ucudnn.torch needs PyTorch: {install_extra('torch')}") from exc
 
-from ...errors import NoAlgorithmError
-from .call import Call, Geometry, geometry, math_type, pack, resolve
 from .context import Context, default_context
-from .kernels import CudaBackend, TorchKernel, UcudnnKernel
+from .kernels import CudaBackend
 from .layers import Conv2d, context_of, convert, learn, network
-from .sites import Sites
 
 __all__ = ["Conv2d", "Context", "CudaBackend", "context_of", "convert", "default_context", "learn", "network"]
