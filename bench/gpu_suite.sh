@@ -43,7 +43,7 @@ stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env tests)
 for stage in "${stages[@]}"; do
   case $stage in
     env) run env python3 bench/env_report.py ;;
-    tests) run tests python3 -m pytest -m gpu -v -s -rs ${GPU_TESTS:-tests} ;;
+    tests) run tests python3 -m pytest -m gpu -v -s -rs --durations=25 ${GPU_TESTS:-tests} ;;
     alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
     # graph execution (the default) unless the stage says direct

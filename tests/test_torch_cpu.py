@@ -20,10 +20,11 @@ from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.cache import Cache  # noqa: E402
-from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
+from ucudnn.errors import ConfigError, NoAlgorithmError, UcudnnWarning  # noqa: E402
 from torch_doubles import NumpyBackend  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
 from ucudnn.integrations.torch import call as calls, fallback  # noqa: E402
+from ucudnn.integrations.torch.sites import Sites  # noqa: E402
 from ucudnn.problem import ConvKind  # noqa: E402
 
 
@@ -234,21 +235,21 @@ def test_invalid_calls_get_torchs_own_errors_without_warning():
 
 
 def test_geometry_and_math():
-    g = integration.geometry
+    g = calls.geometry
     assert g(nn.Conv2d(1, 1, 3, padding="same", dilation=2)).pads == (2, 2)
     assert g(nn.Conv2d(1, 1, 3, padding="valid")).pads == (0, 0)
     assert g(nn.Conv2d(1, 1, 3, padding=(1, 2), padding_mode="replicate")).pads == (0, 0)
-    assert g(nn.Conv2d(1, 1, (3, 5), padding=(1, 2), stride=(2, 1))) == integration.Geometry((1, 2), (2, 1), (1, 1), 1)
+    assert g(nn.Conv2d(1, 1, (3, 5), padding=(1, 2), stride=(2, 1))) == calls.Geometry((1, 2), (2, 1), (1, 1), 1)
     assert "asymmetrically" in g(nn.Conv2d(1, 1, 4, padding="same"))
     allow = torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cudnn.allow_tf32 = False
-        assert integration.math_type("float32") == "fma"
+        assert calls.math_type("float32") == "fma"
         torch.backends.cudnn.allow_tf32 = True
-        assert integration.math_type("float32") == "default"
+        assert calls.math_type("float32") == "default"
         for flag in (False, True):  # half types run on tensor cores whatever TF32 says, as in torch
             torch.backends.cudnn.allow_tf32 = flag
-            assert integration.math_type("float16") == integration.math_type("bfloat16") == "tensor_op"
+            assert calls.math_type("float16") == calls.math_type("bfloat16") == "tensor_op"
     finally:
         torch.backends.cudnn.allow_tf32 = allow
 
@@ -259,7 +260,7 @@ def test_torch_kernel_writes_what_autograd_computes(kind):
     torch.manual_seed(0)
     x = torch.randn(3, 4, 9, 7, requires_grad=True)
     w = torch.randn(6, 2, 3, 2, requires_grad=True)
-    call = integration.Call(x.device, tuple(x.shape), tuple(w.shape), integration.Geometry((1, 0), (2, 1), (1, 2), 2),
+    call = calls.Call(x.device, tuple(x.shape), tuple(w.shape), calls.Geometry((1, 0), (2, 1), (1, 2), 2),
                             "float32", "default", "nchw")
     y = torch.nn.functional.conv2d(x, w, None, (2, 1), (1, 0), (1, 2), 2)
     dy = torch.randn_like(y)
@@ -268,7 +269,7 @@ def test_torch_kernel_writes_what_autograd_computes(kind):
     operands = {"x": x.detach(), "w": w.detach(), "y": dy}
     written = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}[kind]
     operands[written] = out[written]
-    integration.TorchKernel(call.problem(kind))(operands["x"], operands["w"], operands["y"])
+    integration.kernels.TorchKernel(call.problem(kind))(operands["x"], operands["w"], operands["y"])
     want = {"y": y.detach(), "x": x.grad, "w": w.grad}[written]
     torch.testing.assert_close(out[written], want)
 
@@ -470,7 +471,7 @@ def test_unplannable_kernels_run_through_torch(numpy_context):
     conv = ut.convert(copy.deepcopy(plain), context=context)
 
     def refuse(problem):
-        raise integration.NoAlgorithmError(f"no algorithm of {problem.describe()} fits")
+        raise NoAlgorithmError(f"no algorithm of {problem.describe()} fits")
 
     context.handle(torch.device("cpu")).assignment = refuse
     x = torch.randn(3, 2, 6, 6)
@@ -602,8 +603,8 @@ def test_reset_forgets_sites_and_a_backward_in_flight_uses_the_new_plans(numpy_c
 
 
 def test_sites_are_bounded():
-    sites = integration.Sites(max_sites=2)
-    call = integration.Call(torch.device("cpu"), (1, 1, 3, 3), (1, 1, 1, 1), integration.Geometry((0, 0), (1, 1), (1, 1), 1),
+    sites = Sites(max_sites=2)
+    call = calls.Call(torch.device("cpu"), (1, 1, 3, 3), (1, 1, 1, 1), calls.Geometry((0, 0), (1, 1), (1, 1), 1),
                             "float32", "default", "nchw")
     first = sites.get("a", lambda: (call, (ConvKind.FORWARD,)))
     first.kernels["F"] = object()
@@ -719,7 +720,7 @@ def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(integration.CudaBackend, "_time_torch", out_of_memory)
-    problem = integration.Call(torch.device("cpu"), (2, 3, 8, 8), (4, 3, 3, 3), integration.Geometry((0, 0), (1, 1), (1, 1), 1),
+    problem = calls.Call(torch.device("cpu"), (2, 3, 8, 8), (4, 3, 3, 3), calls.Geometry((0, 0), (1, 1), (1, 1), 1),
                                "float32", "default", "nchw").problem(ConvKind.FORWARD)
     timing = integration.CudaBackend().time_torch(problem, torch.device("cpu"))
     assert timing.ms == float("inf") and timing.workspace == 0
