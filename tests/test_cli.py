@@ -283,8 +283,15 @@ def inline(capsys, *argv: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("argv, message", [
     (("optimize", "--net", "nosuchnet"), "unknown network 'nosuchnet'; use one of alexnet"),
     (("optimize", "--net", "alexnet", "--workspace", "64XB"), "size='64XB' is not a size; use"),
-    (("optimize", "--net", "alexnet", "--batch", "-3"), "'-3' is not a positive integer"),
-    (("optimize", "--net", "alexnet", "--policy", "most"), "invalid choice: 'most' (choose from"),
+    (("optimize", "--net", "alexnet", "--batch", "-3"), "'-3' is not an integer from 1 to 2**63 - 1"),
+    (("optimize", "--net", "alexnet", "--policy", "most"),
+     "argument --policy: 'most' is unknown; use one of all, powerOfTwo, undivided"),
+    (("optimize", "--net", "alexnet", "--optimizer", "ILP"), "argument --optimizer: 'ILP' is unknown; use one of wr, wd"),
+    (("optimize", "--net", "alexnet", "--kernel", "conv2/F"), "--kernel picks the kernel --plot draws; add --plot"),
+    (("optimize", "--net", "alexnet", "--workspace", "8MiB", "--total-workspace", "100MiB"),
+     "--workspace is not used beside --total-workspace"),
+    (("optimize", "--net", "alexnet", "--workspace", "99999999999999999999999TiB"), "is more than int64 holds"),
+    (("optimize", "--net", "alexnet", "--batch", "99999999999999999999"), "is not an integer from 1 to 2**63 - 1"),
     (("optimize", "--net", "alexnet", "--plot", "/nonexistent/plan.png"), "folder /nonexistent does not exist"),
     (("cache", "export", "/nonexistent/out.json"), "folder /nonexistent does not exist"),
     (("cache", "export", str(REPO / "docs")), f"{REPO / 'docs'} is a folder; give a file name such as "
@@ -464,9 +471,18 @@ def test_a_reader_closing_the_pipe_early_is_not_an_error(db, command):
     assert process.returncode == 141 and err == b""
 
 
-def test_an_unknown_kernel_is_an_error_without_plot_too(capsys, db):
+def test_a_kernel_without_a_plot_is_an_error(capsys, db):
     status, out, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--cache", db, "--kernel", "conv9/F")
-    assert status == 2 and out == "" and err.count("\n") == 1 and "kernel 'conv9/F' is not in this network" in err
+    assert status == 2 and out == "" and err.count("\n") == 1 and "add --plot FILE.png or drop --kernel" in err
+
+
+@pytest.mark.parametrize("policy", ["poweroftwo", "POWEROFTWO", "powerOfTwo"])
+def test_the_policy_reads_alike_from_the_flag_and_the_variable(db, policy):
+    by_flag = run("optimize", "--offline", "--net", "alexnet", "--cache", db, "--json", "--policy", policy)
+    by_variable = run("optimize", "--offline", "--net", "alexnet", "--cache", db, "--json",
+                      env_extra={"UCUDNN_BATCH_SIZE_POLICY": policy})
+    assert by_flag.returncode == by_variable.returncode == 0, (by_flag.stderr, by_variable.stderr)
+    assert json.loads(by_flag.stdout)["policy"] == json.loads(by_variable.stdout)["policy"] == "powerOfTwo"
 
 
 def test_errors_in_a_subprocess_have_no_traceback(db):

@@ -34,7 +34,7 @@ KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
     ("0.25MiB", MiB // 4),
     # Above 2**53 a float cannot hold every integer: the byte count must stay exact.
     ("9007199254740993", 2**53 + 1),
-    ("123456789012345678901", 123456789012345678901),
+    ("9223372036854775807", 2**63 - 1),  # int64's largest: the largest size
     (0, 0),
     (4096, 4096),
     (64 * MiB, 64 * MiB),
@@ -70,7 +70,7 @@ _UNIT_SCALES = {"": 1, "B": 1, "K": KiB, "KiB": KiB, "KB": 10**3, "M": MiB, "MiB
 
 
 @settings(max_examples=100)
-@given(n=st.integers(0, 10**7), unit=st.sampled_from(sorted(_UNIT_SCALES)), lower=st.booleans(),
+@given(n=st.integers(0, 10**6), unit=st.sampled_from(sorted(_UNIT_SCALES)), lower=st.booleans(),
        space=st.sampled_from(["", " "]))
 def test_parse_size_integer_with_any_unit(n, unit, lower, space):
     text = f"{n}{space}{unit.lower() if lower else unit}"
@@ -78,10 +78,16 @@ def test_parse_size_integer_with_any_unit(n, unit, lower, space):
 
 
 @settings(max_examples=100)
-@given(n=st.integers(0, 2**70))
+@given(n=st.integers(0, 2**63 - 1))
 def test_parse_size_plain_and_int_round_trip(n):
     assert parse_size(str(n)) == n
     assert parse_size(n) == n
+
+
+@pytest.mark.parametrize("size", [2**63, "8388608TiB", "9223372036854775808", "99999999999999999999999TiB"])
+def test_parse_size_refuses_more_than_int64_holds(size):
+    with pytest.raises(ConfigError, match=r"workspace_limit=.* is more than int64 holds \(9223372036854775807 bytes\)"):
+        parse_size(size, name="workspace_limit")
 
 
 @settings(max_examples=50)
@@ -265,6 +271,22 @@ def test_policy_names_are_case_insensitive(raw, expected):
 
 def test_optimizer_is_case_insensitive():
     assert Settings.load(env={"UCUDNN_OPTIMIZER": "WD"}).optimizer == "wd"
+
+
+def test_every_unknown_choice_says_the_same():
+    """One rule for a value that is none of its choices, wherever it is read."""
+    from ucudnn.device import check_execution
+    from ucudnn.problem import ConvProblem
+
+    expected = "'most' is unknown; use one of all, powerOfTwo, undivided"
+    for read in (lambda: Settings.load(env={"UCUDNN_BATCH_SIZE_POLICY": "most"}),
+                 lambda: Settings.load(env={}, batch_size_policy="most"), lambda: batch_sizes("most", 8)):
+        with pytest.raises(ConfigError, match=f"=?{expected}"):
+            read()
+    with pytest.raises(ConfigError, match="execution='eager' is unknown; use one of graph, direct"):
+        check_execution("eager")
+    with pytest.raises(ConfigError, match="layout='chwn' is unknown; use one of nchw, nhwc"):
+        ConvProblem("F", (1, 1, 4, 4), (1, 1, 3, 3), layout="chwn")
 
 
 @pytest.mark.parametrize("var, bad", [

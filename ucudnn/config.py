@@ -11,7 +11,7 @@ from typing import Mapping
 from .backends import CHOICES as BACKEND_CHOICES
 from .cache.paths import CACHE_VARIABLE
 from .device import EXECUTIONS
-from .errors import ConfigError
+from .errors import ConfigError, unknown
 
 INT64_MAX = 2**63 - 1  # no size or count is larger: NumPy and SQLite hold them as int64
 POLICIES = ("all", "powerOfTwo", "undivided")
@@ -35,7 +35,7 @@ def parse_size(value: str | int, name: str = "size") -> int:
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(f"{name}={value} is negative; use {SIZE_FORMS}")
-        return value
+        return _int64(value, value, name)
     if str(value).strip().startswith("-"):
         raise ConfigError(f"{name}={value!r} is negative; sizes are >= 0: use {SIZE_FORMS}")
     match = _SIZE.match(str(value))
@@ -45,7 +45,13 @@ def parse_size(value: str | int, name: str = "size") -> int:
     size = Fraction(Decimal(match.group(1))) * _UNITS[unit]  # exact: no float rounding above 2**53
     if size.denominator != 1:
         raise ConfigError(f"{name}={value!r} is not a whole number of bytes; use {SIZE_FORMS}")
-    return int(size)
+    return _int64(int(size), value, name)
+
+
+def _int64(size: int, value, name: str) -> int:
+    if size > INT64_MAX:
+        raise ConfigError(f"{name}={value!r} is more than int64 holds ({INT64_MAX} bytes); use a smaller size")
+    return size
 
 
 def format_size(nbytes: int) -> str:
@@ -67,13 +73,15 @@ def batch_sizes(policy: str, batch: int) -> tuple[int, ...]:
         return tuple(sorted(powers | {batch}))
     if policy == "undivided":
         return (batch,)
-    raise ConfigError(f"batch size policy {policy!r} is unknown; use one of {', '.join(POLICIES)}")
+    raise unknown(policy, POLICIES, "batch_size_policy")
 
 
-def _choice(value: str, name: str, choices: tuple[str, ...]) -> str:
+def choice(value: str, choices: tuple[str, ...], name: str = "") -> str:
+    """The one of `choices` that `value` names, in any case (as settings are read from variables
+    and flags alike); else a ConfigError naming it and them."""
     lowered = {c.lower(): c for c in choices}
     if str(value).lower() not in lowered:
-        raise ConfigError(f"{name}={value!r} is unknown; use one of {', '.join(choices)}")
+        raise unknown(value, choices, name)
     return lowered[str(value).lower()]
 
 
@@ -154,12 +162,12 @@ def _with_total_meaning_wd(settings: Settings, optimizer_given: bool) -> Setting
 
 
 _PARSERS = {
-    "batch_size_policy": lambda v, n: _choice(v, n, POLICIES),
+    "batch_size_policy": lambda v, n: choice(v, POLICIES, n),
     "workspace_limit": parse_size,
     "total_workspace_limit": parse_size,
-    "optimizer": lambda v, n: _choice(v, n, OPTIMIZERS),
-    "execution": lambda v, n: _choice(v, n, EXECUTIONS),
-    "backend": lambda v, n: _choice(v, n, BACKEND_CHOICES),
+    "optimizer": lambda v, n: choice(v, OPTIMIZERS, n),
+    "execution": lambda v, n: choice(v, EXECUTIONS, n),
+    "backend": lambda v, n: choice(v, BACKEND_CHOICES, n),
     "verbose": _flag,
     "cache_path": lambda v, n: str(v),
 }

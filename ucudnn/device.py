@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from .errors import ConfigError
+from .errors import unknown
 
 # How a kernel's calls reach the GPU, which is also how its measurements are timed:
 #   direct - one host call per micro-batch, timed as such (host time shows where it outlasts the GPU's)
@@ -20,13 +20,13 @@ TIMING_PRESETS = ("default", "quick")
 
 def check_execution(execution: str) -> str:
     if execution not in EXECUTIONS:
-        raise ConfigError(f"execution {execution!r} is unknown; use one of {', '.join(EXECUTIONS)}")
+        raise unknown(execution, EXECUTIONS, "execution")
     return execution
 
 
 def check_timing(timing: str) -> str:
     if timing not in TIMING_PRESETS:
-        raise ConfigError(f"timing {timing!r} is unknown; use one of {', '.join(TIMING_PRESETS)}")
+        raise unknown(timing, TIMING_PRESETS, "timing")
     return timing
 
 

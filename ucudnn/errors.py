@@ -18,6 +18,13 @@ class ConfigError(UcudnnError, ValueError):
     """A setting (keyword argument or UCUDNN_* variable) has a value ucudnn cannot use."""
 
 
+def unknown(value, choices, name: str = "") -> ConfigError:
+    """The error of a value that is none of `choices`: the value (as `name`=value where named)
+    and every choice."""
+    named = f"{name}={value!r}" if name else repr(value)
+    return ConfigError(f"{named} is unknown; use one of {', '.join(map(str, choices))}")
+
+
 class UnsupportedProblemError(UcudnnError, ValueError):
     """A convolution ucudnn cannot split (e.g. a tensor whose batch is not its outermost dimension)."""
 

@@ -7,7 +7,7 @@ from enum import Enum
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, unknown
 from .workspace import ALIGNMENT
 
 
@@ -53,7 +53,7 @@ def _tuple(value, n: int, name: str) -> tuple[int, ...]:
 
 def _check(value: str, name: str, choices) -> str:
     if value not in choices:
-        raise ConfigError(f"{name}={value!r} is unknown; use one of {', '.join(choices)}")
+        raise unknown(value, choices, name)
     return value
 
 
@@ -89,7 +89,7 @@ class ConvProblem:
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         if self.kind not in tuple(k.value for k in ConvKind):  # members equal their str values
-            raise ConfigError(f"kind={self.kind!r} is unknown; use one of F, BD, BF")
+            raise unknown(self.kind, [k.value for k in ConvKind], "kind")
         set_("kind", ConvKind(self.kind))
         set_("x_shape", tuple(int(v) for v in self.x_shape))
         set_("w_shape", tuple(int(v) for v in self.w_shape))

@@ -17,7 +17,7 @@ from ..config import OPTIMIZERS, POLICIES
 from ..device import EXECUTIONS
 from ..errors import UcudnnError, install_extra
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
-from .arguments import batch_size, byte_size, database_file, device_list, output_file, plot_file
+from .arguments import batch_size, byte_size, database_file, device_list, output_file, plot_file, setting
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize
 
@@ -57,11 +57,11 @@ _NETWORK = _parent(
     (("--layout",), dict(choices=LAYOUTS, default="nchw", help="tensor layout (default nchw)")),
 )
 _POLICY = _parent(
-    (("--policy",), dict(choices=POLICIES, help="micro-batch sizes to measure (default powerOfTwo)")),
-    (("--execution",), dict(choices=EXECUTIONS, help=(
+    (("--policy",), dict(type=setting(POLICIES), choices=POLICIES, help="micro-batch sizes to measure (default powerOfTwo)")),
+    (("--execution",), dict(type=setting(EXECUTIONS), choices=EXECUTIONS, help=(
         "how kernels will run, which is how they are timed: graph (CUDA graphs, GPU time) or "
         "direct (one host call per micro-batch) (default: $UCUDNN_EXECUTION, else graph)"))),
-    (("--backend",), dict(choices=BACKEND_CHOICES, help=(
+    (("--backend",), dict(type=setting(BACKEND_CHOICES), choices=BACKEND_CHOICES, help=(
         "where candidates come from: engines (cuDNN's graph API, nvidia-cudnn-frontend), legacy "
         "(cuDNN's legacy API) or all (default: $UCUDNN_BACKEND, else all where the frontend is "
         "installed, and all that a database holds offline)"))),
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(commands, "optimize", "plan micro-batches of every kernel: WR per kernel or WD for the network",
                  "ucudnn optimize --net alexnet --batch 256 --workspace 64MiB", optimize,
                  [_NETWORK, _POLICY, _CACHE, _JSON])
-    p.add_argument("--optimizer", choices=OPTIMIZERS, help="wr: a limit per kernel; wd: a total limit (default wr)")
+    p.add_argument("--optimizer", type=setting(OPTIMIZERS), choices=OPTIMIZERS, help="wr: a limit per kernel; wd: a total limit (default wr)")
     p.add_argument("--workspace", type=byte_size, metavar="SIZE", help="WR limit per kernel (default 64MiB)")
     p.add_argument("--total-workspace", type=byte_size, metavar="SIZE",
                    help="WD limit for the network (implies --optimizer wd; default: --workspace times the kernels)")

@@ -6,16 +6,27 @@ import os
 from pathlib import Path
 
 from ..cache.paths import default_path
-from ..config import parse_size
+from ..config import INT64_MAX, choice, parse_size
 from ..errors import CacheError, ConfigError
 from ..parallel.devices import parse_devices
 from ..plots import check_plot_path
 
 
 def batch_size(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer; give the mini-batch size, e.g. 256")
+    if not text.isdigit() or not 1 <= int(text) <= INT64_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 1 to 2**63 - 1; give the mini-batch "
+                                         "size, e.g. 256")
     return int(text)
+
+
+def setting(choices: tuple[str, ...]):
+    """The type of a flag that sets a setting: read as its UCUDNN_* variable is, in any case."""
+    def one_of(text: str) -> str:
+        try:
+            return choice(text, choices)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return one_of
 
 
 def byte_size(text: str) -> int:

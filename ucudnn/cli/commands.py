@@ -24,6 +24,9 @@ def _settings(args) -> Settings:
     total = getattr(args, "total_workspace", None)
     if total is not None and optimizer == "wr":
         raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
+    if total is not None and getattr(args, "workspace", None) is not None:
+        raise ConfigError("--workspace is not used beside --total-workspace: WD divides the total, and --workspace "
+                          "only sets a total where none is given (the kernels times it); drop one of them")
     return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
                          total_workspace_limit=total, optimizer=optimizer,
                          cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None))
@@ -97,7 +100,9 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
 def optimize(args) -> int:
     settings = _settings(args)
     network, kernels = kernels_of(args)
-    if args.kernel:  # with or without --plot: a kernel not in the network is a mistake to report
+    if args.kernel and not args.plot:
+        raise ConfigError("--kernel picks the kernel --plot draws; add --plot FILE.png or drop --kernel")
+    if args.kernel:
         find_kernel(kernels, args.kernel)
     measured = not args.offline and gpu_available()
     limit = settings.limit(len(kernels))

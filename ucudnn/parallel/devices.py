@@ -9,7 +9,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..benchmark import Benchmarker, TimingSettings
 from ..device import Provenance, check_execution
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown
 
 Factory = Callable[[int], Benchmarker]
 
@@ -50,7 +50,7 @@ def timing_settings(timing: str | TimingSettings) -> TimingSettings:
     if isinstance(timing, TimingSettings):
         return timing
     if timing not in TIMINGS:
-        raise ConfigError(f"timing {timing!r} is unknown; use one of {', '.join(TIMINGS)}")
+        raise unknown(timing, TIMINGS, "timing")
     return TIMINGS[timing]
 
 
