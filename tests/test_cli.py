@@ -602,6 +602,19 @@ def test_every_command_has_help_with_an_example(capsys, command):
     assert status == 0 and "example:\n  ucudnn " in out
 
 
+@pytest.mark.parametrize("flag, variable", [
+    ("--workspace", "UCUDNN_WORKSPACE_LIMIT"), ("--total-workspace", "UCUDNN_TOTAL_WORKSPACE_LIMIT"),
+    ("--policy", "UCUDNN_BATCH_SIZE_POLICY"), ("--optimizer", "UCUDNN_OPTIMIZER"), ("--execution", "UCUDNN_EXECUTION"),
+    ("--backend", "UCUDNN_BACKEND"), ("--cache", "UCUDNN_CACHE"),
+])
+def test_the_help_of_a_flag_names_the_variable_that_sets_its_default(capsys, flag, variable):
+    from ucudnn.cli import build_parser
+
+    optimize = next(action for action in build_parser()._subparsers._group_actions[0].choices["optimize"]._actions
+                    if flag in action.option_strings)
+    assert f"${variable}" in optimize.help
+
+
 def test_cache_prune_shrinks_a_file_and_keeps_its_plans(db, tmp_path):
     """The synthetic recording (every candidate at every size, dominated and unsupported ones too)
     pruned: fewer measurements, the same WR and WD plans; pruning again changes nothing."""

@@ -2,14 +2,17 @@
 bench/docs_examples.py), and docs/results.md's counts are those of the shipped file."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import re
+import sqlite3
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from ucudnn.cache import BenchmarkDatabase, recorded_path
+from ucudnn.cache import SCHEMA_VERSION, BenchmarkDatabase, recorded_path, recorded_paths
 
 REPO = Path(__file__).resolve().parents[1]
 REGENERATE = "python3 bench/docs_examples.py"
@@ -50,3 +53,29 @@ def test_results_md_counts_the_shipped_measurements():
     with BenchmarkDatabase(recorded_path(), readonly=True) as database:
         counts = {d.execution: sum(n for _, n in database.kernels(d)) for d in database.devices()}
     assert [int(n.replace(",", "")) for n in stated.groups()] == [counts["direct"], counts["graph"]]
+
+
+def test_cache_md_states_the_schema_version_of_the_code_and_the_shipped_files():
+    stated = re.search(r"The schema version is the file's `PRAGMA user_version`: now (\d+)",
+                       (REPO / "docs" / "cache.md").read_text())
+    assert stated, "docs/cache.md no longer states the schema version"
+    assert int(stated.group(1)) == SCHEMA_VERSION
+    for path in recorded_paths():  # "the shipped recordings are such files"
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION, path
+
+
+def test_cache_md_describes_every_column_of_a_measurement():
+    from ucudnn.cache.schema import MEASUREMENT_COLUMNS
+
+    stored = (REPO / "docs" / "cache.md").read_text().split("## What is stored")[1].split("\n## ")[0]
+    assert [c for c in MEASUREMENT_COLUMNS if f"`{c}`" not in stored] == []
+
+
+def test_the_wd_md_example_prints_what_the_page_shows():
+    page = (REPO / "docs" / "wd.md").read_text().split("### Example")[1]
+    code, shown = re.search(r"```python\n(.*?)```\n\nprints\n\n```\n(.*?)```", page, re.S).groups()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "docs/wd.md", "exec"), {})
+    assert printed.getvalue() == shown

@@ -19,6 +19,14 @@ def test_readme_gives_an_install_and_run_command_and_a_test_command():
     assert "pytest" in tests
 
 
+def test_readme_says_which_alexnet_its_headline_and_its_command_are():
+    text = (ROOT / "README.md").read_text()
+    headline = text.split("## On a fresh machine")[0]
+    section = text.split("## On a fresh machine")[1].split("\n## ")[0]
+    assert "torchvision's AlexNet" in headline
+    assert "Caffe" in section and "--net torchvision:alexnet" in section
+
+
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert _commands()[1] in ci

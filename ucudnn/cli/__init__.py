@@ -57,7 +57,8 @@ _NETWORK = _parent(
     (("--layout",), dict(choices=LAYOUTS, default="nchw", help="tensor layout (default nchw)")),
 )
 _POLICY = _parent(
-    (("--policy",), dict(type=setting(POLICIES), choices=POLICIES, help="micro-batch sizes to measure (default powerOfTwo)")),
+    (("--policy",), dict(type=setting(POLICIES), choices=POLICIES, help=(
+        "micro-batch sizes to measure (default: $UCUDNN_BATCH_SIZE_POLICY, else powerOfTwo)"))),
     (("--execution",), dict(type=setting(EXECUTIONS), choices=EXECUTIONS, help=(
         "how kernels will run, which is how they are timed: graph (CUDA graphs, GPU time) or "
         "direct (one host call per micro-batch) (default: $UCUDNN_EXECUTION, else graph)"))),
@@ -102,10 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(commands, "optimize", "plan micro-batches of every kernel: WR per kernel or WD for the network",
                  "ucudnn optimize --net alexnet --batch 256 --workspace 64MiB", optimize,
                  [_NETWORK, _POLICY, _CACHE, _JSON])
-    p.add_argument("--optimizer", type=setting(OPTIMIZERS), choices=OPTIMIZERS, help="wr: a limit per kernel; wd: a total limit (default wr)")
-    p.add_argument("--workspace", type=byte_size, metavar="SIZE", help="WR limit per kernel (default 64MiB)")
-    p.add_argument("--total-workspace", type=byte_size, metavar="SIZE",
-                   help="WD limit for the network (implies --optimizer wd; default: --workspace times the kernels)")
+    p.add_argument("--optimizer", type=setting(OPTIMIZERS), choices=OPTIMIZERS, help=(
+        "wr: a limit per kernel; wd: a total limit (default: $UCUDNN_OPTIMIZER, else wr; wd where a total is given)"))
+    p.add_argument("--workspace", type=byte_size, metavar="SIZE", help=(
+        "WR limit per kernel (default: $UCUDNN_WORKSPACE_LIMIT, else 64MiB)"))
+    p.add_argument("--total-workspace", type=byte_size, metavar="SIZE", help=(
+        "WD limit for the network (implies --optimizer wd; default: $UCUDNN_TOTAL_WORKSPACE_LIMIT, else "
+        "--workspace times the kernels)"))
     p.add_argument("--plot", type=plot_file, metavar="FILE.png",
                    help="draw a kernel's Pareto front, per-layer times and (WD) the workspace division")
     p.add_argument("--kernel", metavar="LAYER/KIND", help=(
