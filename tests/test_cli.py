@@ -677,6 +677,17 @@ def test_reading_commands_read_every_shard_of_a_folder(capsys, db, shards, tmp_p
     assert {path.name: path.read_bytes() for path in shards.iterdir()} == before
 
 
+@pytest.mark.parametrize("content", [b"", b"SQLite format 3\x00" + bytes(4096)])
+def test_reading_a_folder_changes_no_shard_even_one_it_cannot_read(capsys, shards, content):
+    """A reading command writes nothing: a shard that merging would have to migrate or convert
+    (here a 0-byte file, an empty SQLite header) is refused, and every shard stays as it was."""
+    (shards / "node3.db").write_bytes(content)
+    before = {path.name: path.read_bytes() for path in shards.iterdir()}
+    status, out, err = inline(capsys, "cache", "list", "--cache", str(shards))
+    assert status == 2 and out == "" and one_line_naming(err, str(shards / "node3.db"))
+    assert {path.name: path.read_bytes() for path in shards.iterdir()} == before
+
+
 def test_verify_names_the_damaged_shard_of_a_folder(capsys, shards, damaged):
     (shards / "node3.db").write_bytes(damaged.read_bytes())
     status, out, _ = inline(capsys, "cache", "verify", "--cache", str(shards))
@@ -688,5 +699,7 @@ def test_verify_names_the_damaged_shard_of_a_folder(capsys, shards, damaged):
     (("cache", "import", "x.json"), "is a folder; give a file name such as {shards}/benchmarks.db"),
 ])
 def test_writing_commands_name_one_file_of_a_shard_folder(capsys, shards, argv, message):
+    before = {path.name: path.read_bytes() for path in shards.iterdir()}
     status, _, err = inline(capsys, *argv, "--cache", str(shards))
     assert status == 2 and one_line_naming(err, message.format(shards=shards))
+    assert {path.name: path.read_bytes() for path in shards.iterdir()} == before

@@ -76,6 +76,8 @@ class MergedShards(BenchmarkDatabase):
     that close() removes; read-only, and `path` is the folder."""
 
     def __init__(self, folder: Path, shards: list[Path]):
+        for shard in shards:  # read-only first: a shard merging would migrate or convert is refused, not written
+            open_database(shard).close()
         self._scratch = tempfile.TemporaryDirectory(prefix="ucudnn-shards-")
         merged = Path(self._scratch.name) / "merged.db"
         try:
