@@ -2,6 +2,7 @@
 (Fig. 10) and WD's division of the workspace (Fig. 14). Needs matplotlib; draws off-screen."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .config import format_size
@@ -133,7 +134,8 @@ def _stacked(ax, bars: dict[str, dict[str, float]], unit: str) -> None:
     bottoms = [0.0] * len(bars)
     for part, colour in zip(parts, _colours(len(parts))):
         values = [segments[part] for segments in bars.values()]
-        ax.bar(list(bars), values, bottom=bottoms, label=part, color="lightgrey" if part.endswith(OTHERS) else colour,
+        grey = re.fullmatch(rf"\d+ {OTHERS}", part)
+        ax.bar(list(bars), values, bottom=bottoms, label=part, color="lightgrey" if grey else colour,
                edgecolor="white", linewidth=0.5)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     ax.set_ylabel(unit)
