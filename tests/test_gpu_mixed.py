@@ -80,6 +80,15 @@ def is_mixed(configuration) -> bool:
     return len({m.algo.split(":")[0] for m in configuration.micro}) > 1
 
 
+@pytest.fixture(scope="module", autouse=True)
+def results_file():
+    """Every checked configuration and its errors, into UCUDNN_RESULTS_DIR at the end."""
+    yield
+    if os.environ.get("UCUDNN_RESULTS_DIR") and RESULTS:
+        with open(os.path.join(os.environ["UCUDNN_RESULTS_DIR"], "mixed_configurations.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1)
+
+
 @pytest.fixture(scope="module")
 def handle():
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
@@ -88,9 +97,6 @@ def handle():
 
     with Handle(backend="all", cache=Cache(use_file=False)) as h:
         yield h
-    if os.environ.get("UCUDNN_RESULTS_DIR"):
-        with open(os.path.join(os.environ["UCUDNN_RESULTS_DIR"], "mixed_configurations.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1)
 
 
 @pytest.mark.parametrize("kind", list(ConvKind), ids=str)
