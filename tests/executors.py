@@ -1,7 +1,7 @@
 """What the CPU tests run dispatch with: fakes of both backends over a fake device memory, routed
 and composed by the real ucudnn.backends.Backends.
 
-`FakeMemory` is one flat byte array whose addresses are byte offsets. A `FakeBackend` runs each
+`FakeMemory` is one flat byte array whose addresses are byte offsets. A `MemoryBackend` runs each
 plan with the float64 reference on the memory at those addresses, as a backend whose calls blend
 (legacy: the route's alpha and beta applied) or not (engines: out = conv, and a blend asked of it
 fails). Each plan first fills its own workspace with NaN, so that a layout in which a plan's
@@ -13,7 +13,7 @@ import functools
 from typing import Callable
 
 import numpy as np
-from fakes import BLENDS
+from fakes import BLENDS, FakeBackend
 
 from ucudnn import reference
 from ucudnn.accumulation import Combine, buffer_type, output_elements
@@ -50,11 +50,12 @@ class FakeMemory:
         return self.data[address:address + count * itemsize].view(dtype)
 
 
-class FakeBackend:
+class MemoryBackend(FakeBackend):
     """One backend's plans on FakeMemory; `steps` lists the steps it prepared."""
 
     def __init__(self, name: str, memory: FakeMemory, workspace: Callable[[Step], int] = plan_workspace):
-        self.name, self.blends, self.memory, self.workspace = name, BLENDS[name], memory, workspace
+        super().__init__(name)
+        self.memory, self.workspace = memory, workspace
         self.steps: list[Step] = []
 
     def prepare(self, step: Step) -> Plan:
@@ -79,14 +80,6 @@ class FakeBackend:
         stored = reference.from_logical(result, p.layout).ravel()
         self.memory.view(out, stored.size, p.dtype)[...] = stored.astype(p.dtype)
 
-    def set_stream(self, stream: int) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def numpy_combine(memory: FakeMemory, problem: ConvProblem, c: Combine, buffers: dict, stream: int) -> None:
@@ -102,7 +95,7 @@ def numpy_combine(memory: FakeMemory, problem: ConvProblem, c: Combine, buffers:
 
 def fake_backends(memory: FakeMemory, workspace: Callable[[Step], int] = plan_workspace) -> Backends:
     """The real router over a fake legacy and a fake engines backend on `memory`."""
-    return Backends([FakeBackend(name, memory, workspace) for name in BLENDS],
+    return Backends([MemoryBackend(name, memory, workspace) for name in BLENDS],
                     combine=functools.partial(numpy_combine, memory), alloc=memory.alloc)
 
 
