@@ -91,3 +91,40 @@ def damage_middle(path, seed: int = 16) -> None:
     middle = len(data) // page_size // 2 * page_size
     data[middle:middle + page_size] = random.Random(seed).randbytes(page_size)
     open(path, "wb").write(bytes(data))
+
+
+def spoil(path, *statements: str) -> None:
+    """Change a database as another program could: run SQL `statements` on it."""
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        for statement in statements:
+            conn.execute(statement)
+    conn.close()
+
+
+# Files ucudnn did not make: an empty one, and SQLite databases of another program
+FOREIGN_TABLES = {
+    "empty": [],
+    "people": ["CREATE TABLE people (name TEXT, age INTEGER)", "INSERT INTO people VALUES ('Ada', 36)"],
+    "measurements": ["CREATE TABLE measurements (id INTEGER PRIMARY KEY, reading REAL)",
+                     "INSERT INTO measurements VALUES (1, 20.5)"],
+    "empty measurements": ["CREATE TABLE measurements (id INTEGER PRIMARY KEY, reading REAL)"],
+}
+
+
+def make_foreign(path, kind: str):
+    """A file ucudnn did not make at `path`, of a kind of FOREIGN_TABLES; returns `path`."""
+    open(path, "wb").close()
+    spoil(path, *FOREIGN_TABLES[kind])
+    return path
+
+
+def checksums(*paths) -> dict:
+    """The SHA-256 of each file and of its journal (None where there is none): the same before
+    and after means nothing was changed."""
+    import hashlib
+    from pathlib import Path
+
+    every = [q for p in map(Path, paths) for q in (p, p.with_name(p.name + "-journal"))]
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None for p in every}

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from fakes import damage_middle
+from fakes import checksums, damage_middle, make_foreign, spoil
 
 from ucudnn import CacheError, ConvProblem, DeviceInfo, Measurement
 from ucudnn.accumulation import accumulates
@@ -131,8 +131,9 @@ def test_record_replaces_the_same_measurement(db_path):
 
 
 def test_file_uses_rollback_journal_and_schema_version(db_path):
+    BenchmarkDatabase(db_path).close()
     with sqlite3.connect(db_path) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")  # as if a foreign tool had turned WAL on
+        conn.execute("PRAGMA journal_mode=WAL")  # as if another tool had turned WAL on
     BenchmarkDatabase(db_path).close()
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
@@ -219,6 +220,7 @@ def test_newer_schema_is_a_clear_error(db_path):
         message = str(raised.value)
         assert str(db_path) in message and f"version {SCHEMA_VERSION + 1}" in message
         assert f"up to {SCHEMA_VERSION}" in message and "upgrade ucudnn" in message and "UCUDNN_CACHE" in message
+        assert "update your clone of the ucudnn repository and reinstall it" in message and "-U" not in message
 
 
 def make_v0(path: Path) -> ConvProblem:
@@ -817,3 +819,66 @@ def test_an_export_of_schema_4_gets_its_parts_told_apart(tmp_path, db_path):
     with BenchmarkDatabase(tmp_path / "other.db") as other:
         other.import_json(tmp_path / "export.json")
         assert sorted((m.batch, m.accumulates) for m in other.table(bf, H100)) == [(8, True), (64, False)]
+
+
+# --- files that are not ucudnn's, and files ucudnn makes ---
+
+
+@pytest.mark.parametrize("kind", ["empty", "people"])
+def test_a_file_ucudnn_did_not_make_is_neither_read_nor_written(db_path, kind):
+    make_foreign(db_path, kind)
+    before = checksums(db_path)
+    for readonly in (False, True):
+        with pytest.raises(CacheError, match=f"{db_path} is not a ucudnn benchmark database") as raised:
+            BenchmarkDatabase(db_path, readonly=readonly)
+        assert "schema version" not in str(raised.value) and "writable" not in str(raised.value)
+    with pytest.warns(UcudnnWarning, match="is not a ucudnn benchmark database") as warned:
+        assert_carries_on(Cache(db_path), FakeBenchmarker(H100))
+    assert len(warned) == 1 and checksums(db_path) == before
+
+
+def test_a_new_database_appears_whole_to_every_opener(db_path):
+    """Many openers of a missing path at once: each finds a whole database, never an empty file."""
+    start, errors = threading.Barrier(8), []
+
+    def open_and_record(i: int) -> None:
+        start.wait()
+        try:
+            with BenchmarkDatabase(db_path) as db:
+                db.record(resnet50()[i], H100, fake_measurements(resnet50()[i]))
+        except Exception as error:  # noqa: BLE001 - collected for the assertion
+            errors.append(error)
+
+    threads = [threading.Thread(target=open_and_record, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and sorted(p.name for p in db_path.parent.iterdir()) == [db_path.name]
+    with BenchmarkDatabase(db_path, readonly=True) as db:
+        assert len(db.kernels()) == 8
+
+
+def test_merge_reads_an_older_or_interrupted_shard_without_writing_it(filled, tmp_path):
+    older, interrupted = tmp_path / "older.db", tmp_path / "interrupted.db"
+    older.write_bytes(filled.read_bytes())
+    spoil(older, "PRAGMA user_version = 4")
+    problem = conv(16, 16, 16, 3)
+    with BenchmarkDatabase(interrupted) as db:
+        db.record(problem, H100, fake_measurements(problem))
+    writer = sqlite3.connect(interrupted, isolation_level=None)
+    writer.execute("PRAGMA cache_size = 1")  # spill to the file: the journal holds the committed pages
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("DELETE FROM measurements")
+    writer.execute("INSERT INTO kernels VALUES ('junk', zeroblob(100000))")
+    files = (interrupted, interrupted.with_name(interrupted.name + "-journal"))
+    state = [path.read_bytes() for path in files]  # as a process killed mid-write leaves it: a hot journal
+    writer.execute("ROLLBACK")
+    writer.close()
+    for path, content in zip(files, state):
+        path.write_bytes(content)
+    before = checksums(older, interrupted)
+    assert before[str(interrupted) + "-journal"] is not None
+    merged = merge([older, interrupted], tmp_path / "merged.db")
+    assert merged == len(dump(filled)) + len(fake_measurements(problem))
+    assert checksums(older, interrupted) == before

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic
-from fakes import damage_middle
+from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign
 
 from ucudnn.cache import BenchmarkDatabase, recorded_path
 from ucudnn.cli import main
@@ -703,3 +703,51 @@ def test_writing_commands_name_one_file_of_a_shard_folder(capsys, shards, argv, 
     status, _, err = inline(capsys, *argv, "--cache", str(shards))
     assert status == 2 and one_line_naming(err, message.format(shards=shards))
     assert {path.name: path.read_bytes() for path in shards.iterdir()} == before
+
+
+# ---- files that are not ucudnn's: one line, exit 2, no file changed
+
+
+@pytest.fixture(scope="module")
+def exported(db, tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("export") / "export.json"
+    ok("cache", "export", str(path), "--cache", db)
+    return json.loads(path.read_text())
+
+
+FOREIGN = tuple(FOREIGN_TABLES)
+
+
+@pytest.mark.parametrize("kind", FOREIGN)
+def test_writing_commands_refuse_a_file_ucudnn_did_not_make(capsys, db, exported, tmp_path, kind):
+    foreign = make_foreign(tmp_path / "other.db", kind)
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(exported))
+    before = checksums(foreign)
+    for argv in (("cache", "prune", "--cache", str(foreign)), ("cache", "import", str(export), "--cache", str(foreign)),
+                 ("cache", "merge", db, "--into", str(foreign))):
+        status, _, err = inline(capsys, *argv)
+        assert status == 2 and one_line_naming(err, str(foreign), "is not a ucudnn benchmark database"), (argv, err)
+        assert checksums(foreign) == before, argv
+
+
+@pytest.mark.parametrize("kind", FOREIGN)
+def test_merge_opens_its_inputs_read_only(capsys, db, tmp_path, kind):
+    shard, target = make_foreign(tmp_path / "shard.db", kind), tmp_path / "merged.db"
+    before = checksums(shard, target)
+    status, _, err = inline(capsys, "cache", "merge", db, str(shard), "--into", str(target))
+    assert status == 2 and one_line_naming(err, str(shard), "is not a ucudnn benchmark database"), err
+    assert checksums(shard, target) == before
+
+
+@pytest.mark.parametrize("kind", ("empty", "people"))
+def test_reading_a_file_ucudnn_did_not_make_says_what_it_is(capsys, tmp_path, kind):
+    foreign = make_foreign(tmp_path / "other.db", kind)
+    before = checksums(foreign)
+    for argv in (("optimize", "--offline", "--net", "alexnet"), ("cache", "list"), ("cache", "export", str(tmp_path / "x.json"))):
+        status, _, err = inline(capsys, *argv, "--cache", str(foreign))
+        assert status == 2 and one_line_naming(err, str(foreign), "is not a ucudnn benchmark database"), (argv, err)
+        assert "schema version" not in err and "writable" not in err
+    status, out, _ = inline(capsys, "cache", "verify", "--cache", str(foreign))
+    assert status == 1 and out.startswith(f"{foreign}: not a ucudnn benchmark database")
+    assert checksums(foreign) == before and not (tmp_path / "x.json").exists()

@@ -297,6 +297,17 @@ def test_gpus_of_different_models_are_refused(tmp_path):
         pool(tmp_path / "twice.db", devices=[0, 1, 1], worker=must_not_run)
 
 
+def test_merging_shards_removes_what_a_worker_killed_while_making_its_shard_left(tmp_path):
+    from ucudnn.cache.database import create
+    from ucudnn.parallel.pool import merge_shards
+
+    folder = tmp_path / "x.db.shards-1"
+    create(folder / "vm-0.db")
+    (folder / ".vm-1.db.0123abcd.new").write_bytes(b"")  # killed between its write and its link
+    merge_shards(folder, tmp_path / "x.db")
+    assert list(folder.iterdir()) == []
+
+
 def test_a_worker_on_another_model_than_probed_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="worker on GPU 1 measures on Other GPU"):
         pool(tmp_path / "lied.db", devices=[0, 1], benchmarker_factory=other_gpu_factory)

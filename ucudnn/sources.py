@@ -72,12 +72,10 @@ def shards_in(folder: str | Path) -> list[Path]:
 
 
 class MergedShards(BenchmarkDatabase):
-    """The shards of a folder merged as `ucudnn cache merge` merges them, into a temporary file
-    that close() removes; read-only, and `path` is the folder."""
+    """The shards of a folder merged as `ucudnn cache merge` merges them (no shard is written),
+    into a temporary file that close() removes; read-only, and `path` is the folder."""
 
     def __init__(self, folder: Path, shards: list[Path]):
-        for shard in shards:  # read-only first: a shard merging would migrate or convert is refused, not written
-            open_database(shard).close()
         self._scratch = tempfile.TemporaryDirectory(prefix="ucudnn-shards-")
         merged = Path(self._scratch.name) / "merged.db"
         try:

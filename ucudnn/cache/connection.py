@@ -22,11 +22,10 @@ BACKOFF_FIRST_S = 0.005
 BACKOFF_MAX_S = 0.5
 
 
-def connect(path: Path, *, timeout_s: float, readonly: bool) -> sqlite3.Connection:
-    """An autocommit connection (transactions are explicit) usable from any thread."""
-    if not readonly:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    uri = f"{path.absolute().as_uri()}?mode={'ro' if readonly else 'rwc'}"
+def connect(path: Path, *, timeout_s: float, readonly: bool, create: bool = False) -> sqlite3.Connection:
+    """An autocommit connection (transactions are explicit) usable from any thread, to an
+    existing file unless `create`."""
+    uri = f"{path.absolute().as_uri()}?mode={'ro' if readonly else 'rwc' if create else 'rw'}"
     return sqlite3.connect(uri, uri=True, timeout=min(timeout_s, BUSY_SLICE_S),
                            isolation_level=None, check_same_thread=False)
 

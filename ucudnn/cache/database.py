@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -18,7 +22,7 @@ from ..errors import CacheError, DamagedDatabaseError
 from ..measurements import OK, STATUSES, KernelTable, Measurement, ShapeTable
 from ..problem import ConvProblem
 from . import schema
-from .connection import connect, in_write_transaction, retrying
+from .connection import BUSY_SLICE_S, connect, in_write_transaction, retrying
 from .faults import named
 from .paths import default_path, recorded_path, recorded_paths, shard_path
 
@@ -27,6 +31,7 @@ __all__ = ["BenchmarkDatabase", "merge", "shard_path", "default_path", "recorded
 T = TypeVar("T")
 EXPORT_FORMAT = "ucudnn-benchmarks"
 ROWS_PER_TRANSACTION = 1000  # bulk writes (merge, import) keep each lock short too
+SCRATCH_SUFFIX = ".new"  # of the file `create` writes before it links it into place
 
 # Shape keys go in as one JSON array and come back as their index in it (small ints are cheaper
 # than long strings); CROSS JOIN makes SQLite walk the keys and search the primary key for each.
@@ -73,20 +78,69 @@ def _chunks(rows: list, size: int = ROWS_PER_TRANSACTION) -> Iterable[list]:
     return (rows[i:i + size] for i in range(0, len(rows), size))
 
 
+def _journal(path: Path) -> Path:
+    return path.with_name(path.name + "-journal")
+
+
+@functools.cache
+def _new_database() -> bytes:
+    """The bytes of a new, empty benchmark database of the current schema (made once, in a
+    temporary folder)."""
+    with tempfile.TemporaryDirectory(prefix="ucudnn-new-") as folder:
+        path = Path(folder) / "new.db"
+        conn = connect(path, timeout_s=BUSY_SLICE_S, readonly=False, create=True)
+        try:
+            in_write_transaction(conn, lambda: schema.migrate(sqlite_utils.Database(conn, execute_plugins=False)))
+        finally:
+            conn.close()
+        return path.read_bytes()
+
+
+def _scratch(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex}{SCRATCH_SUFFIX}")
+
+
+def leftovers(folder: Path) -> list[Path]:
+    """The files `create` left in `folder` where its process was killed: garbage, once no process
+    that could be creating a database there is alive."""
+    return sorted(folder.glob(f".*{SCRATCH_SUFFIX}"))
+
+
+def create(path: Path) -> None:
+    """A new, empty benchmark database at `path`, written beside it in one write and linked into
+    place whole, so that no process ever opens a file ucudnn has begun but not finished: a file
+    without ucudnn's tables is none of ucudnn's (schema.identify). Where another process made one
+    first, that one stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    content, scratch = _new_database(), _scratch(path)
+    try:
+        scratch.write_bytes(content)
+        with contextlib.suppress(FileExistsError):
+            os.link(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
 class BenchmarkDatabase:
     """Raw measurements t(a, b), ws(a, b) per (GPU model, cuDNN version, shape key), in one SQLite
     file that many processes may read and write at once. Thread-safe; use as a context manager
     or call close().
 
-    A damaged file raises DamagedDatabaseError where SQLite notices (with `check=True`, at once:
-    the whole file is checked on opening), a file that cannot be written ReadOnlyDatabaseError
-    at the first write; other faults raise sqlite3.Error or OSError."""
+    A missing file is created (unless `readonly`); a file that is not a ucudnn benchmark database
+    (an empty file, another program's SQLite file) is neither read nor written:
+    schema.ForeignFileError. A damaged file raises DamagedDatabaseError where SQLite notices (with
+    `check=True`, at once: the whole file is checked on opening), a file that cannot be written
+    ReadOnlyDatabaseError at the first write; other faults raise sqlite3.Error or OSError.
+    `shown_as`: the path messages name, where `path` is a copy of it."""
 
     def __init__(self, path: str | os.PathLike, *, timeout_s: float = 60.0, readonly: bool = False,
-                 check: bool = False):
-        self.path, self.timeout_s, self.readonly = Path(path), timeout_s, readonly
+                 check: bool = False, shown_as: str | os.PathLike | None = None):
+        file = Path(path)
+        self.path, self.timeout_s, self.readonly = Path(shown_as or path), timeout_s, readonly
         self._lock = threading.RLock()
-        self._conn = self._named_faults(lambda: connect(self.path, timeout_s=timeout_s, readonly=readonly))
+        if not readonly and not file.exists():
+            self._named_faults(lambda: create(file))
+        self._conn = self._named_faults(lambda: connect(file, timeout_s=timeout_s, readonly=readonly))
         self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
         try:
             self._prepare(check)
@@ -95,13 +149,14 @@ class BenchmarkDatabase:
             raise
 
     def _prepare(self, check: bool) -> None:
+        if check:
+            self.check()
+        found = self._read(lambda: schema.identify(self._db, self.path))  # nothing written before this
         if not self.readonly:
             # WAL needs shared memory, which network filesystems lack; and WAL persists in the
             # file, so one process that turned it on would break every other node
             self._read(lambda: self._conn.execute("PRAGMA journal_mode=DELETE"))
-        if check:
-            self.check()
-        if schema.check(self.path, self._read(lambda: schema.version(self._db)), self.readonly):
+        if schema.check(self.path, found, self.readonly):
             self._write(lambda: schema.migrate(self._db))
 
     def _named_faults(self, action: Callable[[], T]) -> T:
@@ -307,19 +362,37 @@ def writing(path: str | os.PathLike, **options) -> Iterator[BenchmarkDatabase]:
         raise
 
 
+def _open_shard(shard: Path, scratch: Path) -> BenchmarkDatabase:
+    """`shard` opened and checked without writing it: read-only as it is, or where reading it
+    needs a write (a journal beside it, of an interrupted write to roll back; an older schema to
+    migrate) from a copy in the folder `scratch`, made once."""
+    if not _journal(shard).exists():
+        with contextlib.suppress(schema.OlderSchemaError):
+            return BenchmarkDatabase(shard, readonly=True, check=True)
+    copy = scratch / shard.name
+    if not copy.exists():
+        scratch.mkdir(parents=True)
+        for source, target in ((shard, copy), (_journal(shard), _journal(copy))):
+            if source.exists():
+                shutil.copyfile(source, target)
+    return BenchmarkDatabase(copy, check=True, shown_as=shard)
+
+
 def merge(shards: Iterable[str | os.PathLike], target: str | os.PathLike) -> int:
     """Add every measurement of the shard files to `target` (created if absent), newest
     measurement winning, so the result is what one writer of all of them would have written.
     Returns the number of measurements read from the shards. The target itself is skipped if
-    listed among the shards. Every shard is read (and checked) before the target is touched, so
-    a damaged or unreadable shard changes nothing."""
+    listed among the shards. No shard is written (`_open_shard`), and every shard is checked
+    before the target is touched, so a damaged, unreadable or foreign shard changes nothing."""
     target = Path(target)
     sources = [Path(shard) for shard in shards if Path(shard).resolve() != target.resolve()]
-    for shard in sources:
-        BenchmarkDatabase(shard, check=True).close()  # writable, so an older shard is migrated
-    merged = 0
-    with writing(target) as into:
-        for shard in sources:
-            with BenchmarkDatabase(shard) as source:
-                merged += into.add_rows(*source._dump())
+    with tempfile.TemporaryDirectory(prefix="ucudnn-merge-") as scratch:
+        opened = lambda i: _open_shard(sources[i], Path(scratch) / str(i))  # noqa: E731
+        for i in range(len(sources)):
+            opened(i).close()
+        merged = 0
+        with writing(target) as into:
+            for i in range(len(sources)):
+                with opened(i) as source:
+                    merged += into.add_rows(*source._dump())
     return merged

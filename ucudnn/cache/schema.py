@@ -59,14 +59,47 @@ UPSERT_MEASUREMENT = (
 INSERT_KERNEL = "INSERT INTO kernels (shape_key, problem) VALUES (:shape_key, :problem) ON CONFLICT DO NOTHING"
 
 
+# What makes a file a ucudnn benchmark database: a `measurements` table with these columns (every
+# version has had them) and, from version 1, a `kernels` table. ucudnn reads and writes no other
+# file; a new one it makes is whole before any other process can open it (database.create).
+CORE_COLUMNS = ("gpu_name", "cudnn_version", "shape_key", "batch", "algo", "time_ms", "workspace", "status")
+EMPTY = "an empty file"  # what a 0-byte file is, which SQLite reads as a database without tables
+UPGRADE = "update your clone of the ucudnn repository and reinstall it (pip install . in the clone)"
+
+
 class NewerSchemaError(CacheError):
     """The file was written by a newer ucudnn: this one cannot read it safely."""
 
     def __init__(self, path: Path, found: int):
         super().__init__(
             f"benchmark database {path} has schema version {found}, but this ucudnn supports "
-            f"versions up to {SCHEMA_VERSION}: upgrade ucudnn (pip install -U ucudnn), or point "
+            f"versions up to {SCHEMA_VERSION}: upgrade ucudnn ({UPGRADE}), or point "
             f"UCUDNN_CACHE (or the cache path argument) at another file"
+        )
+
+
+class OlderSchemaError(CacheError):
+    """The file is of an older schema and open read-only, so it cannot be migrated."""
+
+    def __init__(self, path: Path, found: int):
+        super().__init__(
+            f"benchmark database {path} has schema version {found}, older than {SCHEMA_VERSION}, and is "
+            f"open read-only, so it cannot be migrated: write a migrated copy with `ucudnn cache merge "
+            f"{path} --into NEW.db`, or open it writable once (ucudnn.cache.BenchmarkDatabase(path)) to "
+            f"migrate it in place"
+        )
+
+
+class ForeignFileError(CacheError):
+    """The file is not a ucudnn benchmark database (CORE_COLUMNS): ucudnn neither reads nor writes it."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"{path} is not a ucudnn benchmark database ({reason}), and ucudnn writes only its own: point "
+            f"--cache (or UCUDNN_CACHE) at a ucudnn database, or at a path where none exists yet for a "
+            f"new one" + ("; an empty file may be removed, and ucudnn makes a new database there"
+                          if reason == EMPTY else "")
         )
 
 
@@ -74,16 +107,35 @@ def version(db: sqlite_utils.Database) -> int:
     return db.execute("PRAGMA user_version").fetchone()[0]
 
 
-def check(path: Path, found: int, readonly: bool) -> bool:
-    """Whether a file of version `found` needs migrating; raises if it cannot be used."""
+def _not_ours(db: sqlite_utils.Database, found: int) -> str:
+    """Why the file is not a ucudnn benchmark database; '' if it is one."""
+    tables = db.table_names()
+    if not tables:
+        return EMPTY if db.execute("PRAGMA page_count").fetchone()[0] == 0 else "an SQLite database without tables"
+    columns = db["measurements"].columns_dict if "measurements" in tables else {}
+    if any(c not in columns for c in CORE_COLUMNS):
+        return f"an SQLite database whose tables ({', '.join(sorted(tables))}) are not ucudnn's"
+    if found > 0 and "kernels" not in tables:
+        return f"ucudnn's measurements table at version {found}, but no kernels table"
+    return ""
+
+
+def identify(db: sqlite_utils.Database, path: Path) -> int:
+    """The schema version of a ucudnn benchmark database; ForeignFileError if the file is not one,
+    NewerSchemaError if a newer ucudnn wrote it."""
+    found = version(db)
+    reason = _not_ours(db, found)
+    if reason:
+        raise ForeignFileError(path, reason)
     if found > SCHEMA_VERSION:
         raise NewerSchemaError(path, found)
+    return found
+
+
+def check(path: Path, found: int, readonly: bool) -> bool:
+    """Whether a file of version `found` needs migrating; OlderSchemaError if it cannot be."""
     if found < READABLE_FROM and readonly:
-        raise CacheError(
-            f"benchmark database {path} has schema version {found}, older than {SCHEMA_VERSION}, "
-            f"and is open read-only, so it cannot be migrated: open it writable once "
-            f"(BenchmarkDatabase(path)) to migrate it"
-        )
+        raise OlderSchemaError(path, found)
     return found < SCHEMA_VERSION and not readonly
 
 
@@ -102,8 +154,8 @@ def _create_measurements(db: sqlite_utils.Database, name: str) -> None:
 
 
 def _to_v1(db: sqlite_utils.Database) -> None:
-    """v0 (or a new, empty file) to v1: the two tables with every column (a new file gets the
-    current table at once)."""
+    """v0 (or the new file database.create makes) to v1: the two tables with every column (a new
+    file gets the current table at once)."""
     if not db["measurements"].exists():
         _create_measurements(db, "measurements")
     _add_missing_columns(db["measurements"], MEASUREMENT_COLUMNS)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..cache.database import merge, read_export, writing
 from ..cache.paths import cache_path
+from ..cache.schema import ForeignFileError
 from ..config import format_size
 from ..coverage import describe_by_backend, recordings, recordings_by_backend
 from ..errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
@@ -121,6 +122,8 @@ def _verify(path) -> list[str]:
             problems = database.verify()
     except DamagedDatabaseError as exc:  # too damaged to open
         problems = [f"integrity: {exc.reason}"]
+    except ForeignFileError as exc:
+        problems = [f"not a ucudnn benchmark database ({exc.reason})"]
     return [f"{path}: {problem}" for problem in problems]
 
 

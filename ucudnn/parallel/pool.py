@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Sequence
 
 from ..backends import resolve as resolve_backends
 from ..benchmark import Benchmarker, TimingSettings, ensure_tables
-from ..cache.database import BenchmarkDatabase, merge
+from ..cache.database import BenchmarkDatabase, leftovers, merge
 from ..cache.memo import Cache, resolve_path
 from ..cache.paths import shard_path
 from ..device import Provenance
@@ -37,12 +37,15 @@ def new_shard_dir(target: Path) -> Path:
 
 def merge_shards(folder: Path, target: Path) -> int:
     """Merge every shard in `folder` into `target` and delete them (a shard that a killed
-    process left mid-transaction is rolled back when opened); returns measurements merged."""
+    process left mid-transaction is read as it was before, merge rolls back its journal in a
+    copy), and what a worker killed while it made its shard left; returns measurements merged."""
     shards = sorted(folder.glob("*.db"))
     count = merge(shards, target) if shards else 0
     for shard in shards:
         for leftover in (shard, shard.with_name(shard.name + "-journal")):
             leftover.unlink(missing_ok=True)
+    for leftover in leftovers(folder):  # of a worker killed while it made its shard
+        leftover.unlink()
     return count
 
 
