@@ -202,8 +202,9 @@ def test_verify_names_bad_rows(filled):
     with BenchmarkDatabase(filled) as db:
         problems = db.verify()
     assert len(problems) == 3
-    assert any("status other than" in p for p in problems) and any("negative time" in p for p in problems)
-    assert any("no kernel description" in p for p in problems)
+    assert any("whose status 'great' is not one of ok, unsupported" in p for p in problems)
+    assert any("whose time_ms -1.0 is not a finite number >= 0" in p for p in problems)
+    assert any("is not the shape key of a kernel row that describes its convolution" in p for p in problems)
 
 
 # --- schema versions ---
@@ -237,11 +238,14 @@ def make_v0(path: Path) -> ConvProblem:
 
 
 def test_older_schema_migrates(db_path):
+    """A v0 file describes no kernel: its rows are kept, and read once a record describes theirs."""
     problem = make_v0(db_path)
     with BenchmarkDatabase(db_path) as db:
-        assert list(db.table(problem, H100)) == [Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.5, 1024, OK, 0)]
+        with pytest.warns(UcudnnWarning, match="not the shape key of a kernel row"):
+            assert list(db.table(problem, H100)) == []
         db.record(problem, H100, [Measurement("legacy:A2", 4, 0.25, 0, OK, 5)])
-        assert len(db.table(problem, H100)) == 2
+        assert set(db.table(problem, H100)) == {Measurement("legacy:IMPLICIT_PRECOMP_GEMM", 4, 0.5, 1024, OK, 0),
+                                                Measurement("legacy:A2", 4, 0.25, 0, OK, 5)}
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
@@ -265,6 +269,7 @@ def make_v1(path: Path) -> ConvProblem:
         conn.execute("CREATE TABLE kernels (shape_key TEXT PRIMARY KEY NOT NULL, problem TEXT NOT NULL)")
         conn.execute("INSERT INTO measurements VALUES (?, ?, ?, 4, 1, 0.5, 1024, 'ok', 7, '9.0', 570, 'node1', 'then')",
                      (H100.gpu_name, H100.cudnn_version, problem.shape_key()))
+        conn.execute("INSERT INTO kernels VALUES (?, ?)", (problem.shape_key(), json.dumps(problem.with_batch(1).to_dict())))
         conn.execute("PRAGMA user_version = 1")
     return problem
 
@@ -819,6 +824,74 @@ def test_an_export_of_schema_4_gets_its_parts_told_apart(tmp_path, db_path):
     with BenchmarkDatabase(tmp_path / "other.db") as other:
         other.import_json(tmp_path / "export.json")
         assert sorted((m.batch, m.accumulates) for m in other.table(bf, H100)) == [(8, True), (64, False)]
+
+
+# --- the rules of a row ---
+
+
+BAD_VALUES = [("gpu_name", ""), ("gpu_name", None), ("cudnn_version", "nine"), ("cudnn_version", 2**63),
+              ("execution", "teleport"), ("shape_key", "F|no kernel"), ("batch", 0), ("batch", 2.5),
+              ("accumulates", 2), ("accumulates", True), ("backend", "magic"), ("algo", 7), ("time_ms", "fast"),
+              ("time_ms", -0.5), ("time_ms", float("nan")), ("time_ms", float("inf")), ("time_ms", None),
+              ("workspace", -1), ("workspace", 10**30), ("status", "great"), ("repeats", [3]), ("host", 5),
+              ("driver_version", -570), ("timing", "sloppy"), ("frontend_version", None)]
+
+
+@pytest.mark.parametrize("column, value", BAD_VALUES)
+def test_each_bad_value_breaks_its_columns_rule_alone(column, value):
+    from ucudnn.cache import rows
+    from ucudnn.cache.database import _kernel_row, _measurement_row
+
+    problem = conv(8, 8, 8)
+    good = _measurement_row(H100, problem.shape_key(), Measurement("legacy:A0", 4, 0.5, 64, OK, 3), "then")
+    assert rows.problems(rows.staged([_kernel_row(problem)], [good])) == []
+    found = rows.problems(rows.staged([_kernel_row(problem)], [{**good, column: value}]))
+    shown = value.decode() if isinstance(value, bytes) else repr(value)
+    assert len(found) == 1 and found[0].startswith(f"1 measurement(s) whose {column} {shown} is not "), found
+
+
+def test_reads_skip_invalid_rows_with_one_warning_naming_the_file_and_the_row(filled, tmp_path):
+    problem = resnet50()[0]
+    spoil(filled, f"UPDATE measurements SET time_ms = 'fast' WHERE algo = 'A0' AND batch = 1 AND shape_key = '{problem.shape_key()}'",
+          "UPDATE measurements SET execution = 'teleport' WHERE algo = 'A1' AND batch = 2")
+    good = [m for m in fake_measurements(problem) if (m.algo, m.batch) not in (("legacy:A0", 1), ("legacy:A1", 2))]
+    with BenchmarkDatabase(filled, readonly=True) as db, pytest.warns(UcudnnWarning) as warned:
+        assert as_set(db.lookup([problem.shape_key()], H100)[problem.shape_key()]) == set(good)
+        assert [d.execution for d in db.devices()] == ["direct"]
+        assert sum(n for _, n in db.kernels()) == 12 * len(SIZES) * len(ALGOS) - 1 - 12
+        db.export_json(tmp_path / "export.json")
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    assert str(filled) in message and "skipped" in message and "ucudnn cache verify" in message
+    assert re.search(r"time_ms 'fast'|execution 'teleport'", message)
+    assert len(read_export(tmp_path / "export.json")[1]) == 12 * len(SIZES) * len(ALGOS) - 1 - 12
+
+
+def test_verify_names_each_broken_rule_with_a_row_and_its_value(filled):
+    spoil(filled, "UPDATE measurements SET time_ms = 'fast' WHERE algo = 'A0' AND batch = 1",
+          "UPDATE measurements SET workspace = -5 WHERE algo = 'A1' AND batch = 1",
+          "UPDATE measurements SET backend = 'magic' WHERE algo = 'A2' AND batch = 1",
+          "UPDATE kernels SET problem = '{\"kind\": \"F\"}' WHERE rowid = 2")
+    with BenchmarkDatabase(filled, readonly=True) as db:
+        problems = db.verify()
+    assert any(re.match(r"12 measurement\(s\) whose time_ms 'fast' is not a finite number >= 0", p) for p in problems)
+    assert any(re.match(r"12 measurement\(s\) whose workspace -5 is not an integer from 0 to", p) for p in problems)
+    assert any(re.match(r"12 measurement\(s\) whose backend 'magic' is not one of legacy, engines", p) for p in problems)
+    assert any(re.match(r"1 kernel row\(s\) whose problem does not describe a convolution of its shape key", p)
+               for p in problems)
+    assert all(" e.g. " in p for p in problems)
+
+
+def test_import_json_checks_every_row_before_it_writes(filled, tmp_path):
+    with BenchmarkDatabase(filled) as db:
+        db.export_json(tmp_path / "export.json")
+    document = json.loads((tmp_path / "export.json").read_text())
+    document["measurements"][-1]["batch"] = 0
+    (tmp_path / "export.json").write_text(json.dumps(document))
+    before = checksums(filled)
+    with BenchmarkDatabase(filled) as db, pytest.raises(CacheError, match=r"batch 0 is not .* e\.g\. measurements\[\d+\]"):
+        db.import_json(tmp_path / "export.json")
+    assert checksums(filled) == before
 
 
 # --- files that are not ucudnn's, and files ucudnn makes ---

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic
-from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign
+from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign, spoil
 
 from ucudnn.cache import BenchmarkDatabase, recorded_path
 from ucudnn.cli import main
@@ -705,7 +705,14 @@ def test_writing_commands_name_one_file_of_a_shard_folder(capsys, shards, argv, 
     assert {path.name: path.read_bytes() for path in shards.iterdir()} == before
 
 
-# ---- files that are not ucudnn's: one line, exit 2, no file changed
+# ---- invalid rows and files that are not ucudnn's: one line, exit 2, no file changed
+
+
+@pytest.fixture
+def copy_of_db(db, tmp_path) -> Path:
+    path = tmp_path / "copy.db"
+    path.write_bytes(Path(db).read_bytes())
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -713,6 +720,76 @@ def exported(db, tmp_path_factory) -> dict:
     path = tmp_path_factory.mktemp("export") / "export.json"
     ok("cache", "export", str(path), "--cache", db)
     return json.loads(path.read_text())
+
+
+def edited_export(exported: dict, folder: Path, column: str, value) -> Path:
+    """The export with `column` of its first measurement set to `value`."""
+    document = json.loads(json.dumps(exported))
+    document["measurements"][0][column] = value
+    path = folder / "edited.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+INVALID_VALUES = [("time_ms", "fast"), ("cudnn_version", "nine"), ("execution", "teleport"), ("backend", "magic"),
+                  ("time_ms", -1.0), ("workspace", -1), ("batch", 0), ("time_ms", float("nan")),
+                  ("status", "great"), ("shape_key", "F|described by no kernel row"), ("accumulates", 2),
+                  ("timing", "sloppy"), ("repeats", 1.5), ("time_ms", float("inf")), ("algo", "")]
+
+
+@pytest.mark.parametrize("column, value", INVALID_VALUES)
+def test_import_refuses_an_invalid_value_and_changes_nothing(capsys, exported, copy_of_db, tmp_path, column, value):
+    edited, new = edited_export(exported, tmp_path, column, value), tmp_path / "new.db"
+    before = checksums(copy_of_db, new, edited)
+    for target in (copy_of_db, new):
+        status, out, err = inline(capsys, "cache", "import", str(edited), "--cache", str(target))
+        assert status == 2 and out == "" and one_line_naming(err, str(edited), "measurements[0]", column, repr(value))
+    assert checksums(copy_of_db, new, edited) == before
+
+
+@pytest.mark.parametrize("column, value", [("workspace", 10**30), ("gpu_name", None), ("time_ms", [1.0])])
+def test_import_of_a_value_sqlite_cannot_store_is_one_line(exported, copy_of_db, tmp_path, column, value):
+    edited = edited_export(exported, tmp_path, column, value)
+    before = checksums(copy_of_db)
+    result = run("cache", "import", str(edited), "--cache", str(copy_of_db))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert one_line_naming(result.stderr, str(edited), column, repr(value))
+    assert checksums(copy_of_db) == before
+
+
+def test_verify_finds_a_value_damaged_inside_a_database(capsys, copy_of_db):
+    spoil(copy_of_db, "UPDATE measurements SET time_ms = 'fast' WHERE algo = 'ALGO_0' AND batch = 1 AND status = 'ok'",
+          "UPDATE measurements SET execution = 'teleport' WHERE algo = 'ALGO_1' AND batch = 2")
+    status, out, _ = inline(capsys, "cache", "verify", "--cache", str(copy_of_db))
+    assert status == 1 and "no problems" not in out
+    assert re.search(r"measurement\(s\) whose time_ms 'fast' is not", out)
+    assert re.search(r"measurement\(s\) whose execution 'teleport' is not one of graph, direct", out)
+
+
+def test_commands_skip_invalid_rows_with_one_warning(copy_of_db, tmp_path):
+    spoil(copy_of_db, "UPDATE measurements SET time_ms = 'fast' WHERE algo = 'ALGO_0' AND status = 'ok'",
+          "UPDATE measurements SET execution = 'teleport' WHERE algo = 'ALGO_1' AND batch = 2",
+          "UPDATE measurements SET workspace = 'lots' WHERE algo = 'ALGO_2' AND batch = 4")
+    before = checksums(copy_of_db)
+    for argv in (("optimize", "--offline", "--net", "alexnet"), ("cache", "list"), ("cache", "list", "--json"),
+                 ("cache", "show", "--net", "alexnet", "--kernel", "conv2/F"),
+                 ("cache", "export", str(tmp_path / "export.json"))):
+        result = run(*argv, "--cache", str(copy_of_db))
+        assert result.returncode == 0 and "Traceback" not in result.stderr, (argv, result.stderr)
+        assert one_line_naming(result.stderr, str(copy_of_db), "skipped", "ucudnn cache verify"), (argv, result.stderr)
+    assert checksums(copy_of_db) == before
+    assert "'fast'" not in (tmp_path / "export.json").read_text() and "teleport" not in (tmp_path / "export.json").read_text()
+
+
+def test_merge_refuses_a_shard_with_an_invalid_row_and_changes_nothing(capsys, db, copy_of_db, tmp_path):
+    spoil(copy_of_db, "UPDATE measurements SET status = 'great' WHERE algo = 'ALGO_0' AND batch = 8")
+    existing, new = tmp_path / "existing.db", tmp_path / "new.db"
+    existing.write_bytes(Path(db).read_bytes())
+    before = checksums(copy_of_db, existing, new)
+    for target in (existing, new):
+        status, _, err = inline(capsys, "cache", "merge", db, str(copy_of_db), "--into", str(target))
+        assert status == 2 and one_line_naming(err, str(copy_of_db), "status 'great' is not one of ok"), err
+    assert checksums(copy_of_db, existing, new) == before
 
 
 FOREIGN = tuple(FOREIGN_TABLES)
@@ -751,3 +828,11 @@ def test_reading_a_file_ucudnn_did_not_make_says_what_it_is(capsys, tmp_path, ki
     status, out, _ = inline(capsys, "cache", "verify", "--cache", str(foreign))
     assert status == 1 and out.startswith(f"{foreign}: not a ucudnn benchmark database")
     assert checksums(foreign) == before and not (tmp_path / "x.json").exists()
+
+
+def test_a_shard_folder_skips_an_invalid_row_naming_its_shard(shards):
+    spoil(shards / "node1.db", "UPDATE measurements SET workspace = -1 WHERE algo = 'ALGO_0' AND batch = 2")
+    before = {path.name: path.read_bytes() for path in shards.iterdir()}
+    result = run("cache", "list", "--cache", str(shards))
+    assert result.returncode == 0 and one_line_naming(result.stderr, str(shards / "node1.db"), "workspace -1")
+    assert {path.name: path.read_bytes() for path in shards.iterdir()} == before

@@ -72,14 +72,15 @@ def shards_in(folder: str | Path) -> list[Path]:
 
 
 class MergedShards(BenchmarkDatabase):
-    """The shards of a folder merged as `ucudnn cache merge` merges them (no shard is written),
-    into a temporary file that close() removes; read-only, and `path` is the folder."""
+    """The shards of a folder merged as `ucudnn cache merge` merges them (no shard is written; a
+    row that breaks the rules is skipped with a warning naming its shard), into a temporary file
+    that close() removes; read-only, and `path` is the folder."""
 
     def __init__(self, folder: Path, shards: list[Path]):
         self._scratch = tempfile.TemporaryDirectory(prefix="ucudnn-shards-")
         merged = Path(self._scratch.name) / "merged.db"
         try:
-            merge(shards, merged)
+            merge(shards, merged, skip_bad=True)
             super().__init__(merged, readonly=True)
         except BaseException:
             self._scratch.cleanup()

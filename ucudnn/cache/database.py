@@ -10,6 +10,7 @@ import sqlite3
 import tempfile
 import threading
 import uuid
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -18,10 +19,10 @@ import sqlite_utils
 
 from ..backends import split_id
 from ..device import Provenance
-from ..errors import CacheError, DamagedDatabaseError
-from ..measurements import OK, STATUSES, KernelTable, Measurement, ShapeTable
+from ..errors import CacheError, DamagedDatabaseError, UcudnnWarning
+from ..measurements import KernelTable, Measurement, ShapeTable
 from ..problem import ConvProblem
-from . import schema
+from . import rows, schema
 from .connection import BUSY_SLICE_S, connect, in_write_transaction, retrying
 from .faults import named
 from .paths import default_path, recorded_path, recorded_paths, shard_path
@@ -35,22 +36,21 @@ SCRATCH_SUFFIX = ".new"  # of the file `create` writes before it links it into p
 
 # Shape keys go in as one JSON array and come back as their index in it (small ints are cheaper
 # than long strings); CROSS JOIN makes SQLite walk the keys and search the primary key for each.
+# The last column says whether the row keeps the rules (rows.valid) but that of its shape key,
+# whose kernel row _KERNELS_OF reads once per key, not once per row.
 _LOOKUP = (
-    "SELECT k.key, m.backend || ':' || m.algo, m.batch, m.time_ms, m.workspace, m.status, m.repeats, "
-    "m.accumulates "
-    "FROM json_each(:keys) k CROSS JOIN measurements m "
-    "WHERE m.gpu_name = :gpu AND m.cudnn_version = :cudnn AND m.execution = :execution "
-    "AND m.shape_key = k.value"
+    "SELECT k.key, backend || ':' || algo, batch, time_ms, workspace, status, repeats, accumulates, "
+    f"{rows.valid(without=('shape_key',))} FROM json_each(:keys) k CROSS JOIN measurements "
+    "WHERE gpu_name = :gpu AND cudnn_version = :cudnn AND execution = :execution AND shape_key = k.value"
 )
-# Problems verify() looks for: what is wrong -> the rows that have it.
-_BAD_ROWS = {
-    f"a status other than {', '.join(STATUSES)}": f"status NOT IN ({', '.join(repr(s) for s in STATUSES)})",
-    "a negative time": "time_ms < 0",
-    "status ok but no time": f"status = '{OK}' AND time_ms IS NULL",
-    "a negative workspace": "workspace < 0",
-    "a micro-batch size below 1": "batch < 1",
-    "no kernel description": "shape_key NOT IN (SELECT shape_key FROM kernels)",
-}
+_KERNELS_OF = "SELECT shape_key, problem FROM kernels WHERE shape_key IN (SELECT value FROM json_each(?))"
+
+
+def _flagged(where: str = "") -> str:
+    """SQL: the measurement rows `where` says, each with its `valid` flag, for reads that group
+    rows. LIMIT -1 (no limit) keeps SQLite from flattening this into the outer query, which would
+    evaluate the rules once per use of `valid`, not once per row."""
+    return f"(SELECT *, {rows.VALID} AS valid FROM measurements {where} LIMIT -1)"
 
 
 def _now() -> str:
@@ -130,7 +130,8 @@ class BenchmarkDatabase:
     (an empty file, another program's SQLite file) is neither read nor written:
     schema.ForeignFileError. A damaged file raises DamagedDatabaseError where SQLite notices (with
     `check=True`, at once: the whole file is checked on opening), a file that cannot be written
-    ReadOnlyDatabaseError at the first write; other faults raise sqlite3.Error or OSError.
+    ReadOnlyDatabaseError at the first write; other faults raise sqlite3.Error or OSError. Reads
+    skip rows that break the rules (ucudnn.cache.rows), with one UcudnnWarning per database.
     `shown_as`: the path messages name, where `path` is a copy of it."""
 
     def __init__(self, path: str | os.PathLike, *, timeout_s: float = 60.0, readonly: bool = False,
@@ -138,9 +139,11 @@ class BenchmarkDatabase:
         file = Path(path)
         self.path, self.timeout_s, self.readonly = Path(shown_as or path), timeout_s, readonly
         self._lock = threading.RLock()
+        self._warned = False
         if not readonly and not file.exists():
             self._named_faults(lambda: create(file))
         self._conn = self._named_faults(lambda: connect(file, timeout_s=timeout_s, readonly=readonly))
+        rows.register(self._conn)
         self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
         try:
             self._prepare(check)
@@ -173,6 +176,32 @@ class BenchmarkDatabase:
         with self._lock:
             return self._named_faults(lambda: retrying(lambda: in_write_transaction(self._conn, action),
                                                        self.timeout_s))
+
+    def _valid(self, found: list[tuple]) -> list[tuple]:
+        """The rows of a read whose last column is their `valid` flag: those that keep the rules,
+        without the flag; the others are skipped (`_skipped`)."""
+        kept = [row[:-1] for row in found if row[-1]]
+        if len(kept) < len(found):
+            self._skipped()
+        return kept
+
+    def _grouped(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """The groups a read finds, its last two columns max(valid) and min(valid): those with a
+        row that keeps the rules, without the two; one with a row that breaks them warns (`_skipped`)."""
+        found = self._read(lambda: self._conn.execute(sql, params).fetchall())
+        if not all(row[-1] for row in found):
+            self._skipped()
+        return [row[:-2] for row in found if row[-2]]
+
+    def _skipped(self) -> None:
+        """Warn, once per database, that reads skip rows that break the rules, naming one of each kind."""
+        if self._warned:
+            return
+        self._warned = True
+        found = self.bad_rows()
+        warnings.warn(f"ucudnn: benchmark database {self.path}: skipped rows that break the rules of a "
+                      f"benchmark database ({'; '.join(found)}); `ucudnn cache verify --cache {self.path}` lists "
+                      f"them, `ucudnn cache prune --cache {self.path}` deletes them", UcudnnWarning, stacklevel=4)
 
     def _upsert(self, kernels: list[dict], measurements: list[dict]) -> None:
         self._conn.executemany(schema.INSERT_KERNEL, kernels)
@@ -226,35 +255,49 @@ class BenchmarkDatabase:
         tables = [ShapeTable() for _ in keys]
         params = {"gpu": device.gpu_name, "cudnn": device.cudnn_version, "execution": device.execution,
                   "keys": json.dumps(keys)}
-        rows = self._read(lambda: self._conn.execute(_LOOKUP, params).fetchall())
-        for index, algo, batch, time_ms, workspace, status, repeats, summed in rows:
-            tables[index].add(Measurement(algo, batch, time_ms, workspace, status, repeats, bool(summed)))
+        found = self._read(lambda: self._conn.execute(_LOOKUP, params).fetchall())
+        kernels = self._read(lambda: self._conn.execute(_KERNELS_OF, (params["keys"],)).fetchall())
+        described = {key for key, problem in kernels if rows.describes(key, problem)}
+        usable = [key in described for key in keys]
+        skipped = False
+        for index, algo, batch, time_ms, workspace, status, repeats, summed, valid in found:
+            if valid and usable[index]:
+                tables[index].add(Measurement(algo, batch, time_ms, workspace, status, repeats, bool(summed)))
+            else:
+                skipped = True
+        if skipped:
+            self._skipped()
         return dict(zip(keys, tables))
 
     # --- what is stored ---
 
     def devices(self) -> list[Provenance]:
         """Every distinct provenance (GPU, compute capability, cuDNN, driver, host, execution) present."""
-        group = "gpu_name, compute_capability, cudnn_version, driver_version, host, execution"
-        sql = (f"SELECT {group}, max(frontend_version) AS frontend_version FROM measurements GROUP BY {group} "
+        group = ("gpu_name", "compute_capability", "cudnn_version", "driver_version", "host", "execution")
+        sql = (f"SELECT {', '.join(group)}, max(CASE WHEN valid THEN frontend_version END), max(valid), min(valid) "
+               f"FROM {_flagged()} GROUP BY {', '.join(group)} "
                "ORDER BY gpu_name, cudnn_version, execution, host, driver_version")
-        return [Provenance(**row) for row in self._read(lambda: list(self._db.query(sql)))]
+        return [Provenance(**dict(zip((*group, "frontend_version"), row))) for row in self._grouped(sql)]
 
     def kernels(self, device: Provenance | None = None) -> list[tuple[ConvProblem, int]]:
         """Each stored kernel (as a batch-1 ConvProblem) with its number of measurements,
         on `device`'s GPU model, cuDNN version and execution if given."""
-        where, params = (("WHERE m.gpu_name = ? AND m.cudnn_version = ? AND m.execution = ?", device.reuse_key)
+        where, params = (("WHERE gpu_name = ? AND cudnn_version = ? AND execution = ?", device.reuse_key)
                          if device else ("", ()))
-        sql = (f"SELECT k.problem, count(*) AS n FROM kernels k JOIN measurements m USING (shape_key) "
-               f"{where} GROUP BY k.shape_key ORDER BY k.shape_key")
-        rows = self._read(lambda: list(self._db.query(sql, params)))
-        return [(ConvProblem.from_dict(json.loads(row["problem"])), row["n"]) for row in rows]
+        sql = (f"SELECT k.problem, sum(valid), max(valid), min(valid) "
+               f"FROM kernels k JOIN {_flagged(where)} m USING (shape_key) GROUP BY k.shape_key ORDER BY k.shape_key")
+        return [(ConvProblem.from_dict(json.loads(problem)), n) for problem, n in self._grouped(sql, params)]
 
     def _dump(self) -> tuple[list[dict], list[dict]]:
-        def read():
-            kernels = list(self._db["kernels"].rows_where(order_by="shape_key"))
-            return kernels, list(self._db["measurements"].rows_where(order_by=", ".join(schema.KEY)))
-        return self._read(read)
+        """Every kernel and measurement row that keeps the rules, as dicts."""
+        def read(sql: str, columns: Iterable[str]) -> list[dict]:
+            found = self._read(lambda: self._conn.execute(sql).fetchall())
+            return [dict(zip(columns, row)) for row in self._valid(found)]
+        kernels = read(f"SELECT shape_key, problem, {rows.KERNEL_VALID} FROM kernels ORDER BY shape_key",
+                       schema.KERNEL_COLUMNS)
+        columns = ", ".join(schema.MEASUREMENT_COLUMNS)
+        return kernels, read(f"SELECT {columns}, {rows.VALID} FROM measurements ORDER BY {', '.join(schema.KEY)}",
+                             schema.MEASUREMENT_COLUMNS)
 
     # --- interchange ---
 
@@ -279,21 +322,28 @@ class BenchmarkDatabase:
 
     def prune(self) -> tuple[int, int]:
         """Delete the measurements no plan can use (optimizers.pareto.plannable, per GPU, kernel,
-        micro-batch size and backend: the dominated and unavailable candidates) and compact the
-        file. Plans from the file stay the same; `cache show` lists fewer candidates. Returns the
-        measurements (before, after)."""
+        micro-batch size and backend: the dominated and unavailable candidates), and the rows that
+        break the rules (ucudnn.cache.rows), and compact the file. Plans from the file stay the
+        same; `cache show` lists fewer candidates. Returns the measurements (before, after)."""
         from ..optimizers.pareto import plannable
 
         groups: dict[tuple, list[Measurement]] = {}
-        for *key, algo, time_ms, workspace, status in self._read(lambda: self._conn.execute(
-                f"SELECT {', '.join(schema.KEY)}, time_ms, workspace, status FROM measurements").fetchall()):
-            groups.setdefault(tuple(key), []).append(Measurement(algo, key[4], time_ms, workspace, status))
-        doomed = [(*key, m.algo) for key, found in groups.items() for m in set(found) - set(plannable(found))]
+        found = self._read(lambda: self._conn.execute(
+            f"SELECT {', '.join(schema.KEY)}, time_ms, workspace, status, {rows.VALID} FROM measurements").fetchall())
+        for *key, algo, time_ms, workspace, status, valid in found:
+            if valid:
+                groups.setdefault(tuple(key), []).append(Measurement(algo, key[4], time_ms, workspace, status))
+        doomed = [(*key, m.algo) for key, kept in groups.items() for m in set(kept) - set(plannable(kept))]
         where = " AND ".join(f"{column} = ?" for column in schema.KEY)
-        self._write(lambda: self._conn.executemany(f"DELETE FROM measurements WHERE {where}", doomed))
+
+        def delete() -> None:
+            self._conn.executemany(f"DELETE FROM measurements WHERE {where}", doomed)
+            self._conn.execute(f"DELETE FROM measurements WHERE NOT {rows.VALID}")
+            self._conn.execute(f"DELETE FROM kernels WHERE NOT {rows.KERNEL_VALID}")
+        self._write(delete)
         self._read(lambda: self._conn.execute("VACUUM"))
-        before = sum(len(found) for found in groups.values())
-        return before, before - len(doomed)
+        valid = sum(len(kept) for kept in groups.values())
+        return len(found), valid - len(doomed)
 
     def check(self) -> None:
         """Raise DamagedDatabaseError unless SQLite's quick check of the whole file passes
@@ -303,47 +353,58 @@ class BenchmarkDatabase:
             raise DamagedDatabaseError(self.path, "; ".join(found[:3]))
 
     def verify(self) -> list[str]:
-        """Integrity problems found (SQLite's integrity check, then bad values); [] if none."""
+        """Integrity problems found (SQLite's integrity check, then rows that break the rules,
+        ucudnn.cache.rows); [] if none."""
         def check() -> list[str]:
-            problems = [f"integrity: {row[0]}" for row in self._conn.execute("PRAGMA integrity_check")
-                        if row[0] != "ok"]
-            for what, where in _BAD_ROWS.items():
-                bad = self._conn.execute(f"SELECT count(*), min(shape_key) FROM measurements WHERE {where}")
-                count, example = bad.fetchone()
-                if count:
-                    problems.append(f"{count} measurement(s) with {what}, e.g. of kernel {example}")
-            return problems
+            integrity = [f"integrity: {row[0]}" for row in self._conn.execute("PRAGMA integrity_check")
+                         if row[0] != "ok"]
+            return integrity + rows.problems(self._conn)
         try:
             return self._read(check)
         except DamagedDatabaseError as error:  # damaged beyond what the checks can read
             return [f"integrity: {error.reason}"]
 
+    def bad_rows(self) -> list[str]:
+        """The rules rows of the file break (ucudnn.cache.rows.problems); [] if none."""
+        return self._read(lambda: rows.problems(self._conn))
 
-def read_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
-    """The kernel and measurement rows of an `export_json` file, checked; CacheError naming the
-    file if it is not one."""
+
+def _parse_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """The kernel and measurement rows of an `export_json` file as the current schema has them
+    (an older export's converted as a file's migration converts them), each measurement with its
+    `position` in the file; CacheError naming the file if it is not an export."""
     try:
         document = json.loads(Path(path).read_text(encoding="utf-8"))
         if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
             raise CacheError(f"no \"format\": \"{EXPORT_FORMAT}\"")
-        if document.get("schema_version", 0) > schema.SCHEMA_VERSION:
-            raise schema.NewerSchemaError(Path(path), document["schema_version"])
-        kernels = list(document["kernels"])
-        rows = [schema.legacy_row({**schema.DEFAULTS, **row}) for row in document["measurements"]]
-        if document.get("schema_version", 0) < 5:  # no `accumulates` yet: derived as a file's migration does
+        found = document.get("schema_version", 0)
+        if found > schema.SCHEMA_VERSION:
+            raise schema.NewerSchemaError(Path(path), found)
+        kernels, measurements = list(document["kernels"]), list(document["measurements"])
+        if not all(isinstance(row, dict) for row in (*kernels, *measurements)):
+            raise CacheError("a row that is not a JSON object")
+        converted = [{**schema.DEFAULTS, **row, "position": i} for i, row in enumerate(measurements)]
+        if found < 4:  # candidates by number, no backend
+            converted = [schema.legacy_row(row) for row in converted]
+        if found < 5:  # no `accumulates` yet: derived as a file's migration does
             problems = {k["shape_key"]: ConvProblem.from_dict(json.loads(k["problem"])) for k in kernels}
-            rows = schema.v4_accumulates(rows, problems)
+            converted = schema.v4_accumulates(converted, problems)
+        return kernels, converted
     except schema.NewerSchemaError:
         raise
-    except (ValueError, KeyError, TypeError, CacheError) as error:  # ValueError: bad JSON or UTF-8
+    except (ValueError, KeyError, TypeError, AttributeError, CacheError) as error:  # ValueError: bad JSON or UTF-8
         raise CacheError(f"{path} is not a ucudnn benchmark export ({error}); write one with "
                          f"`ucudnn cache export` (BenchmarkDatabase.export_json)") from None
-    for row in rows:
-        missing = [c for c in schema.MEASUREMENT_COLUMNS if c not in row]
-        if missing:
-            raise CacheError(f"{path}: measurement {row} lacks {', '.join(missing)}; "
-                             f"re-export it with BenchmarkDatabase.export_json")
-    return kernels, rows
+
+
+def read_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """The kernel and measurement rows of an `export_json` file, every row checked against the
+    rules (ucudnn.cache.rows); CacheError naming the file (and a bad row, its column and value)
+    if it is not an export or a row breaks a rule."""
+    kernels, measurements = _parse_export(path)
+    rows.refuse(path, rows.problems(rows.staged(kernels, measurements)),
+                "correct those values, or export the database again with `ucudnn cache export`")
+    return kernels, [{column: row[column] for column in schema.MEASUREMENT_COLUMNS} for row in measurements]
 
 
 @contextlib.contextmanager
@@ -378,18 +439,23 @@ def _open_shard(shard: Path, scratch: Path) -> BenchmarkDatabase:
     return BenchmarkDatabase(copy, check=True, shown_as=shard)
 
 
-def merge(shards: Iterable[str | os.PathLike], target: str | os.PathLike) -> int:
+def merge(shards: Iterable[str | os.PathLike], target: str | os.PathLike, *, skip_bad: bool = False) -> int:
     """Add every measurement of the shard files to `target` (created if absent), newest
     measurement winning, so the result is what one writer of all of them would have written.
     Returns the number of measurements read from the shards. The target itself is skipped if
     listed among the shards. No shard is written (`_open_shard`), and every shard is checked
-    before the target is touched, so a damaged, unreadable or foreign shard changes nothing."""
+    before the target is touched, so a damaged, unreadable or foreign shard, or one with a row
+    that breaks the rules (ucudnn.cache.rows), changes nothing; with `skip_bad`, such rows are
+    left out with one warning per shard instead."""
     target = Path(target)
     sources = [Path(shard) for shard in shards if Path(shard).resolve() != target.resolve()]
     with tempfile.TemporaryDirectory(prefix="ucudnn-merge-") as scratch:
         opened = lambda i: _open_shard(sources[i], Path(scratch) / str(i))  # noqa: E731
         for i in range(len(sources)):
-            opened(i).close()
+            with opened(i) as source:
+                if not skip_bad:
+                    rows.refuse(source.path, source.bad_rows(), "correct or delete those rows (`ucudnn cache "
+                                f"prune --cache {source.path}` deletes them), then merge again")
         merged = 0
         with writing(target) as into:
             for i in range(len(sources)):

@@ -1,7 +1,8 @@
 """The `ucudnn` command: bench, optimize, cache and nets, a thin layer over the library.
 
 Every command parses its flags, calls the library and prints text or, with --json, one JSON
-document. Errors ucudnn raises on purpose print one line and exit with status 2. The parser is
+document. Errors ucudnn raises on purpose print one line and exit with status 2; its warnings
+(UcudnnWarning: it carries on) print one line too. The parser is
 here; the commands are in `commands` and `cache_commands`, what they print in `output`.
 """
 from __future__ import annotations
@@ -10,12 +11,13 @@ import argparse
 import os
 import re
 import sys
+import warnings
 from typing import Sequence
 
 from ..backends import CHOICES as BACKEND_CHOICES
 from ..config import OPTIMIZERS, POLICIES
 from ..device import EXECUTIONS
-from ..errors import UcudnnError, install_extra
+from ..errors import UcudnnError, UcudnnWarning, install_extra
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from .arguments import batch_size, byte_size, database_file, device_list, output_file, plot_file, setting
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
@@ -145,8 +147,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(show):
+    """`warnings.showwarning` that prints a UcudnnWarning as its message alone, others as `show` does."""
+    def shown(message, category, *where, **options) -> None:
+        if issubclass(category, UcudnnWarning):
+            print(message, file=sys.stderr)
+        else:
+            show(message, category, *where, **options)
+    return shown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line(warnings.showwarning)
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         status = args.run(args)
         sys.stdout.flush()  # short output is written here, not at exit where a broken pipe can't be caught
