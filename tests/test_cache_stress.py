@@ -22,7 +22,7 @@ def problem(i: int) -> ConvProblem:
 
 def measurement(writer: int, i: int) -> Measurement:
     """Unique per (writer, i): algo is the writer, batch and shape key come from i."""
-    return Measurement(algo=f"legacy:A{writer}", batch=1 + i // KERNELS, time_ms=writer * 1000 + i, workspace=i, repeats=1)
+    return Measurement(algo=f"legacy:A{writer}", batch=1 + i // KERNELS, time_ms=writer * 1000 + i + 1, workspace=i, repeats=1)
 
 
 def write(db_or_cache, writer: int, writes: int) -> list[str]:

@@ -369,41 +369,76 @@ class BenchmarkDatabase:
         return self._read(lambda: rows.problems(self._conn))
 
 
-def _parse_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
-    """The kernel and measurement rows of an `export_json` file as the current schema has them
-    (an older export's converted as a file's migration converts them), each measurement with its
-    `position` in the file; CacheError naming the file if it is not an export."""
+def _not_an_export(path: str | os.PathLike, error: Exception) -> CacheError:
+    return CacheError(f"{path} is not a ucudnn benchmark export ({error}); write one with "
+                      f"`ucudnn cache export` (BenchmarkDatabase.export_json)")
+
+
+# What reading or converting a file that is not an export raises (ValueError: bad JSON or UTF-8)
+_NOT_AN_EXPORT = (ValueError, KeyError, TypeError, AttributeError)
+
+
+def _schema_version(document: dict, path: str | os.PathLike) -> int:
+    found = document.get("schema_version", 0)
+    if type(found) is not int or found < 0:
+        raise CacheError(f"schema version {found!r} is not an integer from 0 to {schema.SCHEMA_VERSION}")
+    if found > schema.SCHEMA_VERSION:
+        raise schema.NewerSchemaError(Path(path), found)
+    return found
+
+
+def _parse_export(path: str | os.PathLike) -> tuple[int, list[dict], list[dict]]:
+    """The schema version of an `export_json` file, its kernel rows and its measurement rows, each
+    measurement with what its version lacks (schema.DEFAULTS) and its `position` in the file;
+    CacheError naming the file if it is not an export."""
     try:
         document = json.loads(Path(path).read_text(encoding="utf-8"))
         if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
             raise CacheError(f"no \"format\": \"{EXPORT_FORMAT}\"")
-        found = document.get("schema_version", 0)
-        if found > schema.SCHEMA_VERSION:
-            raise schema.NewerSchemaError(Path(path), found)
+        found = _schema_version(document, path)
         kernels, measurements = list(document["kernels"]), list(document["measurements"])
         if not all(isinstance(row, dict) for row in (*kernels, *measurements)):
             raise CacheError("a row that is not a JSON object")
-        converted = [{**schema.DEFAULTS, **row, "position": i} for i, row in enumerate(measurements)]
-        if found < 4:  # candidates by number, no backend
-            converted = [schema.legacy_row(row) for row in converted]
-        if found < 5:  # no `accumulates` yet: derived as a file's migration does
-            problems = {k["shape_key"]: ConvProblem.from_dict(json.loads(k["problem"])) for k in kernels}
-            converted = schema.v4_accumulates(converted, problems)
-        return kernels, converted
     except schema.NewerSchemaError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError, CacheError) as error:  # ValueError: bad JSON or UTF-8
-        raise CacheError(f"{path} is not a ucudnn benchmark export ({error}); write one with "
-                         f"`ucudnn cache export` (BenchmarkDatabase.export_json)") from None
+    except (*_NOT_AN_EXPORT, CacheError) as error:
+        raise _not_an_export(path, error) from None
+    return found, kernels, [{**schema.DEFAULTS, **row, "position": i} for i, row in enumerate(measurements)]
+
+
+def _converted(path: str | os.PathLike, found: int, kernels: list[dict], measurements: list[dict]) -> list[dict]:
+    """The measurement rows of an export of schema `found` as the current schema has them,
+    converted as a file's migration converts them."""
+    try:
+        if found < 4:  # candidates by number, no backend
+            measurements = [schema.legacy_row(row) for row in measurements]
+        if found < 5:  # no `accumulates` yet: derived as a file's migration does
+            problems = {k["shape_key"]: ConvProblem.from_dict(json.loads(k["problem"])) for k in kernels}
+            measurements = schema.v4_accumulates(measurements, problems)
+    except _NOT_AN_EXPORT as error:
+        raise _not_an_export(path, error) from None
+    return measurements
+
+
+def _check_rows(path: str | os.PathLike, kernels: list[dict], measurements: list[dict],
+                without: tuple[str, ...] = ()) -> None:
+    """CacheError naming the file, and a bad row, its column and value, if an export's rows break
+    the rules (ucudnn.cache.rows) but those of the columns `without`."""
+    rows.refuse(path, rows.problems(rows.staged(kernels, measurements), without),
+                "correct those values, or export the database again with `ucudnn cache export`")
 
 
 def read_export(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
     """The kernel and measurement rows of an `export_json` file, every row checked against the
     rules (ucudnn.cache.rows); CacheError naming the file (and a bad row, its column and value)
-    if it is not an export or a row breaks a rule."""
-    kernels, measurements = _parse_export(path)
-    rows.refuse(path, rows.problems(rows.staged(kernels, measurements)),
-                "correct those values, or export the database again with `ucudnn cache export`")
+    if it is not an export or a row breaks a rule. The rows of an older export are checked before
+    they are converted too (but algorithm numbers, which the conversion names), so that a bad
+    value is named, not what converting it tripped over."""
+    found, kernels, measurements = _parse_export(path)
+    if found < schema.SCHEMA_VERSION:
+        _check_rows(path, kernels, measurements, without=("algo",) if found < 4 else ())
+        measurements = _converted(path, found, kernels, measurements)
+    _check_rows(path, kernels, measurements)
     return kernels, [{column: row[column] for column in schema.MEASUREMENT_COLUMNS} for row in measurements]
 
 

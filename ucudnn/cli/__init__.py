@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", required=True, metavar="LAYER/KIND", help="e.g. conv2/F, conv2/BD, conv2/BF")
     p = _command(actions, "merge", "add shard databases into one", "ucudnn cache merge shards/*.db --into all.db",
                  cache_merge)
-    p.add_argument("shards", nargs="+", metavar="SHARD.db")
+    p.add_argument("shards", nargs="+", metavar="SHARD.db", help="shard databases, or folders of them (every *.db)")
     p.add_argument("--into", type=database_file, metavar="PATH", help="target database (default: your cache file)")
     p = _command(actions, "export", "write a database as JSON", "ucudnn cache export h100.json --cache h100.db",
                  cache_export, [_CACHE])

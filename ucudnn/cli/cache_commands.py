@@ -74,13 +74,20 @@ def cache_show(args) -> int:
     return 0
 
 
+def _shard_files(shard: str) -> list[Path]:
+    """A shard given to merge: a file, or a shard folder's files."""
+    if Path(shard).is_dir():
+        return shards_in(shard)
+    if not Path(shard).is_file():
+        raise CacheError(f"shard {shard} does not exist; check the path")
+    return [Path(shard)]
+
+
 def cache_merge(args) -> int:
-    for shard in args.shards:
-        if not Path(shard).is_file():
-            raise CacheError(f"shard {shard} does not exist; check the path")
+    shards = [file for shard in args.shards for file in _shard_files(shard)]
     into = args.into or target(cache_path())
-    count = merge(args.shards, into)
-    print(f"merged {count} measurements from {len(args.shards)} shard(s) into {into}")
+    count = merge(shards, into)
+    print(f"merged {count} measurements from {len(shards)} shard(s) into {into}")
     return 0
 
 
