@@ -49,6 +49,9 @@ for stage in "${stages[@]}"; do
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --policies ${RESNET_POLICIES:-powerOfTwo,all} --cache "$OUT/layers.db" ;;
+    layers-fp16) seed_layers; run layers-fp16 python3 bench/layers.py --out "$OUT" --nets alexnet:256 --limits 8MiB,64MiB --policies powerOfTwo --dtype float16 --layout nhwc --no-overhead --cache "$OUT/layers.db" ;;
+    # layers whose samples sit off the slice alignment: torch under pressure vs ucudnn.torch (SLICES_ARGS)
+    slices) seed_train; run slices python3 bench/slices.py --out "$OUT" --cache /tmp/train-cache.db ${SLICES_ARGS:-} ;;
     layers-direct) seed_layers; run layers-direct python3 bench/layers.py --out "$OUT" --nets alexnet:256 --policies powerOfTwo --execution direct --cache "$OUT/layers.db" ;;
     # the shipped recording: adds the measurements for graph (record) or direct execution to cache/
     record) run record python3 bench/record.py --out cache ${RECORD_SPECS:+--specs "$RECORD_SPECS"} ${RECORD_BACKEND:+--backend "$RECORD_BACKEND"}; cp cache/*.db "$OUT/" ;;

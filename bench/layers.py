@@ -28,6 +28,7 @@ from ucudnn.config import Settings, batch_sizes
 from ucudnn.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
 from ucudnn.sources import complete_tables
+from ucudnn.staging import slices_of
 
 VARIANTS = {"undivided": "undivided", "wr_p2": "powerOfTwo", "wr_all": "all", "unlimited": "undivided"}
 
@@ -52,7 +53,7 @@ def compare(kernels, tables, limit, policies, timer, measured: dict) -> list[dic
                 continue
             config = optimize_wr(table, p.batch, batch_sizes(policy, p.batch),
                                  None if variant == "unlimited" else limit, kernel=k.name,
-                                 quantum=p.batch_quantum())
+                                 slices=slices_of(p))
             memo = (p.key, config)
             if memo not in measured:
                 measured[memo] = timer.time_ms(p, config)
@@ -130,6 +131,10 @@ def main(argv=None) -> int:
     parser.add_argument("--limits", default="8MiB,64MiB,512MiB")
     parser.add_argument("--policies", default="powerOfTwo,all")
     parser.add_argument("--cache", default=None, help="benchmark database (default OUT/layers.db)")
+    parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16 (default float32)")
+    parser.add_argument("--layout", default="nchw", help="nchw or nhwc (default nchw)")
+    parser.add_argument("--overhead", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the undivided policy through the handle against cuDNN (AlexNet)")
     parser.add_argument("--execution", choices=("graph", "direct"), default="graph",
                         help="how kernels run, and so how their measurements are timed (default graph)")
     args = parser.parse_args(argv)
@@ -142,11 +147,12 @@ def main(argv=None) -> int:
                              execution=args.execution)
     timer = ConfigurationTimer(timing=TimingSettings(warmup=2, min_repeats=10, max_repeats=10), execution=args.execution)
     report = {"device": bench.device.describe(), "execution": args.execution, "date": time.strftime("%Y-%m-%d"),
+              "dtype": args.dtype, "layout": args.layout,
               "nets": []}
     text = [f"Device: {report['device']}; date {report['date']}\n"]
     for spec in args.nets.split(","):
         name, batch = spec.split(":")
-        kernels = get_network(name).problems(int(batch))
+        kernels = get_network(name).problems(int(batch), args.dtype, layout=args.layout)
         print(f"{name} B={batch}: {len(kernels)} kernels", flush=True)
         tables = measure_tables(kernels, limits, policies, bench, cache)
         measured: dict = {}
@@ -156,14 +162,15 @@ def main(argv=None) -> int:
             report["nets"].append(dict(net=name, batch=int(batch), limit=limit, rows=rows, totals=total))
             text.append(markdown(name, batch, limit, rows, total))
             print(text[-1], flush=True)
-        if name == "alexnet":
+        if name == "alexnet" and args.overhead:
             overhead = handle_overhead(kernels, 64 * 2**20, cache, args.execution)
             report["overhead"] = overhead
             text.append(f"undivided policy through the handle: {overhead['handle']:.3f} ms vs direct "
                         f"{overhead['direct']:.3f} ms for all {len(kernels)} kernels: "
                         f"overhead {100 * overhead['overhead']:.2f}%\n")
             print(text[-1], flush=True)
-        stem = f"layers-{'-'.join(s.replace(':', '') for s in args.nets.split(','))}-{args.execution}"
+        variant = "" if (args.dtype, args.layout) == ("float32", "nchw") else f"-{args.dtype}-{args.layout}"
+        stem = f"layers-{'-'.join(s.replace(':', '') for s in args.nets.split(','))}{variant}-{args.execution}"
         (out / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str))
         (out / f"{stem}.md").write_text("\n".join(text))
     return 0

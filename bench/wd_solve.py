@@ -21,6 +21,7 @@ import numpy as np
 from ucudnn.config import batch_sizes, format_size, parse_size
 from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.wd import WDKernel, WDResult, optimize_wd
+from ucudnn.staging import slices_of
 
 # Shapes of cuDNN's forward algorithms: time per sample relative to IMPLICIT_GEMM, the overhead
 # of a call in samples' worth of time (small micro-batches run less efficiently), workspace per
@@ -76,7 +77,7 @@ def recorded_network(database: str, network: str = "resnet50", batch: int = 32,
         if not devices:
             raise SystemExit(f"{database} holds no measurements{f' on a {gpu}' if gpu else ''}")
         tables = db.tables([k.problem for k in kernels], devices[0])
-    return [WDKernel(k.name, tables[k.problem.key], batch, k.count, k.problem.batch_quantum())
+    return [WDKernel(k.name, tables[k.problem.key], batch, k.count, slices_of(k.problem))
             for k in kernels]
 
 

@@ -21,6 +21,7 @@ from ucudnn.backends import Backends, backend_of
 from ucudnn.dispatch import OUTPUT, Plan, Step, compile_program, steps
 from ucudnn.optimizers.configuration import Configuration
 from ucudnn.problem import ConvProblem
+from ucudnn.staging import SLICE_ALIGNMENT
 
 
 
@@ -64,6 +65,10 @@ class MemoryBackend(FakeBackend):
 
     def _run(self, step: Step, x: int, w: int, y: int, out: int, workspace: int, workspace_size: int) -> None:
         p, r = step.problem, step.route
+        for name, address in {"x": x, "y": y, "out": out}.items():  # FakeMemory allocates 256-aligned
+            if address % SLICE_ALIGNMENT:
+                raise AssertionError(f"part {step.part} ({step.algo}) was given {name} at {address}, off the "
+                                     f"{SLICE_ALIGNMENT}-byte alignment its plan was measured at")
         self.memory.view(workspace, self.workspace(step), "uint8")[...] = 0xFF  # NaN in every float type
         shapes = {"x": p.x_shape, "w": p.w_shape, "y": p.y_shape}
         addresses = {"x": x, "w": w, "y": y}
@@ -93,17 +98,22 @@ def numpy_combine(memory: FakeMemory, problem: ConvProblem, c: Combine, buffers:
     dst[...] = acc.astype(dst.dtype)
 
 
+def numpy_copy(memory: FakeMemory, dst: int, src: int, nbytes: int, stream: int) -> None:
+    memory.data[dst:dst + nbytes] = memory.data[src:src + nbytes]
+
+
 def fake_backends(memory: FakeMemory, workspace: Callable[[Step], int] = plan_workspace) -> Backends:
     """The real router over a fake legacy and a fake engines backend on `memory`."""
     return Backends([MemoryBackend(name, memory, workspace) for name in BLENDS],
-                    combine=functools.partial(numpy_combine, memory), alloc=memory.alloc)
+                    combine=functools.partial(numpy_combine, memory), alloc=memory.alloc,
+                    copy=functools.partial(numpy_copy, memory))
 
 
 def footprint(problem: ConvProblem, configuration: Configuration, alpha: float = 1.0, beta: float = 0.0,
               workspace: Callable[[Step], int] = plan_workspace) -> int:
     """The workspace the fakes need to run `configuration`: what its measurements would say."""
     blends = lambda algo: BLENDS[backend_of(algo)]  # noqa: E731
-    return max(s.route.buffer_bytes + workspace(s) for s in steps(problem, configuration, blends, alpha, beta))
+    return max(s.buffer_bytes + workspace(s) for s in steps(problem, configuration, blends, alpha, beta))
 
 
 def dispatch(problem: ConvProblem, configuration: Configuration, x: np.ndarray, w: np.ndarray, y: np.ndarray,

@@ -86,12 +86,12 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 
 def measured(backends, problem: ConvProblem, parts) -> Configuration:
     """The configuration of `parts` ((candidate, micro-batch size) pairs) on `backends` with the
-    workspace each part's measurement would record: the route's buffers and the plan's own."""
+    workspace each part's measurement would record: the route's buffers, the staged slices and the plan's own."""
     from ucudnn.dispatch import steps
 
     unsized = Configuration(tuple(MicroConfig(algo, b, 0.0, 0) for algo, b in parts))
     return Configuration(tuple(
-        MicroConfig(s.algo, s.problem.batch, 0.0, s.route.buffer_bytes + backends.prepare_plan(s).workspace)
+        MicroConfig(s.algo, s.problem.batch, 0.0, s.buffer_bytes + backends.prepare_plan(s).workspace)
         for s in steps(problem, unsized, backends.blends)))
 
 

@@ -20,6 +20,8 @@ from ucudnn.dispatch import Step, compile_program
 from ucudnn.errors import CandidateError, ConfigError
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.problem import ConvProblem
+from ucudnn.staging import slices_of
+from ucudnn.workspace import align_up
 
 OUTPUT = {"F": "y", "BD": "x", "BF": "w"}  # what each kind writes; it reads the other two
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3}
@@ -325,3 +327,46 @@ def test_a_blend_on_a_backend_that_cannot_blend_goes_through_scratch(rng):
     run_and_check(p, configuration([6], [1]), 1.0, 0.5, int(rng.integers(2**32)))
     step, = dispatching.steps(p, configuration([6], [1]), blends, 1.0, 0.5)
     assert step.route.target == "scratch"
+
+
+# ------------------------------------------------------------------- slices off the alignment
+
+@pytest.mark.parametrize("kind", ["F", "BD", "BF"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (0.75, 0.25)])
+def test_parts_that_start_off_the_alignment_are_staged_and_equal_the_undivided_call(kind, dtype, layout,
+                                                                                   alpha, beta, rng):
+    """Samples of 3x5x5 elements start off the 256-byte alignment at most parts: those parts run
+    through staged copies (their plans see aligned slices: executors.MemoryBackend checks), on
+    both backends, with the blends that read the output."""
+    p = ConvProblem(kind, (13, 3, 5, 5), (4, 3, 3, 3), pads=1, dtype=dtype, layout=layout)
+    config = configuration([3, 5, 1, 4], [0, 1, 2, 3])
+    ran = run_and_check(p, config, alpha, beta, int(rng.integers(2**32)))
+    slices = slices_of(p)
+    assert [s.staged for s in ran] == [slices.staged(s.first_sample) for s in ran]
+    assert [bool(s.staged) for s in ran] == [False, True, True, True]
+    for s in ran:
+        staged = sum(align_up(s.problem.sample_bytes(t) * s.problem.batch) for t in s.staged)
+        assert s.buffer_bytes == s.route.buffer_bytes + staged
+
+
+def test_staged_slices_lie_between_the_routes_buffers_and_the_plans_workspace():
+    p = ConvProblem("BF", (13, 3, 5, 5), (4, 3, 3, 3), dtype="float16")
+    step = dispatching.steps(p, configuration([3, 10], [1, 1]), blends)[1]
+    assert step.staged == ("x", "y")  # 3 samples of 150 and 96 bytes
+    x_bytes, y_bytes = align_up(10 * 150), align_up(10 * 4 * 3 * 3 * 2)
+    assert step.staging_offsets() == {"x": step.route.buffer_bytes, "y": step.route.buffer_bytes + x_bytes}
+    assert step.buffer_bytes == step.route.buffer_bytes + x_bytes + y_bytes
+
+
+def test_buffers_off_the_alignment_are_refused_for_a_divided_kernel_and_allowed_whole():
+    p = ConvProblem("F", (4, 3, 5, 5), (4, 3, 3, 3), dtype="float32")
+    divided = compile_program(p, configuration([2, 2]), fake_backends(FakeMemory()))
+    with pytest.raises(ConfigError, match="x at 0x104.*multiple of 256 bytes.*a copy"):
+        divided(0x104, 0x1000, 0x2000, 0x3000, 10**6)
+    calls = []
+    whole = Step(p, "legacy:A0", 0, 0, 0, 1.0, 0.0, dispatching.accumulation.route(p, 0, 1, 1.0, 0.0, True))
+    call = dispatching.compose(whole, dispatching.Plan(lambda *a: calls.append(a), 0), None, None, None)
+    call(0x104, 0x1000, 0x2000, 0, 0)  # one call on the caller's buffers: cuDNN's own rules apply
+    assert calls == [(0x104, 0x1000, 0x2000, 0x2000, 0, 0)]

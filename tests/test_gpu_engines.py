@@ -60,9 +60,9 @@ def pick(rng, engines, problem: ConvProblem, first: bool = False) -> str | None:
 
 
 def random_configuration(rng, engines, problem: ConvProblem) -> Configuration | None:
-    """Random parts that start aligned, as the optimizers plan them (engines refuse misaligned
-    pointers: CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER)."""
-    starts = np.arange(problem.batch_quantum(), problem.batch, problem.batch_quantum())
+    """Random parts at any sample: those that start off the alignment are staged by dispatch
+    (engines refuse misaligned pointers: CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER)."""
+    starts = np.arange(1, problem.batch)
     parts = int(rng.integers(2, min(4, len(starts) + 1) + 1)) if len(starts) else 1
     cuts = sorted(rng.choice(starts, parts - 1, replace=False)) if parts > 1 else []
     parts = []

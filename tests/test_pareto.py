@@ -16,6 +16,7 @@ from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurem
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.optimizers.pareto import desirable_set, desirable_sets, pareto_order, plannable
 from ucudnn.optimizers.wr import optimize_wr
+from ucudnn.staging import Slices
 
 
 def _load_bench():
@@ -158,18 +159,40 @@ def test_alexnet_sized_kernel_with_every_micro_batch_size_is_fast():
                                                  key=lambda c: c.workspace).time_ms)
 
 
-@settings(max_examples=150)
-@given(kernels(), limits, st.sampled_from((2, 3, 4)))
-def test_desirable_set_with_a_quantum_is_the_front_of_aligned_configurations(kernel, limit, quantum):
-    """Only configurations whose parts are multiples of the quantum but one count, and the odd
-    part is dispatched last."""
+def staged_configurations(table: KernelTable, batch: int, sizes, limit: int | None, slices: Slices) -> list[Configuration]:
+    """Every ordered sequence of available micro-configurations that sums to `batch`, each part's
+    staging (where it starts) in its time and workspace, within `limit`."""
+    usable = sorted(b for b in set(sizes) if b <= batch)
+
+    def extend(start: int):
+        if start == batch:
+            yield ()
+        for b in usable:
+            ms, extra = slices.extra(slices.staged(start), b)
+            for m in table.choices(b, None if limit is None else limit - extra) if start + b <= batch else ():
+                for tail in extend(start + b):
+                    yield (MicroConfig(m.algo, b, m.time_ms + ms, m.workspace + extra), *tail)
+
+    return [Configuration(parts) for parts in extend(0)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(kernels(), limits, st.sampled_from((2, 64, 96, 100)), st.sampled_from((0, 4, 128)))
+def test_desirable_set_with_staging_is_the_front_of_every_ordered_configuration(kernel, limit, x, y):
+    """Where a part's cost depends on where it starts, the front is over ordered configurations,
+    and each desirable configuration's parts carry the staging of where they start."""
     table, batch, sizes = kernel
-    aligned = [c for c in all_configurations(table, batch, sizes, limit)
-               if sum(m.batch % quantum != 0 for m in c.micro) <= 1]
-    front = desirable_set(table, batch, sizes, limit, quantum)
-    assert [(c.workspace, c.time_ms) for c in front] == front_points(aligned)
+    slices = Slices(x, y)
+    front = desirable_set(table, batch, sizes, limit, slices)
+    every = staged_configurations(table, batch, sizes, limit, slices)
+    assert [(c.workspace, pytest.approx(c.time_ms)) for c in front] == front_points(every)
     for c in front:
-        assert all(m.batch % quantum == 0 for m in c.micro[:-1])
+        start = 0
+        for part in c.micro:
+            ms, extra = slices.extra(slices.staged(start), part.batch)
+            m = next(m for m in table.at(part.batch) if m.algo == part.algo)
+            assert part.workspace == m.workspace + extra and part.time_ms == pytest.approx(m.time_ms + ms)
+            start += part.batch
 
 
 def test_plannable_keeps_the_front_the_over_cap_rows_and_one_row_where_none_is_available():

@@ -288,16 +288,3 @@ def test_network_kernels_use_the_default_math_of_their_dtype():
 def test_problem_is_immutable():
     with pytest.raises(AttributeError):
         base().groups = 1  # type: ignore[misc]
-
-
-def test_batch_quantum_keeps_every_slice_aligned_like_the_buffer():
-    from ucudnn.problem import SLICE_ALIGNMENT
-
-    conv1 = ConvProblem("F", (256, 3, 227, 227), (96, 3, 11, 11), strides=4)  # x: 618348 B a sample
-    q = conv1.batch_quantum()
-    assert q == 64 and conv1.batch_quantum(16) == 4
-    for tensor in ("x", "y"):
-        assert q * conv1.sample_bytes(tensor) % SLICE_ALIGNMENT == 0
-    assert q // 2 * conv1.sample_bytes("x") % SLICE_ALIGNMENT != 0, "the smallest such quantum"
-    conv2 = ConvProblem("F", (256, 96, 27, 27), (256, 96, 5, 5), pads=2)  # 279936 B: 128-aligned
-    assert conv2.batch_quantum() == 2 and conv2.batch_quantum(128) == 1

@@ -154,7 +154,7 @@ class CudnnBenchmarker:
                 cap: int | None) -> tuple[Measurement, Callable[[], None] | None]:
         """The candidate's one-call measurement, and how to run it again (None: it cannot run)."""
         step = timing_step(problem, micro.batch, candidate.id, self.backends.blends)
-        b, ws, summed = micro.batch, step.route.buffer_bytes + candidate.workspace, step.accumulates
+        b, ws, summed = micro.batch, step.buffer_bytes + candidate.workspace, step.accumulates
         if candidate.status != OK:
             return Measurement(candidate.id, b, None, ws, candidate.status, accumulates=summed), None
         if cap is not None and ws > cap:

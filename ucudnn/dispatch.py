@@ -1,9 +1,10 @@
 """Run a configuration: one call per micro-batch, operands offset along N.
 
-The steps (which samples, which byte offsets, where each call writes and what follows it) are pure
-and shared by every executor: the backends on the GPU (ucudnn.backends) and the NumPy fakes the CPU
-tests check them with (tests/executors.py). `compose` turns a backend's plan of one step into the
-step's whole call, the same way for every backend (ucudnn.accumulation).
+The steps (which samples, which byte offsets, where each call writes and what follows it, which
+slices are staged) are pure and shared by every executor: the backends on the GPU
+(ucudnn.backends) and the NumPy fakes the CPU tests check them with (tests/executors.py).
+`compose` turns a backend's plan of one step into the step's whole call, the same way for every
+backend (ucudnn.accumulation, ucudnn.staging).
 Operands are named after the forward convolution: x (input), w (filter), y (output). F reads x
 and w and writes y; BD reads y (dy) and w and writes x (dx); BF reads x and y (dy) and writes w (dw).
 """
@@ -17,6 +18,8 @@ from .accumulation import Combine, Route
 from .errors import CandidateError, ConfigError
 from .optimizers.configuration import Configuration
 from .problem import ConvKind, ConvProblem
+from .staging import SLICE_ALIGNMENT, is_aligned, slices_of
+from .workspace import align_up
 
 OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
 
@@ -37,11 +40,26 @@ class Step:
     route: Route
     part: int = 0
     parts: int = 1
+    staged: tuple[str, ...] = ()  # the slices (of "x", "y") run through the workspace (ucudnn.staging)
 
     @property
     def accumulates(self) -> bool:
         """Whether this is a backward-filter call of several: each adds its samples' share to dw."""
         return self.problem.kind is ConvKind.BACKWARD_FILTER and self.parts > 1
+
+    def staging_offsets(self) -> dict[str, int]:
+        """Where each staged slice lies in the workspace: after the route's buffers."""
+        offsets, at = {}, self.route.buffer_bytes
+        for t in self.staged:
+            offsets[t] = at
+            at += align_up(self.problem.sample_bytes(t) * self.problem.batch)
+        return offsets
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the workspace before the plan's own: the route's buffers and the staged slices."""
+        return self.route.buffer_bytes + sum(align_up(self.problem.sample_bytes(t) * self.problem.batch)
+                                             for t in self.staged)
 
 
 Blends = Callable[[str], bool]  # candidate id -> whether its backend's calls take alpha and beta
@@ -54,7 +72,8 @@ def step(kernel: ConvProblem, algo: str, first_sample: int, batch: int, part: in
     return Step(problem=micro, algo=algo, first_sample=first_sample,
                 x_offset=first_sample * kernel.sample_bytes("x"), y_offset=first_sample * kernel.sample_bytes("y"),
                 alpha=alpha, beta=beta, part=part, parts=parts,
-                route=accumulation.route(micro, part, parts, alpha, beta, blends(algo)))
+                route=accumulation.route(micro, part, parts, alpha, beta, blends(algo)),
+                staged=slices_of(kernel).staged(first_sample))
 
 
 def steps(problem: ConvProblem, configuration: Configuration, blends: Blends, alpha: float = 1.0,
@@ -87,45 +106,73 @@ class Plan:
 
 
 Combiner = Callable[[ConvProblem, Combine, dict], None]  # (micro kernel, combine, buffer addresses)
+Copier = Callable[[int, int, int], None]  # (destination, source, bytes)
 
 
-def compose(step: Step, plan: Plan, combine: Combiner, scratch: Callable[[int], int]) -> Call:
-    """The whole call of `step` on operand addresses: its plan, then its route's Combine steps
-    (run by `combine`; `scratch(nbytes)` gives the address of a buffer of the call's own). A
-    workspace smaller than the route's buffers and the plan's workspace is refused, never overrun."""
+def compose(step: Step, plan: Plan, combine: Combiner, scratch: Callable[[int], int], copy: Copier) -> Call:
+    """The whole call of `step` on operand addresses: its staged slices copied in, its plan, its
+    route's Combine steps (run by `combine`; `scratch(nbytes)` gives the address of a buffer of
+    the call's own), its staged output copied out (`copy`). A workspace smaller than the step's
+    buffers and the plan's workspace is refused, never overrun; so are operands of a divided
+    kernel that do not start at SLICE_ALIGNMENT, whose slices would not be where they were planned."""
     r, p = step.route, step.problem
-    needs, out = r.buffer_bytes + plan.workspace, "xwy".index(OUTPUT[p.kind])
+    needs, out = step.buffer_bytes + plan.workspace, OUTPUT[p.kind]
     run, combines, xo, yo = plan.run, r.combines, step.x_offset, step.y_offset
-
-    def check(workspace_size: int) -> None:
-        if workspace_size < needs:
-            raise CandidateError(
-                f"{step.algo} on {p.describe()} needs {needs} bytes of workspace ({r.buffer_bytes} of "
-                f"buffers, {plan.workspace} of its own) but was given {workspace_size}: its measurement "
-                "understates it; re-measure the kernel (ucudnn bench) with this ucudnn")
-
-    if r.target == "output" and not combines:  # most calls: the plan writes the output itself
+    check = _checker(step, needs)
+    if r.target == "output" and not combines and not step.staged:  # most calls: the plan writes the output itself
         def call(x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
-            check(workspace_size)
-            operands = (x + xo, w, y + yo)
-            run(*operands, operands[out], workspace, workspace_size)
+            check(x, y, workspace_size)
+            operands = {"x": x + xo, "w": w, "y": y + yo}
+            run(operands["x"], w, operands["y"], operands[out], workspace, workspace_size)
 
         return call
     own = []  # the scratch buffer's address, made on first use
+    staging = step.staging_offsets()
+    copied_in = [t for t in step.staged if t != out or _reads_output(r)]
+    sizes = {t: p.sample_bytes(t) * p.batch for t in step.staged}
 
     def call(x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
-        check(workspace_size)
-        operands = (x + xo, w, y + yo)
+        check(x, y, workspace_size)
+        sliced = {"x": x + xo, "y": y + yo}
+        operands = {**sliced, "w": w, **{t: workspace + at for t, at in staging.items()}}
+        for t in copied_in:
+            copy(operands[t], sliced[t], sizes[t])
         buffers = {"output": operands[out], "accumulator": workspace, "partial": workspace + r.partial_offset}
         if r.target == "scratch":
             if not own:
                 own.append(scratch(accumulation.output_elements(p) * p.itemsize))
             buffers["scratch"] = own[0]
-        run(*operands, buffers[r.target], workspace + r.buffer_bytes, workspace_size - r.buffer_bytes)
+        run(operands["x"], w, operands["y"], buffers[r.target], workspace + step.buffer_bytes,
+            workspace_size - step.buffer_bytes)
         for c in combines:
             combine(p, c, buffers)
+        if out in staging:
+            copy(sliced[out], operands[out], sizes[out])
 
     return call
+
+
+def _reads_output(r: Route) -> bool:
+    """Whether a call routed `r` reads the output it writes (blends with beta != 0)."""
+    return (r.target == "output" and r.beta != 0.0) or any(c.dst == "output" and c.beta != 0.0 for c in r.combines)
+
+
+def _checker(step: Step, needs: int) -> Callable[[int, int, int], None]:
+    """The check before a call of `step` (see compose)."""
+    divided, p = step.parts > 1, step.problem
+
+    def check(x: int, y: int, workspace_size: int) -> None:
+        if workspace_size < needs:
+            raise CandidateError(
+                f"{step.algo} on {p.describe()} needs {needs} bytes of workspace ({step.buffer_bytes} of "
+                f"buffers and staged slices, {needs - step.buffer_bytes} of its own) but was given "
+                f"{workspace_size}: its measurement understates it; re-measure the kernel (ucudnn bench) with this ucudnn")
+        if divided and not (is_aligned(x) and is_aligned(y)):
+            raise ConfigError(
+                f"x at {x:#x} and y at {y:#x}: a micro-batched kernel needs both to start at a multiple of "
+                f"{SLICE_ALIGNMENT} bytes, as allocations do; pass tensors that own their memory (a copy)")
+
+    return check
 
 
 class Executor(Protocol):

@@ -48,6 +48,12 @@ def alloc(nbytes: int) -> Any:
     return cupy().cuda.alloc(max(nbytes, 1))
 
 
+def copy(dst: int, src: int, nbytes: int, stream: int) -> None:
+    """Copy `nbytes` from device address `src` to `dst`, queued on `stream` (capturable in a graph)."""
+    runtime = cupy().cuda.runtime
+    runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDeviceToDevice, stream)
+
+
 def free_pool() -> None:
     """Return the unused blocks of CuPy's memory pool to the device."""
     cupy().get_default_memory_pool().free_all_blocks()

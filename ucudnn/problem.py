@@ -1,14 +1,12 @@
 """The problem model: one convolution kernel, immutable, with a key of everything that changes the answer."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 
 import numpy as np
 
 from .errors import ConfigError, unknown
-from .workspace import ALIGNMENT
 
 
 class ConvKind(str, Enum):
@@ -32,10 +30,6 @@ TRAINING_DTYPES = ("float32", *HALF_TYPES)  # what networks are planned in (floa
 LAYOUTS = ("nchw", "nhwc")
 MODES = ("cross_correlation", "convolution")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-# Micro-batch slices start where a fresh allocation would, so they run as fast as they were
-# benchmarked: on an H100, a slice of AlexNet conv1 only 4-byte aligned ran a cuDNN algorithm
-# 280x slower than the same call on an aligned buffer (docs/results.md).
-SLICE_ALIGNMENT = ALIGNMENT
 # What `deterministic` adds to a shape key: nothing when False, so every key (and cache row)
 # written before the field existed reads as deterministic=False with no migration.
 DETERMINISTIC_KEY = {False: (), True: ("deterministic",)}
@@ -157,11 +151,6 @@ class ConvProblem:
     def operand_bytes(self) -> int:
         """Bytes of x, w and y together."""
         return sum(int(np.prod(shape)) for shape in (self.x_shape, self.w_shape, self.y_shape)) * self.itemsize
-
-    def batch_quantum(self, alignment: int = SLICE_ALIGNMENT) -> int:
-        """The smallest q such that q samples of x and of y both span a multiple of `alignment`
-        bytes: micro-batches that start at a multiple of q samples are aligned like the buffer."""
-        return max(alignment // math.gcd(alignment, self.sample_bytes(t)) for t in ("x", "y"))
 
     def shape_key(self) -> str:
         """Everything that changes a measurement except the batch size: measurements of

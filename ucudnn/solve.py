@@ -13,6 +13,7 @@ from .optimizers.configuration import Configuration
 from .optimizers.wd import WDKernel, WDResult, optimize_wd
 from .optimizers.wr import optimize_wr
 from .problem import ConvProblem
+from .staging import slices_of
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def solve_wr(kernel: Kernel, table: KernelTable, settings: Settings, limit: int 
     """WR: the kernel's fastest configuration within `limit` bytes (None: unlimited)."""
     p = kernel.problem
     return optimize_wr(table, p.batch, settings.sizes(p.batch), limit, kernel=kernel.name,
-                       quantum=p.batch_quantum())
+                       slices=slices_of(p))
 
 
 def solve(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings: Settings,
@@ -46,6 +47,6 @@ def solve(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings
     if settings.optimizer == "wr":
         return Solution({k.name: solve_wr(k, tables[k.problem.key], settings, limit) for k in kernels}, limit)
     result = optimize_wd([WDKernel(k.name, tables[k.problem.key], k.problem.batch, k.count,
-                                   k.problem.batch_quantum()) for k in kernels],
+                                   slices_of(k.problem)) for k in kernels],
                          settings.sizes, limit, solver=solver)
     return Solution(result.configurations, limit, result)

@@ -32,6 +32,6 @@ def open_backends(choice: str, cudnn_handle, stream: int) -> Backends:
     from .. import gpu
     from .combine import run as combine
 
-    opened = Backends(backends, combine=combine, alloc=gpu.alloc)
+    opened = Backends(backends, combine=combine, alloc=gpu.alloc, copy=gpu.copy)
     opened.set_stream(stream)
     return opened

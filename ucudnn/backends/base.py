@@ -102,13 +102,15 @@ class Backends:
 
     def __init__(self, backends: Iterable[Backend],
                  combine: Callable[["ConvProblem", "Combine", dict, int], None] = _no_device,
-                 alloc: Callable[[int], Any] = _no_device):
+                 alloc: Callable[[int], Any] = _no_device,
+                 copy: Callable[[int, int, int, int], None] = _no_device):
         """`combine(problem, combine, buffers, stream)` runs a Combine step; `alloc(nbytes)` gives
         memory (an address, or an object with .ptr) for the rare call that needs a buffer of its
-        own (ucudnn.backends.open_backends passes the GPU's)."""
+        own; `copy(dst, src, nbytes, stream)` copies a staged slice (ucudnn.staging).
+        ucudnn.backends.open_backends passes the GPU's."""
         self.by_name = {b.name: b for b in backends}
         self.stream = 0
-        self._combine, self._alloc, self._scratch = combine, alloc, []
+        self._combine, self._alloc, self._copy, self._scratch = combine, alloc, copy, []
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -129,10 +131,13 @@ class Backends:
         return self[backend_of(step.algo)].prepare(step)
 
     def prepare(self, step: "Step") -> "Call":
-        return compose(step, self.prepare_plan(step), self._run_combine, self._scratch_buffer)
+        return compose(step, self.prepare_plan(step), self._run_combine, self._scratch_buffer, self._run_copy)
 
     def _run_combine(self, problem: "ConvProblem", c: "Combine", buffers: dict) -> None:
         self._combine(problem, c, buffers, self.stream)
+
+    def _run_copy(self, dst: int, src: int, nbytes: int) -> None:
+        self._copy(dst, src, nbytes, self.stream)
 
     def _scratch_buffer(self, nbytes: int) -> int:
         """A buffer of `nbytes` kept as long as these backends (a call's own, see ucudnn.dispatch)."""

@@ -16,6 +16,7 @@ from ..report import Report, make_report
 from ..plots import plot_report
 from ..problem import default_math
 from ..sources import gpu_available, tables_for
+from ..staging import slices_of
 from .output import ProgressBar, device_json, dims, print_json, render_report, table
 
 
@@ -130,7 +131,7 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
     row = report.row(args.kernel) if args.kernel else report.most_improved()
     problem = row.kernel.problem
     front = desirable_set(tables[problem.key], problem.batch, settings.sizes(problem.batch),
-                          report.limit, problem.batch_quantum())
+                          report.limit, slices_of(problem))
     plot_report(report, row, front, args.plot,
               f"{network.name}, batch {args.batch}, {report.optimizer.upper()} at {format_size(report.limit)}")
 

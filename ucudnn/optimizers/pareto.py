@@ -5,8 +5,8 @@ configuration of a kernel, by WR's recursion keeping sets instead of minima.
     D(b) = P( union over b' in S, b' <= b, of { c ++ [(a, b')] : c in D(b - b'), a available at b' } )
 
 P keeps the points no other point beats in both time and workspace (of exact ties, one).
-With a batch quantum q > 1, as in WR (wr.py), the recursion uses only sizes that are multiples of
-q, and D(B) may also end in one part of any size.
+As in WR (wr.py), a part's time and workspace include staging its slices where it starts off the
+alignment the measurements had (ucudnn.staging): the part appended to D(b - b') starts at b - b'.
 The recursion runs for many kernels at once, vectorized over kernels and candidates: a network's
 kernels then cost one pass over b instead of one per kernel.
 """
@@ -17,8 +17,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..measurements import UNMEASURED, KernelTable, Measurement
+from ..staging import ALIGNED, SLICE_ALIGNMENT, SLICED, Slices
 from .configuration import Configuration, MicroConfig
-from .wr import check_quantum
 
 Kernel = tuple[KernelTable, int, Iterable[int]]  # measurements, mini-batch size, micro-batch sizes
 
@@ -71,27 +71,42 @@ def _front(time: np.ndarray, group: np.ndarray, rank: np.ndarray, shape: tuple[i
     return first[on_front.reshape(-1)]
 
 
+def staged_class(samples: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The staged set of parts starting at sample `starts[i]` of kernels whose x and y samples
+    are `samples[i]` bytes, as numbers (_number)."""
+    off = starts[:, None] * samples % SLICE_ALIGNMENT != 0
+    return (off * (1 << np.arange(len(SLICED)))).sum(axis=1)
+
+
+def _number(staged: tuple[str, ...]) -> int:
+    """A staged set as a number: bit i set where SLICED[i] is staged."""
+    return sum(1 << i for i, t in enumerate(SLICED) if t in staged)
+
+
 class _Micros:
     """The micro-configurations worth using of every kernel, as arrays by micro-batch size
-    ascending: per kernel and size, the Pareto front of the available algorithms that fit the
-    limit (one beaten at its own size is beaten in every configuration too). Workspaces are
-    ranks among the kernel's own micros' workspaces: max commutes with ranking."""
+    ascending: per kernel, size and staged set, the Pareto front of the available algorithms that
+    fit the limit with their staging (one beaten at its own size and start is beaten in every
+    configuration too). Workspaces are ranks among the kernel's own micros' workspaces: max
+    commutes with ranking."""
 
-    def __init__(self, kernels: Sequence[Kernel], limit: int | None, quanta: Sequence[int]):
-        rows = [(k, m.algo, b, m.time_ms, m.workspace)  # after k, MicroConfig's fields in order
+    def __init__(self, kernels: Sequence[Kernel], limit: int | None, slices: Sequence[Slices]):
+        rows = [(k, _number(staged), m.algo, b, m.time_ms + ms, m.workspace + extra)
                 for k, (table, batch, sizes) in enumerate(kernels)
+                for staged in slices[k].classes(batch)
                 for b in sorted({s for s in sizes if 1 <= s <= batch})
-                for m in sorted(table.choices(b, limit), key=lambda m: m.algo)]
-        kernel, batch, workspace = (np.array([r[i] for r in rows], dtype=np.int64) for i in (0, 2, 4))
-        aligned = batch % np.asarray(quanta, dtype=np.int64)[kernel] == 0 if rows else np.ones(0, bool)
-        time = np.array([r[3] for r in rows], dtype=float)
-        cells, cell = np.unique(kernel * (1 + max(batch, default=0)) + batch, return_inverse=True)
+                for ms, extra in [slices[k].extra(staged, b)]
+                if limit is None or extra <= limit
+                for m in sorted(table.choices(b, None if limit is None else limit - extra), key=lambda m: m.algo)]
+        kernel, cls, batch, workspace = (np.array([r[i] for r in rows], dtype=np.int64) for i in (0, 1, 3, 5))
+        time = np.array([r[4] for r in rows], dtype=float)
+        span = 1 + max(batch, default=0)
+        cells, cell = np.unique((kernel * 4 + cls) * span + batch, return_inverse=True)
         rank, ranks = _ranks(cell, workspace)
         keep = _front(time, cell.reshape(-1), rank, (len(cells), ranks))
         keep = keep[np.argsort(batch[keep], kind="stable")]
-        self.configs = [MicroConfig(*rows[i][1:]) for i in keep]
-        self.kernel, self.batch, self.time = kernel[keep], batch[keep], time[keep]
-        self.aligned = aligned[keep]  # usable anywhere; the others only as the last part
+        self.configs = [MicroConfig(*rows[i][2:]) for i in keep]
+        self.kernel, self.batch, self.time, self.cls = kernel[keep], batch[keep], time[keep], cls[keep]
         self.rank, self.ranks = _ranks(self.kernel, workspace[keep])
 
 
@@ -137,14 +152,16 @@ class _Store:
         return range(self.start[kernel, b], self.start[kernel, b] + self.count[kernel, b])
 
 
-def _candidates(store: _Store, micros: _Micros, b: int,
-                batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _candidates(store: _Store, micros: _Micros, b: int, batches: np.ndarray,
+                samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(parent row, micro index) of the configurations of b samples worth comparing: each micro
     appended to each configuration of the rest. Of the rest's configurations whose workspace does
     not exceed the micro's, all end up with the micro's workspace: only the fastest (the last)
-    is kept."""
-    full = b == batches[micros.kernel]
-    idx = np.flatnonzero((micros.batch <= b) & (b <= batches[micros.kernel]) & (micros.aligned | full))
+    is kept. A micro joins only where it starts with its staged set (`samples`: each kernel's x
+    and y sample bytes)."""
+    fits = (micros.batch <= b) & (b <= batches[micros.kernel])
+    fits[fits] = micros.cls[fits] == staged_class(samples[micros.kernel[fits]], b - micros.batch[fits])
+    idx = np.flatnonzero(fits)
     kernel, rest = micros.kernel[idx], b - micros.batch[idx]
     start = store.start[kernel, rest]
     end = start + store.count[kernel, rest]
@@ -156,42 +173,40 @@ def _candidates(store: _Store, micros: _Micros, b: int,
 
 
 def desirable_sets(kernels: Sequence[Kernel], limit: int | None,
-                   quanta: Sequence[int] | None = None) -> list[list[Configuration]]:
+                   slices: Sequence[Slices] | None = None) -> list[list[Configuration]]:
     """desirable_set of every (table, batch, sizes), all under one `limit`, computed together;
-    `quanta`: each kernel's batch quantum (default 1)."""
+    `slices`: each kernel's (ucudnn.staging; default: no part is staged)."""
     if not kernels:
         return []
-    quanta = [1] * len(kernels) if quanta is None else list(quanta)
-    for quantum in quanta:
-        check_quantum(quantum)
-    micros = _Micros(kernels, limit, quanta)
+    slices = [ALIGNED] * len(kernels) if slices is None else list(slices)
+    micros = _Micros(kernels, limit, slices)
     batches = np.array([batch for _, batch, _ in kernels], dtype=np.int64)
+    samples = np.array([[s.x, s.y] for s in slices], dtype=np.int64)
     store = _Store(batches, micros.ranks)
     for b in range(1, batches.max() + 1):
-        parent, micro = _candidates(store, micros, b, batches)
+        parent, micro = _candidates(store, micros, b, batches, samples)
         kernel = micros.kernel[micro]
         time = store.time[parent] + micros.time[micro]
         rank = np.maximum(store.rank[parent], micros.rank[micro])
         keep = _front(time, kernel, rank, store.shape)
         store.put(b, kernel=kernel[keep], time=time[keep], rank=rank[keep], parent=parent[keep],
                   micro=micro[keep])
-    return [[_configuration(store, row, micros.configs, quantum) for row in store.rows(k, batch)]
-            for k, (batch, quantum) in enumerate(zip(batches, quanta))]
+    return [[_configuration(store, row, micros.configs) for row in store.rows(k, batch)]
+            for k, batch in enumerate(batches)]
 
 
 def desirable_set(table: KernelTable, batch: int, sizes: Iterable[int],
-                  limit: int | None, quantum: int = 1) -> list[Configuration]:
+                  limit: int | None, slices: Slices = ALIGNED) -> list[Configuration]:
     """The desirable configurations of `batch` samples from micro-batches in `sizes` whose
-    workspace fits `limit` bytes (None: any), by workspace ascending and time descending.
-    WR's answer at any limit L <= `limit` is the fastest of them with workspace <= L."""
-    return desirable_sets([(table, batch, sizes)], limit, [quantum])[0]
+    workspace, staging included, fits `limit` bytes (None: any), by workspace ascending and time
+    descending. WR's answer at any limit L <= `limit` is the fastest of them with workspace <= L."""
+    return desirable_sets([(table, batch, sizes)], limit, [slices])[0]
 
 
-def _configuration(store: _Store, row: int, micros: list[MicroConfig], quantum: int) -> Configuration:
-    """The configuration of a row, in dispatch order: the part whose size is not a multiple of
-    the quantum (if any) last."""
+def _configuration(store: _Store, row: int, micros: list[MicroConfig]) -> Configuration:
+    """The configuration of a row, in dispatch order (each part starts where the one before ends)."""
     parts = []
     while store.parent[row] >= 0:
         parts.append(micros[store.micro[row]])
         row = store.parent[row]
-    return Configuration(tuple(sorted(parts, key=lambda m: (m.batch % quantum != 0, -m.batch, m.algo))))
+    return Configuration(tuple(reversed(parts)))

@@ -22,6 +22,7 @@ import pulp
 
 from ..errors import ConfigError, InfeasibleError, NoAlgorithmError, UcudnnError
 from ..measurements import KernelTable
+from ..staging import ALIGNED, Slices
 from ..workspace import ALIGNMENT, Segment, align_up, divide
 from .configuration import Configuration
 from .pareto import desirable_sets
@@ -53,7 +54,7 @@ class WDKernel:
     table: KernelTable
     batch: int
     count: int = 1
-    quantum: int = 1  # ConvProblem.batch_quantum: parts not a multiple of it only come last
+    slices: Slices = ALIGNED  # where its parts need staging (ucudnn.staging)
 
 
 @dataclass(frozen=True)
@@ -135,11 +136,11 @@ def _desirable(kernels: Sequence[WDKernel], sizes, limit: int, alignment: int) -
     one per aligned workspace. NoAlgorithmError / InfeasibleError when a kernel has none."""
     every = None if callable(sizes) else tuple(sizes)
     problems = [(k.table, k.batch, sizes(k.batch) if every is None else every) for k in kernels]
-    quanta = [k.quantum for k in kernels]
-    sets = desirable_sets(problems, limit // alignment * alignment, quanta)
+    slices = [k.slices for k in kernels]
+    sets = desirable_sets(problems, limit // alignment * alignment, slices)
     if all(sets):
         return [_aligned(d, alignment) for d in sets]
-    unlimited = desirable_sets(problems, None, quanta)  # only to say what would fit
+    unlimited = desirable_sets(problems, None, slices)  # only to say what would fit
     for k, d in zip(kernels, unlimited):
         if not d:
             raise NoAlgorithmError(

@@ -1,70 +1,71 @@
 """WR (workspace reuse, paper III-B): per kernel, dynamic programming over micro-batch sizes.
 
-    T1(b) = min { t(a, b) : a available, ws(a, b) <= M }      for b in S
-    T(0)  = 0
-    T(b)  = min over b' in S, b' <= b, T(b - b') defined, of T(b - b') + T1(b')
+    T1(s, b) = min { t(a, b) + c(s, b) : a available, ws(a, b) + w(s, b) <= M }      for b in S
+    R(B)     = 0
+    R(s)     = min over b in S, s + b <= B, R(s + b) defined, of T1(s, b) + R(s + b)
+    T(B)     = R(0)
 
-With a batch quantum q > 1 (ConvProblem.batch_quantum) the recursion runs over the sizes that
-are multiples of q, and one part of any size may end the configuration: every micro-batch then
-starts at a multiple of q samples, so its slices are aligned like the buffer they come from.
+A part of b samples that starts at sample s costs what its candidate was measured at, plus c(s, b)
+and w(s, b): the time and bytes of staging its slices where they start off the alignment the
+measurements had (ucudnn.staging; 0 where they start on it). The state is the sample a part starts
+at, so its cost may depend on where it starts; parts run in the order R(0) takes them.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
-from ..errors import ConfigError, NoAlgorithmError
+from ..errors import NoAlgorithmError
 from ..measurements import KernelTable
+from ..staging import ALIGNED, Slices
 from .configuration import Configuration, MicroConfig
 
 
-def check_quantum(quantum: int) -> None:
-    if isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1:
-        raise ConfigError(f"batch quantum {quantum!r} must be a positive integer (1: any split)")
+class Parts:
+    """T1: the fastest micro-configuration of `b` samples for each staged set, within the limit,
+    its staging counted in its time and workspace; None where none fits."""
+
+    def __init__(self, table: KernelTable, limit: int | None, slices: Slices):
+        self.table, self.limit, self.slices = table, limit, slices
+        self._best: dict[tuple[tuple[str, ...], int], MicroConfig | None] = {}
+
+    def at(self, first_sample: int, batch: int) -> MicroConfig | None:
+        staged = self.slices.staged(first_sample)
+        if (staged, batch) not in self._best:
+            self._best[staged, batch] = self._fastest(staged, batch)
+        return self._best[staged, batch]
+
+    def _fastest(self, staged: tuple[str, ...], batch: int) -> MicroConfig | None:
+        ms, extra = self.slices.extra(staged, batch)
+        room = None if self.limit is None else self.limit - extra
+        m = None if room is not None and room < 0 else self.table.fastest(batch, room)
+        return None if m is None else MicroConfig(m.algo, batch, m.time_ms + ms, m.workspace + extra)
 
 
 def optimize_wr(table: KernelTable, batch: int, sizes: Iterable[int], limit: int | None,
-                kernel: str = "kernel", quantum: int = 1) -> Configuration:
+                kernel: str = "kernel", slices: Slices = ALIGNED) -> Configuration:
     """The fastest configuration of `batch` samples from micro-batches in `sizes` whose every
-    part fits `limit` bytes of workspace (None: unlimited); every part but the last has a size
-    that is a multiple of `quantum`. Parts run in the returned order."""
-    check_quantum(quantum)
-    best_single: dict[int, MicroConfig] = {}
-    for b in sorted(set(sizes)):
-        m = table.fastest(b, limit) if b <= batch else None
-        if m is not None:
-            best_single[b] = MicroConfig(m.algo, b, m.time_ms, m.workspace)
-    # larger parts first so that ties keep fewer calls
-    candidates = sorted(best_single.values(), key=lambda m: -m.batch)
-    total, last = _aligned_dp([m for m in candidates if m.batch % quantum == 0], batch)
-    tail, best = None, total[batch]
-    for part in candidates:  # one part of any size may come last
-        rest = batch - part.batch
-        if part.batch % quantum and rest >= 0 and total[rest] is not None:
-            if best is None or total[rest] + part.time_ms < best:
-                tail, best = part, total[rest] + part.time_ms
-    if best is None:
+    part, staging included, fits `limit` bytes of workspace (None: unlimited). `slices`: the
+    kernel's sample sizes, which say where a part's slices need staging (default: nowhere).
+    Parts run in the returned order."""
+    usable = sorted({b for b in sizes if 1 <= b <= batch}, reverse=True)  # larger first: ties keep fewer calls
+    parts = Parts(table, limit, slices)
+    rest: list[float | None] = [None] * batch + [0.0]  # rest[s]: the fastest way to run samples s..batch
+    first: list[MicroConfig | None] = [None] * (batch + 1)
+    for start in range(batch - 1, -1, -1):
+        for b in usable:
+            part = parts.at(start, b) if start + b <= batch and rest[start + b] is not None else None
+            if part is not None and (rest[start] is None or rest[start + b] + part.time_ms < rest[start]):
+                rest[start], first[start] = rest[start + b] + part.time_ms, part
+    if rest[0] is None:
         raise NoAlgorithmError(
             f"no algorithm of {kernel} runs within {limit} bytes of workspace at micro-batch sizes "
-            f"{sorted(best_single) or 'any'} that sum to {batch}; raise the workspace limit or use "
+            f"{sorted(usable) or 'any'} that sum to {batch}; raise the workspace limit or use "
             "a batch size policy with more sizes"
         )
-    parts, b = [], batch - (tail.batch if tail else 0)
-    while b:
-        parts.append(last[b])
-        b -= last[b].batch
-    return Configuration((*sorted(parts, key=lambda m: -m.batch), *([tail] if tail else [])))
-
-
-def _aligned_dp(candidates: list[MicroConfig], batch: int) -> tuple[list, list]:
-    """T(b) and the last part of its argmin for b in 0..batch, from `candidates` only."""
-    total: list[float | None] = [0.0] + [None] * batch
-    last: list[MicroConfig | None] = [None] * (batch + 1)
-    for b in range(1, batch + 1):
-        for part in candidates:
-            rest = b - part.batch
-            if rest < 0 or total[rest] is None:
-                continue
-            time = total[rest] + part.time_ms
-            if total[b] is None or time < total[b]:
-                total[b], last[b] = time, part
-    return total, last
+    found, start = [], 0
+    while start < batch:
+        found.append(first[start])
+        start += first[start].batch
+    if slices.classes(batch) == [()]:  # no part is staged wherever it starts: larger parts first
+        found.sort(key=lambda m: -m.batch)
+    return Configuration(tuple(found))

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...problem import ConvKind, ConvProblem, default_math
+from ...staging import is_aligned
 from .sites import Site, autocast_dtype, signature
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -147,8 +148,15 @@ def pack(module: nn.Conv2d, input: Tensor, site: Site) -> tuple[Tensor, Tensor, 
     """x, weight and bias cast to the site's dtype and packed in its layout: a no-op for packed
     tensors of that dtype, a copy otherwise (as in torch)."""
     dtype, fmt, bias = site.dtype, site.memory_format, module.bias
-    return (_padded(module, input).to(dtype).contiguous(memory_format=fmt),
+    return (sliceable(_padded(module, input).to(dtype), fmt),
             module.weight.to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype))
+
+
+def sliceable(tensor: Tensor, fmt: torch.memory_format) -> Tensor:
+    """`tensor` packed in `fmt` and starting on the slice alignment, as micro-batched calls need
+    (ucudnn.staging): a no-op for tensors torch allocated, a copy of a view that starts elsewhere."""
+    packed = tensor.contiguous(memory_format=fmt)
+    return packed if is_aligned(packed.data_ptr()) else packed.clone(memory_format=fmt)
 
 
 def kinds_needed(input: Tensor, weight: Tensor) -> tuple[ConvKind, ...]:

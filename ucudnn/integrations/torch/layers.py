@@ -12,7 +12,7 @@ from torch.autograd.function import once_differentiable
 from ...config import format_size
 from ...errors import ConfigError, UcudnnWarning
 from ...problem import ConvKind
-from .call import pack, resolve
+from .call import pack, resolve, sliceable
 from .context import Context, default_context
 from .memory import AUTO
 from .fallback import warn_once
@@ -59,7 +59,7 @@ class _Convolution(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         context, site = ctx.context, ctx.site
         fmt = site.memory_format
-        dy = dy.contiguous(memory_format=fmt)
+        dy = sliceable(dy, fmt)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)

@@ -1,0 +1,184 @@
+"""Layers whose samples sit off the 256-byte slice alignment, under memory pressure (bar: Caffe
+AlexNet conv1 fp16 >= 20x over torch with L free, the Inception-v3 stem fp16 >= 3x).
+
+For each layer, one training step (F with bias, BD, BF; bench/conv_step.py), in one process:
+  torch free      - torch's own step, memory free (cudnn.benchmark on)
+  torch pressure  - the same with only L free beyond the step's own tensors (a blocker allocation)
+  ucudnn          - the layer through ucudnn.torch at L per kernel, under the same blocker
+The step's own tensors are its peak with a copy converted at zero workspace; the layer is planned
+(its kernels benchmarked into the database) before the blocker, so the timed copy plans from
+the database, as a second process would. Results (y, dx, dw)
+of ucudnn and of torch are compared with a float64 step on the GPU. Also: the copy model of
+ucudnn.staging against device-to-device copies replayed in a CUDA graph.
+
+    python3 bench/slices.py --out OUT [--free 8MiB] [--layers caffe_conv1,inception_stem,inception_stem_fp32]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conv_step import Case  # noqa: E402
+from train_step import block  # noqa: E402
+
+import ucudnn.torch  # noqa: E402
+from ucudnn import parse_size  # noqa: E402
+from ucudnn.staging import copy_ms  # noqa: E402
+
+MiB = 2**20
+LAYERS = {  # name: (nn.Conv2d keywords, input shape, AMP fp16 channels_last)
+    "caffe_conv1": (dict(in_channels=3, out_channels=96, kernel_size=11, stride=4), (256, 3, 227, 227), True),
+    "inception_stem": (dict(in_channels=3, out_channels=32, kernel_size=3, stride=2), (128, 3, 299, 299), True),
+    "inception_stem_fp32": (dict(in_channels=3, out_channels=32, kernel_size=3, stride=2), (128, 3, 299, 299), False),
+}
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def step_ms(case: Case, module: nn.Module, warmup: int = 3, iters: int = 10) -> float:
+    """Median of CUDA-event timings of training steps after warm-up."""
+    for _ in range(warmup):
+        case.step(module)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for begin, end in events:
+        begin.record()
+        case.step(module)
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(b.elapsed_time(e) for b, e in events)
+
+
+def converted(case: Case, limit: int, cache: str) -> nn.Module:
+    return ucudnn.torch.convert(copy.deepcopy(case.module), workspace_limit=limit, cache_path=cache)
+
+
+def tensors_peak(case: Case, cache: str) -> int:
+    """Bytes a step allocates beyond what is held, with no workspace (a copy at zero workspace)."""
+    module = converted(case, 0, cache)
+    case.step(module)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    case.step(module)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - held
+
+
+def errors(case: Case, outputs: dict) -> dict[str, float]:
+    """Relative error (norm of the difference over the norm) of each output against float64."""
+    m = case.module
+    x = case.x.detach().double().requires_grad_()
+    w = m.weight.detach().double().requires_grad_()
+    y = nn.functional.conv2d(x, w, m.bias.detach().double(), m.stride, m.padding, m.dilation, m.groups)
+    y.backward(case.dy.double())
+    reference = {"y": y.detach(), "dx": x.grad, "dw": w.grad}
+    return {k: float((outputs[k].double() - ref).norm() / ref.norm()) for k, ref in reference.items()}
+
+
+def layer(name: str, free: int, cache: str) -> dict:
+    spec, shape, amp = LAYERS[name]
+    case = Case(spec, shape, amp)
+    torch.backends.cudnn.benchmark = True
+    result = dict(layer=name, input=list(shape), precision="amp fp16 channels_last" if amp else "fp32 nchw",
+                  free_mib=free / MiB)
+    result["torch_free_ms"] = step_ms(case, case.module)
+    result["torch_errors"] = errors(case, case.outputs(case.module))
+    peak = tensors_peak(case, cache)
+    warm = converted(case, free, cache)  # planned with memory free, as after `ucudnn bench`: the
+    case.step(warm)  # benchmarker needs the operands' memory, which the blocker leaves no room for
+    del warm
+    torch.cuda.empty_cache()
+    blocker = block(SimpleNamespace(footprint_of="allocated", footprint=torch.cuda.memory_allocated() + peak,
+                                    free_bytes=free), torch.device("cuda"), result)
+    result["tensors_mib"] = peak / MiB
+    result["torch_pressure_ms"] = step_ms(case, case.module)
+    start = time.perf_counter()
+    module = converted(case, free, cache)
+    case.step(module)
+    torch.cuda.synchronize()
+    result["ucudnn_first_step_s"] = time.perf_counter() - start
+    result["ucudnn_ms"] = step_ms(case, module)
+    outputs = case.outputs(module)
+    result["plans"] = ucudnn.torch.context_of(module).summary()["kernels"]
+    del blocker
+    torch.cuda.empty_cache()
+    result["ucudnn_errors"] = errors(case, outputs)
+    result["speedup_under_pressure"] = result["torch_pressure_ms"] / result["ucudnn_ms"]
+    log(f"{name}: torch free {result['torch_free_ms']:.2f} ms, torch at {free / MiB:.0f} MiB free "
+        f"{result['torch_pressure_ms']:.2f} ms, ucudnn {result['ucudnn_ms']:.2f} ms "
+        f"({result['speedup_under_pressure']:.1f}x); dW error ucudnn {result['ucudnn_errors']['dw']:.1e} "
+        f"torch {result['torch_errors']['dw']:.1e}")
+    return result
+
+
+def copies(sizes_mib=(0.25, 1, 4, 16, 64), per_graph: int = 20) -> list[dict]:
+    """Device-to-device copies replayed in a CUDA graph, ms per copy, beside ucudnn.staging's model."""
+    rows = []
+    for mib in sizes_mib:
+        n = int(mib * MiB)
+        src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            dst.copy_(src)
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(per_graph):
+                    dst.copy_(src)
+        times = []
+        for _ in range(12):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(begin.elapsed_time(end) / per_graph)
+        rows.append(dict(mib=mib, measured_ms=statistics.median(times[2:]), model_ms=copy_ms(n)))
+        log(f"copy {mib} MiB: {rows[-1]['measured_ms']:.4f} ms, model {rows[-1]['model_ms']:.4f} ms")
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = [f"Device: {report['device']}; {report['date']}", "",
+             "| layer | precision | torch, memory free | torch, L free | ucudnn.torch at L | speedup | dW error ucudnn / torch |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report["layers"]:
+        lines.append(f"| {r['layer']} {tuple(r['input'])} | {r['precision']} | {r['torch_free_ms']:.2f} ms | "
+                     f"{r['torch_pressure_ms']:.2f} ms | {r['ucudnn_ms']:.2f} ms | {r['speedup_under_pressure']:.1f}x | "
+                     f"{r['ucudnn_errors']['dw']:.1e} / {r['torch_errors']['dw']:.1e} |")
+    lines += ["", "| copy | measured ms | model ms |", "|---|---|---|"]
+    lines += [f"| {c['mib']} MiB | {c['measured_ms']:.4f} | {c['model_ms']:.4f} |" for c in report["copies"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--free", default="8MiB", help="memory left free beyond the step's tensors, and ucudnn's limit")
+    parser.add_argument("--layers", default=",".join(LAYERS))
+    parser.add_argument("--cache", default=None, help="benchmark database (default OUT/slices.db)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = args.cache or str(out / "slices.db")
+    report = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), copies=copies(), layers=[])
+    for name in args.layers.split(","):
+        report["layers"].append(layer(name, parse_size(args.free), cache))
+        (out / "slices.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "slices.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
