@@ -19,7 +19,6 @@ from .errors import CandidateError, ConfigError
 from .optimizers.configuration import Configuration
 from .problem import ConvKind, ConvProblem
 from .staging import SLICE_ALIGNMENT, is_aligned, slices_of
-from .workspace import align_up
 
 OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
 
@@ -49,17 +48,17 @@ class Step:
 
     def staging_offsets(self) -> dict[str, int]:
         """Where each staged slice lies in the workspace: after the route's buffers."""
-        offsets, at = {}, self.route.buffer_bytes
+        slices, offsets, at = slices_of(self.problem), {}, self.route.buffer_bytes
         for t in self.staged:
             offsets[t] = at
-            at += align_up(self.problem.sample_bytes(t) * self.problem.batch)
+            at += slices.bytes(t, self.problem.batch)
         return offsets
 
     @property
     def buffer_bytes(self) -> int:
         """Bytes of the workspace before the plan's own: the route's buffers and the staged slices."""
-        return self.route.buffer_bytes + sum(align_up(self.problem.sample_bytes(t) * self.problem.batch)
-                                             for t in self.staged)
+        slices = slices_of(self.problem)
+        return self.route.buffer_bytes + sum(slices.bytes(t, self.problem.batch) for t in self.staged)
 
 
 Blends = Callable[[str], bool]  # candidate id -> whether its backend's calls take alpha and beta
@@ -116,14 +115,16 @@ def compose(step: Step, plan: Plan, combine: Combiner, scratch: Callable[[int], 
     buffers and the plan's workspace is refused, never overrun; so are operands of a divided
     kernel that do not start at SLICE_ALIGNMENT, whose slices would not be where they were planned."""
     r, p = step.route, step.problem
-    needs, out = step.buffer_bytes + plan.workspace, OUTPUT[p.kind]
+    ahead, out = step.buffer_bytes, OUTPUT[p.kind]
     run, combines, xo, yo = plan.run, r.combines, step.x_offset, step.y_offset
-    check = _checker(step, needs)
+    check = _checker(step, ahead + plan.workspace)
     if r.target == "output" and not combines and not step.staged:  # most calls: the plan writes the output itself
+        written = "xwy".index(out)
+
         def call(x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
             check(x, y, workspace_size)
-            operands = {"x": x + xo, "w": w, "y": y + yo}
-            run(operands["x"], w, operands["y"], operands[out], workspace, workspace_size)
+            operands = (x + xo, w, y + yo)
+            run(*operands, operands[written], workspace, workspace_size)
 
         return call
     own = []  # the scratch buffer's address, made on first use
@@ -142,8 +143,7 @@ def compose(step: Step, plan: Plan, combine: Combiner, scratch: Callable[[int], 
             if not own:
                 own.append(scratch(accumulation.output_elements(p) * p.itemsize))
             buffers["scratch"] = own[0]
-        run(operands["x"], w, operands["y"], buffers[r.target], workspace + step.buffer_bytes,
-            workspace_size - step.buffer_bytes)
+        run(operands["x"], w, operands["y"], buffers[r.target], workspace + ahead, workspace_size - ahead)
         for c in combines:
             combine(p, c, buffers)
         if out in staging:

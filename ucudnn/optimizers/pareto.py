@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..measurements import UNMEASURED, KernelTable, Measurement
-from ..staging import ALIGNED, SLICE_ALIGNMENT, SLICED, Slices
+from ..staging import ALIGNED, SLICED, Slices
 from .configuration import Configuration, MicroConfig
 
 Kernel = tuple[KernelTable, int, Iterable[int]]  # measurements, mini-batch size, micro-batch sizes
@@ -71,11 +71,12 @@ def _front(time: np.ndarray, group: np.ndarray, rank: np.ndarray, shape: tuple[i
     return first[on_front.reshape(-1)]
 
 
-def staged_class(samples: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The staged set of parts starting at sample `starts[i]` of kernels whose x and y samples
-    are `samples[i]` bytes, as numbers (_number)."""
-    off = starts[:, None] * samples % SLICE_ALIGNMENT != 0
-    return (off * (1 << np.arange(len(SLICED)))).sum(axis=1)
+def _start_classes(slices: Sequence[Slices], batches: np.ndarray) -> np.ndarray:
+    """[kernel, s]: the staged set (_number) of a part of the kernel that starts at sample s."""
+    found = np.zeros((len(batches), batches.max() + 1), dtype=np.int64)
+    for k, (kernel_slices, batch) in enumerate(zip(slices, batches)):
+        found[k, :batch] = [_number(kernel_slices.staged(s)) for s in range(batch)]
+    return found
 
 
 def _number(staged: tuple[str, ...]) -> int:
@@ -153,14 +154,13 @@ class _Store:
 
 
 def _candidates(store: _Store, micros: _Micros, b: int, batches: np.ndarray,
-                samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                start_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(parent row, micro index) of the configurations of b samples worth comparing: each micro
     appended to each configuration of the rest. Of the rest's configurations whose workspace does
     not exceed the micro's, all end up with the micro's workspace: only the fastest (the last)
-    is kept. A micro joins only where it starts with its staged set (`samples`: each kernel's x
-    and y sample bytes)."""
+    is kept. A micro joins only where it starts with its staged set (`start_class`, _start_classes)."""
     fits = (micros.batch <= b) & (b <= batches[micros.kernel])
-    fits[fits] = micros.cls[fits] == staged_class(samples[micros.kernel[fits]], b - micros.batch[fits])
+    fits[fits] = micros.cls[fits] == start_class[micros.kernel[fits], b - micros.batch[fits]]
     idx = np.flatnonzero(fits)
     kernel, rest = micros.kernel[idx], b - micros.batch[idx]
     start = store.start[kernel, rest]
@@ -181,10 +181,10 @@ def desirable_sets(kernels: Sequence[Kernel], limit: int | None,
     slices = [ALIGNED] * len(kernels) if slices is None else list(slices)
     micros = _Micros(kernels, limit, slices)
     batches = np.array([batch for _, batch, _ in kernels], dtype=np.int64)
-    samples = np.array([[s.x, s.y] for s in slices], dtype=np.int64)
+    start_class = _start_classes(slices, batches)
     store = _Store(batches, micros.ranks)
     for b in range(1, batches.max() + 1):
-        parent, micro = _candidates(store, micros, b, batches, samples)
+        parent, micro = _candidates(store, micros, b, batches, start_class)
         kernel = micros.kernel[micro]
         time = store.time[parent] + micros.time[micro]
         rank = np.maximum(store.rank[parent], micros.rank[micro])
