@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conv_step import Case  # noqa: E402
+from probe_setup import median_ms  # noqa: E402
 from train_step import block  # noqa: E402
 
 import ucudnn.torch  # noqa: E402
@@ -47,17 +47,9 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def step_ms(case: Case, module: nn.Module, warmup: int = 3, iters: int = 10) -> float:
-    """Median of CUDA-event timings of training steps after warm-up."""
-    for _ in range(warmup):
-        case.step(module)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for begin, end in events:
-        begin.record()
-        case.step(module)
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(b.elapsed_time(e) for b, e in events)
+def step_ms(case: Case, module: nn.Module) -> float:
+    """Median of CUDA-event timings of 10 training steps after 3 of warm-up."""
+    return median_ms(lambda: case.step(module), torch.cuda.current_stream().cuda_stream, 3, 10)
 
 
 def converted(case: Case, limit: int, cache: str) -> nn.Module:
@@ -135,15 +127,8 @@ def copies(sizes_mib=(0.25, 1, 4, 16, 64), per_graph: int = 20) -> list[dict]:
             with torch.cuda.graph(graph, stream=stream):
                 for _ in range(per_graph):
                     dst.copy_(src)
-        times = []
-        for _ in range(12):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(begin.elapsed_time(end) / per_graph)
-        rows.append(dict(mib=mib, measured_ms=statistics.median(times[2:]), model_ms=copy_ms(n)))
+        measured = median_ms(graph.replay, torch.cuda.current_stream().cuda_stream, 2, 10) / per_graph
+        rows.append(dict(mib=mib, measured_ms=measured, model_ms=copy_ms(n)))
         log(f"copy {mib} MiB: {rows[-1]['measured_ms']:.4f} ms, model {rows[-1]['model_ms']:.4f} ms")
     return rows
 
