@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 from ucudnn.accumulation import accumulates
-from ucudnn.backends import Backends, backend_of
+from ucudnn.backends import Backends, Candidate, backend_of
 from ucudnn.benchmark import timing_step
 from ucudnn.device import DeviceInfo
-from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, Measurement
+from ucudnn.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, Measurement
 
 FAKE_DEVICE = DeviceInfo("Fake GPU", "0.0", 91900, 0, "testhost", execution="graph")
 
@@ -24,21 +25,27 @@ class FakeBenchmarker:
     """t(a, b) = work * (per_sample * b + fixed); ws(a, b) = ws_per_sample * b * work, where work
     is the kernel's per-sample size, plus the buffers of a part of a backward-filter sum, which
     it records as such (ucudnn.accumulation), as CudnnBenchmarker does. Counts measurements.
-    Measures the candidates of `backend` (None: of each of its `backends`, CANDIDATES); a
-    backend it was not made with is refused (ConfigError), as CudnnBenchmarker refuses it."""
+    Measures the candidates of `backend` (None: of each of its `backends`, CANDIDATES), ranked in
+    CANDIDATES' order: with `best`, the first `best` that fit the cap at each size, the rest
+    recorded PRUNED; a backend it was not made with is refused (ConfigError), as CudnnBenchmarker
+    refuses it."""
 
     def __init__(self, device: DeviceInfo = FAKE_DEVICE, scale: float = 1.0, backends=("legacy",)):
         self.device, self.scale, self.calls = device, scale, 0
         self.backends = Backends([FakeBackend(name) for name in backends])
 
-    def measure(self, problem, sizes, cap, backend=None):
+    def measure(self, problem, sizes, cap, backend=None, best=None):
         names = [self.backends[backend].name] if backend else self.backends.names
         candidates = {algo: model for name in names for algo, model in CANDIDATES[name].items()}
         results = []
         work = problem.flops() / problem.batch / 1e6  # per-sample size of the kernel
+        timed = Counter()
         for b, (algo, model) in itertools.product(sorted(set(sizes)), candidates.items()):
-            self.calls += 1
             summed = accumulates(problem, b)
+            if best is not None and timed[b, backend_of(algo)] >= best:
+                results.append(Measurement(algo, b, None, 0, PRUNED, accumulates=summed))
+                continue
+            self.calls += 1
             if model is None:
                 results.append(Measurement(algo, b, None, 0, UNSUPPORTED, accumulates=summed))
                 continue
@@ -48,8 +55,18 @@ class FakeBenchmarker:
             if cap is not None and ws > cap:
                 results.append(Measurement(algo, b, None, ws, OVER_CAP, accumulates=summed))
             else:
+                timed[b, backend_of(algo)] += 1
                 results.append(Measurement(algo, b, self.scale * work * (per * b + fixed), ws, OK, 3, summed))
         return results
+
+
+def favourite(problem) -> Candidate:
+    """cuDNN's favourite as the fakes rate it: the legacy candidate fastest at the whole batch,
+    with its workspace there."""
+    work = problem.flops() / problem.batch / 1e6
+    b = problem.batch
+    algo = min(ALGORITHMS, key=lambda a: ALGORITHMS[a][0] * b + ALGORITHMS[a][1])
+    return Candidate(algo, int(ALGORITHMS[algo][2] * b * max(work, 1e-3)), OK)
 
 
 class FakeBackend:

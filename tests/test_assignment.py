@@ -26,7 +26,7 @@ def make_assignments(tmp_path, bench=None, **settings):
 
 
 def test_wr_plans_each_kernel_once_within_its_limit(tmp_path):
-    assignments, bench, allocator = make_assignments(tmp_path, workspace_limit="256KiB")
+    assignments, bench, allocator = make_assignments(tmp_path, workspace_limit="256KiB", search="full")
     for p in LAYERS * 3:
         assignments.record(p)
         plan = assignments.get(p)
@@ -35,6 +35,16 @@ def test_wr_plans_each_kernel_once_within_its_limit(tmp_path):
     assert len(assignments) == len(LAYERS)
     assert len(allocator.sizes) == sum(1 for p in LAYERS if assignments.get(p).workspace_size)
     assert bench.calls == len(LAYERS) * 6 * 3  # 6 power-of-two sizes of 32, 3 algorithms, once each
+
+
+def test_the_pruned_search_plans_as_the_full_one_with_fewer_measurements(tmp_path):
+    plans, calls = {}, {}
+    for search in ("full", "pruned"):
+        assignments, bench, _ = make_assignments(tmp_path / search, workspace_limit="256KiB", search=search)
+        plans[search] = [assignments.get(p).configuration for p in LAYERS]
+        calls[search] = bench.calls
+    assert plans["pruned"] == plans["full"]
+    assert calls["pruned"] < calls["full"]
 
 
 def test_tight_limit_splits_the_batch(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fakes import FAKE_DEVICE, FakeBackend
-from ucudnn.backends import Backends, Candidate, candidate_id, resolve, split_id
+from ucudnn.backends import Backends, Candidate, candidate_id, candidates, resolve, split_id
 from ucudnn.benchmark import ensure_tables, timing_step, worth_timing_again
 from ucudnn.cache import Cache
 from ucudnn.cache.database import BenchmarkDatabase
@@ -109,15 +109,31 @@ def test_legacy_deterministic_kernels_offer_only_what_cudnn_reports_deterministi
 
     backend, ranked = legacy_backend
     bf = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
-    assert len(backend.candidates(bf)) == 7 and ranked["calls"] == 0  # no setting: every algorithm
-    chosen = backend.candidates(replace(bf, deterministic=True))
+    assert len(candidates(backend, bf)) == 7  # no setting: every algorithm
+    chosen = candidates(backend, replace(bf, deterministic=True))
     assert [c.id for c in chosen] == ["legacy:ALGO_1", "legacy:FFT", "legacy:WINOGRAD",
                                       "legacy:WINOGRAD_NONFUSED", "legacy:FFT_TILING"]
     assert [c.workspace for c in chosen] == [100, 200, 400, 500, 600]
     ranked["perfs"] = [_perf(1, 1, status=0), _perf(1, 0), _perf(2, 0)]  # a non-deterministic duplicate
-    assert [c.id for c in backend.candidates(replace(bf, deterministic=True))] == ["legacy:ALGO_1"]
+    assert [c.id for c in candidates(backend, replace(bf, deterministic=True))] == ["legacy:ALGO_1"]
     ranked["perfs"] = CudnnError("cudnnGetConvolutionBackwardFilterAlgorithm_v7", 3000, "NOT_SUPPORTED")
-    assert backend.candidates(replace(bf, deterministic=True)) == [Candidate("legacy:none", 0, UNSUPPORTED)]
+    assert candidates(backend, replace(bf, deterministic=True)) == [Candidate("legacy:none", 0, UNSUPPORTED)]
+
+
+def test_legacy_candidates_come_in_cudnns_heuristic_order_then_the_rest(legacy_backend):
+    """A pruned search times the first few (ucudnn.search): cuDNN's ranking first; algorithms it
+    leaves out follow in enum order; where it refuses to rank, enum order."""
+    from ucudnn.errors import CudnnError
+
+    backend, ranked = legacy_backend
+    f = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
+    ranked["perfs"] = [_perf(5, 1), _perf(1, 1), _perf(5, 1)]
+    assert backend.ranked(f) == ["legacy:FFT_TILING", "legacy:IMPLICIT_PRECOMP_GEMM", "legacy:IMPLICIT_GEMM",
+                                 "legacy:GEMM", "legacy:DIRECT", "legacy:FFT", "legacy:WINOGRAD",
+                                 "legacy:WINOGRAD_NONFUSED"]
+    assert backend.candidate(f, "legacy:FFT_TILING") == Candidate("legacy:FFT_TILING", 500, OK)
+    ranked["perfs"] = CudnnError("cudnnGetConvolutionForwardAlgorithm_v7", 3000, "NOT_SUPPORTED")
+    assert backend.ranked(f)[:2] == ["legacy:IMPLICIT_GEMM", "legacy:IMPLICIT_PRECOMP_GEMM"]
 
 
 def test_deterministic_kernels_are_measured_and_cached_apart(tmp_path):
@@ -215,7 +231,7 @@ class TwoBackendBenchmarker:
         self.backends = Backends([FakeBackend(n) for n in names])
         self.asked: list[tuple[str, tuple[int, ...]]] = []
 
-    def measure(self, problem, sizes, cap, backend=None):
+    def measure(self, problem, sizes, cap, backend=None, best=None):
         self.asked.append((backend, tuple(sizes)))
         ms = {"legacy": 2.0, "engines": 1.0}[backend]
         return [Measurement(candidate_id(backend, "x"), b, ms * b, 0, OK, 3, accumulates(problem, b)) for b in sizes]

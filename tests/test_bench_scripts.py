@@ -703,3 +703,22 @@ def test_ab_a_failed_config_is_a_row_and_the_next_one_runs(tmp_path):
     rows = ab.measure_all(ab.configs("alexnet:256", "fp32,amp"), measure, AB_META, tmp_path, 1e6)
     assert rows[0]["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 138.00 MiB"
     assert rows[1]["precision"] == "amp" and "variants" in rows[1]
+
+
+def test_cold_models_bars_and_table():
+    import cold_models as cm
+    torch = pytest.importorskip("torch", reason="the gradient error is computed on torch tensors")
+
+    assert cm.relative_error(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 2.0])) == pytest.approx(1 / 5**0.5)
+    torch_run, cold = {"first_s": 10.0}, {"first_s": 25.0, "grads": {"worst": 0.02, "control_worst": 0.01},
+                                           "summary": {"planning_s": 12.0, "swept": 9, "unswept": 40}}
+    warm = {"first_s": 11.5, "steady": {"torch_over_ucudnn": 0.98}}
+    v = cm.verdicts(torch_run, cold, warm, {"pruned_ms": 10.4, "full_ms": 10.0}, "8MiB")
+    assert v["first_ratio"] == 2.5 and v["first_ok"] and v["warm_ok"] and v["grads_ok"] and v["steady_ok"]
+    assert v["pruned_over_full"] == pytest.approx(1.04) and v["pruned_ok"]
+    v = cm.verdicts(torch_run, cold, {"first_s": 12.5}, {"pruned_ms": 10.6, "full_ms": 10.0}, "64MiB")
+    assert not v["first_ok"] and not v["warm_ok"] and not v["pruned_ok"] and "steady_ok" not in v
+    assert cm.verdicts({}, {}, {}, None, "8MiB") == {"first_ratio": None, "first_ok": None, "warm_ok": None}
+    table = cm.markdown([{"model": "resnet50d", "limit": "8MiB", "torch": torch_run, "cold": cold, "warm": warm,
+                          "verdicts": v}])
+    assert "| resnet50d | 8MiB | 10.0 | 25.0 | 2.50 | 12.5 |" not in table and "| 9 / 40 |" in table

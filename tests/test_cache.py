@@ -70,7 +70,7 @@ class FakeBenchmarker:
     def __init__(self, device: DeviceInfo):
         self.device, self.calls = device, 0
 
-    def measure(self, problem, sizes, cap):
+    def measure(self, problem, sizes, cap, backend=None, best=None):
         self.calls += 1
         return fake_measurements(problem, sizes)
 

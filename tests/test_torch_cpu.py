@@ -671,12 +671,40 @@ def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context)
     kernels = context.summary()["kernels"]
     assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
     assert all(k["delegated"] and k["via"] == "torch" and k["torch_ms"] == 0.0 for k in kernels)
+    # torch's kernels and cuDNN's favourites fit the limit: no sweep of ucudnn's candidates at all
+    assert not any(k["swept"] for k in kernels) and not context._kernels
+    assert all(k["planning_s"] > 0 for k in kernels) and context.summary()["planning_s"] > 0
+
+
+def test_the_sweep_decides_where_cudnns_favourite_does_not_fit(numpy_context):
+    """torch's kernel fits, but the plan cuDNN rates best does not (torch settled for less):
+    ucudnn's candidates are swept, and the faster side runs the layer."""
+    x = torch.randn(4, 3, 6, 6)
+    for torch_ms, delegated in ((1e6, False), (0.0, True)):
+        context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(torch_ms, 0),
+                                     workspace_limit="1KiB")  # the fakes' favourite needs ~4 KiB here
+        run_step(ut.convert(nn.Conv2d(3, 4, 3), context=context), x)
+        kernels = context.summary()["kernels"]
+        assert all(k["swept"] and k["delegated"] == delegated for k in kernels), torch_ms
+
+
+def test_settled_by_torch_rule():
+    from ucudnn.integrations.torch.delegation import settled_by_torch
+    from ucudnn.integrations.torch.kernels import TorchTiming as T
+    limit = 8 * 2**20
+    assert settled_by_torch([T(1.0, limit), T(9.0, 0)], [limit, 0], limit)
+    assert not settled_by_torch([T(1.0, limit + 1)], [0], limit)  # torch's own needs more than the limit
+    assert not settled_by_torch([T(1.0, 0)], [limit + 1], limit)  # cuDNN's favourite is kept out
+    assert not settled_by_torch([T(1.0, 0)], [None], limit)  # the favourite cannot run: ask the sweep
+    assert not settled_by_torch([T(float("inf"), 0)], [0], limit)  # torch's operands did not fit
+    assert not settled_by_torch([], [], limit)
 
 
 @pytest.mark.parametrize("torch_ms, torch_workspace", [(1e6, 0), (0.0, 2**40)], ids=["ucudnn-faster", "over-limit"])
 def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms, torch_workspace, numpy_context):
     torch.manual_seed(0)
-    context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(torch_ms, torch_workspace))
+    context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(torch_ms, torch_workspace),
+                                 workspace_limit="1KiB")  # cuDNN's favourite (the fakes' ~4 KiB) does not fit
     plain = nn.Conv2d(3, 4, 3)
     conv = ut.convert(copy.deepcopy(plain), context=context)
     x = torch.randn(4, 3, 6, 6)

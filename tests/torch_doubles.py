@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 from executors import array_program
-from fakes import FakeAllocator, FakeBenchmarker
+from fakes import FakeAllocator, FakeBenchmarker, favourite
 
 from ucudnn.assignment import Assignments
 from ucudnn.integrations.torch import CudaBackend
@@ -23,6 +23,9 @@ class NumpyHandle:
                                        pointer=lambda address: address)
         self.stream = None
         self.steps = []  # every step its programs ran
+
+    def favourite(self, problem):
+        return favourite(problem)
 
     def query(self, problem):
         self.assignments.record(problem)

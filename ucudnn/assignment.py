@@ -23,6 +23,7 @@ from .config import Settings
 from .errors import DeviceMemoryError, InfeasibleError, UcudnnWarning
 from .optimizers.configuration import Configuration
 from .problem import ConvProblem
+from .search import named
 from .solve import Kernel, solve, solve_wr
 
 
@@ -163,7 +164,7 @@ class Assignments:
 
     def _optimize_wr(self, problem: ConvProblem, limit: int) -> Configuration:
         memo_key = (self.benchmarker.device.reuse_key, self.benchmarker.backends.names, problem.key,
-                    self.settings.batch_size_policy, limit, "wr")
+                    self.settings.batch_size_policy, self.settings.search, limit, "wr")
         configuration = self.cache.configuration(memo_key)
         if configuration is None:
             table = self._tables([problem], limit)[problem.key]
@@ -172,7 +173,8 @@ class Assignments:
         return configuration
 
     def _tables(self, problems: list[ConvProblem], cap: int) -> dict:
-        return ensure_tables(problems, self.settings.sizes_for, cap, self.cache, self.benchmarker)
+        return ensure_tables(problems, self.settings.sizes_for, cap, self.cache, self.benchmarker,
+                             search=named(self.settings.search))
 
     @property
     def benchmarker(self) -> Benchmarker:

@@ -15,9 +15,10 @@ from .device import DeviceInfo, check_execution, check_timing
 from .dispatch import Step, compile_program, step
 from .errors import ConfigError, CudnnError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
 from .graphs import GraphCapturer, GraphedProgram
-from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement,
+from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, UNSUPPORTED, KernelTable, Measurement,
                            describe_sizes)
 from .problem import ConvProblem
+from .search import FULL, Search
 
 
 class Benchmarker(Protocol):
@@ -27,10 +28,11 @@ class Benchmarker(Protocol):
     backends: Any  # .names: the backends it measures (ucudnn.backends)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
-                backend: str | None = None) -> list[Measurement]:
+                backend: str | None = None, best: int | None = None) -> list[Measurement]:
         """One Measurement per (candidate, size) of `backend` (None: every backend it has):
         time only for candidates whose workspace is <= cap bytes (None: any that can be
-        allocated); the others are recorded OVER_CAP."""
+        allocated); the others are recorded OVER_CAP. `best`: per backend and size, time only
+        the first `best` that fit, in the backend's ranking; record the rest PRUNED (ucudnn.search)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class CudnnBenchmarker:
         self.capturer = _capturer(execution, self.backends, self.stream, make_room)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
-                backend: str | None = None) -> list[Measurement]:
+                backend: str | None = None, best: int | None = None) -> list[Measurement]:
         sizes = sorted(set(sizes))
         results = []
         with _stream_kept(self.handle):
@@ -123,20 +125,25 @@ class CudnnBenchmarker:
                 ptrs = self.scratch.operands(problem.with_batch(sizes[-1]))
                 for name in [backend] if backend else self.backends.names:
                     for b in sizes:
-                        results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs, cap)
+                        results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs,
+                                                      cap, best)
             finally:
                 self.scratch.release()
                 self.backends.release()
         return results
 
     def _measure_size(self, backend, problem: ConvProblem, micro: ConvProblem, ptrs: dict,
-                      cap: int | None) -> list[Measurement]:
+                      cap: int | None, best: int | None) -> list[Measurement]:
         runs, measured = {}, {}
-        for candidate in backend.candidates(micro):
+        for algo in backend.ranked(micro):
+            if best is not None and len(runs) >= best:
+                measured[algo] = Measurement(algo, micro.batch, None, 0, PRUNED,
+                                             accumulates=accumulates(problem, micro.batch))
+                continue
             self.calls += 1
-            measured[candidate.id], run = self._coarse(problem, micro, candidate, ptrs, cap)
+            measured[algo], run = self._coarse(problem, micro, backend.candidate(micro, algo), ptrs, cap)
             if run is not None:
-                runs[candidate.id] = run
+                runs[algo] = run
         for algo in worth_timing_again(list(measured.values())):
             m = measured[algo]
             try:
@@ -300,11 +307,12 @@ def _failure(exc: Exception) -> str:
 def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProblem], Sequence[int]],
                   cap: int | None, cache, benchmarker: Benchmarker | None,
                   progress: Callable[[int, int, ConvProblem], None] | None = None, *,
-                  device: DeviceInfo | None = None, backends: Sequence[str] | None = None) -> dict[str, KernelTable]:
+                  device: DeviceInfo | None = None, backends: Sequence[str] | None = None,
+                  search: Search = FULL) -> dict[str, KernelTable]:
     """Tables (by problem.key) of the candidates of `backends` (default: the benchmarker's;
-    offline, None: any stored), complete for every size the policy needs and every candidate
-    that fits `cap`; only what the cache lacks is measured, backend by backend. With no
-    benchmarker, tables come from the cache's measurements on `device`, and missing ones raise
+    offline, None: any stored), complete as `search` needs them (ucudnn.search) at the sizes the
+    policy gives and within `cap`; only what the cache lacks is measured, backend by backend. With
+    no benchmarker, tables come from the cache's measurements on `device`, and missing ones raise
     MissingMeasurementsError."""
     problems = list({p.key: p for p in problems}.values())
     device = benchmarker.device if benchmarker else device
@@ -316,24 +324,40 @@ def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProb
     for done, p in enumerate(problems):
         if progress:
             progress(done, len(problems), p)
-        table = cache.table(p, device).only(backends)
         if benchmarker is None:
-            _check_offline(table, p, sizes_for(p), cap, device, backends)
-        for backend in backends or ():
-            missing = table.only([backend]).missing(sizes_for(p), cap) if benchmarker else []
-            if missing:
-                cache.record(p, device, benchmarker.measure(p, missing, cap, backend=backend))
-                table = cache.table(p, device).only(backends)
-        tables[p.key] = table
+            table = tables[p.key] = cache.table(p, device).only(backends)
+            if search.missing(table, sizes_for(p), cap):  # named as `ucudnn bench` would fill them
+                _check_offline(p, FULL.missing(table, sizes_for(p), cap), device, backends)
+        else:
+            tables[p.key] = _measured(p, sizes_for(p), cap, cache, benchmarker, backends, search)
     if progress and problems:
         progress(len(problems), len(problems), problems[-1])
     return tables
 
 
-def _check_offline(table: KernelTable, p: ConvProblem, sizes: Sequence[int], cap: int | None,
-                   device: DeviceInfo, backends: Sequence[str] | None) -> None:
-    missing = table.missing(sizes, cap)
+def _measured(p: ConvProblem, sizes: Sequence[int], cap: int | None, cache, benchmarker: Benchmarker,
+              backends: Sequence[str], search: Search) -> KernelTable:
+    """`p`'s table once what `search` finds missing is measured, backend by backend, asking again
+    after each round (a pruned search walks down the sizes); each size of each backend is measured
+    at most once, so one left out of memory ends the loop."""
+    tried: set[tuple[str, int]] = set()
+    while True:
+        table = cache.table(p, benchmarker.device).only(backends)
+        wanted = search.sizes(table, sizes, cap, backends)
+        todo = {name: missing for name in backends
+                if (missing := [b for b in wanted if (name, b) not in tried
+                                and not search.complete_at(table, b, cap, [name])])}
+        if not todo:
+            return table
+        for name, missing in todo.items():
+            tried.update((name, b) for b in missing)
+            cache.record(p, benchmarker.device, benchmarker.measure(p, missing, cap, backend=name, best=search.best))
+
+
+def _check_offline(p: ConvProblem, missing: Sequence[int], device: DeviceInfo,
+                   backends: Sequence[str] | None) -> None:
     if missing:
+        missing = sorted(missing)
         which = f" of backend {'/'.join(backends)}" if backends else ""
         raise MissingMeasurementsError(
             f"no measurements{which} of {p.describe()} at {describe_sizes(missing)} on "

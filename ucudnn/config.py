@@ -12,6 +12,7 @@ from .backends import CHOICES as BACKEND_CHOICES
 from .cache.paths import CACHE_VARIABLE
 from .device import EXECUTIONS
 from .errors import ConfigError, unknown
+from .search import SEARCHES
 
 INT64_MAX = 2**63 - 1  # no size or count is larger: NumPy and SQLite hold them as int64
 POLICIES = ("all", "powerOfTwo", "undivided")
@@ -106,6 +107,8 @@ class Settings:
     optimizer: str = "wr"
     execution: str = "graph"  # how a kernel's calls run, and so how it is benchmarked (ucudnn.graphs)
     backend: str = ""  # candidates from: all, engines, legacy; "": all where the frontend imports (ucudnn.backends)
+    search: str = "pruned"  # how much of the candidate space a benchmark times (ucudnn.search)
+    progress: bool = True  # a line on stderr while planning takes long (ucudnn.progress)
     verbose: bool = False
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 
@@ -168,6 +171,8 @@ _PARSERS = {
     "optimizer": lambda v, n: choice(v, OPTIMIZERS, n),
     "execution": lambda v, n: choice(v, EXECUTIONS, n),
     "backend": lambda v, n: choice(v, BACKEND_CHOICES, n),
+    "search": lambda v, n: choice(v, tuple(SEARCHES), n),
+    "progress": _flag,
     "verbose": _flag,
     "cache_path": lambda v, n: str(v),
 }

@@ -12,7 +12,7 @@ import functools
 from typing import Any, Callable
 
 from . import gpu
-from .backends import open_backends
+from .backends import Candidate, open_backends
 from .benchmark import Benchmarker, CudnnBenchmarker
 from .bindings import cudnn
 from .bindings.enums import VIRTUAL_ALGO
@@ -96,6 +96,15 @@ class Handle:
         if self._capturer is None:
             return direct
         return GraphedProgram(program, self._capturer, problem.describe(), direct=direct)
+
+    def favourite(self, problem: ConvProblem) -> Candidate:
+        """cuDNN's heuristic favourite for `problem`: the first-ranked candidate of the first
+        backend in use, with its workspace; nothing is timed."""
+        backend = self.backends[self.backends.names[0]]
+        try:
+            return backend.candidate(problem, backend.ranked(problem)[0])
+        finally:
+            backend.release()
 
     def assignment(self, problem: ConvProblem) -> Assignment:
         """The kernel's configuration and workspace, optimizing it (WD: solving) if needed."""

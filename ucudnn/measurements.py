@@ -15,7 +15,10 @@ UNSUPPORTED = "unsupported"  # cuDNN does not implement this algorithm for this 
 FAILED = "failed"  # cuDNN returned an error when running it
 OUT_OF_MEMORY = "out_of_memory"  # its workspace could not be allocated
 OVER_CAP = "over_cap"  # workspace larger than the benchmark's cap: not timed
-STATUSES = (OK, UNSUPPORTED, FAILED, OUT_OF_MEMORY, OVER_CAP)
+# ranked below the best few that a pruned search times (ucudnn.search): not built, so its
+# workspace is unknown (stored as 0); a full search measures it. Never replaces a row taken.
+PRUNED = "pruned"
+STATUSES = (OK, UNSUPPORTED, FAILED, OUT_OF_MEMORY, OVER_CAP, PRUNED)
 UNMEASURED = (OVER_CAP, OUT_OF_MEMORY)  # not timed: measured again when a limit admits them
 
 
@@ -101,7 +104,11 @@ class ShapeTable:
             self.add(m)
 
     def add(self, m: Measurement) -> None:
-        self._rows[m.batch, m.accumulates, m.algo] = m
+        """Keep `m`, replacing the row of its (batch, part of a sum, candidate), unless `m` was
+        pruned and that row was taken (the rule the database's upsert also keeps)."""
+        key = (m.batch, m.accumulates, m.algo)
+        if m.status != PRUNED or key not in self._rows:
+            self._rows[key] = m
 
     def __iter__(self):
         return iter(self._rows.values())

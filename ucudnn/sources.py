@@ -18,6 +18,7 @@ from .device import Provenance
 from .errors import CacheError, MissingMeasurementsError
 from .measurements import KernelTable
 from .problem import ConvProblem
+from .search import named
 
 Progress = Callable[[int, int, ConvProblem], None]
 
@@ -39,9 +40,11 @@ def complete_tables(problems: Sequence[ConvProblem], settings: Settings, cap: in
     """Tables of the settings' backends complete for the policy's sizes within `cap` bytes and
     for the whole batch with no cap (the unlimited reference); `source` (a Cache or database)
     lacks only what is measured."""
-    backends = settings.backends(gpu=benchmarker is not None)
-    ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress, device=device, backends=backends)
-    return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device, backends=backends)
+    backends, search = settings.backends(gpu=benchmarker is not None), named(settings.search)
+    ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress, device=device, backends=backends,
+                  search=search)
+    return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device, backends=backends,
+                         search=search)
 
 
 def open_database(path: str | Path | None, check: bool = True) -> BenchmarkDatabase:

@@ -11,7 +11,7 @@ default where the frontend imports), `engines` or `legacy`.
 """
 from __future__ import annotations
 
-from .base import (BACKENDS, CHOICES, FRONTEND_PACKAGE, Backend, Backends, Candidate,  # noqa: F401
+from .base import (BACKENDS, CHOICES, FRONTEND_PACKAGE, Backend, Backends, Candidate, candidates,  # noqa: F401
                    backend_of, candidate_id, frontend_installed, frontend_version, resolve, split_id)
 
 

@@ -75,8 +75,12 @@ class Backend(Protocol):
     name: str
     blends: bool  # whether its calls take alpha and beta (ucudnn.accumulation)
 
-    def candidates(self, problem: "ConvProblem") -> list[Candidate]:
-        """Every candidate of micro-batch kernel `problem`."""
+    def ranked(self, problem: "ConvProblem") -> list[str]:
+        """The ids of every candidate of micro-batch kernel `problem`, cuDNN's heuristic
+        favourite first; cheap: nothing is built (a search times the first few, ucudnn.search)."""
+
+    def candidate(self, problem: "ConvProblem", candidate: str) -> Candidate:
+        """One ranked candidate with its workspace and status (building its plan where needed)."""
 
     def prepare(self, step: "Step") -> "Plan":
         """The plan of `step` (see ucudnn.dispatch.Plan)."""
@@ -89,6 +93,11 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Free what the backend holds of its own (a handle); its calls can no longer run."""
+
+
+def candidates(backend: Backend, problem: "ConvProblem") -> list[Candidate]:
+    """Every candidate of `backend` for micro-batch kernel `problem`, in its ranking's order."""
+    return [backend.candidate(problem, c) for c in backend.ranked(problem)]
 
 
 def _no_device(*args) -> None:

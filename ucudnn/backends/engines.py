@@ -1,10 +1,11 @@
 """The engines backend: cuDNN's graph API through nvidia-cudnn-frontend (module `cudnn`).
 
 Each micro-batch kernel is one frontend graph. Its candidates are every engine configuration
-that heuristics modes A, B and FALLBACK list, without those the numerics forbid, named by engine
-id and knobs (`get_plan_name_at_index`). Listing a candidate's workspace needs its plan built
-(0.05-1.5 s per graph for all of them), so a handle builds only the plans it runs, and the
-benchmarker drops the graphs of each kernel it has measured (`release`). Building on 8 threads,
+that heuristics modes A, B and FALLBACK list, in their order, without those the numerics forbid,
+named by engine id and knobs (`get_plan_name_at_index`). Listing a candidate's workspace needs its
+plan built (0.05-1.5 s per graph for all of them), so plans are built one by one as asked for: a
+handle builds only the plans it runs, a pruned search (ucudnn.search) only those it may time, and
+the benchmarker drops the graphs of each kernel it has measured (`release`). Building on 8 threads,
 a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, docs/results.md).
 """
 from __future__ import annotations
@@ -160,19 +161,23 @@ class EnginesBackend:
             self._graphs[problem.key] = KernelGraph(self.fe, problem, self.handle)
         return self._graphs[problem.key]
 
-    def candidates(self, problem: ConvProblem) -> list[Candidate]:
+    def ranked(self, problem: ConvProblem) -> list[str]:
+        """Candidate ids in the heuristics' order (modes A, B, FALLBACK), no plan built; one
+        NO_CANDIDATE where the frontend refuses the graph or cuDNN supports it with no engine."""
         try:
-            graph = self.graph(problem)
+            names = list(self.graph(problem).index)
         except BackendUnavailableError:
             raise
         except Exception:  # the frontend refuses the graph itself (e.g. a layout it cannot express)
-            return [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
-        found = []
-        for name in graph.index:
-            built = graph.build(name)
-            found.append(Candidate(candidate_id(NAME, name), 0, FAILED) if isinstance(built, str)
-                         else Candidate(candidate_id(NAME, name), built, OK))
-        return found or [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
+            names = []
+        return [candidate_id(NAME, name) for name in names] or [NO_CANDIDATE]
+
+    def candidate(self, problem: ConvProblem, candidate: str) -> Candidate:
+        """The candidate with its plan's workspace, building the plan (FAILED where it cannot)."""
+        if candidate == NO_CANDIDATE:
+            return Candidate(NO_CANDIDATE, 0, UNSUPPORTED)
+        built = self.graph(problem).build(split_id(candidate)[1])
+        return Candidate(candidate, 0, FAILED) if isinstance(built, str) else Candidate(candidate, built, OK)
 
     def prepare(self, step: Step) -> Plan:
         p, name = step.problem, split_id(step.algo)[1]

@@ -1,18 +1,18 @@
 """The legacy backend: cuDNN's legacy convolution API, one candidate per algorithm (for a
-deterministic kernel, per algorithm cuDNN reports deterministic)."""
+deterministic kernel, per algorithm cuDNN reports deterministic), in cuDNN's heuristic order."""
 from __future__ import annotations
 
 from typing import Iterable
 
 from ..bindings import cudnn
 from ..bindings.convolution import get_algorithms, workspace_size
-from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, refuses_problem
+from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, algo_number, refuses_problem
 from ..bindings.executor import CudnnExecutor
 from ..dispatch import Plan, Step
 from ..errors import CudnnError
 from ..measurements import FAILED, OK, UNSUPPORTED
 from ..problem import ConvProblem
-from .base import Candidate, candidate_id
+from .base import Candidate, candidate_id, split_id
 
 NAME = "legacy"
 NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where no algorithm may run the kernel
@@ -46,28 +46,31 @@ class LegacyBackend:
         self.handle = handle
         self.executor = CudnnExecutor(handle)
 
-    def candidates(self, problem: ConvProblem) -> list[Candidate]:
-        descs = self.executor.descriptors(problem)
-        found = []
-        for algo in self._allowed(problem, descs):
-            try:
-                found.append(Candidate(legacy_id(problem.kind, algo),
-                                       workspace_size(self.handle, problem.kind, descs, algo), OK))
-            except CudnnError as exc:
-                found.append(Candidate(legacy_id(problem.kind, algo), 0, failure(exc)))
-        return found or [Candidate(NO_CANDIDATE, 0, UNSUPPORTED)]
-
-    def _allowed(self, problem: ConvProblem, descs) -> list[int]:
-        """Every algorithm, or for a deterministic kernel those cuDNN reports deterministic (none
-        where it refuses to rank the kernel's algorithms at all)."""
-        every = range(algo_count(problem.kind))
-        if not problem.deterministic:
-            return list(every)
+    def ranked(self, problem: ConvProblem) -> list[str]:
+        """Candidate ids in cuDNN's heuristic order (cudnnGet*Algorithm_v7; algorithms it does
+        not list follow in enum order); for a deterministic kernel only the algorithms cuDNN
+        reports deterministic (none where it refuses to rank them); NO_CANDIDATE where none is left."""
         try:
-            allowed = deterministic_algorithms(get_algorithms(self.handle, problem.kind, descs))
+            perfs = get_algorithms(self.handle, problem.kind, self.executor.descriptors(problem))
         except CudnnError:
-            return []
-        return [algo for algo in every if algo in allowed]
+            perfs = None
+        if problem.deterministic:
+            allowed = deterministic_algorithms(perfs or ())
+            order = [p.algo for p in perfs or () if p.algo in allowed]
+        else:
+            order = [*(p.algo for p in perfs or ()), *range(algo_count(problem.kind))]
+        return [legacy_id(problem.kind, algo) for algo in dict.fromkeys(order)] or [NO_CANDIDATE]
+
+    def candidate(self, problem: ConvProblem, candidate: str) -> Candidate:
+        """The candidate with its workspace (cudnnGet*WorkspaceSize), or why it cannot run."""
+        if candidate == NO_CANDIDATE:
+            return Candidate(NO_CANDIDATE, 0, UNSUPPORTED)
+        algo = algo_number(problem.kind, split_id(candidate)[1])
+        try:
+            return Candidate(candidate, workspace_size(self.handle, problem.kind,
+                                                       self.executor.descriptors(problem), algo), OK)
+        except CudnnError as exc:
+            return Candidate(candidate, 0, failure(exc))
 
     def prepare(self, step: Step) -> Plan:
         return self.executor.plan(step)

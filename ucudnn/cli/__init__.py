@@ -19,9 +19,12 @@ from ..config import OPTIMIZERS, POLICIES
 from ..device import EXECUTIONS
 from ..errors import UcudnnError, UcudnnWarning, install_extra
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
+from ..search import SEARCHES
 from .arguments import batch_size, byte_size, database_file, device_list, output_file, plot_file, setting
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize
+
+SEARCH_NAMES = tuple(SEARCHES)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=_FORMATTER)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = _command(commands, "bench", "measure every kernel (F, BD, BF) of a network into the cache",
+    p = _command(commands, "bench", "measure every kernel (F, BD, BF) of a network into the cache: every "
+                 "candidate at every micro-batch size (a full search)",
                  "ucudnn bench --net resnet50 --batch 64 --policy powerOfTwo", bench,
                  [_NETWORK, _POLICY, _CACHE, _JSON])
     p.add_argument("--devices", type=device_list, metavar="0,1", help=(
@@ -117,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", metavar="LAYER/KIND", help=(
         "the kernel whose Pareto front --plot draws, e.g. conv2/F (default: the one the plan speeds up most)"))
     p.add_argument("--offline", action="store_true", help="plan from the cache only, even where a GPU could measure")
+    p.add_argument("--search", type=setting(SEARCH_NAMES), choices=SEARCH_NAMES, help=(
+        "what measuring on this GPU times: pruned (cuDNN's heuristic favourites within the limit, sizes "
+        "down to where they stop paying) or full (every candidate at every size, as `ucudnn bench` "
+        "records) (default: $UCUDNN_SEARCH, else pruned)"))
 
     cache = _command(commands, "cache", "inspect and maintain benchmark databases",
                      "ucudnn cache show --net alexnet --kernel conv2/F", None)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import textwrap
 import time
+from dataclasses import replace
 
 from .. import gpu
 from ..cache.paths import cache_path
@@ -30,7 +31,8 @@ def _settings(args) -> Settings:
                           "only sets a total where none is given (the kernels times it); drop one of them")
     return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
                          total_workspace_limit=total, optimizer=optimizer,
-                         cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None))
+                         cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None),
+                         search=getattr(args, "search", None))
 
 
 def kernels_of(args) -> tuple[Network, list[Kernel]]:
@@ -53,7 +55,7 @@ def _progress(kernels: list[Kernel]) -> ProgressBar:
 
 
 def bench(args) -> int:
-    settings = _settings(args)
+    settings = replace(_settings(args), search="full")  # what a database is filled with to share
     network, kernels = kernels_of(args)
     if not gpu_available():
         raise GpuUnavailableError("ucudnn bench measures on an NVIDIA GPU with cuDNN and none is usable here; "

@@ -14,6 +14,7 @@ from ..benchmark import Benchmarker
 from ..device import DeviceInfo
 from ..errors import ConfigError, MissingMeasurementsError
 from ..problem import ConvProblem
+from ..search import FULL
 
 W = TypeVar("W", bound=Hashable)
 SizesFor = Callable[[ConvProblem], Sequence[int]]
@@ -65,7 +66,7 @@ def split_tasks(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int |
     tasks: dict[tuple[str, int, str], Task] = {}
     for p in problems:
         for backend in backends:
-            for b in tables[p.key].only([backend]).missing(sizes_for(p), cap):
+            for b in FULL.missing(tables[p.key], sizes_for(p), cap, [backend]):
                 tasks.setdefault((p.shape_key(), b, accumulates(p, b), backend), Task(p, b, backend))
     return list(tasks.values())
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import Counter
 from typing import Any, Iterator
 
@@ -11,10 +12,12 @@ from torch import Tensor, nn
 
 from ...config import Settings, format_size
 from ...errors import ConfigError, DeviceMemoryError
-from ...problem import ConvKind
+from ...measurements import OK
+from ...problem import ConvKind, ConvProblem
+from ...progress import Progress
 from .call import Call
 from .fallback import UNPLANNABLE, warn_once
-from .delegation import worth_delegating
+from .delegation import settled_by_torch, worth_delegating
 from .kernels import CudaBackend, TorchKernel, TorchTiming, UcudnnKernel
 from .memory import AUTO, auto_total
 from .sites import Site, Sites
@@ -70,6 +73,9 @@ class Context:
         # (via, kind) -> kernel calls: ("ucudnn", "F"), ("torch", "BF"), ...; DELEGATED: layer calls
         self.runs: Counter = Counter()
         self.fallbacks: Counter = Counter()  # reason -> layer calls that went to torch entirely
+        self.progress = Progress(self.settings.progress)
+        self._planning_s: Counter = Counter()  # (kind, call) -> seconds spent planning it, torch's timing included
+        self._unswept: set[Call] = set()  # delegated with no sweep: torch's kernels fit, and cuDNN's favourites
 
     @property
     def wd(self) -> bool:
@@ -85,7 +91,11 @@ class Context:
     def run(self, site: Site, kind: ConvKind, x: Tensor, w: Tensor, y: Tensor) -> None:
         """Run kernel `kind` of the site's Call on x, w, y (F writes y, BD writes x, BF writes w).
         Where its workspace cannot be borrowed, the kernel is planned within less (_shrink)."""
-        kernel = site.kernels.get(kind) or self._site_kernel(site, kind)
+        kernel = site.kernels.get(kind)
+        if kernel is None:
+            kernel = self._site_kernel(site, kind)
+        elif self.progress.open:
+            self.progress.idle(self._planned_so_far)
         self.runs[kernel.counted] += 1
         with self.backend.device_guard(site.call.device):
             while True:
@@ -112,22 +122,31 @@ class Context:
         delegated = site.delegated
         if delegated is None:
             delegated = site.delegated = self._decide(site)
+        elif self.progress.open:
+            self.progress.idle(self._planned_so_far)
         if delegated:
             self.runs[DELEGATED] += 1
         return delegated
 
     def _decide(self, site: Site) -> bool:
-        """Under WR with delegation on: plan the site's kernels, time torch's own, and apply
-        delegation.worth_delegating. WD divides one workspace among ucudnn's kernels: never."""
+        """Under WR with delegation on: time torch's own kernels first; where they and cuDNN's
+        favourites fit the limit (delegation.settled_by_torch), delegate with no sweep; else plan
+        the site's kernels and apply delegation.worth_delegating. WD divides one workspace among
+        ucudnn's kernels: never."""
         if not self.delegate or self.wd:
             return False
-        key = (site.call, site.kinds)
+        key, call = (site.call, site.kinds), site.call
         if key not in self._delegated:
+            torch_timings = [self._torch_timing(call, kind) for kind in site.kinds]
+            if settled_by_torch(torch_timings, [self._favourite_workspace(call, kind) for kind in site.kinds],
+                                self.settings.workspace_limit):
+                self._unswept.add(call)
+                self._delegated[key] = True
+                return True
             kernels = [self._site_kernel(site, kind) for kind in site.kinds]
             self._delegated[key] = (
                 all(isinstance(k, UcudnnKernel) for k in kernels)
-                and worth_delegating([k.assignment.configuration.time_ms for k in kernels],
-                                     [self._torch_timing(site.call, kind) for kind in site.kinds],
+                and worth_delegating([k.assignment.configuration.time_ms for k in kernels], torch_timings,
                                      self.settings.workspace_limit))
         return self._delegated[key]
 
@@ -135,9 +154,33 @@ class Context:
         if (kind, call) not in self._torch_timings:
             # in the planning scope: its operands (~190 MiB for AlexNet's conv2) go back to the
             # device afterwards rather than staying cached in odd sizes in the pool the step runs in
-            with self._lock, self.backend.device_guard(call.device), self.backend.planning(call.device):
+            with self._lock, self.backend.device_guard(call.device), self.backend.planning(call.device), \
+                    self._planning(kind, call, "timing torch's own"):
                 self._torch_timings[kind, call] = self.backend.time_torch(call.problem(kind), call.device)
         return self._torch_timings[kind, call]
+
+    def _favourite_workspace(self, call: Call, kind: ConvKind) -> int | None:
+        """The workspace of cuDNN's heuristic favourite for the kernel (Handle.favourite; None
+        where it cannot run it)."""
+        with self._lock, self.backend.device_guard(call.device):
+            favourite = self.handle(call.device).favourite(call.problem(kind))
+        return favourite.workspace if favourite.status == OK else None
+
+    @contextlib.contextmanager
+    def _planning(self, kind: ConvKind, call: Call, doing: str) -> Iterator[None]:
+        """A planning step of the kernel: shown by the progress line, its seconds kept for summary()."""
+        self.progress.step(f"{doing} {_brief(call.problem(kind))}", self._planned_so_far())
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._planning_s[kind, call] += time.perf_counter() - started
+            self.progress.finished()
+
+    def _planned_so_far(self) -> str:
+        delegated = sum(self._delegated.values())
+        return (f"{len(self._kernels)} kernels planned, {delegated} layers left to torch's own convolution "
+                f"({len(self._unswept)} with no sweep)")
 
     def _site_kernel(self, site: Site, kind: ConvKind) -> UcudnnKernel | TorchKernel:
         kernel = site.kernels[kind] = self._kernels.get((kind, site.call)) or self._kernel(site.call, kind)
@@ -146,7 +189,7 @@ class Context:
     def _kernel(self, call: Call, kind: ConvKind) -> UcudnnKernel | TorchKernel:
         with self._lock, self.backend.device_guard(call.device):
             if (kind, call) not in self._kernels:
-                with self.backend.planning(call.device):
+                with self.backend.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
                     self._kernels[kind, call] = self._planned(call, kind, "assignment")
             return self._kernels[kind, call]
 
@@ -232,17 +275,22 @@ class Context:
                 handle.reset()
             self._kernels.clear()
             self._delegated.clear()
+            self._unswept.clear()
             self.sites.clear()
 
     def summary(self) -> dict:
-        """Settings, every planned kernel's configuration and workspace, calls, fallbacks and
-        (WD) the solve: what benchmarks report."""
+        """Settings, every kernel planned or timed: its configuration and workspace, or torch's
+        (delegated, `swept` False where no sweep was needed), and the seconds its planning took;
+        calls, fallbacks and (WD) the solve: what benchmarks report."""
         s = self.settings
         delegated = {call for (call, _), yes in self._delegated.items() if yes}
-        out = dict(optimizer=s.optimizer, policy=s.batch_size_policy, workspace_limit=s.workspace_limit,
-                   delegate=self.delegate,
-                   kernels=[_describe(kind, kernel, self._torch_timings.get((kind, call)), call in delegated)
-                            for (kind, call), kernel in self._kernels.items()],
+        keys = dict.fromkeys([*self._kernels, *self._torch_timings])
+        out = dict(optimizer=s.optimizer, policy=s.batch_size_policy, search=s.search,
+                   workspace_limit=s.workspace_limit, delegate=self.delegate,
+                   planning_s=sum(self._planning_s.values()),
+                   kernels=[_describe(kind, call, self._kernels.get((kind, call)), self._torch_timings.get((kind, call)),
+                                      call in delegated, self._planning_s[kind, call])
+                            for kind, call in keys],
                    runs={f"{via}:{kind}": n for (via, kind), n in self.runs.items()},
                    fallbacks=dict(self.fallbacks))
         if self.wd:
@@ -260,12 +308,13 @@ class Context:
         return f"ucudnn.torch.Context(optimizer={s.optimizer!r}, workspace_limit={limit}, policy={s.batch_size_policy!r})"
 
 
-def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel, torch_timing: TorchTiming | None,
-              delegated: bool) -> dict:
-    """One planned kernel for summary(): how it runs, its configuration and, where timed, torch's
-    own kernel (`delegated`: its layer runs torch's convolution)."""
-    out = dict(kind=kind.value, kernel=kernel.problem.describe(), via="torch" if delegated else kernel.via,
-               delegated=delegated)
+def _describe(kind: ConvKind, call: Call, kernel: UcudnnKernel | TorchKernel | None,
+              torch_timing: TorchTiming | None, delegated: bool, planning_s: float) -> dict:
+    """One kernel for summary(): how it runs, its configuration and, where timed, torch's own
+    kernel (`delegated`: its layer runs torch's convolution; no kernel: nor was it swept)."""
+    out = dict(kind=kind.value, kernel=call.problem(kind).describe(),
+               via="torch" if delegated or kernel is None else kernel.via, delegated=delegated,
+               swept=kernel is not None, planning_s=planning_s)
     if torch_timing is not None:
         out.update(torch_ms=torch_timing.ms, torch_workspace=torch_timing.workspace)
     if isinstance(kernel, UcudnnKernel):
@@ -274,6 +323,11 @@ def _describe(kind: ConvKind, kernel: UcudnnKernel | TorchKernel, torch_timing: 
                    parts=len(configuration.micro), workspace=kernel.assignment.workspace_size,
                    predicted_ms=configuration.time_ms)
     return out
+
+
+def _brief(problem: ConvProblem) -> str:
+    """A kernel in a few words, for the progress line: 'BF x=(32, 64, 56, 56) w=(64, 64, 3, 3) float16'."""
+    return f"{problem.kind.value} x={problem.x_shape} w={problem.w_shape} {problem.dtype}"
 
 
 def _rebuild_context(settings: Settings, delegate: bool = True, total_auto: bool = False) -> Context:

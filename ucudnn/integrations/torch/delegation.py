@@ -12,6 +12,7 @@ free then, as torch's benchmark mode sees it).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from .kernels import TorchTiming
@@ -21,6 +22,18 @@ from .kernels import TorchTiming
 # (~0.09 ms a layer) on the H100's host (docs/torch.md). The smaller figure keeps ucudnn on a
 # layer wherever its kernels win clearly.
 HOST_COST_MS = 0.05
+
+
+def settled_by_torch(torch: Sequence[TorchTiming], favourites: Sequence[int | None], limit: int) -> bool:
+    """Whether a layer runs torch's own convolution with no sweep of ucudnn's candidates: each of
+    its torch kernels was timed (its operands fit) and fits the per-kernel workspace `limit`, and
+    so does cuDNN's heuristic
+    favourite of each kernel (its workspace in `favourites`; None: it cannot run). Then no plan
+    cuDNN rates best is kept out by the limit, which is all micro-batching can let in; torch's
+    benchmark mode has already timed the plans cuDNN rates best. Where the favourite does not fit
+    (e.g. under memory pressure torch settles for a slow plan), the sweep decides."""
+    return bool(torch) and all(t.ms < math.inf and t.workspace <= limit for t in torch) and \
+        all(w is not None and w <= limit for w in favourites)
 
 
 def worth_delegating(ucudnn_ms: Sequence[float], torch: Sequence[TorchTiming], limit: int,

@@ -1,0 +1,368 @@
+"""Cold start on models nobody here planned: the first converted training iteration against
+torch's own, in fresh processes, from an empty benchmark database and then from the filled one.
+
+Models (built here, not in ucudnn.nets): timm resnet50d, efficientnet_b0 and convnext_tiny in AMP
+fp16 channels_last at B = 32, torchvision resnet50 in fp32 at B = 64 (`pretrained=False`). For each:
+(t) torch: a fresh process, cudnn.benchmark on, times its first and second training iteration
+    (forward, cross-entropy, backward, SGD step; synchronized; wall clock, cuDNN start-up included).
+For each limit (64 MiB, 8 MiB per kernel; WR, delegation on, the pruned search):
+(c) cold: a fresh process converts the model (ucudnn.torch.convert, cache_path = a new database)
+    and times its first iteration (planning included; the progress line goes to the log), its
+    second, then checks every conv weight gradient of one more step against the same model run by
+    torch's own convolutions (same weights, input and RNG), and against a control: torch's own
+    run again with cudnn.benchmark off (other algorithms, the same arithmetic otherwise): the
+    relative L2 error of each, the worst layer reported.
+(w) warm: a fresh process on the database (c) filled: its first iteration; at 64 MiB then the
+    steady state side by side with torch's own copy in the same process (memory free): ROUNDS
+    rounds of ITERS iterations each, taking turns, CUDA events, medians.
+(f) at 8 MiB, offline: the kernels (c) swept, planned by WR from its pruned measurements and from
+    a full sweep of them (every candidate at every size, into a copy of the database): the sums of
+    their predicted times.
+Bars (issue "cold start"): (c) <= 2x (t) at 64 MiB and <= 3x at 8 MiB; (w) <= (t) + 2 s; steady
+>= 0.97x torch's; (f) pruned within 5% of full; gradients within fp16 tolerance (worst layer's
+relative error <= max(1e-2, 3x the control's)).
+
+    PYTHONPATH=. python3 bench/cold_models.py --out OUT [--models resnet50d,...] [--limits 64MiB,8MiB]
+        [--deadline 560] [--rounds 5] [--iters 10]
+"""
+from __future__ import annotations
+
+import time
+
+STARTED = time.time()
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+MODELS = {  # name -> (source, precision, batch)
+    "resnet50d": ("timm", "amp", 32),
+    "efficientnet_b0": ("timm", "amp", 32),
+    "convnext_tiny": ("timm", "amp", 32),
+    "resnet50": ("torchvision", "fp32", 64),
+}
+LIMITS = ("64MiB", "8MiB")
+RESULT = "RESULT "
+GRAD_FLOOR = 1e-2  # relative L2 error of a weight gradient that fp16 rounding alone can reach
+FIRST_BARS = {"64MiB": 2.0, "8MiB": 3.0}
+WARM_EXTRA_S, STEADY_BAR, PRUNED_BAR = 2.0, 0.97, 0.05
+LOSS_SCALE = 2.0**12
+CHILD_TIMEOUT_S = 300.0  # no one process may take the whole deadline
+
+
+# --- pure parts ---------------------------------------------------------------------------------
+
+def relative_error(got, want) -> float:
+    """||got - want|| / ||want|| of two gradients (float64)."""
+    scale = float(want.double().norm())
+    return float((got.double() - want.double()).norm()) / max(scale, 1e-30)
+
+
+def verdicts(torch_run: dict, cold: dict, warm: dict, full: dict | None, limit: str) -> dict:
+    """Each bar of the module's docstring: met (True/False) or not measured (None)."""
+    def ratio(a, b):
+        return None if a is None or b is None else a / b
+
+    first = ratio(cold.get("first_s"), torch_run.get("first_s"))
+    grads = cold.get("grads") or {}
+    out = {"first_ratio": first, "first_ok": None if first is None else first <= FIRST_BARS[limit],
+           "warm_ok": None if warm.get("first_s") is None or torch_run.get("first_s") is None
+           else warm["first_s"] <= torch_run["first_s"] + WARM_EXTRA_S}
+    if grads:
+        out["grads_ok"] = grads["worst"] <= max(GRAD_FLOOR, 3 * grads["control_worst"])
+    steady = warm.get("steady")
+    if steady:
+        out["steady_ok"] = steady["torch_over_ucudnn"] >= STEADY_BAR
+    if full and full.get("full_ms"):
+        out["pruned_over_full"] = full["pruned_ms"] / full["full_ms"]
+        out["pruned_ok"] = out["pruned_over_full"] <= 1 + PRUNED_BAR
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | limit | torch first (s) | cold first (s) | ratio | warm first (s) | planning (s) | "
+             "kernels swept / delegated unswept | steady torch/ucudnn | pruned/full predicted | worst grad err "
+             "(control) |", "|" + "---|" * 11]
+    for r in rows:
+        cold, warm, v = r.get("cold", {}), r.get("warm", {}), r.get("verdicts", {})
+        s = cold.get("summary", {})
+        grads = cold.get("grads") or {}
+        steady = (warm.get("steady") or {}).get("torch_over_ucudnn")
+        lines.append("| " + " | ".join([
+            r["model"], r["limit"], _f(r.get("torch", {}).get("first_s")), _f(cold.get("first_s")),
+            _f(v.get("first_ratio"), 2), _f(warm.get("first_s")), _f(s.get("planning_s")),
+            f"{s.get('swept', '-')} / {s.get('unswept', '-')}", _f(steady, 3), _f(v.get("pruned_over_full"), 3),
+            f"{_f(grads.get('worst'), 4, 'e')} ({_f(grads.get('control_worst'), 4, 'e')})"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _f(value, digits: int = 1, kind: str = "f") -> str:
+    return "-" if value is None else f"{value:.{digits}{kind}}"
+
+
+# --- the GPU side -------------------------------------------------------------------------------
+
+def build(name: str):
+    import torch
+
+    source, precision, batch = MODELS[name]
+    if source == "timm":
+        import timm
+
+        model = timm.create_model(name, pretrained=False)
+    else:
+        import torchvision
+
+        model = getattr(torchvision.models, name)(weights=None)
+    amp = precision == "amp"
+    fmt = torch.channels_last if amp else torch.contiguous_format
+    model = model.cuda().to(memory_format=fmt).train()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(batch, 3, 224, 224, device="cuda", generator=generator).contiguous(memory_format=fmt)
+    target = torch.randint(0, 1000, (batch,), device="cuda", generator=generator)
+    return model, x, target, amp
+
+
+def stepper(model, x, target, amp: bool):
+    """One training iteration of `model` (its own SGD optimizer and GradScaler)."""
+    import torch
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = torch.nn.functional.cross_entropy(model(x), target)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return step
+
+
+def timed_s(step) -> float:
+    import torch
+
+    began = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    return time.perf_counter() - began
+
+
+def conv_grads(model, x, target, amp: bool, seed: int = 1) -> dict:
+    """Every conv weight gradient of one forward and backward (no step), by module name; in AMP
+    the loss scaled by LOSS_SCALE, as a GradScaler would, so that no fp16 gradient underflows."""
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+        loss = torch.nn.functional.cross_entropy(model(x), target)
+    (loss * (LOSS_SCALE if amp else 1.0)).backward()
+    return {n: m.weight.grad.detach().clone() for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Conv2d) and m.weight.grad is not None}
+
+
+def plain_copy(model):
+    """`model` deep-copied with its converted layers back to torch's own nn.Conv2d."""
+    import torch
+
+    twin = copy.deepcopy(model)
+    for m in twin.modules():
+        if isinstance(m, torch.nn.Conv2d) and type(m) is not torch.nn.Conv2d:
+            m.__class__ = torch.nn.Conv2d
+    return twin
+
+
+def grad_check(model, x, target, amp: bool) -> dict:
+    """Worst relative error of ucudnn's conv weight gradients against torch's, and of torch's
+    with cudnn.benchmark off (other algorithms) against torch's: the control."""
+    import torch
+
+    reference = plain_copy(model)
+    got = conv_grads(model, x, target, amp)
+    want = conv_grads(reference, x, target, amp)
+    torch.backends.cudnn.benchmark = False
+    control = conv_grads(plain_copy(reference), x, target, amp)
+    torch.backends.cudnn.benchmark = True
+    errors = {n: relative_error(got[n], want[n]) for n in want}
+    controls = {n: relative_error(control[n], want[n]) for n in want}
+    worst = max(errors, key=errors.get)
+    return {"layers": len(errors), "worst": errors[worst], "worst_layer": worst,
+            "control_worst": max(controls.values()), "median": statistics.median(errors.values())}
+
+
+def steady(steps: dict, rounds: int, iters: int) -> dict:
+    """Median ms per iteration of each step, the steps taking turns (who goes first rotating)."""
+    import torch
+
+    names, times = list(steps), {n: [] for n in steps}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+            events[0].record()
+            for i in range(iters):
+                steps[n]()
+                events[i + 1].record()
+            events[-1].synchronize()
+            times[n] += [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+    medians = {n: statistics.median(t) for n, t in times.items()}
+    return {"ms": medians, "torch_over_ucudnn": medians["torch"] / medians["ucudnn"]}
+
+
+def child(args) -> dict:
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    torch.zeros(1, device="cuda")  # the CUDA context, as every process starts it before training
+    model, x, target, amp = build(args.model)
+    out = {}
+    if args.child != "torch":
+        import ucudnn.torch as ut
+
+        ut.convert(model, workspace_limit=args.limit, cache_path=args.cache)
+    step = stepper(model, x, target, amp)
+    out["first_s"] = timed_s(step)
+    out["second_s"] = timed_s(step)
+    if args.child == "torch":
+        return out
+    summary = ut.context_of(model).summary()
+    out["summary"] = {"planning_s": summary["planning_s"], "search": summary["search"],
+                      "kernels": len(summary["kernels"]), "swept": sum(k["swept"] for k in summary["kernels"]),
+                      "unswept": sum(not k["swept"] for k in summary["kernels"]),
+                      "delegated": sum(k["delegated"] for k in summary["kernels"]), "runs": summary["runs"],
+                      "slowest": sorted(({"kernel": k["kernel"], "planning_s": k["planning_s"], "swept": k["swept"]}
+                                         for k in summary["kernels"]), key=lambda k: -k["planning_s"])[:5]}
+    if args.child == "cold":
+        out["grads"] = grad_check(model, x, target, amp)
+        context = ut.context_of(model)
+        out["swept_problems"] = [call.problem(kind).to_dict() for (kind, call) in context._kernels]
+    if args.child == "warm" and args.steady:
+        torch_model = plain_copy(model)
+        steps = {"ucudnn": step, "torch": stepper(torch_model, x, target, amp)}
+        for s in steps.values():
+            s()
+        out["steady"] = steady(steps, args.rounds, args.iters)
+    return out
+
+
+def full_sweep(args) -> dict:
+    """WR's predicted time of the swept kernels from the pruned measurements and from a full sweep."""
+    from ucudnn.benchmark import CudnnBenchmarker, ensure_tables
+    from ucudnn.cache import Cache
+    from ucudnn.config import Settings
+    from ucudnn.problem import ConvProblem
+    from ucudnn.search import named
+    from ucudnn.solve import Kernel, solve_wr
+
+    problems = [ConvProblem.from_dict(d) for d in json.loads(Path(args.problems).read_text())]
+    settings = Settings.load(workspace_limit=args.limit)
+    limit = settings.workspace_limit
+    benchmarker = CudnnBenchmarker(execution=settings.execution, backend=settings.backend)
+    out, began = {"kernels": len(problems)}, time.perf_counter()
+    for search in ("pruned", "full"):
+        cache = Cache(args.cache)
+        try:
+            tables = ensure_tables(problems, settings.sizes_for, limit, cache, benchmarker, search=named(search))
+        finally:
+            cache.close()
+        out[f"{search}_ms"] = sum(solve_wr(Kernel(p.describe(), p), tables[p.key], settings, limit).time_ms
+                                  for p in problems)
+        out[f"{search}_s"] = time.perf_counter() - began
+    out["calls"] = benchmarker.calls
+    return out
+
+
+# --- the parent ---------------------------------------------------------------------------------
+
+def run_child(args, log: Path, timeout: float, **flags) -> dict:
+    command = [sys.executable, __file__, "--out", str(args.out)]
+    for key, value in flags.items():
+        command += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    began = time.time()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=max(min(timeout, CHILD_TIMEOUT_S), 1))
+        text, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        text, code = f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {timeout:.0f} s", "timeout"
+    with log.open("a") as f:
+        f.write(f"$ {' '.join(command)}\n{text}\n")
+    found = [json.loads(line[len(RESULT):]) for line in text.splitlines() if line.startswith(RESULT)]
+    result = found[-1] if found else {"error": f"exit {code}: {text.strip().splitlines()[-1:] or ''}"}
+    result["process_s"] = time.time() - began
+    return result
+
+
+def parent(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log, rows = out / "cold_models.log", []
+    deadline = STARTED + args.deadline
+
+    def left() -> float:
+        return deadline - time.time() - 10
+
+    for model in args.models.split(","):
+        torch_run = run_child(args, log, left(), child="torch", model=model)
+        for limit in args.limits.split(","):
+            if left() < 30:
+                break
+            db = out / "db" / f"{model}-{limit}.db"
+            db.parent.mkdir(exist_ok=True)
+            db.unlink(missing_ok=True)
+            cold = run_child(args, log, left(), child="cold", model=model, limit=limit, cache=db)
+            warm = run_child(args, log, left(), child="warm", model=model, limit=limit, cache=db,
+                             **({"steady": True} if limit == args.limits.split(",")[0] else {}))
+            full = None
+            if limit != args.limits.split(",")[0] and cold.get("swept_problems") and left() > 60 and args.full:
+                problems = out / "db" / f"{model}-{limit}.swept.json"
+                problems.write_text(json.dumps(cold["swept_problems"]))
+                copied = out / "db" / f"{model}-{limit}.full.db"
+                shutil.copy(db, copied)
+                full = run_child(args, log, left(), child="full", model=model, limit=limit, cache=copied,
+                                 problems=problems)
+                copied.unlink(missing_ok=True)
+            cold.pop("swept_problems", None)
+            rows.append({"model": model, "limit": limit, "precision": MODELS[model][1], "batch": MODELS[model][2],
+                         "torch": torch_run, "cold": cold, "warm": warm, "full": full,
+                         "verdicts": verdicts(torch_run, cold, warm, full, limit)})
+            (out / "cold_models.json").write_text(json.dumps(rows, indent=1))
+            (out / "cold_models.md").write_text(markdown(rows))
+            print(markdown(rows[-1:]), flush=True)
+    print(markdown(rows))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--limits", default=",".join(LIMITS))
+    p.add_argument("--deadline", type=float, default=560)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--no-full", dest="full", action="store_false", help="skip the offline full sweep (f)")
+    p.add_argument("--child", choices=("torch", "cold", "warm", "full"))
+    p.add_argument("--model", choices=tuple(MODELS))
+    p.add_argument("--limit")
+    p.add_argument("--cache")
+    p.add_argument("--problems")
+    p.add_argument("--steady", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.child is None:
+        return parent(args)
+    result = full_sweep(args) if args.child == "full" else child(args)
+    print(RESULT + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
