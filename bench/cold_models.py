@@ -34,7 +34,6 @@ STARTED = time.time()
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402

@@ -3,7 +3,7 @@
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests alignment record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd train shapes coldstart
-#                                          memory hostpath tables sweepprofile trainab
+#                                          memory hostpath tables sweepprofile trainab coldmodels
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -77,6 +77,8 @@ for stage in "${stages[@]}"; do
     hostpath) run hostpath python3 bench/host_path.py --out "$OUT" --deadline "$(budget 240)" ${HOSTPATH_ARGS:-} ;;
     # AlexNet: optimize from an empty cache, then fresh processes to their first iteration (ucudnn, torch alone)
     coldstart) run coldstart python3 bench/cold_start.py --out "$OUT" --deadline "$(budget 200)" ;;
+    # timm and torchvision models from an empty database: first iterations vs torch's, warm, steady, full sweep (COLD_ARGS)
+    coldmodels) run coldmodels python3 bench/cold_models.py --out "$OUT" --deadline "$(budget ${COLD_S:-560})" ${COLD_ARGS:-} ;;
     # the shipped torchvision conv tables traced here (torchvision is installed) into the tree, checked, and to $OUT
     tables) run tables python3 bench/torchvision_tables.py; cp ucudnn/nets/torchvision.json "$OUT/"
             run tables-test python3 -m pytest -q -p no:cacheprovider tests/test_nets.py ;;

@@ -166,3 +166,22 @@ def test_handle_runs_engines_and_legacy_side_by_side(tmp_path):
         print(f"{kind}: {config.describe()} error {error:.1e}")
         assert all(m.algo.split(":")[0] in ("engines", "legacy") for m in config.micro)
         assert error <= 5e-3  # FFT-class candidates round in the transformed domain (gpu_support)
+
+
+def test_a_pruned_measurement_times_the_favourites_and_builds_no_more():
+    """best=3: per size, the first three candidates of the engines' ranking that fit the cap are
+    timed; those ranked above them that do not fit are over the cap; the rest are PRUNED, unbuilt."""
+    pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
+    from ucudnn.benchmark import CudnnBenchmarker
+    from ucudnn.measurements import OK, OVER_CAP, PRUNED
+
+    p = ConvProblem("F", (32, 64, 27, 27), (192, 64, 5, 5), pads=2)
+    bench = CudnnBenchmarker(backend="engines")
+    ranked = bench.backends["engines"].ranked(p)
+    results = [m for m in bench.measure(p, (32,), cap=2**20, best=3)]
+    assert [m.algo for m in results] == ranked  # every candidate has a row, in the ranking's order
+    timed = [i for i, m in enumerate(results) if m.status == OK]
+    assert 1 <= len(timed) <= 3
+    assert all(m.status == PRUNED and m.workspace == 0 for m in results[timed[-1] + 1:])
+    assert any(m.status == PRUNED for m in results), "the engines rank 30-90 candidates; 3 were asked for"
+    assert all(m.status in (OVER_CAP, OK, "failed", "unsupported") for m in results[:timed[-1] + 1])
