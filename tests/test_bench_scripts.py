@@ -712,7 +712,7 @@ def test_cold_models_bars_and_table():
     assert cm.relative_error(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 2.0])) == pytest.approx(1 / 5**0.5)
     torch_run, cold = {"first_s": 10.0}, {"first_s": 25.0, "grads": {"worst": 0.02, "control_worst": 0.01},
                                            "summary": {"planning_s": 12.0, "swept": 9, "unswept": 40}}
-    warm = {"first_s": 11.5, "steady": {"torch_over_ucudnn": 0.98}}
+    warm = {"first_s": 11.5, "steady": {"torch_over_ucudnn": 0.98, "torch_over_control": 1.0}}
     v = cm.verdicts(torch_run, cold, warm, {"pruned_ms": 10.4, "full_ms": 10.0}, "8MiB")
     assert v["first_ratio"] == 2.5 and v["first_ok"] and v["warm_ok"] and v["grads_ok"] and v["steady_ok"]
     assert v["pruned_over_full"] == pytest.approx(1.04) and v["pruned_ok"]
