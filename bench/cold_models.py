@@ -17,7 +17,8 @@ For each limit (64 MiB, 8 MiB per kernel; WR, delegation on, the pruned search):
 (w) warm: a fresh process on the database (c) filled: its first iteration; at 64 MiB then the
     steady state side by side with torch's own copy in the same process (memory free), and a
     second torch copy as the A/A control: ROUNDS rounds of ITERS iterations each, taking turns,
-    CUDA events, medians.
+    CUDA events, medians; then again with the converted model's layers turned back into torch's
+    (the same model object, parameters and optimizer): what remains is not ucudnn's path.
 (f) at 8 MiB, offline: the kernels (c) swept, planned by WR from its pruned measurements and from
     a full sweep of them (every candidate at every size, into a copy of the database): the sums of
     their predicted times.
@@ -258,6 +259,12 @@ def child(args) -> dict:
         for s in steps.values():
             s()
         out["steady"] = steady(steps, args.rounds, args.iters)
+        # the converted model's own parameters, optimizer and allocations, its layers back to torch's:
+        # what is left of any difference is not ucudnn's convolution path
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                m.__class__ = torch.nn.Conv2d
+        out["steady_reverted"] = steady(steps, args.rounds, args.iters)
     return out
 
 

@@ -26,8 +26,8 @@ class FakeBenchmarker:
     is the kernel's per-sample size, plus the buffers of a part of a backward-filter sum, which
     it records as such (ucudnn.accumulation), as CudnnBenchmarker does. Counts measurements.
     Measures the candidates of `backend` (None: of each of its `backends`, CANDIDATES), ranked in
-    CANDIDATES' order: with `best`, the first `best` that fit the cap at each size, the rest
-    recorded PRUNED; a backend it was not made with is refused (ConfigError), as CudnnBenchmarker
+    CANDIDATES' order: with `best`, the first `best` at each size (on to the first that fits the
+    cap where none of them does), the rest recorded PRUNED; a backend it was not made with is refused (ConfigError), as CudnnBenchmarker
     refuses it."""
 
     def __init__(self, device: DeviceInfo = FAKE_DEVICE, scale: float = 1.0, backends=("legacy",)):
@@ -39,10 +39,11 @@ class FakeBenchmarker:
         candidates = {algo: model for name in names for algo, model in CANDIDATES[name].items()}
         results = []
         work = problem.flops() / problem.batch / 1e6  # per-sample size of the kernel
-        timed = Counter()
+        seen, timed = Counter(), Counter()
         for b, (algo, model) in itertools.product(sorted(set(sizes)), candidates.items()):
             summed = accumulates(problem, b)
-            if best is not None and timed[b, backend_of(algo)] >= best:
+            seen[b, backend_of(algo)] += 1
+            if best is not None and seen[b, backend_of(algo)] > best and timed[b, backend_of(algo)]:
                 results.append(Measurement(algo, b, None, 0, PRUNED, accumulates=summed))
                 continue
             self.calls += 1

@@ -691,13 +691,21 @@ def test_the_sweep_decides_where_cudnns_favourite_does_not_fit(numpy_context):
 def test_settled_by_torch_rule():
     from ucudnn.integrations.torch.delegation import settled_by_torch
     from ucudnn.integrations.torch.kernels import TorchTiming as T
-    limit = 8 * 2**20
-    assert settled_by_torch([T(1.0, limit), T(9.0, 0)], [limit, 0], limit)
-    assert not settled_by_torch([T(1.0, limit + 1)], [0], limit)  # torch's own needs more than the limit
-    assert not settled_by_torch([T(1.0, 0)], [limit + 1], limit)  # cuDNN's favourite is kept out
-    assert not settled_by_torch([T(1.0, 0)], [None], limit)  # the favourite cannot run: ask the sweep
-    assert not settled_by_torch([T(float("inf"), 0)], [0], limit)  # torch's operands did not fit
-    assert not settled_by_torch([], [], limit)
+    from ucudnn.integrations.torch.delegation import ROOMY_BYTES
+
+    limit, asked = 8 * 2**20, []
+
+    def favourites(fit):
+        return lambda: asked.append(fit) or fit
+
+    roomy, tight = ROOMY_BYTES, ROOMY_BYTES - 1
+    assert settled_by_torch([T(1.0, limit, roomy), T(9.0, 0, roomy)], limit, favourites(False)) and not asked
+    assert settled_by_torch([T(1.0, limit, tight)], limit, favourites(True)) and asked == [True]
+    assert not settled_by_torch([T(1.0, 0, tight)], limit, favourites(False))  # cuDNN's favourite is kept out
+    assert not settled_by_torch([T(1.0, limit + 1, roomy)], limit, favourites(True))  # torch's own needs more
+    assert not settled_by_torch([T(float("inf"), 0, roomy)], limit, favourites(True))  # operands did not fit
+    assert not settled_by_torch([], limit, favourites(True))
+    assert asked == [True, False]
 
 
 @pytest.mark.parametrize("torch_ms, torch_workspace", [(1e6, 0), (0.0, 2**40)], ids=["ucudnn-faster", "over-limit"])

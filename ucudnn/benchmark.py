@@ -31,8 +31,9 @@ class Benchmarker(Protocol):
                 backend: str | None = None, best: int | None = None) -> list[Measurement]:
         """One Measurement per (candidate, size) of `backend` (None: every backend it has):
         time only for candidates whose workspace is <= cap bytes (None: any that can be
-        allocated); the others are recorded OVER_CAP. `best`: per backend and size, time only
-        the first `best` that fit, in the backend's ranking; record the rest PRUNED (ucudnn.search)."""
+        allocated); the others are recorded OVER_CAP. `best`: per backend and size, measure only
+        the first `best` of the backend's ranking (and on to the first that runs within the cap,
+        where none of them does); record the rest PRUNED (ucudnn.search)."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,8 @@ class CudnnBenchmarker:
     def _measure_size(self, backend, problem: ConvProblem, micro: ConvProblem, ptrs: dict,
                       cap: int | None, best: int | None) -> list[Measurement]:
         runs, measured = {}, {}
-        for algo in backend.ranked(micro):
-            if best is not None and len(runs) >= best:
+        for rank, algo in enumerate(backend.ranked(micro)):
+            if best is not None and rank >= best and runs:
                 measured[algo] = Measurement(algo, micro.batch, None, 0, PRUNED,
                                              accumulates=accumulates(problem, micro.batch))
                 continue

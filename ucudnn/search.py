@@ -1,9 +1,9 @@
 """How much of a kernel's candidate space a benchmark times: a pruned search, or a full one.
 
-- `pruned` (the default): at each micro-batch size, per backend, the candidates are taken in
-  cuDNN's heuristic order (ucudnn.backends: `ranked`) and the first BEST whose workspace fits the
-  cap are timed; those ranked above them that do not fit are recorded over the cap, the rest
-  PRUNED (not even built). Sizes are taken largest first, down to the first where the cap no
+- `pruned` (the default): at each micro-batch size, per backend, the first BEST candidates in
+  cuDNN's heuristic order (ucudnn.backends: `ranked`) are measured: timed where their workspace
+  fits the cap, else recorded over it; where none of them runs, the ranking is followed on to the
+  first that does; the rest are PRUNED (not even built). Sizes are taken largest first, down to the first where the cap no
   longer keeps a candidate out, or that pays nothing: it runs no faster per sample than the sizes
   above it and no candidate over the cap there needs less workspace there than a size above (so
   none is getting closer to fitting); where the cap keeps nothing out at the whole batch, the
@@ -25,12 +25,12 @@ from typing import Iterable, Sequence
 from .errors import unknown
 from .measurements import PRUNED, KernelTable
 
-BEST = 8  # candidates timed per backend and micro-batch size by the pruned search
+BEST = 10  # candidates measured per backend and micro-batch size by the pruned search
 
 
 @dataclass(frozen=True)
 class Search:
-    """`best`: candidates timed per backend and size, within the cap (None: every one);
+    """`best`: candidates measured per backend and size, the first of the ranking (None: all);
     `walk`: sizes largest first, stopping where a smaller one stops paying (else every size)."""
 
     name: str

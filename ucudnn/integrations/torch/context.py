@@ -75,7 +75,7 @@ class Context:
         self.fallbacks: Counter = Counter()  # reason -> layer calls that went to torch entirely
         self.progress = Progress(self.settings.progress)
         self._planning_s: Counter = Counter()  # (kind, call) -> seconds spent planning it, torch's timing included
-        self._unswept: set[Call] = set()  # delegated with no sweep: torch's kernels fit, and cuDNN's favourites
+        self._unswept: set[Call] = set()  # delegated with no sweep (delegation.settled_by_torch)
 
     @property
     def wd(self) -> bool:
@@ -138,8 +138,8 @@ class Context:
         key, call = (site.call, site.kinds), site.call
         if key not in self._delegated:
             torch_timings = [self._torch_timing(call, kind) for kind in site.kinds]
-            if settled_by_torch(torch_timings, [self._favourite_workspace(call, kind) for kind in site.kinds],
-                                self.settings.workspace_limit):
+            if settled_by_torch(torch_timings, self.settings.workspace_limit,
+                                lambda: all(self._favourite_fits(call, kind) for kind in site.kinds)):
                 self._unswept.add(call)
                 self._delegated[key] = True
                 return True
@@ -159,12 +159,12 @@ class Context:
                 self._torch_timings[kind, call] = self.backend.time_torch(call.problem(kind), call.device)
         return self._torch_timings[kind, call]
 
-    def _favourite_workspace(self, call: Call, kind: ConvKind) -> int | None:
-        """The workspace of cuDNN's heuristic favourite for the kernel (Handle.favourite; None
-        where it cannot run it)."""
-        with self._lock, self.backend.device_guard(call.device):
+    def _favourite_fits(self, call: Call, kind: ConvKind) -> bool:
+        """Whether cuDNN's heuristic favourite for the kernel (Handle.favourite) can run within
+        the per-kernel limit."""
+        with self._lock, self.backend.device_guard(call.device), self._planning(kind, call, "asking cuDNN's favourite of"):
             favourite = self.handle(call.device).favourite(call.problem(kind))
-        return favourite.workspace if favourite.status == OK else None
+        return favourite.status == OK and favourite.workspace <= self.settings.workspace_limit
 
     @contextlib.contextmanager
     def _planning(self, kind: ConvKind, call: Call, doing: str) -> Iterator[None]:

@@ -13,7 +13,7 @@ free then, as torch's benchmark mode sees it).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .kernels import TorchTiming
 
@@ -24,16 +24,25 @@ from .kernels import TorchTiming
 HOST_COST_MS = 0.05
 
 
-def settled_by_torch(torch: Sequence[TorchTiming], favourites: Sequence[int | None], limit: int) -> bool:
+# Free memory (device free plus torch's cached blocks) beyond which torch's benchmark mode is taken
+# to have had every plan cuDNN offers within reach: the largest workspaces of the fast plans of the
+# models measured (AlexNet, ResNet-50, timm models, B <= 256) are far below it (docs/results.md,
+# "Cold start").
+ROOMY_BYTES = 4 * 2**30
+
+
+def settled_by_torch(torch: Sequence[TorchTiming], limit: int, favourites_fit: Callable[[], bool]) -> bool:
     """Whether a layer runs torch's own convolution with no sweep of ucudnn's candidates: each of
     its torch kernels was timed (its operands fit) and fits the per-kernel workspace `limit`, and
-    so does cuDNN's heuristic
-    favourite of each kernel (its workspace in `favourites`; None: it cannot run). Then no plan
-    cuDNN rates best is kept out by the limit, which is all micro-batching can let in; torch's
-    benchmark mode has already timed the plans cuDNN rates best. Where the favourite does not fit
-    (e.g. under memory pressure torch settles for a slow plan), the sweep decides."""
-    return bool(torch) and all(t.ms < math.inf and t.workspace <= limit for t in torch) and \
-        all(w is not None and w <= limit for w in favourites)
+    torch chose it with nothing out of reach: with ROOMY_BYTES free, or else where cuDNN's
+    heuristic favourite of each kernel fits the limit too (`favourites_fit()`, asked only then:
+    it costs a heuristics query per kernel). Then no plan is kept out by the limit, which is all
+    micro-batching can let in, and torch's benchmark mode has timed what cuDNN rates best. Under
+    memory pressure with a favourite that does not fit (torch settled for a slow plan), the
+    sweep decides."""
+    if not torch or any(t.ms == math.inf or t.workspace > limit for t in torch):
+        return False
+    return all(t.free >= ROOMY_BYTES for t in torch) or favourites_fit()
 
 
 def worth_delegating(ucudnn_ms: Sequence[float], torch: Sequence[TorchTiming], limit: int,

@@ -168,6 +168,7 @@ class CudaBackend:
         x, w, y = (torch.randn(shape, dtype=dtype, device=device).contiguous(memory_format=fmt)
                    for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
         convolve = torch_convolution(problem)
+        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
             convolve(x, w, y)
             torch.cuda.synchronize(device)
@@ -177,7 +178,7 @@ class CudaBackend:
             first = _event_times(lambda: convolve(x, w, y), 1)[0]
             repeats = max(1, min(TORCH_REPEATS, int(TORCH_TIMING_BUDGET_MS / max(first, 1e-3))))
             ms = statistics.median(_event_times(lambda: convolve(x, w, y), repeats))
-        return TorchTiming(ms, workspace)
+        return TorchTiming(ms, workspace, free)
 
 
 @contextlib.contextmanager
@@ -241,8 +242,10 @@ def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor]
 
 
 class TorchTiming(NamedTuple):
-    """torch's own convolution of a kernel, as measured in this process: its median GPU time and
-    the bytes it allocates beyond its result (the workspace of the plan torch chose)."""
+    """torch's own convolution of a kernel, as measured in this process: its median GPU time, the
+    bytes it allocates beyond its result (the workspace of the plan torch chose) and the bytes
+    that could be had when torch chose it (device free plus torch's cached blocks; 0: unknown)."""
 
     ms: float
     workspace: int
+    free: int = 0

@@ -1,0 +1,132 @@
+"""The pruned and the full search: what each needs measured, what a pruned measurement records,
+and that a PRUNED row never takes the place of a measurement (ucudnn.search)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+from fakes import FAKE_DEVICE, FakeBenchmarker
+
+from ucudnn import benchmark, gpu
+from ucudnn.backends import Backends, Candidate
+from ucudnn.benchmark import ensure_tables
+from ucudnn.cache import Cache
+from ucudnn.cache.database import BenchmarkDatabase
+from ucudnn.config import Settings
+from ucudnn.dispatch import Plan
+from ucudnn.measurements import OK, OVER_CAP, PRUNED, KernelTable, Measurement, ShapeTable
+from ucudnn.problem import ConvProblem
+from ucudnn.search import FULL, PRUNED_SEARCH, named
+
+MiB = 2**20
+P = ConvProblem("F", (32, 4, 6, 6), (4, 4, 3, 3), pads=1)
+SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def table(rows):
+    """rows: (batch, algo, ms or None, workspace, status)."""
+    return KernelTable(Measurement(f"legacy:{a}", b, ms, ws, status) for b, a, ms, ws, status in rows)
+
+
+def test_full_search_needs_every_size_and_measures_pruned_rows_again():
+    t = table([(b, "A", 1.0 * b, 0, OK) for b in SIZES] + [(8, "B", None, 0, PRUNED)])
+    assert FULL.sizes(t, SIZES, 8 * MiB) == list(SIZES)
+    assert FULL.missing(t, SIZES, 8 * MiB) == [8]
+    assert PRUNED_SEARCH.missing(t, SIZES, 8 * MiB) == []  # a pruned search made that row
+
+
+def test_where_the_cap_keeps_nothing_out_the_whole_batch_alone_is_needed():
+    t = table([(32, "A", 3.0, 0, OK), (32, "B", None, 0, PRUNED)])
+    assert PRUNED_SEARCH.sizes(t, SIZES, 8 * MiB) == [32] and PRUNED_SEARCH.missing(t, SIZES, 8 * MiB) == []
+    assert PRUNED_SEARCH.sizes(table([]), SIZES, None) == [32]  # unlimited: nothing can be kept out
+
+
+def test_the_walk_goes_down_while_smaller_sizes_pay_or_a_kept_out_candidate_shrinks():
+    # B needs 1 MiB a sample: over 8 MiB down to 8 samples, where it fits and runs 4x faster a sample
+    rows = [(b, "A", 1.0 * b, 0, OK) for b in SIZES]
+    rows += [(b, "B", None, MiB * b, OVER_CAP) for b in (32, 16)] + [(b, "B", 0.25 * b, MiB * b, OK) for b in (8, 4)]
+    t = table(rows)
+    # 16: no faster a sample than 32, but B shrank (32 -> 16 MiB): go on; 8: B fits, and the cap
+    # keeps nothing out there: no smaller size can do better
+    assert PRUNED_SEARCH.sizes(t, SIZES, 8 * MiB) == [32, 16, 8]
+    unmeasured = table([r for r in rows if r[0] != 8])
+    assert PRUNED_SEARCH.missing(unmeasured, SIZES, 8 * MiB) == [8]  # not measured yet: that one first
+    # a kept-out candidate whose workspace does not shrink with the batch: no size below pays
+    constant = table([(b, "A", 1.0 * b, 0, OK) for b in SIZES] + [(b, "B", None, 64 * MiB, OVER_CAP) for b in SIZES])
+    assert PRUNED_SEARCH.sizes(constant, SIZES, 8 * MiB) == [32, 16]
+
+
+def test_the_search_setting_names_one():
+    assert named("full") is FULL and named("pruned") is PRUNED_SEARCH
+    assert Settings().search == "pruned" and Settings.load(search="FULL").search == "full"
+    from ucudnn.errors import ConfigError
+    with pytest.raises(ConfigError, match="search"):
+        named("quick")
+
+
+def test_a_pruned_row_never_replaces_a_measurement_in_memory_or_in_the_file(tmp_path):
+    taken, pruned = Measurement("legacy:A", 8, 1.0, 0, OK, 3), Measurement("legacy:A", 8, None, 0, PRUNED)
+    assert list(ShapeTable([taken, pruned])) == [taken]
+    assert list(ShapeTable([pruned, taken])) == [taken]
+    path = tmp_path / "db.sqlite"
+    with BenchmarkDatabase(path) as db:
+        db.record(P, FAKE_DEVICE, [taken])
+        db.record(P, FAKE_DEVICE, [pruned])
+        assert [m.status for m in db.table(P, FAKE_DEVICE)] == [OK]
+        db.record(P.with_batch(16), FAKE_DEVICE, [Measurement("legacy:A", 16, None, 0, PRUNED)])
+        db.record(P.with_batch(16), FAKE_DEVICE, [Measurement("legacy:A", 16, 2.0, 0, OK, 3)])
+        assert sorted(m.status for m in db.table(P, FAKE_DEVICE)) == [OK, OK]
+
+
+def test_a_second_process_on_a_pruned_database_measures_nothing(tmp_path):
+    path = tmp_path / "db.sqlite"
+    first = FakeBenchmarker(backends=("legacy", "engines"))
+    ensure_tables([P], Settings().sizes_for, 256 * 2**10, Cache(path), first, search=PRUNED_SEARCH)
+    assert first.calls > 0
+    again = FakeBenchmarker(backends=("legacy", "engines"))
+    tables = ensure_tables([P], Settings().sizes_for, 256 * 2**10, Cache(path), again, search=PRUNED_SEARCH)
+    assert again.calls == 0 and len(tables[P.key])
+    full = FakeBenchmarker(backends=("legacy", "engines"))
+    ensure_tables([P], Settings().sizes_for, 256 * 2**10, Cache(path), full, search=FULL)
+    assert full.calls > 0  # the sizes the walk skipped
+
+
+class Ranked:
+    """A backend of five candidates ranked c0..c4: c0 and c1 need more than the cap, the others
+    nothing; counts the plans it builds."""
+
+    name, blends = "engines", False
+
+    def __init__(self):
+        self.built = []
+
+    def ranked(self, problem):
+        return [f"engines:c{i}" for i in range(5)]
+
+    def candidate(self, problem, candidate):
+        self.built.append(candidate)
+        return Candidate(candidate, 64 * MiB if candidate in ("engines:c0", "engines:c1") else 0, OK)
+
+    def prepare(self, step):
+        return Plan(lambda *args: None, 0)
+
+    def set_stream(self, stream):
+        pass
+
+
+@pytest.mark.parametrize("best, built, timed", [(None, 5, 3), (3, 3, 1), (1, 3, 1)])
+def test_a_pruned_measurement_builds_the_first_of_the_ranking_only(monkeypatch, best, built, timed):
+    """best=3: c0..c2 measured (two over the cap, one timed), c3 and c4 PRUNED unbuilt; best=1:
+    c0 is over the cap, so the ranking is followed on to c2, the first that runs."""
+    monkeypatch.setattr(benchmark.gpu, "time_calls", lambda run, repeats, stream, hide_host=False: [1.0] * repeats)
+    monkeypatch.setattr(benchmark, "_time", lambda run, timing, stream, capturer=None, estimate=None: [1.0])
+    bench = object.__new__(benchmark.CudnnBenchmarker)
+    bench.scratch, bench.stream, bench.pace = types.SimpleNamespace(workspace=lambda nbytes: 0), 0, gpu.HostPace()
+    bench.calls, bench.timing, bench.capturer = 0, benchmark.TimingSettings(), None
+    backend = Ranked()
+    bench.backends = Backends([backend])
+    rows = bench._measure_size(backend, P, P, dict(x=0, w=0, y=0), 8 * MiB, best)
+    assert [m.algo for m in rows] == backend.ranked(P)
+    assert len(backend.built) == built and sum(m.status == OK for m in rows) == timed
+    assert all(m.status == PRUNED and m.workspace == 0 for m in rows[built:])
+    assert [m.status for m in rows[:2]] == [OVER_CAP, OVER_CAP]
