@@ -6,7 +6,7 @@ fp16 channels_last at B = 32, torchvision resnet50 in fp32 at B = 64 (`pretraine
 (t) torch: a fresh process, cudnn.benchmark on, times its first and second training iteration
     (forward, cross-entropy, backward, SGD step; synchronized; wall clock, cuDNN start-up included);
     twice, the faster counting (the first process on a machine also reads cuDNN's libraries from
-    disk: 14.8 s against 6-7 s in later processes for resnet50d).
+    disk: efficientnet_b0 60.2 s, then 29.2 s in the next process).
 For each limit (64 MiB, 8 MiB per kernel; WR, delegation on, the pruned search):
 (c) cold: a fresh process converts the model (ucudnn.torch.convert, cache_path = a new database)
     and times its first iteration (planning included; the progress line goes to the log), its
@@ -325,7 +325,7 @@ def parent(args) -> None:
         return deadline - time.time() - 10
 
     for model in args.models.split(","):
-        runs = [run_child(args, log, left(), child="torch", model=model) for _ in range(2)]
+        runs = [run_child(args, log, left(), child="torch", model=model) for _ in range(args.torch_runs)]
         torch_run = min(runs, key=lambda r: r.get("first_s", float("inf")))
         torch_run["first_s_each"] = [r.get("first_s") for r in runs]
         for limit in args.limits.split(","):
@@ -365,6 +365,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--no-full", dest="full", action="store_false", help="skip the offline full sweep (f)")
+    p.add_argument("--torch-runs", type=int, default=2, help="torch's processes per model, the fastest counting "
+                   "(1 where the machine has run these libraries before: its page cache is warm)")
     p.add_argument("--child", choices=("torch", "cold", "warm", "full"))
     p.add_argument("--model", choices=tuple(MODELS))
     p.add_argument("--limit")
