@@ -10,10 +10,9 @@ fp16 channels_last at B = 32, torchvision resnet50 in fp32 at B = 64 (`pretraine
 For each limit (64 MiB, 8 MiB per kernel; WR, delegation on, the pruned search):
 (c) cold: a fresh process converts the model (ucudnn.torch.convert, cache_path = a new database)
     and times its first iteration (planning included; the progress line goes to the log), its
-    second, then checks every conv weight gradient of one more step against the same model run by
-    torch's own convolutions (same weights, input and RNG), and against a control: torch's own
-    run again with cudnn.benchmark off (other algorithms, the same arithmetic otherwise): the
-    relative L2 error of each, the worst layer reported.
+    second, then checks every conv weight gradient of one more step against the same model run in
+    float64 by torch, and torch's own gradients likewise (the control): the relative L2 error of
+    each, the worst layer reported.
 (w) warm: a fresh process on the database (c) filled: its first iteration; at 64 MiB then the
     steady state side by side with torch's own copy in the same process (memory free), and a
     second torch copy as the A/A control: ROUNDS rounds of ITERS iterations each, taking turns,
@@ -164,16 +163,17 @@ def timed_s(step) -> float:
     return time.perf_counter() - began
 
 
-def conv_grads(model, x, target, amp: bool, seed: int = 1) -> dict:
+def conv_grads(model, x, target, amp: bool, seed: int = 1, scale: float | None = None) -> dict:
     """Every conv weight gradient of one forward and backward (no step), by module name; in AMP
-    the loss scaled by LOSS_SCALE, as a GradScaler would, so that no fp16 gradient underflows."""
+    the loss scaled by LOSS_SCALE, as a GradScaler would, so that no fp16 gradient underflows
+    (`scale`: that factor whatever `amp` says)."""
     import torch
 
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
         loss = torch.nn.functional.cross_entropy(model(x), target)
-    (loss * (LOSS_SCALE if amp else 1.0)).backward()
+    (loss * (scale if scale is not None else LOSS_SCALE if amp else 1.0)).backward()
     return {n: m.weight.grad.detach().clone() for n, m in model.named_modules()
             if isinstance(m, torch.nn.Conv2d) and m.weight.grad is not None}
 
@@ -190,21 +190,21 @@ def plain_copy(model):
 
 
 def grad_check(model, x, target, amp: bool) -> dict:
-    """Worst relative error of ucudnn's conv weight gradients against torch's, and of torch's
-    with cudnn.benchmark off (other algorithms) against torch's: the control."""
-    import torch
-
+    """Relative error of ucudnn's conv weight gradients and of torch's own (same weights, input
+    and RNG), each against the model run in float64 by torch: the worst layer of each. (torch's
+    own with cudnn.benchmark off is no control: its plan cache answers alike either way.)"""
     reference = plain_copy(model)
     got = conv_grads(model, x, target, amp)
     want = conv_grads(reference, x, target, amp)
-    torch.backends.cudnn.benchmark = False
-    control = conv_grads(plain_copy(reference), x, target, amp)
-    torch.backends.cudnn.benchmark = True
-    errors = {n: relative_error(got[n], want[n]) for n in want}
-    controls = {n: relative_error(control[n], want[n]) for n in want}
+    exact = conv_grads(plain_copy(reference).double(), x.double(), target, amp=False,
+                       scale=LOSS_SCALE if amp else 1.0)
+    errors = {n: relative_error(got[n], exact[n]) for n in exact}
+    controls = {n: relative_error(want[n], exact[n]) for n in exact}
     worst = max(errors, key=errors.get)
     return {"layers": len(errors), "worst": errors[worst], "worst_layer": worst,
-            "control_worst": max(controls.values()), "median": statistics.median(errors.values())}
+            "control_worst": max(controls.values()), "control_at_worst": controls[worst],
+            "median": statistics.median(errors.values()), "control_median": statistics.median(controls.values()),
+            "ucudnn_vs_torch_worst": max(relative_error(got[n], want[n]) for n in want)}
 
 
 def steady(steps: dict, rounds: int, iters: int) -> dict:

@@ -25,9 +25,9 @@ HOST_COST_MS = 0.05
 
 
 # Free memory (device free plus torch's cached blocks) beyond which torch's benchmark mode is taken
-# to have had every plan cuDNN offers within reach: the largest workspaces of the fast plans of the
-# models measured (AlexNet, ResNet-50, timm models, B <= 256) are far below it (docs/results.md,
-# "Cold start").
+# to have had every plan cuDNN offers within reach. A judgment, not a measured bound: a plan asking
+# more than this for one convolution would be kept from torch unnoticed (docs/results.md, "Cold
+# start on models nobody planned", says what is not yet measured).
 ROOMY_BYTES = 4 * 2**30
 
 
