@@ -26,7 +26,11 @@ Bars (issue "cold start"): (c) <= 2x (t) at 64 MiB and <= 3x at 8 MiB; (w) <= (t
 relative error <= max(1e-2, 3x the control's)).
 
     PYTHONPATH=. python3 bench/cold_models.py --out OUT [--models resnet50d,...] [--limits 64MiB,8MiB]
-        [--deadline 560] [--rounds 5] [--iters 10]
+        [--deadline 560] [--rounds 5] [--iters 10] [--planning between_iterations]
+
+With --planning between_iterations, layers that need a sweep run torch's own convolution in the
+first iteration and are planned at the start of the next ones (about 1 s each): (c) also reports
+the iterations until nothing waits (`until_planned_s`).
 """
 from __future__ import annotations
 
@@ -236,12 +240,15 @@ def child(args) -> dict:
     if args.child != "torch":
         import ucudnn.torch as ut
 
-        ut.convert(model, workspace_limit=args.limit, cache_path=args.cache)
+        ut.convert(model, workspace_limit=args.limit, cache_path=args.cache, planning=args.planning)
     step = stepper(model, x, target, amp)
     out["first_s"] = timed_s(step)
     out["second_s"] = timed_s(step)
     if args.child == "torch":
         return out
+    out["until_planned_s"] = []  # planning between iterations: the iterations that still plan
+    while ut.context_of(model).summary()["pending"] and len(out["until_planned_s"]) < 60:
+        out["until_planned_s"].append(timed_s(step))
     summary = ut.context_of(model).summary()
     out["summary"] = {"planning_s": summary["planning_s"], "search": summary["search"],
                       "kernels": len(summary["kernels"]), "swept": sum(k["swept"] for k in summary["kernels"]),
@@ -334,9 +341,10 @@ def parent(args) -> None:
             db = out / "db" / f"{model}-{limit}.db"
             db.parent.mkdir(exist_ok=True)
             db.unlink(missing_ok=True)
-            cold = run_child(args, log, left(), child="cold", model=model, limit=limit, cache=db)
+            cold = run_child(args, log, left(), child="cold", model=model, limit=limit, cache=db,
+                             planning=args.planning)
             warm = run_child(args, log, left(), child="warm", model=model, limit=limit, cache=db,
-                             **({"steady": True} if limit == args.limits.split(",")[0] else {}))
+                             planning=args.planning, **({"steady": True} if limit == args.limits.split(",")[0] else {}))
             full = None
             if limit != args.limits.split(",")[0] and cold.get("swept_problems") and left() > 60 and args.full:
                 problems = out / "db" / f"{model}-{limit}.swept.json"
@@ -373,6 +381,7 @@ def parse_args(argv=None):
     p.add_argument("--cache")
     p.add_argument("--problems")
     p.add_argument("--steady", action="store_true")
+    p.add_argument("--planning", default="first_call", help="ucudnn.torch.convert's planning setting")
     return p.parse_args(argv)
 
 

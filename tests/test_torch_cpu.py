@@ -782,3 +782,57 @@ def test_a_parametrized_weight_is_read_through_its_parametrization(numpy_context
     x = torch.randn(4, 3, 6, 6)
     assert_matches(run_step(conv, x), run_step(plain, x))
     assert conv.ucudnn_context.runs  # ran through ucudnn, not a fallback
+
+
+def test_planning_between_iterations_runs_torch_until_the_plan_is_ready(numpy_context):
+    """planning='between_iterations': a layer that needs a sweep runs torch's own convolution
+    (nothing is measured in its first iteration); the next iteration starts with planning it,
+    and from then on it runs as planned, with torch's results."""
+    torch.manual_seed(0)
+    context = numpy_context(planning="between_iterations", delegate=False)
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
+    model = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(4, 3, 8, 8)
+    assert_matches(run_step(model, x), run_step(plain, x))
+    assert dict(context.runs) == {("torch", "layer"): 2} and not context._kernels
+    assert context.summary()["pending"] == 2 and context.summary()["planning"] == "between_iterations"
+    assert_matches(run_step(model, x), run_step(plain, x))  # planned at the first layer's call
+    assert context.summary()["pending"] == 0
+    assert context.runs["ucudnn", "F"] == 2 and context.runs["ucudnn", "BF"] == 2
+    assert {k["kind"] for k in context.summary()["kernels"] if k["swept"]} == {"F", "BD", "BF"}
+
+
+def test_planning_between_iterations_keeps_to_its_budget_and_plan_pending_finishes(numpy_context, monkeypatch):
+    from ucudnn.integrations.torch import context as context_module
+
+    monkeypatch.setattr(context_module, "PLANNING_SLICE_S", 0.0)  # one layer per iteration
+    context = numpy_context(planning="between_iterations", delegate=False)
+    model = ut.convert(nn.Sequential(*[nn.Conv2d(3 + i, 4 + i, 3, padding=1) for i in range(3)]), context=context)
+    x = torch.randn(2, 3, 6, 6)
+    run_step(model, x)
+    assert context.summary()["pending"] == 3
+    run_step(model, x)
+    assert context.summary()["pending"] == 2
+    assert context.plan_pending() == 0
+    run_step(model, x)
+    assert context.runs["ucudnn", "F"] == 1 + 3
+
+
+def test_the_planning_setting_is_checked():
+    with pytest.raises(ConfigError, match="planning"):
+        ut.Context(planning="lazy")
+
+
+def test_planning_between_iterations_leaves_what_torch_settles_alone(numpy_context):
+    from ucudnn.integrations.torch.delegation import ROOMY_BYTES
+
+    x = torch.randn(4, 3, 6, 6)
+    for workspace, pending in ((0, 0), (2**40, 1)):  # fits the limit: settled; needs more: swept later
+        context = delegating_context(
+            numpy_context, lambda problem: integration.kernels.TorchTiming(1.0, workspace, ROOMY_BYTES),
+            planning="between_iterations")
+        model = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+        run_step(model, x)
+        assert context.summary()["pending"] == pending and context.runs["torch", "layer"] == 1
+        run_step(model, x)
+        assert context.runs["ucudnn", "F"] == pending  # planned at the start of the second step

@@ -17,6 +17,9 @@ from .search import SEARCHES
 INT64_MAX = 2**63 - 1  # no size or count is larger: NumPy and SQLite hold them as int64
 POLICIES = ("all", "powerOfTwo", "undivided")
 OPTIMIZERS = ("wr", "wd")
+# When ucudnn.torch plans a layer: on its first call, which waits for it; or between iterations,
+# the layer running torch's own convolution until its plan is ready (integrations/torch/context.py)
+PLANNINGS = ("first_call", "between_iterations")
 
 _UNITS = {
     "": 1, "b": 1,
@@ -109,6 +112,7 @@ class Settings:
     backend: str = ""  # candidates from: all, engines, legacy; "": all where the frontend imports (ucudnn.backends)
     search: str = "pruned"  # how much of the candidate space a benchmark times (ucudnn.search)
     progress: bool = True  # a line on stderr while planning takes long (ucudnn.progress)
+    planning: str = "first_call"  # ucudnn.torch: when a layer is planned (PLANNINGS)
     verbose: bool = False
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 
@@ -173,6 +177,7 @@ _PARSERS = {
     "backend": lambda v, n: choice(v, BACKEND_CHOICES, n),
     "search": lambda v, n: choice(v, tuple(SEARCHES), n),
     "progress": _flag,
+    "planning": lambda v, n: choice(v, PLANNINGS, n),
     "verbose": _flag,
     "cache_path": lambda v, n: str(v),
 }

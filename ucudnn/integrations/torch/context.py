@@ -23,13 +23,14 @@ from .memory import AUTO, auto_total
 from .sites import Site, Sites
 
 DELEGATED = ("torch", "layer")  # Context.runs' key of layer calls delegated to torch
+PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
 
 def _settings(workspace_limit=None, optimizer=None, policy=None, total_limit=None, cache_path=None,
-              execution=None, verbose=None) -> Settings:
+              execution=None, planning=None, verbose=None) -> Settings:
     try:
         return Settings.load(workspace_limit=workspace_limit, optimizer=optimizer, batch_size_policy=policy,
                              total_workspace_limit=total_limit, cache_path=cache_path, execution=execution,
-                             verbose=verbose)
+                             planning=planning, verbose=verbose)
     except ConfigError as exc:  # name the keywords convert() takes, not the settings they set
         message = str(exc)
         for setting, keyword in (("batch_size_policy=", "policy="), ("total_workspace_limit=", "total_limit=")):
@@ -45,14 +46,14 @@ class Context:
 
     def __init__(self, settings: Settings | None = None, *, backend=None, cache=None, workspace_limit=None,
                  optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None,
-                 delegate: bool = True):
+                 planning=None, delegate: bool = True):
         self.total_auto = total_limit == AUTO  # WD's total: a share of the memory left free (memory.py)
         if self.total_auto:
             if optimizer not in (None, "wd"):
                 raise ConfigError(f"total_limit='auto' sizes WD's total, but optimizer={optimizer!r}; "
                                   "use optimizer='wd' or drop total_limit")
             optimizer, total_limit = "wd", None
-        keywords = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
+        keywords = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
         if settings is not None and any(v is not None for v in keywords):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         self.settings = settings or _settings(*keywords)
@@ -76,6 +77,10 @@ class Context:
         self.progress = Progress(self.settings.progress)
         self._planning_s: Counter = Counter()  # (kind, call) -> seconds spent planning it, torch's timing included
         self._unswept: set[Call] = set()  # delegated with no sweep (delegation.settled_by_torch)
+        # planning="between_iterations": (call, kinds) -> its sites, running torch's convolution
+        # until planned; planned from the start of an iteration (the first site's call) on
+        self._pending: dict[tuple[Call, tuple[ConvKind, ...]], list[Site]] = {}
+        self._lead: Site | None = None
 
     @property
     def wd(self) -> bool:
@@ -118,10 +123,17 @@ class Context:
             return kernel
 
     def delegates(self, site: Site) -> bool:
-        """Whether the site's layer runs torch's own convolution: decided on its first call."""
+        """Whether the site's layer runs torch's own convolution: decided on its first call (or,
+        where its planning waits for the next iteration, once planned). The first site's call
+        starts an iteration: layers waiting for a plan get PLANNING_SLICE_S of planning there."""
+        if site is self._lead and self._pending:
+            self.plan_pending(PLANNING_SLICE_S)
         delegated = site.delegated
         if delegated is None:
-            delegated = site.delegated = self._decide(site)
+            self._lead = self._lead or site
+            delegated = self._decide(site)
+            if (site.call, site.kinds) not in self._pending:
+                site.delegated = delegated
         elif self.progress.open:
             self.progress.idle(self._planned_so_far)
         if delegated:
@@ -133,22 +145,50 @@ class Context:
         favourites fit the limit (delegation.settled_by_torch), delegate with no sweep; else plan
         the site's kernels and apply delegation.worth_delegating. WD divides one workspace among
         ucudnn's kernels: never."""
-        if not self.delegate or self.wd:
+        deferred = self.settings.planning == "between_iterations" and not self.wd
+        if not deferred and (not self.delegate or self.wd):
             return False
         key, call = (site.call, site.kinds), site.call
+        if key in self._pending:
+            if all(s is not site for s in self._pending[key]):
+                self._pending[key].append(site)
+            return True
         if key not in self._delegated:
-            torch_timings = [self._torch_timing(call, kind) for kind in site.kinds]
-            if settled_by_torch(torch_timings, self.settings.workspace_limit,
-                                lambda: all(self._favourite_fits(call, kind) for kind in site.kinds)):
+            torch_timings = [self._torch_timing(call, kind) for kind in site.kinds] if self.delegate else []
+            if self.delegate and settled_by_torch(torch_timings, self.settings.workspace_limit,
+                                                  lambda: all(self._favourite_fits(call, kind) for kind in site.kinds)):
                 self._unswept.add(call)
                 self._delegated[key] = True
                 return True
-            kernels = [self._site_kernel(site, kind) for kind in site.kinds]
-            self._delegated[key] = (
-                all(isinstance(k, UcudnnKernel) for k in kernels)
+            if deferred:  # torch's own convolution until plan_pending() gets to it
+                self._pending[key] = [site]
+                return True
+            self._delegated[key] = self._swept(site, torch_timings)
+        return self._delegated[key]
+
+    def _swept(self, site: Site, torch_timings: list[TorchTiming]) -> bool:
+        """Plan the site's kernels; whether its layer runs torch's own convolution after all
+        (delegation.worth_delegating; never with delegation off)."""
+        kernels = [self._site_kernel(site, kind) for kind in site.kinds]
+        return (self.delegate and all(isinstance(k, UcudnnKernel) for k in kernels)
                 and worth_delegating([k.assignment.configuration.time_ms for k in kernels], torch_timings,
                                      self.settings.workspace_limit))
-        return self._delegated[key]
+
+    def plan_pending(self, budget_s: float | None = None) -> int:
+        """Plan the layers waiting for a plan (planning='between_iterations'), oldest first, until
+        `budget_s` seconds have gone (None: all of them; at least one either way); each runs as
+        planned from its next call. Returns how many still wait. Between iterations only."""
+        started = time.perf_counter()
+        while self._pending:
+            key, sites = next(iter(self._pending.items()))
+            torch_timings = [self._torch_timing(key[0], kind) for kind in key[1]] if self.delegate else []
+            self._delegated[key] = self._swept(sites[0], torch_timings)
+            del self._pending[key]
+            for site in sites:
+                site.delegated = None
+            if budget_s is not None and time.perf_counter() - started >= budget_s:
+                break
+        return len(self._pending)
 
     def _torch_timing(self, call: Call, kind: ConvKind) -> TorchTiming:
         if (kind, call) not in self._torch_timings:
@@ -276,6 +316,8 @@ class Context:
             self._kernels.clear()
             self._delegated.clear()
             self._unswept.clear()
+            self._pending.clear()
+            self._lead = None
             self.sites.clear()
 
     def summary(self) -> dict:
@@ -287,7 +329,7 @@ class Context:
         keys = dict.fromkeys([*self._kernels, *self._torch_timings])
         out = dict(optimizer=s.optimizer, policy=s.batch_size_policy, search=s.search,
                    workspace_limit=s.workspace_limit, delegate=self.delegate,
-                   planning_s=sum(self._planning_s.values()),
+                   planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
                    kernels=[_describe(kind, call, self._kernels.get((kind, call)), self._torch_timings.get((kind, call)),
                                       call in delegated, self._planning_s[kind, call])
                             for kind, call in keys],

@@ -116,7 +116,7 @@ _eager_forward = _compiler_disable(Conv2d._forward)
 
 def convert(model: nn.Module, workspace_limit: int | str | None = None, optimizer: str | None = None,
             policy: str | None = None, total_limit: int | str | None = None, *, sample_input: Any = None,
-            cache_path: str | None = None, execution: str | None = None,
+            cache_path: str | None = None, execution: str | None = None, planning: str | None = None,
             context: Context | None = None, delegate: bool = True) -> nn.Module:
     """Turn every torch.nn.Conv2d of `model` (nested ones too, and `model` itself) into a
     ucudnn.torch.Conv2d in place, and return `model`.
@@ -127,14 +127,17 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     `total_limit` for WD (default: workspace_limit x kernels; "auto": a share of the memory the
     first iteration leaves free, see ucudnn.integrations.torch.memory), `cache_path` for the benchmark
     database, `execution` "graph" (calls replayed as CUDA graphs once a layer's buffers repeat)
-    or "direct"; None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
+    or "direct", `planning` "first_call" (a layer is planned on its first call, which waits for it)
+    or "between_iterations" (layers that need a sweep run torch's own convolution until planned, at
+    most about a second of planning at the start of each iteration; Context.plan_pending() plans
+    the rest at once); None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
     of positional arguments) runs one pass with torch's convolutions in which every layer records
     its kernels; then they are planned (WD: solved once). Run it under the autocast and grad mode
     of training. `delegate`: under WR, layers whose kernels ucudnn would not speed up (torch's
     own fit the limit and are about as fast) run torch's own convolution, which costs less host
     time (see ucudnn.integrations.torch.delegation); False runs every layer through ucudnn.
     Subclasses of nn.Conv2d are left alone (they may change forward)."""
-    settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution)
+    settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
     if context is not None and (any(v is not None for v in settings) or not delegate):
         raise ConfigError("pass either context= or settings (workspace_limit, optimizer, delegate, ...) "
                           "to convert(), not both")
@@ -143,7 +146,7 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
                           "training iteration, which the layers learn from: drop sample_input")
     context = context or Context(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy,
                                  total_limit=total_limit, cache_path=cache_path, execution=execution,
-                                 delegate=delegate)
+                                 planning=planning, delegate=delegate)
     skipped = set()
     for module in model.modules():
         if type(module) is nn.Conv2d:
