@@ -923,3 +923,17 @@ def test_a_shard_folder_skips_an_invalid_row_naming_its_shard(shards):
     result = run("cache", "list", "--cache", str(shards))
     assert result.returncode == 0 and one_line_naming(result.stderr, str(shards / "node1.db"), "workspace -1")
     assert {path.name: path.read_bytes() for path in shards.iterdir()} == before
+
+
+def test_optimize_takes_the_search_and_plans_alike_from_a_full_recording(capsys, db):
+    """The shipped recording is a full search's: the pruned search plans from it as the full one
+    does (it needs a subset of what is there); a search that is neither is refused in one line."""
+    plans = {}
+    for search in ("pruned", "full"):
+        status, out, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--batch", "256",
+                                  "--search", search, "--cache", db, "--json")
+        assert status == 0, err
+        plans[search] = json.loads(out)["total"]
+    assert plans["pruned"] == plans["full"]
+    status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--search", "quick", "--cache", db)
+    assert status == 2 and "quick" in err and "pruned, full" in err
