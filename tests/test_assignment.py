@@ -47,6 +47,14 @@ def test_the_pruned_search_plans_as_the_full_one_with_fewer_measurements(tmp_pat
     assert calls["pruned"] < calls["full"]
 
 
+def test_wd_measures_every_size_of_the_policy_under_the_pruned_search(tmp_path):
+    """WD's cap is the network's total, which keeps nothing out of one kernel: a walk would stop
+    at the whole batch, and the division could not micro-batch."""
+    assignments, bench, _ = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="1GiB")
+    assignments.get(LAYERS[0])
+    assert {m.batch for m in assignments.cache.table(LAYERS[0], bench.device)} == {1, 2, 4, 8, 16, 32}
+
+
 def test_tight_limit_splits_the_batch(tmp_path):
     assignments, _, _ = make_assignments(tmp_path, workspace_limit="256KiB")
     assert len(assignments.get(LAYERS[0]).configuration.micro) > 1

@@ -130,3 +130,16 @@ def test_a_pruned_measurement_builds_the_first_of_the_ranking_only(monkeypatch, 
     assert len(backend.built) == built and sum(m.status == OK for m in rows) == timed
     assert all(m.status == PRUNED and m.workspace == 0 for m in rows[built:])
     assert [m.status for m in rows[:2]] == [OVER_CAP, OVER_CAP]
+
+
+@pytest.mark.parametrize("optimizer, sizes", [("wr", {32}), ("wd", set(SIZES))])
+def test_a_network_wide_limit_measures_every_size(tmp_path, optimizer, sizes):
+    """What `ucudnn optimize` measures on a GPU under the pruned search: WR walks (a roomy limit
+    keeps nothing out: the whole batch alone), WD measures every size, as its total says nothing
+    of one kernel's share."""
+    from ucudnn.sources import complete_tables
+
+    settings = Settings.load(optimizer=optimizer, workspace_limit="1GiB")
+    bench = FakeBenchmarker()
+    tables = complete_tables([P], settings, settings.limit(1), Cache(tmp_path / "db.sqlite"), bench)
+    assert set(tables[P.key].sizes) == sizes

@@ -174,7 +174,7 @@ class Assignments:
 
     def _tables(self, problems: list[ConvProblem], cap: int) -> dict:
         return ensure_tables(problems, self.settings.sizes_for, cap, self.cache, self.benchmarker,
-                             search=named(self.settings.search))
+                             search=named(self.settings.search, walk=not self.wd))
 
     @property
     def benchmarker(self) -> Benchmarker:

@@ -19,7 +19,7 @@ database asks for nothing more. Every full table is complete for the pruned sear
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from .errors import unknown
@@ -91,8 +91,10 @@ SEARCHES = {"pruned": Search("pruned", BEST, walk=True), "full": Search("full", 
 PRUNED_SEARCH, FULL = SEARCHES["pruned"], SEARCHES["full"]
 
 
-def named(name: str) -> Search:
-    """The search a `search` setting names."""
+def named(name: str, *, walk: bool = True) -> Search:
+    """The search a `search` setting names; `walk` False measures every size of the policy: WD
+    divides one total among the kernels, and that total, the cap it measures within, keeps
+    nothing out of any one kernel, which would end the walk at the whole batch."""
     if name not in SEARCHES:
         raise unknown(name, tuple(SEARCHES), "search")
-    return SEARCHES[name]
+    return SEARCHES[name] if walk else replace(SEARCHES[name], walk=False)

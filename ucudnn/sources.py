@@ -40,7 +40,8 @@ def complete_tables(problems: Sequence[ConvProblem], settings: Settings, cap: in
     """Tables of the settings' backends complete for the policy's sizes within `cap` bytes and
     for the whole batch with no cap (the unlimited reference); `source` (a Cache or database)
     lacks only what is measured."""
-    backends, search = settings.backends(gpu=benchmarker is not None), named(settings.search)
+    backends = settings.backends(gpu=benchmarker is not None)
+    search = named(settings.search, walk=settings.optimizer == "wr")
     ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress, device=device, backends=backends,
                   search=search)
     return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device, backends=backends,
