@@ -7,7 +7,8 @@
   longer keeps a candidate out, or that pays nothing: it runs no faster per sample than the sizes
   above it and no candidate over the cap there needs less workspace there than a size above (so
   none is getting closer to fitting); where the cap keeps nothing out at the whole batch, the
-  whole batch alone. torch's benchmark mode times at most 10
+  whole batch alone. WD measures every size of the policy (`named(..., walk=False)`): its cap,
+  the network's total, says nothing of one kernel's share. torch's benchmark mode times at most 10
   heuristic plans a convolution; the engines backend lists 30-90 a micro-batch, and building them
   all was most of a cold start (docs/results.md, "Cold start").
 - `full`: every candidate of every backend at every size of the policy, PRUNED rows measured
