@@ -21,6 +21,7 @@ from typing import Any, Callable
 from .benchmark import Benchmarker, ensure_tables
 from .config import Settings
 from .errors import DeviceMemoryError, InfeasibleError, UcudnnWarning
+from .optimizers import PER_KERNEL
 from .optimizers.configuration import Configuration
 from .problem import ConvProblem
 from .search import named
@@ -58,7 +59,7 @@ class Assignments:
 
     @property
     def wd(self) -> bool:
-        return self.settings.optimizer == "wd"
+        return self.settings.optimizing.divides
 
     def record(self, problem: ConvProblem) -> None:
         """An algorithm query: WR assigns the kernel now; WD waits for the whole network."""
@@ -164,7 +165,7 @@ class Assignments:
 
     def _optimize_wr(self, problem: ConvProblem, limit: int) -> Configuration:
         memo_key = (self.benchmarker.device.reuse_key, self.benchmarker.backends.names, problem.key,
-                    self.settings.batch_size_policy, self.settings.search, limit, "wr")
+                    self.settings.batch_size_policy, self.settings.search, limit, PER_KERNEL.name)
         configuration = self.cache.configuration(memo_key)
         if configuration is None:
             table = self._tables([problem], limit)[problem.key]

@@ -12,11 +12,13 @@ from .backends import CHOICES as BACKEND_CHOICES
 from .cache.paths import CACHE_VARIABLE
 from .device import EXECUTIONS
 from .errors import ConfigError, unknown
+from .optimizers import DIVIDING, Optimizer
+from .optimizers import OPTIMIZERS as REGISTRY
 from .search import SEARCHES
 
 INT64_MAX = 2**63 - 1  # no size or count is larger: NumPy and SQLite hold them as int64
 POLICIES = ("all", "powerOfTwo", "undivided")
-OPTIMIZERS = ("wr", "wd")
+OPTIMIZERS = tuple(REGISTRY)
 # When ucudnn.torch plans a layer: on its first call, which waits for it; or between iterations,
 # the layer running torch's own convolution until its plan is ready (integrations/torch/context.py)
 PLANNINGS = ("first_call", "between_iterations")
@@ -116,6 +118,11 @@ class Settings:
     verbose: bool = False
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 
+    @property
+    def optimizing(self) -> Optimizer:
+        """The optimizer the `optimizer` setting names (ucudnn.optimizers)."""
+        return REGISTRY[self.optimizer]
+
     def sizes(self, batch: int) -> tuple[int, ...]:
         """The micro-batch sizes the batch size policy considers for a mini-batch of `batch`."""
         return batch_sizes(self.batch_size_policy, batch)
@@ -134,7 +141,7 @@ class Settings:
     def limit(self, kernels: int) -> int:
         """The optimizer's limit in bytes: per kernel (WR), or for `kernels` distinct kernels
         together (WD)."""
-        return self.workspace_limit if self.optimizer == "wr" else self.total_limit(kernels)
+        return self.total_limit(kernels) if self.optimizing.divides else self.workspace_limit
 
     def total_limit(self, kernels: int) -> int:
         """WD's total for a network of `kernels` distinct kernels: total_workspace_limit, else the
@@ -160,12 +167,12 @@ class Settings:
 
 def _with_total_meaning_wd(settings: Settings, optimizer_given: bool) -> Settings:
     """A total workspace limit is WD's: given one, the optimizer is WD, and an explicit WR is an error."""
-    if settings.total_workspace_limit is None or settings.optimizer == "wd":
+    if settings.total_workspace_limit is None or settings.optimizing.divides:
         return settings
     if optimizer_given:
         raise ConfigError(f"total_workspace_limit={settings.total_workspace_limit} is the WD optimizer's limit, "
-                          "but optimizer='wr'; drop the total or use optimizer='wd'")
-    return replace(settings, optimizer="wd")
+                          f"but optimizer={settings.optimizer!r}; drop the total or use optimizer={DIVIDING.name!r}")
+    return replace(settings, optimizer=DIVIDING.name)
 
 
 _PARSERS = {

@@ -171,7 +171,7 @@ def plot_report(report: Report, row: KernelReport, front: list[Configuration], p
     grid = figure.add_gridspec(3, 2, height_ratios=(4.5, legend_inches, 4.5))
     draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, :]),
                row, front, report.limit)
-    if report.optimizer == "wd":
+    if report.optimizing.divides:
         draw_layer_times(figure.add_subplot(grid[2, 0]), report)
         draw_division(figure.add_subplot(grid[2, 1]), report)
     else:

@@ -14,6 +14,7 @@ from . import solve
 from .config import Settings
 from .measurements import KernelTable
 from .nets import Kernel, find_kernel
+from .optimizers import OPTIMIZERS, Optimizer
 from .optimizers.configuration import Configuration
 from .optimizers.wr import optimize_wr
 
@@ -41,13 +42,17 @@ def _configuration_json(row: KernelReport, configuration: Configuration) -> dict
 
 @dataclass(frozen=True)
 class Report:
-    optimizer: str  # "wr" or "wd"
+    optimizer: str  # its name (ucudnn.optimizers)
     policy: str
     limit: int  # bytes: per kernel (WR) or for the whole network (WD)
     kernel_limit: int  # bytes each kernel gets in the undivided reference
     rows: tuple[KernelReport, ...]
     workspace: int  # bytes the chosen configurations allocate in all (WD: the divided buffer, aligned)
     solver: dict | None = None  # WD: the ILP's size and timings
+
+    @property
+    def optimizing(self) -> Optimizer:
+        return OPTIMIZERS[self.optimizer]
 
     def time_ms(self, which: str = "configuration") -> float:
         """Predicted time of every kernel once per occurrence: of the chosen configurations, or of the
@@ -111,7 +116,7 @@ def make_report(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], se
     by problem.key, complete for the policy's sizes within the limit and for the whole batch with
     none (benchmark.ensure_tables)."""
     solution = solve.solve([solve.Kernel(k.name, k.problem, k.count) for k in kernels], tables, settings, solver)
-    kernel_limit = solution.limit if settings.optimizer == "wr" else solution.limit // len(kernels)
+    kernel_limit = solution.limit // len(kernels) if settings.optimizing.divides else solution.limit
     if solution.wd is None:
         workspace, solver_stats = sum(c.workspace for c in solution.configurations.values()), None
     else:

@@ -44,7 +44,7 @@ def solve(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings
     """WR at settings.workspace_limit per kernel, or WD at settings.total_limit(len(kernels));
     `limit` overrides either. `tables` holds each kernel's measurements by problem.key."""
     limit = settings.limit(len(kernels)) if limit is None else limit
-    if settings.optimizer == "wr":
+    if not settings.optimizing.divides:
         return Solution({k.name: solve_wr(k, tables[k.problem.key], settings, limit) for k in kernels}, limit)
     result = optimize_wd([WDKernel(k.name, tables[k.problem.key], k.problem.batch, k.count,
                                    slices_of(k.problem)) for k in kernels],

@@ -41,7 +41,7 @@ def complete_tables(problems: Sequence[ConvProblem], settings: Settings, cap: in
     for the whole batch with no cap (the unlimited reference); `source` (a Cache or database)
     lacks only what is measured."""
     backends = settings.backends(gpu=benchmarker is not None)
-    search = named(settings.search, walk=settings.optimizer == "wr")
+    search = named(settings.search, walk=not settings.optimizing.divides)
     ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress, device=device, backends=backends,
                   search=search)
     return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device, backends=backends,

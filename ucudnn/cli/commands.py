@@ -11,6 +11,7 @@ from ..config import Settings, format_size
 from ..coverage import Request, explain_missing
 from ..errors import ConfigError, GpuUnavailableError
 from ..nets import Kernel, Network, find_kernel, get_network, list_networks, torchvision
+from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..parallel import bench_devices, bench_on_devices, bench_with_mpi
 from ..report import Report, make_report
@@ -24,7 +25,7 @@ from .output import ProgressBar, device_json, dims, print_json, render_report, t
 def _settings(args) -> Settings:
     optimizer = getattr(args, "optimizer", None)
     total = getattr(args, "total_workspace", None)
-    if total is not None and optimizer == "wr":
+    if total is not None and optimizer is not None and not OPTIMIZERS[optimizer].divides:
         raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
     if total is not None and getattr(args, "workspace", None) is not None:
         raise ConfigError("--workspace is not used beside --total-workspace: WD divides the total, and --workspace "

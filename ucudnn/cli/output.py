@@ -57,8 +57,8 @@ def ms(value: float) -> str:
 
 def render_report(network: Network, report: Report, args, device: Provenance, measured: bool, path) -> str:
     where = "measured here" if measured else "recorded"
-    limit = (f"WR, {format_size(report.limit)} per kernel" if report.optimizer == "wr"
-             else f"WD, {format_size(report.limit)} in total")
+    optimizer = report.optimizing
+    limit = f"{optimizer.label}, {format_size(report.limit)} {'in total' if optimizer.divides else 'per kernel'}"
     rows = [(r.kernel.name, r.kernel.count, r.describe(r.configuration), ms(r.configuration.time_ms),
              format_size(r.configuration.workspace), ms(r.undivided.time_ms), f"{r.speedup:.2f}x",
              ms(r.best.time_ms)) for r in report.rows]

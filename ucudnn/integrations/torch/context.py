@@ -10,9 +10,10 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
-from ...config import Settings, format_size
+from ...config import Settings, choice, format_size
 from ...errors import ConfigError, DeviceMemoryError
 from ...measurements import OK
+from ...optimizers import DIVIDING, OPTIMIZERS
 from ...problem import ConvKind, ConvProblem
 from ...progress import Progress
 from .call import Call
@@ -49,10 +50,7 @@ class Context:
                  planning=None, delegate: bool = True):
         self.total_auto = total_limit == AUTO  # WD's total: a share of the memory left free (memory.py)
         if self.total_auto:
-            if optimizer not in (None, "wd"):
-                raise ConfigError(f"total_limit='auto' sizes WD's total, but optimizer={optimizer!r}; "
-                                  "use optimizer='wd' or drop total_limit")
-            optimizer, total_limit = "wd", None
+            optimizer, total_limit = _dividing(optimizer), None
         keywords = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
         if settings is not None and any(v is not None for v in keywords):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
@@ -84,7 +82,7 @@ class Context:
 
     @property
     def wd(self) -> bool:
-        return self.settings.optimizer == "wd"
+        return self.settings.optimizing.divides
 
     # Converted models share their context when deep-copied, and rebuild it when unpickled.
     def __deepcopy__(self, memo) -> "Context":
@@ -370,6 +368,16 @@ def _describe(kind: ConvKind, call: Call, kernel: UcudnnKernel | TorchKernel | N
 def _brief(problem: ConvProblem) -> str:
     """A kernel in a few words, for the progress line: 'BF x=(32, 64, 56, 56) w=(64, 64, 3, 3) float16'."""
     return f"{problem.kind.value} x={problem.x_shape} w={problem.w_shape} {problem.dtype}"
+
+
+def _dividing(optimizer: str | None) -> str:
+    """The optimizer total_limit='auto' plans with: one that divides a total (WD), named or not."""
+    if optimizer is None:
+        return DIVIDING.name
+    if not OPTIMIZERS[choice(optimizer, tuple(OPTIMIZERS), "optimizer")].divides:
+        raise ConfigError(f"total_limit='auto' sizes WD's total, but optimizer={optimizer!r}; "
+                          f"use optimizer={DIVIDING.name!r} or drop total_limit")
+    return optimizer
 
 
 def _rebuild_context(settings: Settings, delegate: bool = True, total_auto: bool = False) -> Context:

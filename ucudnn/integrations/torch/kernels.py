@@ -84,7 +84,7 @@ class CudaBackend:
         from ...handle import Handle
 
         torch.backends.cudnn.version()  # loads torch's libcudnn, so ucudnn's bindings use the same one
-        if settings.optimizer == "wd":  # one persistent buffer for the network, divided (and late kernels)
+        if settings.optimizing.divides:  # one persistent buffer for the network, divided (and late kernels)
             allocator = functools.partial(self.borrow, device=device)
         else:
             allocator = _no_persistent_workspace
