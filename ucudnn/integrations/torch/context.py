@@ -66,7 +66,7 @@ class Context:
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._lock = threading.RLock()
         self._recording = False
-        # WD without a sample input: the first pass runs through torch while recording (see records()).
+        # WD without a sample input: the first pass runs through torch while recording (see learn_call()).
         self._learn_first_pass = self.wd
         self._seen: set[int] = set()
         # (via, kind) -> kernel calls: ("ucudnn", "F"), ("torch", "BF"), ...; DELEGATED: layer calls
@@ -120,10 +120,11 @@ class Context:
             site.kernels[kind] = kernel
             return kernel
 
-    def delegates(self, site: Site) -> bool:
-        """Whether the site's layer runs torch's own convolution: decided on its first call (or,
-        where its planning waits for the next iteration, once planned). The first site's call
-        starts an iteration: layers waiting for a plan get PLANNING_SLICE_S of planning there."""
+    def route(self, site: Site) -> bool:
+        """Route a call of the site's layer: True where it runs torch's own convolution. Its first
+        call plans it (the decision, and the sweep where one is needed), or with planning
+        'between_iterations' queues it; the first site's call starts an iteration, and layers
+        waiting for a plan get PLANNING_SLICE_S of planning there."""
         if site is self._lead and self._pending:
             self.plan_pending(PLANNING_SLICE_S)
         delegated = site.delegated
@@ -254,10 +255,11 @@ class Context:
             return self._handles[device]
 
     # WD: learning the network first
-    def records(self, module: nn.Module) -> bool:
-        """Whether this call of `module` only records its kernels (and runs through torch). True
-        inside `recording()`; for WD without a sample input, also through the first pass, which
-        ends (and the network is solved) when a layer is called a second time."""
+    def learn_call(self, module: nn.Module) -> bool:
+        """Take this call of `module` while the network is learned: True where it only records its
+        kernels (and runs through torch): inside `recording()`, and for WD without a sample input
+        through the first pass, which ends, and the network is solved, when a layer is called a
+        second time."""
         if self._recording:
             return True
         if not self._learn_first_pass:

@@ -94,10 +94,10 @@ class Conv2d(nn.Conv2d):
             warn_once(site)
         if not isinstance(site, Site):
             return super().forward(input)
-        if context.records(self):
+        if context.learn_call(self):
             context.record(site.call, site.kinds)
             return super().forward(input)
-        if context.delegates(site):
+        if context.route(site):
             return super().forward(input)
         x, weight, bias = pack(self, input, site)
         y = _Convolution.apply(x, weight, bias, context, site)
