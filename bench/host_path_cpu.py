@@ -26,6 +26,7 @@ import ucudnn.torch as ut
 from torch_doubles import NumpyBackend, NumpyHandle
 from ucudnn.cache import Cache
 from ucudnn.graphs import GraphedProgram
+from ucudnn.integrations.torch.kernels import CudaBackend
 
 
 class NullCapturer:
@@ -52,7 +53,7 @@ class NullBackend(NumpyBackend):
     """CPU tensors stand in for CUDA ones; operands are their addresses, as on the GPU."""
 
     handle_class = NullHandle
-    operand = ut.CudaBackend.operand
+    operand = CudaBackend.operand
 
 
 CASES = {"nchw fp32": (False, False), "channels_last autocast fp16": (True, True)}

@@ -1,4 +1,4 @@
 """`import ucudnn.torch`: the PyTorch integration (see ucudnn.integrations.torch and docs/torch.md)."""
-from .integrations.torch import (Conv2d, Context, CudaBackend, context_of, convert, default_context,  # noqa: F401
-                                 learn, network)
-from .integrations.torch import __all__  # noqa: F401
+from .integrations.torch import Conv2d, Context, context_of, convert, learn, network
+
+__all__ = ["Conv2d", "Context", "context_of", "convert", "learn", "network"]

@@ -22,8 +22,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
     raise ImportError(f"ucudnn.torch needs PyTorch: {install_extra('torch')}") from exc
 
-from .context import Context, default_context
-from .kernels import CudaBackend
+from .context import Context, default_context  # noqa: F401  (the package's own use and tests)
+from .kernels import CudaBackend  # noqa: F401  (the package's own use and tests)
 from .layers import Conv2d, context_of, convert, learn, network
 
-__all__ = ["Conv2d", "Context", "CudaBackend", "context_of", "convert", "default_context", "learn", "network"]
+# the public face (ucudnn.torch); CudaBackend and default_context stay importable from here for
+# the package's own use and tests
+__all__ = ["Conv2d", "Context", "context_of", "convert", "learn", "network"]
