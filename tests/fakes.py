@@ -7,10 +7,10 @@ from collections import Counter
 from ucudnn.accumulation import accumulates
 from ucudnn.backends import Backends, Candidate, backend_of
 from ucudnn.benchmark import timing_step
-from ucudnn.device import DeviceInfo
+from ucudnn.device import Provenance
 from ucudnn.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, Measurement
 
-FAKE_DEVICE = DeviceInfo("Fake GPU", "0.0", 91900, 0, "testhost", execution="graph")
+FAKE_DEVICE = Provenance("Fake GPU", "0.0", 91900, 0, "testhost", execution="graph")
 
 # algorithm -> (ms per sample, fixed ms, workspace bytes per sample): fast ones need workspace
 ALGORITHMS = {"legacy:A0": (0.050, 0.01, 0), "legacy:A1": (0.020, 0.02, 64 * 2**10),
@@ -30,7 +30,7 @@ class FakeBenchmarker:
     cap where none of them does), the rest recorded PRUNED; a backend it was not made with is refused (ConfigError), as CudnnBenchmarker
     refuses it."""
 
-    def __init__(self, device: DeviceInfo = FAKE_DEVICE, scale: float = 1.0, backends=("legacy",)):
+    def __init__(self, device: Provenance = FAKE_DEVICE, scale: float = 1.0, backends=("legacy",)):
         self.device, self.scale, self.calls = device, scale, 0
         self.backends = Backends([FakeBackend(name) for name in backends])
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from ucudnn.accumulation import accumulates
 from ucudnn.backends.legacy import legacy_id
 from ucudnn.config import batch_sizes
-from ucudnn.device import DeviceInfo
+from ucudnn.device import Provenance
 from ucudnn.measurements import OK, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.problem import ConvProblem
 
-DEVICE = DeviceInfo("Synthetic GPU", "9.0", 90100, 0, host="test", execution="graph")
+DEVICE = Provenance("Synthetic GPU", "9.0", 90100, 0, host="test", execution="graph")
 
 # algo: (GFLOP/s, overhead ms, workspace bytes per byte of one input sample per sample); None: unsupported
 # by the legacy algorithm number whose name (per kind) the measurements carry

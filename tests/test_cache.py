@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fakes import checksums, damage_middle, make_foreign, spoil
 
-from ucudnn import CacheError, ConvProblem, DeviceInfo, Measurement
+from ucudnn import CacheError, ConvProblem, Provenance, Measurement
 from ucudnn.accumulation import accumulates
 from ucudnn.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaError, default_path, merge,
                           recorded_path, recorded_paths, shard_path)
@@ -27,7 +27,7 @@ from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 
 REPO = Path(__file__).resolve().parents[1]
-H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", 91900, driver_version=570, host="node1")
+H100 = Provenance("NVIDIA H100 80GB HBM3", "9.0", 91900, driver_version=570, host="node1")
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ALGOS = range(8)
 LIMIT = 64 * 2**20
@@ -67,7 +67,7 @@ def fake_measurements(problem: ConvProblem, sizes=SIZES) -> list[Measurement]:
 class FakeBenchmarker:
     """Counts how often anything had to be benchmarked."""
 
-    def __init__(self, device: DeviceInfo):
+    def __init__(self, device: Provenance):
         self.device, self.calls = device, 0
 
     def measure(self, problem, sizes, cap, backend=None, best=None):
@@ -142,11 +142,11 @@ def test_file_uses_rollback_journal_and_schema_version(db_path):
 
 def test_reuse_needs_same_gpu_model_cudnn_version_and_shape_key(filled):
     problem = resnet50()[0]
-    same_model_elsewhere = DeviceInfo(H100.gpu_name, "9.0", H100.cudnn_version, driver_version=580, host="node7")
+    same_model_elsewhere = Provenance(H100.gpu_name, "9.0", H100.cudnn_version, driver_version=580, host="node7")
     with BenchmarkDatabase(filled, readonly=True) as db:
         assert len(db.table(problem, same_model_elsewhere)) == len(fake_measurements(problem))
-        assert len(db.table(problem, DeviceInfo(H100.gpu_name, "9.0", 91000))) == 0
-        assert len(db.table(problem, DeviceInfo("NVIDIA A100-SXM4-80GB", "8.0", 91900))) == 0
+        assert len(db.table(problem, Provenance(H100.gpu_name, "9.0", 91000))) == 0
+        assert len(db.table(problem, Provenance("NVIDIA A100-SXM4-80GB", "8.0", 91900))) == 0
         assert len(db.table(ConvProblem("F", (32, 3, 224, 224), (64, 3, 7, 7), pads=3, strides=1), H100)) == 0
 
 
@@ -161,9 +161,9 @@ def test_tables_answers_every_problem_in_one_call(filled):
 
 def test_devices_and_kernels_describe_the_contents(filled):
     with BenchmarkDatabase(filled) as db:
-        db.record(conv(8, 8, 8), DeviceInfo("Tesla P100-SXM2-16GB", "6.0", 7605, host="old"),
+        db.record(conv(8, 8, 8), Provenance("Tesla P100-SXM2-16GB", "6.0", 7605, host="old"),
                   [Measurement("legacy:A0", 1, 1.0, 0)])
-        assert set(db.devices()) == {H100, DeviceInfo("Tesla P100-SXM2-16GB", "6.0", 7605, host="old")}
+        assert set(db.devices()) == {H100, Provenance("Tesla P100-SXM2-16GB", "6.0", 7605, host="old")}
         on_h100 = db.kernels(H100)
         everything = db.kernels()
     assert {p.shape_key() for p, _ in on_h100} == {p.shape_key() for p in resnet50()[:12]}
@@ -384,7 +384,7 @@ def test_timing_presets_label_what_they_measure():
     assert {name: timing.name for name, timing in TIMINGS.items()} == {"default": "default", "quick": "quick"}
     assert default_factory("quick").keywords["timing"].name == "quick"
     with pytest.raises(ConfigError, match="'fast'.*default, quick"):
-        DeviceInfo("GPU", "9.0", 91900, timing="fast")
+        Provenance("GPU", "9.0", 91900, timing="fast")
 
 
 def test_the_memo_keeps_executions_apart(db_path):
@@ -396,7 +396,7 @@ def test_the_memo_keeps_executions_apart(db_path):
 
 def test_an_unknown_execution_is_refused():
     with pytest.raises(ConfigError, match="'gpu'.*graph, direct"):
-        DeviceInfo("GPU", "9.0", 91900, execution="gpu")
+        Provenance("GPU", "9.0", 91900, execution="gpu")
 
 
 # --- the in-memory memo ---
@@ -502,18 +502,18 @@ def test_offline_use_needs_no_benchmarking(db_path):
     process.start()
     process.join(60)
     assert process.exitcode == 0
-    elsewhere = DeviceInfo(H100.gpu_name, "9.0", H100.cudnn_version, driver_version=575, host="node2")
+    elsewhere = Provenance(H100.gpu_name, "9.0", H100.cudnn_version, driver_version=575, host="node2")
     cache, bench = Cache(db_path, readonly=True), FakeBenchmarker(elsewhere)
     for problem in resnet50():
         assert as_set(table_or_benchmark(cache, problem, bench)) == set(fake_measurements(problem))
     assert bench.calls == 0 and cache.stats.misses == 0
-    for other in (DeviceInfo(H100.gpu_name, "9.0", 90100), DeviceInfo("NVIDIA H200", "9.0", 91900)):
+    for other in (Provenance(H100.gpu_name, "9.0", 90100), Provenance("NVIDIA H200", "9.0", 91900)):
         assert len(Cache(db_path, readonly=True).table(resnet50()[0], other)) == 0
 
 
 def test_merged_shards_equal_one_writer(tmp_path):
     problems = resnet50()[:30]
-    hosts = [DeviceInfo(H100.gpu_name, "9.0", H100.cudnn_version, 570, f"node{i}") for i in range(3)]
+    hosts = [Provenance(H100.gpu_name, "9.0", H100.cudnn_version, 570, f"node{i}") for i in range(3)]
     single = tmp_path / "single.db"
     with BenchmarkDatabase(single) as one:
         for i, problem in enumerate(problems):  # hosts overlap on every third kernel: newest wins
@@ -689,7 +689,7 @@ def test_resnet50_lookup_from_the_file_is_fast(db_path):
     with BenchmarkDatabase(db_path) as db:
         for problem in distinct.values():
             db.record(problem, H100, fake_measurements(problem))
-        db.record(conv(8, 8, 8), DeviceInfo("other", "8.0", 1), [Measurement("legacy:A0", 1, 1.0, 0)])
+        db.record(conv(8, 8, 8), Provenance("other", "8.0", 1), [Measurement("legacy:A0", 1, 1.0, 0)])
     walls, cpus = [], []
     for _ in range(10):  # the best of ten: other processes on a small machine add noise
         wall, cpu = time.perf_counter(), time.process_time()

@@ -7,13 +7,13 @@ import time
 import traceback
 from pathlib import Path
 
-from ucudnn import ConvProblem, DeviceInfo, Measurement
+from ucudnn import ConvProblem, Provenance, Measurement
 from ucudnn.cache import BenchmarkDatabase, Cache
 
 PROCESSES = 8
 WRITES = 500  # per process
 KERNELS = 50  # writers share these shape keys, so they also race on the kernels table
-GPU = DeviceInfo("Stress GPU", "9.0", 91900)
+GPU = Provenance("Stress GPU", "9.0", 91900)
 
 
 def problem(i: int) -> ConvProblem:

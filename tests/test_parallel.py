@@ -22,7 +22,7 @@ from ucudnn.benchmark import ensure_tables
 from ucudnn.cache import BenchmarkDatabase, schema
 from ucudnn.cli import build_parser, commands
 from ucudnn.config import batch_sizes
-from ucudnn.device import DeviceInfo
+from ucudnn.device import Provenance
 from ucudnn.errors import ConfigError, MissingMeasurementsError
 from ucudnn.nets import get_network
 from ucudnn.parallel import (MeasureCall, Task, bench_devices, bench_on_devices, bench_with_mpi, calls, partition,
@@ -30,7 +30,7 @@ from ucudnn.parallel import (MeasureCall, Task, bench_devices, bench_on_devices,
 
 BATCH = 12
 PROBLEMS = [k.problem for k in get_network("alexnet").problems(BATCH)]  # 15 kernels
-OTHER_GPU = DeviceInfo("Other GPU", "8.0", 91900, 0, "testhost")
+OTHER_GPU = Provenance("Other GPU", "8.0", 91900, 0, "testhost")
 
 
 def sizes_for(problem):
@@ -86,7 +86,7 @@ def must_not_run(job, events) -> None:
     raise AssertionError("no worker should have been started")
 
 
-def fake_probe(device: int) -> DeviceInfo:
+def fake_probe(device: int) -> Provenance:
     return FAKE_DEVICE
 
 
@@ -124,7 +124,7 @@ def single(single_for) -> tuple[set, set]:
     return single_for("legacy")
 
 
-def pool(path: Path, devices=(0, 1, 2), **kwargs) -> DeviceInfo:
+def pool(path: Path, devices=(0, 1, 2), **kwargs) -> Provenance:
     kwargs = {"benchmarker_factory": fake_factory, "probe": fake_probe, "backend": "legacy", **kwargs}
     return bench_on_devices(PROBLEMS, sizes_for, None, path, list(devices), **kwargs)
 

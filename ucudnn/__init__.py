@@ -1,6 +1,6 @@
 """ucudnn: micro-batched cuDNN convolutions that run fast algorithms under tight workspace limits."""
 from .config import Settings, batch_sizes, format_size, parse_size
-from .device import DeviceInfo
+from .device import Provenance
 from .handle import Handle
 from .errors import (CacheError, ConfigError, CudnnError, DeviceMemoryError, GpuUnavailableError, InfeasibleError,
                      LibraryNotFoundError, MissingMeasurementsError, NoAlgorithmError, UcudnnError, UcudnnWarning,
@@ -12,7 +12,7 @@ from .problem import ConvKind, ConvProblem
 
 __all__ = [
     "Handle", "Settings", "ConvProblem", "ConvKind", "Configuration", "MicroConfig", "Measurement", "KernelTable",
-    "DeviceInfo", "optimize_wr", "batch_sizes", "format_size", "parse_size",
+    "Provenance", "optimize_wr", "batch_sizes", "format_size", "parse_size",
     "UcudnnError", "ConfigError", "CacheError", "CudnnError", "DeviceMemoryError", "GpuUnavailableError",
     "InfeasibleError", "LibraryNotFoundError", "MissingMeasurementsError", "NoAlgorithmError",
     "UnsupportedProblemError", "UcudnnWarning",

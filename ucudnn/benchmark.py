@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 from . import gpu
 from .accumulation import accumulates
 from .bindings.enums import refuses_problem
-from .device import DeviceInfo, check_execution, check_timing
+from .device import Provenance, check_execution, check_timing
 from .dispatch import Step, compile_program, step
 from .errors import ConfigError, CudnnError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
 from .graphs import GraphCapturer, GraphedProgram
@@ -24,7 +24,7 @@ from .search import FULL, Search
 class Benchmarker(Protocol):
     """Measures kernels on one device. The GPU implementation is `CudnnBenchmarker`; tests use fakes."""
 
-    device: DeviceInfo
+    device: Provenance
     backends: Any  # .names: the backends it measures (ucudnn.backends)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
@@ -308,7 +308,7 @@ def _failure(exc: Exception) -> str:
 def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProblem], Sequence[int]],
                   cap: int | None, cache, benchmarker: Benchmarker | None,
                   progress: Callable[[int, int, ConvProblem], None] | None = None, *,
-                  device: DeviceInfo | None = None, backends: Sequence[str] | None = None,
+                  device: Provenance | None = None, backends: Sequence[str] | None = None,
                   search: Search = FULL) -> dict[str, KernelTable]:
     """Tables (by problem.key) of the candidates of `backends` (default: the benchmarker's;
     offline, None: any stored), complete as `search` needs them (ucudnn.search) at the sizes the
@@ -355,7 +355,7 @@ def _measured(p: ConvProblem, sizes: Sequence[int], cap: int | None, cache, benc
             cache.record(p, benchmarker.device, benchmarker.measure(p, missing, cap, backend=name, best=search.best))
 
 
-def _check_offline(p: ConvProblem, missing: Sequence[int], device: DeviceInfo,
+def _check_offline(p: ConvProblem, missing: Sequence[int], device: Provenance,
                    backends: Sequence[str] | None) -> None:
     if missing:
         missing = sorted(missing)

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from .backends import BACKENDS
 from .config import batch_sizes
-from .device import DeviceInfo
+from .device import Provenance
 from .errors import MissingMeasurementsError
 from .measurements import KernelTable, describe_sizes
 from .nets import Network, list_networks
@@ -48,12 +48,12 @@ class Recording:
                 "math": self.math, "policy": self.policy}
 
 
-def _variants(database, device: DeviceInfo) -> list[tuple[str, str, str]]:
+def _variants(database, device: Provenance) -> list[tuple[str, str, str]]:
     """The (dtype, layout, math) combinations the database has any kernel of on `device`."""
     return sorted({(p.dtype, p.layout, p.math) for p, _ in database.kernels(device)})
 
 
-def _measured_sizes(database, device: DeviceInfo, network: Network, variant: tuple[str, str, str],
+def _measured_sizes(database, device: Provenance, network: Network, variant: tuple[str, str, str],
                     backend: str | None) -> tuple[set[int], set[int]]:
     """The micro-batch sizes at which every kernel of `network` is completely measured (by the
     candidates of `backend`; None: of every backend together): as whole calls, and as parts of
@@ -92,7 +92,7 @@ def _recording(network: Network, variant: tuple[str, str, str], sizes: tuple[set
     return Recording(network.name, batch, *variant, policy)
 
 
-def recordings(database, device: DeviceInfo, networks: Sequence[Network] | None = None,
+def recordings(database, device: Provenance, networks: Sequence[Network] | None = None,
                backend: str | None = None) -> list[Recording]:
     """What `database` (a BenchmarkDatabase) can plan on `device`'s GPU, cuDNN and execution: for
     each network (default: the built-in ones) and data type, layout and math type it holds, the
@@ -106,7 +106,7 @@ def recordings(database, device: DeviceInfo, networks: Sequence[Network] | None 
     return found
 
 
-def recordings_by_backend(database, device: DeviceInfo,
+def recordings_by_backend(database, device: Provenance,
                           networks: Sequence[Network] | None = None) -> dict[str, list[Recording]]:
     """recordings() of each backend's candidates alone, by backend name (every backend listed)."""
     return {backend: recordings(database, device, networks, backend) for backend in BACKENDS}
@@ -154,7 +154,7 @@ class Request:
         return " ".join(["ucudnn bench --net", self.net, "--batch", str(self.batch), *flags])
 
 
-def explain_missing(error: MissingMeasurementsError, database, device: DeviceInfo, network: Network,
+def explain_missing(error: MissingMeasurementsError, database, device: Provenance, network: Network,
                     request: Request) -> MissingMeasurementsError:
     """`error` of a plan from `database` alone, retold: what it lacks, what of `network` it has,
     and the command that measures the rest."""

@@ -94,7 +94,3 @@ class Provenance(MeasurementKind, Hardware):
 
     def describe(self) -> str:
         return f"{Hardware.describe(self)}, {MeasurementKind.describe(self)}"
-
-
-# The name most of the package still uses for a Provenance (gpu.py, benchmark.py, coverage.py, tests)
-DeviceInfo = Provenance

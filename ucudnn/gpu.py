@@ -5,7 +5,7 @@ import functools
 import time
 from typing import Any
 
-from .device import DeviceInfo
+from .device import Provenance
 from .errors import GPU_INSTALL, GpuUnavailableError
 
 
@@ -19,7 +19,7 @@ def cupy():
     return cp
 
 
-def device_info(device: int | None = None, backends: tuple[str, ...] = ()) -> DeviceInfo:
+def device_info(device: int | None = None, backends: tuple[str, ...] = ()) -> Provenance:
     """The current (or given) GPU and the loaded cuDNN (and the frontend's version where
     `backends` includes the engines)."""
     from .backends.base import frontend_version
@@ -29,7 +29,7 @@ def device_info(device: int | None = None, backends: tuple[str, ...] = ()) -> De
     device = cp.cuda.runtime.getDevice() if device is None else device
     props = cp.cuda.runtime.getDeviceProperties(device)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return DeviceInfo(gpu_name=name, compute_capability=f"{props['major']}.{props['minor']}",
+    return Provenance(gpu_name=name, compute_capability=f"{props['major']}.{props['minor']}",
                       cudnn_version=cudnn.version(), driver_version=cp.cuda.runtime.driverGetVersion(),
                       frontend_version=frontend_version() if "engines" in backends else "")
 

@@ -11,7 +11,7 @@ from typing import Callable, Hashable, Iterable, NamedTuple, Sequence, TypeVar
 
 from ..accumulation import accumulates
 from ..benchmark import Benchmarker
-from ..device import DeviceInfo
+from ..device import Provenance
 from ..errors import ConfigError, MissingMeasurementsError
 from ..problem import ConvProblem
 from ..search import FULL
@@ -56,7 +56,7 @@ def _sample_flops(problem: ConvProblem) -> int:
 
 
 def split_tasks(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int | None, database,
-                device: DeviceInfo, backends: Sequence[str]) -> list[Task]:
+                device: Provenance, backends: Sequence[str]) -> list[Task]:
     """The tasks a single-GPU `ensure_tables` would measure: for each kernel (in order of first
     appearance) and each of `backends` (in their order) the sizes `sizes_for` asks for whose
     measurements of that backend `database` (a Cache or BenchmarkDatabase) lacks on `device`'s
