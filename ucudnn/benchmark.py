@@ -10,12 +10,11 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from . import gpu
 from .accumulation import accumulates
-from .bindings.enums import refuses_problem
 from .device import Provenance, check_execution, check_timing
 from .dispatch import Step, compile_program, step
-from .errors import ConfigError, CudnnError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
+from .errors import ConfigError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
 from .graphs import GraphCapturer, GraphedProgram
-from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, UNSUPPORTED, KernelTable, Measurement,
+from .measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, failure_status,
                            describe_sizes)
 from .problem import ConvProblem
 from .search import FULL, Search
@@ -153,7 +152,7 @@ class CudnnBenchmarker:
                 measured[algo] = replace(m, time_ms=None, status=FAILED, repeats=0)
                 continue
             except Exception as exc:
-                measured[algo] = replace(m, time_ms=None, status=_failure(exc), repeats=0)
+                measured[algo] = replace(m, time_ms=None, status=failure_status(exc), repeats=0)
                 continue
             measured[algo] = replace(m, time_ms=statistics.median(times), repeats=len(times))
         return list(measured.values())
@@ -178,7 +177,7 @@ class CudnnBenchmarker:
             if time_ms < COLD_WEIGHS_MS:
                 time_ms = gpu.time_calls(run, 1, self.stream, hide_host=self.pace)[0]
         except Exception as exc:  # a candidate that fails to build or run is data
-            return Measurement(candidate.id, b, None, ws, _failure(exc), accumulates=summed), None
+            return Measurement(candidate.id, b, None, ws, failure_status(exc), accumulates=summed), None
         return Measurement(candidate.id, b, time_ms, ws, OK, 1, accumulates=summed), run
 
 
@@ -298,11 +297,6 @@ def _time(run, timing: TimingSettings, stream: int, capturer: "GraphCapturer | N
     graph = capturer.capture(sweep)
     times = gpu.time_calls(lambda: capturer.launch(graph), timing.repeats(estimate * calls), stream, hide_host=True)
     return [t / calls for t in times]
-
-
-def _failure(exc: Exception) -> str:
-    """UNSUPPORTED where cuDNN refused the call's parameters, FAILED for any other error."""
-    return UNSUPPORTED if isinstance(exc, CudnnError) and refuses_problem(exc.status) else FAILED
 
 
 def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProblem], Sequence[int]],

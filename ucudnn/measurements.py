@@ -22,6 +22,15 @@ STATUSES = (OK, UNSUPPORTED, FAILED, OUT_OF_MEMORY, OVER_CAP, PRUNED)
 UNMEASURED = (OVER_CAP, OUT_OF_MEMORY)  # not timed: measured again when a limit admits them
 
 
+def failure_status(exc: Exception) -> str:
+    """The status of a candidate whose call raised `exc`: UNSUPPORTED where cuDNN refused the
+    call's parameters, FAILED for any other error."""
+    from .bindings.enums import refuses_problem
+    from .errors import CudnnError
+
+    return UNSUPPORTED if isinstance(exc, CudnnError) and refuses_problem(exc.status) else FAILED
+
+
 @dataclass(frozen=True)
 class Measurement:
     """Candidate `algo` on a micro-batch of `batch` samples: median time and workspace bytes;

@@ -11,24 +11,24 @@ default where the frontend imports), `engines` or `legacy`.
 """
 from __future__ import annotations
 
+import importlib
+
 from .base import (BACKENDS, CHOICES, FRONTEND_PACKAGE, Backend, Backends, Candidate, candidates,  # noqa: F401
                    backend_of, candidate_id, frontend_installed, frontend_version, resolve, split_id)
 
 
+def module(name: str):
+    """The module of backend `name` (one of BACKENDS): one file each, found by name. Each has
+    NAME, TASK_WEIGHT (its measuring cost against legacy's, for sharing sweeps among GPUs) and
+    open_backend(cudnn_handle)."""
+    return importlib.import_module(f".{name}", __name__)
+
+
 def open_backends(choice: str, cudnn_handle, stream: int) -> Backends:
-    """The GPU backends of a `backend` setting, on `stream`: `legacy` on `cudnn_handle`,
-    `engines` on it too where it can (see EnginesBackend). BackendUnavailableError where the
-    setting asks for the engines and the frontend is not installed."""
-    backends: list[Backend] = []
-    for name in resolve(choice):
-        if name == "legacy":
-            from .legacy import LegacyBackend
-
-            backends.append(LegacyBackend(cudnn_handle))
-        else:
-            from .engines import EnginesBackend
-
-            backends.append(EnginesBackend(cudnn_handle))
+    """The GPU backends of a `backend` setting, on `stream`, each opened on `cudnn_handle` (see
+    each module's open_backend). BackendUnavailableError where the setting asks for the engines
+    and the frontend is not installed."""
+    backends: list[Backend] = [module(name).open_backend(cudnn_handle) for name in resolve(choice)]
     from .. import gpu
     from .combine import run as combine
 

@@ -20,6 +20,10 @@ from ..problem import ConvKind, ConvProblem
 from .base import Candidate, candidate_id, split_id
 
 NAME = "engines"
+# An engines task costs this many legacy tasks of the same flops: the AlexNet engine sweep of
+# docs/results.md measured 29-36 candidates per (kernel, size) (each a plan built, then timed
+# coarse), legacy lists at most 8 algorithms. Only the balance of GPUs' shares depends on it.
+TASK_WEIGHT = 4
 NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where the graph API has no plan at all
 INSTALL = "pip install nvidia-cudnn-frontend (ucudnn's cuda12/cuda13 extras include it)"
 
@@ -226,3 +230,8 @@ def _wrapped(fe, cudnn_handle):
     if not hasattr(fe, "Handle"):
         return address
     return fe.Handle(address, gpu.cupy().cuda.runtime.getDevice(), bindings.get_stream(cudnn_handle))
+
+
+def open_backend(cudnn_handle) -> EnginesBackend:
+    """On `cudnn_handle` where the frontend runs the same libcudnn (see EnginesBackend)."""
+    return EnginesBackend(cudnn_handle)

@@ -6,15 +6,16 @@ from typing import Iterable
 
 from ..bindings import cudnn
 from ..bindings.convolution import get_algorithms, workspace_size
-from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, algo_number, refuses_problem
+from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, algo_number
 from ..bindings.executor import CudnnExecutor
 from ..dispatch import Plan, Step
 from ..errors import CudnnError
-from ..measurements import FAILED, OK, UNSUPPORTED
+from ..measurements import OK, UNSUPPORTED, failure_status
 from ..problem import ConvProblem
 from .base import Candidate, candidate_id, split_id
 
 NAME = "legacy"
+TASK_WEIGHT = 1  # measuring cost per task, the unit of the engines' (ucudnn.parallel.tasks)
 NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where no algorithm may run the kernel
 
 
@@ -28,11 +29,6 @@ def deterministic_algorithms(perfs: Iterable[AlgoPerf]) -> set[int]:
     (what torch's cudnn.deterministic also reads): cuDNN 9 documents backward-data ALGO_0 and
     backward-filter ALGO_0 and ALGO_3 as non-deterministic, but what it reports is the rule."""
     return {perf.algo for perf in perfs if perf.determinism == DETERMINISTIC}
-
-
-def failure(exc: CudnnError) -> str:
-    """The status of a measurement cuDNN refused (unsupported) or failed to run."""
-    return UNSUPPORTED if refuses_problem(exc.status) else FAILED
 
 
 class LegacyBackend:
@@ -70,7 +66,7 @@ class LegacyBackend:
             return Candidate(candidate, workspace_size(self.handle, problem.kind,
                                                        self.executor.descriptors(problem), algo), OK)
         except CudnnError as exc:
-            return Candidate(candidate, 0, failure(exc))
+            return Candidate(candidate, 0, failure_status(exc))
 
     def prepare(self, step: Step) -> Plan:
         return self.executor.plan(step)
@@ -83,3 +79,7 @@ class LegacyBackend:
 
     def close(self) -> None:
         """The cuDNN handle is the caller's: nothing of its own to free."""
+
+
+def open_backend(cudnn_handle) -> LegacyBackend:
+    return LegacyBackend(cudnn_handle)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Callable, Hashable, Iterable, NamedTuple, Sequence, TypeVar
 
 from ..accumulation import accumulates
+from ..backends import BACKENDS
+from ..backends import module as backend_module
 from ..benchmark import Benchmarker
 from ..device import Provenance
 from ..errors import ConfigError, MissingMeasurementsError
@@ -23,11 +25,8 @@ Progress = Callable[[int, int, ConvProblem], None]
 SIZES_PER_CALL = 8  # sizes of one kernel measured (and recorded, in one transaction) together
 TASK_OVERHEAD_FLOPS = 10**11  # the fixed cost of a task (descriptors, queries, launches) in flops
 RETRIES = 1  # rounds that re-measure what failed workers left, on the workers that survived
-# An engines task costs this many legacy tasks of the same flops: the AlexNet engine sweep of
-# docs/results.md measured 29-36 candidates per (kernel, size) (each a plan built, then timed
-# coarse), legacy lists at most 8 algorithms. Only the balance of the shares depends on it.
-ENGINE_TASK_WEIGHT = 4
-BACKEND_WEIGHTS = {"legacy": 1, "engines": ENGINE_TASK_WEIGHT}
+BACKEND_WEIGHTS = {name: backend_module(name).TASK_WEIGHT for name in BACKENDS}  # each backend module's
+ENGINE_TASK_WEIGHT = BACKEND_WEIGHTS["engines"]
 
 
 # ---- tasks and their partition
