@@ -136,3 +136,10 @@ def test_a_coarse_measurement_runs_a_slow_candidate_once_and_a_short_one_twice(m
     m, run = bench._coarse(p, p, backend.candidates(p)[0], dict(x=0, w=0, y=0), None)
     assert m == Measurement("engines:eng1", 8, ms, 0, OK, 1) and calls == [bench.pace] * timings
     assert backend.calls == timings  # no untimed warm-up call
+
+
+def test_every_timing_preset_has_its_settings_in_one_table():
+    from ucudnn.device import TIMING_PRESETS
+
+    assert tuple(benchmark.TIMINGS) == TIMING_PRESETS  # best first, as the database ranks them
+    assert all(settings.name == name for name, settings in benchmark.TIMINGS.items())

@@ -56,6 +56,14 @@ class TimingSettings:
         return max(self.min_repeats, min(self.max_repeats, wanted))
 
 
+# The timing presets by name (device.TIMING_PRESETS, best first), what `ucudnn bench --timing` takes
+TIMINGS = {
+    "default": TimingSettings(),
+    # one warm-up, then 1 to 3 timed calls: sweeps of the `all` policy in minutes, noisier times
+    "quick": TimingSettings(warmup=1, min_repeats=1, max_repeats=3, target_ms=3.0, name="quick"),
+}
+
+
 class Scratch:
     """Device memory for measuring: random operands at a kernel's largest size (never zeros),
     sliced along N for smaller micro-batches, and one workspace that grows as needed."""

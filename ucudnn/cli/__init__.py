@@ -16,7 +16,7 @@ from typing import Sequence
 
 from ..backends import CHOICES as BACKEND_CHOICES
 from ..config import OPTIMIZERS, POLICIES
-from ..device import EXECUTIONS
+from ..device import EXECUTIONS, TIMING_PRESETS
 from ..errors import UcudnnError, UcudnnWarning, install_extra
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from ..search import SEARCHES
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi", nargs="?", const="shards", choices=("shards", "shared"), help=(
         f"share the sweep among the ranks of mpirun/srun (needs mpi4py: {install_extra('mpi')}); "
         "each rank writes a shard that rank 0 merges (shards, the default) or the database itself (shared)"))
-    p.add_argument("--timing", choices=("default", "quick"), default="default", help=(
+    p.add_argument("--timing", choices=TIMING_PRESETS, default=TIMING_PRESETS[0], help=(
         "quick: one warm-up and at most 3 timed calls per algorithm and size, for long sweeps "
         "(default: at least 3, up to 10, filling 20 ms)"))
 

@@ -1,4 +1,4 @@
-"""GPU checks, timing presets and backends: the benchmarker a worker makes on its GPU, what a
+"""GPU checks, timing presets (benchmark.TIMINGS) and backends: the benchmarker a worker makes on its GPU, what a
 GPU is (probed without a context), and the refusal of GPUs listed twice or of different models."""
 from __future__ import annotations
 
@@ -7,18 +7,13 @@ import os
 from collections import Counter
 from typing import Callable, Mapping, Sequence
 
-from ..benchmark import Benchmarker, TimingSettings
+from ..benchmark import TIMINGS, Benchmarker, TimingSettings
 from ..device import Provenance, check_execution
 from ..errors import ConfigError, unknown
 
 Factory = Callable[[int], Benchmarker]
 
 DEVICES_VARIABLE = "UCUDNN_BENCH_DEVICES"
-TIMINGS = {
-    "default": TimingSettings(),
-    # one warm-up, then 1 to 3 timed calls: sweeps of the `all` policy in minutes, noisier times
-    "quick": TimingSettings(warmup=1, min_repeats=1, max_repeats=3, target_ms=3.0, name="quick"),
-}
 
 
 # ---- devices
