@@ -69,7 +69,7 @@ class LegacyBackend:
             return Candidate(candidate, 0, failure_status(exc))
 
     def prepare(self, step: Step) -> Plan:
-        return self.executor.plan(step)
+        return self.executor.plan(step, algo_number(step.problem.kind, split_id(step.algo)[1]))
 
     def set_stream(self, stream: int) -> None:
         cudnn.set_stream(self.handle, stream)

@@ -8,7 +8,6 @@ from ..errors import CudnnError
 from ..problem import ConvProblem
 from . import cudnn
 from .convolution import ROLES, function_name, workspace_size
-from .enums import algo_number
 from .descriptors import KernelDescriptors
 
 _INDEX = {"x": 0, "w": 1, "y": 2}
@@ -28,7 +27,8 @@ class CudnnExecutor:
             self._descriptors[p.key] = KernelDescriptors(p)
         return self._descriptors[p.key]
 
-    def plan(self, step: Step) -> Plan:
+    def plan(self, step: Step, algo: int) -> Plan:
+        """`step` as a call of cuDNN's algorithm number `algo` for its kind."""
         p = step.problem
         descs = self.descriptors(p)
         name = function_name(p.kind)
@@ -37,7 +37,6 @@ class CudnnExecutor:
         i1, i2 = (_INDEX[r] for r in ROLES[p.kind][:2])
         d1, d2, d3 = (descs[r] for r in ROLES[p.kind])
         handle, conv, alpha_ref, beta_ref = self.handle, descs.conv, byref(alpha), byref(beta)
-        algo = algo_number(p.kind, step.algo.partition(":")[2])
 
         def run(x: int, w: int, y: int, out: int, workspace: int, workspace_size: int) -> None:
             operands = (x, w, y)
