@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
-#   bash bench/gpu_suite.sh [stage ...]    stages: env tests alignment record record-new vstorch
+#   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new vstorch
 #                                          record-direct layers-alexnet layers-resnet50
 #                                          layers-direct wd train shapes coldstart
 #                                          memory hostpath tables sweepprofile trainab coldmodels
@@ -44,7 +44,6 @@ for stage in "${stages[@]}"; do
   case $stage in
     env) run env python3 bench/env_report.py ;;
     tests) run tests python3 -m pytest -m gpu -v -s -rs --durations=25 ${GPU_TESTS:-tests} ;;
-    alignment) run alignment python3 bench/alignment.py --out "$OUT" ;;
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;

@@ -1,4 +1,4 @@
-"""What the single-question GPU probes of bench/ (alignment, host_path)
+"""What the GPU benchmarks of bench/ that time single kernels (host_path, slices)
 share: an `--out` folder, a cuDNN handle on the current stream, a kernel looked up by name,
 graph timing, and one JSON report written at the end."""
 from __future__ import annotations

@@ -110,7 +110,7 @@ class CudnnBenchmarker:
     backend lists 30-90 candidates per kernel, most of them dominated by far. A backward-filter
     micro-batch smaller than the kernel's batch is timed accumulating, as dispatch runs all of a
     configuration's BF calls but the first (legacy: beta = 1, which can cost 2.8x,
-    bench/beta_probe.py; engines: the partial and its sum). Failures (unsupported, errors, out
+    docs/results.md; engines: the partial and its sum). Failures (unsupported, errors, out
     of memory) are recorded, not raised."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
