@@ -91,7 +91,7 @@ def steps(problem: ConvProblem, configuration: Configuration, blends: Blends, al
     return found
 
 
-Call = Callable[[Any, Any, Any, Any, int], None]  # (x, w, y, workspace, workspace_size)
+StepRun = Callable[[Any, Any, Any, Any, int], None]  # (x, w, y, workspace, workspace_size)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ Combiner = Callable[[ConvProblem, Combine, dict], None]  # (micro kernel, combin
 Copier = Callable[[int, int, int], None]  # (destination, source, bytes)
 
 
-def compose(step: Step, plan: Plan, combine: Combiner, scratch: Callable[[int], int], copy: Copier) -> Call:
+def compose(step: Step, plan: Plan, combine: Combiner, scratch: Callable[[int], int], copy: Copier) -> StepRun:
     """The whole call of `step` on operand addresses: its staged slices copied in, its plan, its
     route's Combine steps (run by `combine`; `scratch(nbytes)` gives the address of a buffer of
     the call's own), its staged output copied out (`copy`). A workspace smaller than the step's
@@ -179,7 +179,7 @@ class Executor(Protocol):
     def blends(self, algo: str) -> bool:
         """Whether the calls of candidate `algo` take alpha and beta (ucudnn.accumulation)."""
 
-    def prepare(self, step: Step) -> Call:
+    def prepare(self, step: Step) -> StepRun:
         """A call that runs `step` on operands x, w, y (device addresses, or the executor's own
         kind). Preparing once and calling many times keeps per-call host work small."""
 
@@ -187,7 +187,7 @@ class Executor(Protocol):
 class Program:
     """A configuration compiled for one executor: its calls, in order, ready to run many times."""
 
-    def __init__(self, calls: list[Call]):
+    def __init__(self, calls: list[StepRun]):
         self.calls = tuple(calls)
 
     def __call__(self, x: Any, w: Any, y: Any, workspace: Any = 0, workspace_size: int = 0) -> None:

@@ -10,7 +10,7 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..accumulation import Combine
-    from ..dispatch import Call, Plan, Step
+    from ..dispatch import Plan, Step, StepRun
     from ..problem import ConvProblem
 
 BACKENDS = ("legacy", "engines")
@@ -139,7 +139,7 @@ class Backends:
         """The plan of `step` alone, as its backend makes it."""
         return self[backend_of(step.algo)].prepare(step)
 
-    def prepare(self, step: "Step") -> "Call":
+    def prepare(self, step: "Step") -> "StepRun":
         return compose(step, self.prepare_plan(step), self._run_combine, self._scratch_buffer, self._run_copy)
 
     def _run_combine(self, problem: "ConvProblem", c: "Combine", buffers: dict) -> None:
