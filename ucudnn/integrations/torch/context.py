@@ -140,10 +140,12 @@ class Context:
         return delegated
 
     def _decide(self, site: Site) -> bool:
-        """Under WR with delegation on: time torch's own kernels first; where they and cuDNN's
-        favourites fit the limit (delegation.settled_by_torch), delegate with no sweep; else plan
-        the site's kernels and apply delegation.worth_delegating. WD divides one workspace among
-        ucudnn's kernels: never."""
+        """Whether the site's layer runs torch's own convolution, decided on its first call:
+        - WD: never (one workspace divided among ucudnn's kernels);
+        - with delegation on, torch's own kernels are timed first, and where torch settles the
+          layer (delegation.settled_by_torch), it runs them with no sweep;
+        - with planning 'between_iterations', torch's own until plan_pending() plans the layer;
+        - else its kernels are planned now and delegation.worth_delegating decides."""
         deferred = self.settings.planning == "between_iterations" and not self.wd
         if not deferred and (not self.delegate or self.wd):
             return False
