@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..measurements import UNMEASURED, KernelTable, Measurement
+from ..measurements import PRUNED, UNMEASURED, KernelTable, Measurement
 from ..staging import ALIGNED, SLICED, Slices
 from .configuration import Configuration, MicroConfig
 
@@ -36,12 +36,12 @@ def plannable(measurements: Sequence[Measurement]) -> list[Measurement]:
     use: the available ones on the time-workspace front (WR picks the fastest that fits, WD's
     desirable sets start from the front: a dominated candidate is never chosen), every row not
     timed (over the cap or out of memory: a later run would time it; KernelTable.complete_for
-    reads them), and, where nothing of
+    reads them; PRUNED: a full search measures them, ucudnn.search), and, where nothing of
     those is left, one row that says the size was measured. What a shipped or shared file can
-    keep without changing any plan."""
+    keep without changing any plan or what a search asks for."""
     ok = sorted((m for m in measurements if m.available), key=lambda m: m.algo)  # ties: the first name
     front = [ok[i] for i in pareto_order([m.time_ms for m in ok], [m.workspace for m in ok])] if ok else []
-    kept = front + [m for m in measurements if m.status in UNMEASURED]
+    kept = front + [m for m in measurements if m.status in (*UNMEASURED, PRUNED)]
     return kept or sorted(measurements, key=lambda m: m.algo)[:1]
 
 
