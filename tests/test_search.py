@@ -143,3 +143,10 @@ def test_a_network_wide_limit_measures_every_size(tmp_path, optimizer, sizes):
     bench = FakeBenchmarker()
     tables = complete_tables([P], settings, settings.limit(1), Cache(tmp_path / "db.sqlite"), bench)
     assert set(tables[P.key].sizes) == sizes
+
+
+def test_a_database_lists_as_recorded_only_sizes_a_full_search_completed():
+    from ucudnn.coverage import _complete
+
+    t = table([(b, "A", 1.0, 0, OK) for b in (8, 16)] + [(8, "B", None, 0, PRUNED)])
+    assert _complete(t, None) == {16} and _complete(t, "legacy") == {16}

@@ -12,6 +12,7 @@ from .errors import MissingMeasurementsError
 from .measurements import KernelTable, describe_sizes
 from .nets import Network, list_networks
 from .problem import ConvKind, default_math
+from .search import FULL
 
 POLICY_ORDER = ("all", "powerOfTwo")  # the first one a recording satisfies describes it
 
@@ -72,8 +73,10 @@ def _measured_sizes(database, device: Provenance, network: Network, variant: tup
 
 
 def _complete(table: KernelTable, backend: str | None) -> set[int]:
+    """The sizes a full search measured completely (a pruned search's PRUNED rows make a size
+    partial: ucudnn.search)."""
     table = table.only(None if backend is None else [backend])
-    return {b for b in table.sizes if table.complete_for(b, None)}
+    return {b for b in table.sizes if FULL.complete_at(table, b, None)}
 
 
 def _largest(sizes: tuple[set[int], set[int]], policy: str) -> int | None:
