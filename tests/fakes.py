@@ -27,14 +27,14 @@ class FakeBenchmarker:
     it records as such (ucudnn.accumulation), as CudnnBenchmarker does. Counts measurements.
     Measures the candidates of `backend` (None: of each of its `backends`, CANDIDATES), ranked in
     CANDIDATES' order: with `best`, the first `best` at each size (on to the first that fits the
-    cap where none of them does), the rest recorded PRUNED; a backend it was not made with is refused (ConfigError), as CudnnBenchmarker
+    cap where none of them does), the rest recorded PRUNED, and so those in `skip`; a backend it was not made with is refused (ConfigError), as CudnnBenchmarker
     refuses it."""
 
     def __init__(self, device: Provenance = FAKE_DEVICE, scale: float = 1.0, backends=("legacy",)):
         self.device, self.scale, self.calls = device, scale, 0
         self.backends = Backends([FakeBackend(name) for name in backends])
 
-    def measure(self, problem, sizes, cap, backend=None, best=None):
+    def measure(self, problem, sizes, cap, backend=None, best=None, skip=()):
         names = [self.backends[backend].name] if backend else self.backends.names
         candidates = {algo: model for name in names for algo, model in CANDIDATES[name].items()}
         results = []
@@ -43,7 +43,7 @@ class FakeBenchmarker:
         for b, (algo, model) in itertools.product(sorted(set(sizes)), candidates.items()):
             summed = accumulates(problem, b)
             seen[b, backend_of(algo)] += 1
-            if best is not None and seen[b, backend_of(algo)] > best and timed[b, backend_of(algo)]:
+            if (best is not None and seen[b, backend_of(algo)] > best and timed[b, backend_of(algo)]) or algo in skip:
                 results.append(Measurement(algo, b, None, 0, PRUNED, accumulates=summed))
                 continue
             self.calls += 1

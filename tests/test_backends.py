@@ -231,7 +231,7 @@ class TwoBackendBenchmarker:
         self.backends = Backends([FakeBackend(n) for n in names])
         self.asked: list[tuple[str, tuple[int, ...]]] = []
 
-    def measure(self, problem, sizes, cap, backend=None, best=None):
+    def measure(self, problem, sizes, cap, backend=None, best=None, skip=()):
         self.asked.append((backend, tuple(sizes)))
         ms = {"legacy": 2.0, "engines": 1.0}[backend]
         return [Measurement(candidate_id(backend, "x"), b, ms * b, 0, OK, 3, accumulates(problem, b)) for b in sizes]

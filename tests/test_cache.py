@@ -70,7 +70,7 @@ class FakeBenchmarker:
     def __init__(self, device: Provenance):
         self.device, self.calls = device, 0
 
-    def measure(self, problem, sizes, cap, backend=None, best=None):
+    def measure(self, problem, sizes, cap, backend=None, best=None, skip=()):
         self.calls += 1
         return fake_measurements(problem, sizes)
 

@@ -36,7 +36,7 @@ class PressuredBenchmarker(FakeBenchmarker):
         super().__init__()
         self.free = free
 
-    def measure(self, problem, sizes, cap, backend=None, best=None):
+    def measure(self, problem, sizes, cap, backend=None, best=None, skip=()):
         return [m if m.workspace <= self.free or m.status != OK else Measurement(m.algo, m.batch, None, m.workspace, OUT_OF_MEMORY)
                 for m in super().measure(problem, sizes, cap, backend)]
 

@@ -56,6 +56,14 @@ def test_the_walk_goes_down_while_smaller_sizes_pay_or_a_kept_out_candidate_shri
     assert PRUNED_SEARCH.sizes(constant, SIZES, 8 * MiB) == [32, 16]
 
 
+def test_below_a_size_candidates_far_slower_there_than_one_with_no_more_workspace_are_skipped():
+    t = table([(32, "A", 1.0, 0, OK), (32, "B", 5.0, 0, OK), (32, "C", 0.5, MiB, OK), (32, "D", 3.0, 2 * MiB, OK),
+               (32, "E", None, 64 * MiB, OVER_CAP)])
+    # B: 5x A (same workspace); D: 6x C (less workspace); E was not timed: measured again
+    assert PRUNED_SEARCH.skipped(t, 16) == {"legacy:B", "legacy:D"}
+    assert PRUNED_SEARCH.skipped(t, 32) == frozenset() and FULL.skipped(t, 16) == frozenset()
+
+
 def test_the_search_setting_names_one():
     assert named("full") is FULL and named("pruned") is PRUNED_SEARCH
     assert Settings().search == "pruned" and Settings.load(search="FULL").search == "full"
@@ -114,10 +122,12 @@ class Ranked:
         pass
 
 
-@pytest.mark.parametrize("best, built, timed", [(None, 5, 3), (3, 3, 1), (1, 3, 1)])
-def test_a_pruned_measurement_builds_the_first_of_the_ranking_only(monkeypatch, best, built, timed):
+@pytest.mark.parametrize("best, skip, built, timed", [(None, (), 5, 3), (3, (), 3, 1), (1, (), 3, 1),
+                                                     (None, ("engines:c3",), 4, 2)])
+def test_a_pruned_measurement_builds_the_first_of_the_ranking_only(monkeypatch, best, skip, built, timed):
     """best=3: c0..c2 measured (two over the cap, one timed), c3 and c4 PRUNED unbuilt; best=1:
-    c0 is over the cap, so the ranking is followed on to c2, the first that runs."""
+    c0 is over the cap, so the ranking is followed on to c2, the first that runs; a candidate
+    skipped is PRUNED unbuilt wherever it ranks."""
     monkeypatch.setattr(benchmark.gpu, "time_calls", lambda run, repeats, stream, hide_host=False: [1.0] * repeats)
     monkeypatch.setattr(benchmark, "_time", lambda run, timing, stream, capturer=None, estimate=None: [1.0])
     bench = object.__new__(benchmark.CudnnBenchmarker)
@@ -125,10 +135,11 @@ def test_a_pruned_measurement_builds_the_first_of_the_ranking_only(monkeypatch, 
     bench.calls, bench.timing, bench.capturer = 0, benchmark.TimingSettings(), None
     backend = Ranked()
     bench.backends = Backends([backend])
-    rows = bench._measure_size(backend, P, P, dict(x=0, w=0, y=0), 8 * MiB, best)
+    rows = bench._measure_size(backend, P, P, dict(x=0, w=0, y=0), 8 * MiB, best, skip)
     assert [m.algo for m in rows] == backend.ranked(P)
     assert len(backend.built) == built and sum(m.status == OK for m in rows) == timed
-    assert all(m.status == PRUNED and m.workspace == 0 for m in rows[built:])
+    assert not set(skip) & set(backend.built)
+    assert all(m.status == PRUNED and m.workspace == 0 for m in rows if m.algo not in backend.built)
     assert [m.status for m in rows[:2]] == [OVER_CAP, OVER_CAP]
 
 
@@ -150,3 +161,17 @@ def test_a_database_lists_as_recorded_only_sizes_a_full_search_completed():
 
     t = table([(b, "A", 1.0, 0, OK) for b in (8, 16)] + [(8, "B", None, 0, PRUNED)])
     assert _complete(t, None) == {16} and _complete(t, "legacy") == {16}
+
+
+def test_the_walk_skips_below_a_size_what_was_far_slower_there(tmp_path, monkeypatch):
+    import fakes
+
+    slow = {**fakes.ALGORITHMS, "legacy:SLOW": (1.0, 0.0, 0)}  # 20x legacy:A0, the same workspace
+    monkeypatch.setattr(fakes, "ALGORITHMS", slow)
+    monkeypatch.setitem(fakes.CANDIDATES, "legacy", slow)
+    bench = FakeBenchmarker()
+    tables = ensure_tables([P], Settings().sizes_for, 64 * 2**10, Cache(tmp_path / "db.sqlite"), bench,
+                           search=PRUNED_SEARCH)
+    rows = {m.batch: m.status for m in tables[P.key] if m.algo == "legacy:SLOW"}
+    assert len(rows) > 1, "the cap must make the walk go below the whole batch"
+    assert rows[32] == OK and all(status == PRUNED for b, status in rows.items() if b < 32)

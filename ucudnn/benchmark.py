@@ -6,7 +6,7 @@ import functools
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Collection, Iterable, Protocol, Sequence
 
 from . import gpu
 from .accumulation import accumulates
@@ -27,12 +27,13 @@ class Benchmarker(Protocol):
     backends: Any  # .names: the backends it measures (ucudnn.backends)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
-                backend: str | None = None, best: int | None = None) -> list[Measurement]:
+                backend: str | None = None, best: int | None = None,
+                skip: Collection[str] = ()) -> list[Measurement]:
         """One Measurement per (candidate, size) of `backend` (None: every backend it has):
         time only for candidates whose workspace is <= cap bytes (None: any that can be
         allocated); the others are recorded OVER_CAP. `best`: per backend and size, measure only
         the first `best` of the backend's ranking (and on to the first that runs within the cap,
-        where none of them does); record the rest PRUNED (ucudnn.search)."""
+        where none of them does); record the rest PRUNED (ucudnn.search), and so those in `skip`."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ class CudnnBenchmarker:
         self.capturer = _capturer(execution, self.backends, self.stream, make_room)
 
     def measure(self, problem: ConvProblem, sizes: Iterable[int], cap: int | None,
-                backend: str | None = None, best: int | None = None) -> list[Measurement]:
+                backend: str | None = None, best: int | None = None,
+                skip: Collection[str] = ()) -> list[Measurement]:
         sizes = sorted(set(sizes))
         results = []
         with _stream_kept(self.handle):
@@ -134,17 +136,17 @@ class CudnnBenchmarker:
                 for name in [backend] if backend else self.backends.names:
                     for b in sizes:
                         results += self._measure_size(self.backends[name], problem, problem.with_batch(b), ptrs,
-                                                      cap, best)
+                                                      cap, best, skip)
             finally:
                 self.scratch.release()
                 self.backends.release()
         return results
 
     def _measure_size(self, backend, problem: ConvProblem, micro: ConvProblem, ptrs: dict,
-                      cap: int | None, best: int | None) -> list[Measurement]:
+                      cap: int | None, best: int | None, skip: Collection[str] = ()) -> list[Measurement]:
         runs, measured = {}, {}
         for rank, algo in enumerate(backend.ranked(micro)):
-            if best is not None and rank >= best and runs:
+            if (best is not None and rank >= best and runs) or algo in skip:
                 measured[algo] = Measurement(algo, micro.batch, None, 0, PRUNED,
                                              accumulates=accumulates(problem, micro.batch))
                 continue
@@ -354,7 +356,9 @@ def _measured(p: ConvProblem, sizes: Sequence[int], cap: int | None, cache, benc
             return table
         for name, missing in todo.items():
             tried.update((name, b) for b in missing)
-            cache.record(p, benchmarker.device, benchmarker.measure(p, missing, cap, backend=name, best=search.best))
+            skip = search.skipped(table.only([name]), max(missing))
+            cache.record(p, benchmarker.device,
+                         benchmarker.measure(p, missing, cap, backend=name, best=search.best, skip=skip))
 
 
 def _check_offline(p: ConvProblem, missing: Sequence[int], device: Provenance,

@@ -3,7 +3,10 @@
 - `pruned` (the default): at each micro-batch size, per backend, the first BEST candidates in
   cuDNN's heuristic order (ucudnn.backends: `ranked`) are measured: timed where their workspace
   fits the cap, else recorded over it; where none of them runs, the ranking is followed on to the
-  first that does; the rest are PRUNED (not even built). Sizes are taken largest first, down to the first where the cap no
+  first that does; the rest are PRUNED (not even built), and so are, below a size measured, the
+  candidates that ran there more than DOMINATED times slower than one needing no more workspace
+  (assumed: relative speeds change little from one micro-batch size to the next; not yet
+  measured against a full search). Sizes are taken largest first, down to the first where the cap no
   longer keeps a candidate out, or that pays nothing: it runs no faster per sample than the sizes
   above it and no candidate over the cap there needs less workspace there than a size above (so
   none is getting closer to fitting); where the cap keeps nothing out at the whole batch, the
@@ -27,6 +30,7 @@ from .errors import unknown
 from .measurements import PRUNED, KernelTable
 
 BEST = 10  # candidates measured per backend and micro-batch size by the pruned search
+DOMINATED = 4.0  # ... and below a size, none that ran this many times slower there than one with no more workspace
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class Search:
     name: str
     best: int | None
     walk: bool
+    dominated: float | None = None  # see DOMINATED (None: every candidate at every size)
 
     def complete_at(self, table: KernelTable, batch: int, cap: int | None,
                     backends: Sequence[str] | None = None) -> bool:
@@ -69,6 +74,19 @@ class Search:
             best_rate, above = min(best_rate, rate), batch
         return needed
 
+    def skipped(self, table: KernelTable, batch: int) -> frozenset[str]:
+        """The candidates not to measure at `batch`: those that, at the nearest larger size they
+        ran at, ran more than `dominated` times slower than one with no more workspace there."""
+        if self.dominated is None:
+            return frozenset()
+        dominated: dict[str, bool] = {}
+        for b in sorted(s for s in table.sizes if s > batch):  # nearest first: its verdict stands
+            best = math.inf
+            for m in sorted(table.choices(b), key=lambda m: (m.workspace, m.time_ms)):
+                dominated.setdefault(m.algo, m.time_ms > self.dominated * best)
+                best = min(best, m.time_ms)
+        return frozenset(algo for algo, slower in dominated.items() if slower)
+
     def missing(self, table: KernelTable, sizes: Iterable[int], cap: int | None,
                 backends: Sequence[str] | None = None) -> list[int]:
         """The sizes this search needs that `table` cannot answer yet (for each of `backends`)."""
@@ -88,7 +106,7 @@ def _shrinking(table: KernelTable, batch: int, above: int, cap: int | None) -> b
                for m in table.at(batch) if m.status != PRUNED)
 
 
-SEARCHES = {"pruned": Search("pruned", BEST, walk=True), "full": Search("full", None, walk=False)}
+SEARCHES = {"pruned": Search("pruned", BEST, walk=True, dominated=DOMINATED), "full": Search("full", None, walk=False)}
 PRUNED_SEARCH, FULL = SEARCHES["pruned"], SEARCHES["full"]
 
 
