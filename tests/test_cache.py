@@ -25,6 +25,7 @@ from ucudnn.cache.database import read_export
 from ucudnn.errors import ConfigError, DamagedDatabaseError, UcudnnWarning
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
+from ucudnn.search import FULL
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = Provenance("NVIDIA H100 80GB HBM3", "9.0", 91900, driver_version=570, host="node1")
@@ -78,7 +79,7 @@ class FakeBenchmarker:
 def table_or_benchmark(cache: Cache, problem: ConvProblem, bench: FakeBenchmarker, sizes=SIZES):
     """What the handle does: use the cache, benchmark only what it lacks."""
     table = cache.table(problem, bench.device)
-    missing = table.missing(sizes, LIMIT)
+    missing = FULL.missing(table, sizes, LIMIT)
     if missing:
         cache.record(problem, bench.device, bench.measure(problem, missing, None))
         table = cache.table(problem, bench.device)
@@ -761,7 +762,7 @@ def test_a_whole_call_measured_first_is_measured_again_as_a_part(tmp_path):
     bench = FakeBenchmarker(H100)
     for problem in (small, large):
         table = cache.table(problem, H100)
-        missing = table.missing((16, 32, problem.batch), None)
+        missing = FULL.missing(table, (16, 32, problem.batch), None)
         cache.record(problem, H100, [replace(m, accumulates=accumulates(problem, m.batch))
                                      for m in bench.measure(problem, missing, None)])
     assert bench.calls == 2 and sorted(m.batch for m in cache.table(large, H100)) == [16] * 8 + [32] * 8 + [64] * 8

@@ -24,7 +24,6 @@ from .errors import DeviceMemoryError, InfeasibleError, UcudnnWarning
 from .optimizers import PER_KERNEL
 from .optimizers.configuration import Configuration
 from .problem import ConvProblem
-from .search import named
 from .solve import Kernel, solve, solve_wr
 
 
@@ -175,7 +174,7 @@ class Assignments:
 
     def _tables(self, problems: list[ConvProblem], cap: int) -> dict:
         return ensure_tables(problems, self.settings.sizes_for, cap, self.cache, self.benchmarker,
-                             search=named(self.settings.search, walk=not self.wd))
+                             search=self.settings.searching)
 
     @property
     def benchmarker(self) -> Benchmarker:

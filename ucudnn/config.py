@@ -14,7 +14,7 @@ from .device import EXECUTIONS
 from .errors import ConfigError, unknown
 from .optimizers import DIVIDING, Optimizer
 from .optimizers import OPTIMIZERS as REGISTRY
-from .search import SEARCHES
+from .search import SEARCHES, Search, named
 
 INT64_MAX = 2**63 - 1  # no size or count is larger: NumPy and SQLite hold them as int64
 POLICIES = ("all", "powerOfTwo", "undivided")
@@ -122,6 +122,12 @@ class Settings:
     def optimizing(self) -> Optimizer:
         """The optimizer the `optimizer` setting names (ucudnn.optimizers)."""
         return REGISTRY[self.optimizer]
+
+    @property
+    def searching(self) -> Search:
+        """The search the `search` setting names, for this optimizer: one dividing a total measures
+        every size of the policy (its cap, the total, says nothing of one kernel's share)."""
+        return named(self.search, walk=not self.optimizing.divides)
 
     def sizes(self, batch: int) -> tuple[int, ...]:
         """The micro-batch sizes the batch size policy considers for a mini-batch of `batch`."""

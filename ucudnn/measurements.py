@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from .accumulation import accumulates
+from .bindings.enums import refuses_problem
+from .errors import CudnnError
 from .problem import ConvProblem
 
 # Statuses of a measurement. Only OK ones are candidates for the optimizers.
@@ -25,9 +27,6 @@ UNMEASURED = (OVER_CAP, OUT_OF_MEMORY)  # not timed: measured again when a limit
 def failure_status(exc: Exception) -> str:
     """The status of a candidate whose call raised `exc`: UNSUPPORTED where cuDNN refused the
     call's parameters, FAILED for any other error."""
-    from .bindings.enums import refuses_problem
-    from .errors import CudnnError
-
     return UNSUPPORTED if isinstance(exc, CudnnError) and refuses_problem(exc.status) else FAILED
 
 
@@ -98,9 +97,6 @@ class KernelTable:
         return bool(at) and not any(
             m.status in UNMEASURED and (limit is None or m.workspace <= limit) for m in at
         )
-
-    def missing(self, sizes: Iterable[int], limit: int | None) -> list[int]:
-        return [b for b in sizes if not self.complete_for(b, limit)]
 
 
 class ShapeTable:

@@ -26,7 +26,6 @@ class Progress:
         self._last_step = self._last_shown = 0.0
         self._shown = False
         self.open = False  # whether a stretch of planning is going on (a plain flag: calls check it)
-        self.done = 0  # planning steps finished in this stretch
 
     @property
     def stream(self) -> TextIO:
@@ -36,7 +35,7 @@ class Progress:
         """A planning step begins: `doing` (what is timed), `status` (what is done so far)."""
         now = self.clock()
         if self._started is None:
-            self._started, self._shown, self.done, self.open = now, False, 0, True
+            self._started, self._shown, self.open = now, False, True
         self._last_step = now
         elapsed = now - self._started
         if not self.enabled or elapsed < AFTER_S:
@@ -48,7 +47,6 @@ class Progress:
 
     def finished(self) -> None:
         """A planning step ended."""
-        self.done += 1
         self._last_step = self.clock()
 
     def idle(self, summary: Callable[[], str]) -> None:

@@ -18,7 +18,6 @@ from .device import Provenance
 from .errors import CacheError, MissingMeasurementsError
 from .measurements import KernelTable
 from .problem import ConvProblem
-from .search import named
 
 Progress = Callable[[int, int, ConvProblem], None]
 
@@ -41,7 +40,7 @@ def complete_tables(problems: Sequence[ConvProblem], settings: Settings, cap: in
     for the whole batch with no cap (the unlimited reference); `source` (a Cache or database)
     lacks only what is measured."""
     backends = settings.backends(gpu=benchmarker is not None)
-    search = named(settings.search, walk=not settings.optimizing.divides)
+    search = settings.searching
     ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress, device=device, backends=backends,
                   search=search)
     return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device, backends=backends,

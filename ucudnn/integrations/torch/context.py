@@ -146,8 +146,10 @@ class Context:
           layer (delegation.settled_by_torch), it runs them with no sweep;
         - with planning 'between_iterations', torch's own until plan_pending() plans the layer;
         - else its kernels are planned now and delegation.worth_delegating decides."""
-        deferred = self.settings.planning == "between_iterations" and not self.wd
-        if not deferred and (not self.delegate or self.wd):
+        if self.wd:
+            return False
+        deferred = self.settings.planning == "between_iterations"
+        if not deferred and not self.delegate:
             return False
         key, call = (site.call, site.kinds), site.call
         if key in self._pending:
@@ -155,8 +157,8 @@ class Context:
                 self._pending[key].append(site)
             return True
         if key not in self._delegated:
-            torch_timings = [self._torch_timing(call, kind) for kind in site.kinds] if self.delegate else []
-            if self.delegate and settled_by_torch(torch_timings, self.settings.workspace_limit,
+            if self.delegate and settled_by_torch([self._torch_timing(call, kind) for kind in site.kinds],
+                                                  self.settings.workspace_limit,
                                                   lambda: all(self._favourite_fits(call, kind) for kind in site.kinds)):
                 self._unswept.add(call)
                 self._delegated[key] = True
@@ -164,15 +166,16 @@ class Context:
             if deferred:  # torch's own convolution until plan_pending() gets to it
                 self._pending[key] = [site]
                 return True
-            self._delegated[key] = self._swept(site, torch_timings)
+            self._delegated[key] = self._swept(site)
         return self._delegated[key]
 
-    def _swept(self, site: Site, torch_timings: list[TorchTiming]) -> bool:
+    def _swept(self, site: Site) -> bool:
         """Plan the site's kernels; whether its layer runs torch's own convolution after all
-        (delegation.worth_delegating; never with delegation off)."""
+        (delegation.worth_delegating, on torch's timings; never with delegation off)."""
         kernels = [self._site_kernel(site, kind) for kind in site.kinds]
         return (self.delegate and all(isinstance(k, UcudnnKernel) for k in kernels)
-                and worth_delegating([k.assignment.configuration.time_ms for k in kernels], torch_timings,
+                and worth_delegating([k.assignment.configuration.time_ms for k in kernels],
+                                     [self._torch_timing(site.call, kind) for kind in site.kinds],
                                      self.settings.workspace_limit))
 
     def plan_pending(self, budget_s: float | None = None) -> int:
@@ -182,8 +185,7 @@ class Context:
         started = time.perf_counter()
         while self._pending:
             key, sites = next(iter(self._pending.items()))
-            torch_timings = [self._torch_timing(key[0], kind) for kind in key[1]] if self.delegate else []
-            self._delegated[key] = self._swept(sites[0], torch_timings)
+            self._delegated[key] = self._swept(sites[0])
             del self._pending[key]
             for site in sites:
                 site.delegated = None
