@@ -47,6 +47,9 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_ab import interleave, iteration_ms  # noqa: E402
+
 MODELS = {  # name -> (source, precision, batch)
     "resnet50d": ("timm", "amp", 32),
     "efficientnet_b0": ("timm", "amp", 32),
@@ -212,20 +215,18 @@ def grad_check(model, x, target, amp: bool) -> dict:
 
 
 def steady(steps: dict, rounds: int, iters: int) -> dict:
-    """Median ms per iteration of each step, the steps taking turns (who goes first rotating)."""
+    """Median ms per iteration of each step, the steps taking turns as train_ab.py's do (who goes
+    first rotating), a CUDA event after each iteration."""
     import torch
 
-    names, times = list(steps), {n: [] for n in steps}
-    for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-            events[0].record()
-            for i in range(iters):
-                steps[n]()
-                events[i + 1].record()
-            events[-1].synchronize()
-            times[n] += [a.elapsed_time(b) for a, b in zip(events, events[1:])]
-    medians = {n: statistics.median(t) for n, t in times.items()}
+    def mark():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    marks = interleave(steps, rounds, iters, mark)
+    torch.cuda.synchronize()
+    medians = {n: statistics.median(t for r in per_round for t in r) for n, per_round in iteration_ms(marks).items()}
     return {"ms": medians, "torch_over_ucudnn": medians["torch"] / medians["ucudnn"],
             "torch_over_control": medians["torch"] / medians["control"]}
 
