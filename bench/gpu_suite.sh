@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new vstorch
-#                                          record-direct layers-alexnet layers-resnet50
+#                                          record-direct layers-alexnet layers-alexnet64 layers-resnet50
 #                                          layers-direct wd train shapes coldstart
 #                                          memory hostpath tables sweepprofile trainab coldmodels
 #                                          (default: env tests)
@@ -48,6 +48,8 @@ for stage in "${stages[@]}"; do
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --policies ${RESNET_POLICIES:-powerOfTwo,all} --cache "$OUT/layers.db" ;;
+    # the 64 MiB row of docs/results.md's AlexNet figures alone (fp32, WR powerOfTwo, graph execution)
+    layers-alexnet64) seed_layers; run layers-alexnet64 python3 bench/layers.py --out "$OUT" --nets alexnet:256 --limits 64MiB --policies powerOfTwo --no-overhead --cache "$OUT/layers.db" ;;
     layers-fp16) seed_layers; run layers-fp16 python3 bench/layers.py --out "$OUT" --nets alexnet:256 --limits 8MiB,64MiB --policies powerOfTwo --dtype float16 --layout nhwc --no-overhead --cache "$OUT/layers.db" ;;
     # layers whose samples sit off the slice alignment: torch under pressure vs ucudnn.torch (SLICES_ARGS)
     slices) seed_train; run slices python3 bench/slices.py --out "$OUT" --cache /tmp/train-cache.db ${SLICES_ARGS:-} ;;

@@ -56,22 +56,34 @@ def test_engines_without_the_frontend_is_a_named_error(monkeypatch):
 def test_math_types_exclude_tf32_and_down_conversion():
     from ucudnn.backends.engines import excluded_notes
 
-    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN")
+    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", REDUCED_PRECISION_REDUCTION="RPR")
     fe = types.SimpleNamespace(numerical_note=note)
     kernel = lambda math, dtype="float32": ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), dtype=dtype, math=math)  # noqa: E731
     assert excluded_notes(fe, kernel("fma")) == ["TC", "DOWN"]
     assert excluded_notes(fe, kernel("default")) == ["DOWN"]  # fp32 default math allows TF32, as legacy does
-    assert excluded_notes(fe, kernel("tensor_op", "float16")) == ["DOWN"]
     assert excluded_notes(fe, kernel("tensor_op_allow_conversion")) == []
+
+
+def test_half_precision_data_excludes_reduced_precision_reductions():
+    """fp16 and bf16 sums that round in the output's type at every partial sum reach 5.6x torch's
+    error (ucudnn.accuracy); fp32 keeps such engines, as before."""
+    from ucudnn.backends.engines import excluded_notes
+
+    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", REDUCED_PRECISION_REDUCTION="RPR")
+    fe = types.SimpleNamespace(numerical_note=note)
+    for dtype in ("float16", "bfloat16"):
+        assert excluded_notes(fe, ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), dtype=dtype)) == ["DOWN", "RPR"]
+    assert "RPR" not in excluded_notes(fe, ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), dtype="float32"))
 
 
 def test_deterministic_kernels_exclude_nondeterministic_engines():
     from ucudnn.backends.engines import excluded_notes
 
-    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", NONDETERMINISTIC="NONDET")
+    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", NONDETERMINISTIC="NONDET",
+                                 REDUCED_PRECISION_REDUCTION="RPR")
     fe = types.SimpleNamespace(numerical_note=note)
     kernel = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), dtype="bfloat16", deterministic=True)
-    assert excluded_notes(fe, kernel) == ["DOWN", "NONDET"]
+    assert excluded_notes(fe, kernel) == ["DOWN", "RPR", "NONDET"]
     assert "NONDET" not in excluded_notes(fe, replace(kernel, deterministic=False))
 
 
@@ -118,6 +130,18 @@ def test_legacy_deterministic_kernels_offer_only_what_cudnn_reports_deterministi
     assert [c.id for c in candidates(backend, replace(bf, deterministic=True))] == ["legacy:ALGO_1"]
     ranked["perfs"] = CudnnError("cudnnGetConvolutionBackwardFilterAlgorithm_v7", 3000, "NOT_SUPPORTED")
     assert candidates(backend, replace(bf, deterministic=True)) == [Candidate("legacy:none", 0, UNSUPPORTED)]
+
+
+def test_legacy_half_precision_weight_gradients_never_offer_algo_0(legacy_backend):
+    """Backward-filter ALGO_0 sums half-precision values in the output's type (ucudnn.accuracy):
+    not offered for fp16 or bf16, offered for fp32 and for the other kinds."""
+    backend, _ = legacy_backend
+    bf = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
+    for dtype in ("float16", "bfloat16"):
+        offered = backend.ranked(replace(bf, dtype=dtype, math="tensor_op"))
+        assert "legacy:ALGO_0" not in offered and "legacy:ALGO_1" in offered
+    assert "legacy:ALGO_0" in backend.ranked(bf)
+    assert "legacy:ALGO_0" in backend.ranked(replace(bf, kind="BD", dtype="float16", math="tensor_op"))
 
 
 def test_legacy_candidates_come_in_cudnns_heuristic_order_then_the_rest(legacy_backend):

@@ -131,6 +131,22 @@ def test_record_replaces_the_same_measurement(db_path):
         assert list(db.table(problem, H100)) == [Measurement("legacy:A0", 1, 1.5, 10, repeats=9)]
 
 
+def test_rows_of_candidates_not_accurate_enough_stay_in_the_file_but_are_never_read(db_path):
+    """A database filled before ucudnn.accuracy's rule holds half-precision backward-filter rows
+    of legacy ALGO_0 and engine 20: kept (nothing is lost), never offered to the optimizers."""
+    bf = replace(conv(64, 64, 56, 3, kind="BF"), dtype="float16", math="tensor_op")
+    rows = [Measurement(algo, 32, ms, 0) for algo, ms in (("legacy:ALGO_0", 0.5), ("engines:eng20", 0.5),
+            ("engines:eng20_k2=1", 0.5), ("legacy:ALGO_1", 0.9), ("engines:eng200", 0.7))]
+    with BenchmarkDatabase(db_path) as db:
+        db.record(bf, H100, rows)
+        db.record(replace(bf, dtype="float32", math="default"), H100, rows)
+        half, single = db.table(bf, H100), db.table(replace(bf, dtype="float32", math="default"), H100)
+    assert sorted(m.algo for m in half) == ["engines:eng200", "legacy:ALGO_1"]
+    assert half.fastest(32).algo == "engines:eng200"
+    assert {m.algo for m in single.choices(32)} == {m.algo for m in rows}
+    assert len(dump(db_path)) == 2 * len(rows)
+
+
 def test_file_uses_rollback_journal_and_schema_version(db_path):
     BenchmarkDatabase(db_path).close()
     with sqlite3.connect(db_path) as conn:

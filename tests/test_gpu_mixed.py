@@ -303,3 +303,68 @@ def test_resnet18_amp_channels_last_odd_batch_every_layer_through_ucudnn(tmp_pat
     assert {kind for via, kind in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
     for ours_error, torchs, _, name in rows:
         assert ours_error <= max(3 * torchs, BOUND["float16"]), (name, ours_error, torchs)
+
+
+# --- every candidate on kernels whose reduction is long --------------------------------------------
+
+# kernels whose sums run long (batch x image for dw, channels x window for dx): a candidate that
+# accumulates partial sums in the output's half type shows there, never on the small random shapes
+# above; each (layer, batch) in each half type, through each candidate alone on the whole batch
+LONG_REDUCTIONS = [((64, 64, 3, 1, 1, 56), 61), ((256, 256, 3, 1, 1, 14), 64), ((1024, 256, 1, 1, 0, 14), 64)]
+
+
+def _torch_kernel(kind: ConvKind, x, w, dy, problem: ConvProblem):
+    """The output of `kind` computed by torch (its own cuDNN pick, or float64 where given float64)."""
+    grad = torch.nn.grad
+    if kind == ConvKind.BACKWARD_DATA:
+        return grad.conv2d_input(x.shape, w, dy, problem.strides, problem.pads)
+    return grad.conv2d_weight(x, w.shape, dy, problem.strides, problem.pads)
+
+
+def _run_alone(handle, problem: ConvProblem, candidate: str, operands: dict):
+    """The output of `problem` run by `candidate` alone on the whole batch (beta = 0)."""
+    configuration = measured(handle.backends, problem, [(candidate, problem.batch)])
+    out = torch.empty_like(operands[OUTPUT[problem.kind]])
+    buffers = {**operands, OUTPUT[problem.kind]: out}
+    workspace = torch.empty(max(configuration.workspace, 1), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    handle.program(problem, configuration)(*(buffers[r].data_ptr() for r in "xwy"), workspace.data_ptr(),
+                                           configuration.workspace)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("kind", [ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER], ids=str)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", LONG_REDUCTIONS, ids=lambda c: f"{c[0][0]}-{c[0][1]}k{c[0][2]}-B{c[1]}")
+def test_every_candidate_offered_on_a_long_half_precision_sum_has_torchs_accuracy(handle, kind, dtype, case):
+    """Each candidate a backend offers (ranked, and builds) within max(3x torch's own error,
+    1e-3) of float64; candidates cuDNN supports but the backends hold back are run too, and
+    their errors printed, as the evidence for holding them back."""
+    need_torch_gpu()
+    from ucudnn.backends.legacy import legacy_id
+    from ucudnn.bindings.convolution import get_algorithms
+    from ucudnn.measurements import OK
+
+    (cin, cout, k, stride, pad, size), batch = case
+    problem = ConvProblem(kind, (batch, cin, size, size), (cout, cin, k, k), pads=pad, strides=stride, dtype=dtype)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    half = getattr(torch, dtype)
+    operands = {r: torch.randn(s, device="cuda", generator=generator).to(half)
+                for r, s in (("x", problem.x_shape), ("w", problem.w_shape), ("y", problem.y_shape))}
+    exact = _torch_kernel(kind, *(operands[r].double() for r in "xwy"), problem)
+    torchs = _error(_torch_kernel(kind, *(operands[r] for r in "xwy"), problem), exact)
+    bound = max(3 * torchs, 1e-3)
+    offered = [c for name in handle.backends.names for c in handle.backends[name].ranked(problem)
+               if handle.backends[name].candidate(problem, c).status == OK]
+    legacy = handle.backends["legacy"]
+    supported = [legacy_id(kind, p.algo) for p in get_algorithms(legacy.handle, kind, legacy.executor.descriptors(problem))
+                 if p.status == 0]
+    errors = {c: _error(_run_alone(handle, problem, c, operands), exact) for c in dict.fromkeys(offered + supported)}
+    held_back = {c: e for c, e in errors.items() if c not in offered}
+    RESULTS.append(dict(path="long", problem=problem.describe(), torch=torchs, errors=errors, held_back=sorted(held_back)))
+    print(f"long {problem.describe()}: torch {torchs:.2e}; offered worst "
+          f"{max(e for c, e in errors.items() if c in offered):.2e}; held back "
+          f"{ {c: f'{e:.1e}' for c, e in held_back.items()} }; over {bound:.1e}: "
+          f"{ {c: f'{e:.1e}' for c, e in errors.items() if e > bound} }")
+    assert not {c: e for c, e in errors.items() if c in offered and e > bound}, (problem.describe(), torchs, errors)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from .accumulation import accumulates
+from .accuracy import accurate
 from .bindings.enums import refuses_problem
 from .errors import CudnnError
 from .problem import ConvProblem
@@ -125,9 +126,12 @@ class ShapeTable:
         """The table of `kernel`: at each micro-batch size, the measurements taken as the kernel
         runs it (ucudnn.accumulation): parts of sums below its batch; at its batch the whole call,
         or where a candidate was measured only as a part, the part, which overstates the whole
-        call's workspace and time, never understates them."""
+        call's workspace and time, never understates them. Rows of candidates not accurate
+        enough for the kernel (ucudnn.accuracy) are left out."""
         rows: dict[tuple[int, str], Measurement] = {}
         for m in self:
+            if not accurate(kernel, m.algo):
+                continue
             if m.accumulates == accumulates(kernel, m.batch):
                 rows[m.batch, m.algo] = m
             elif m.batch == kernel.batch:

@@ -16,7 +16,7 @@ from ..bindings import library
 from ..dispatch import OUTPUT, Plan, Step
 from ..errors import BackendUnavailableError, CandidateError
 from ..measurements import FAILED, OK, UNSUPPORTED
-from ..problem import ConvKind, ConvProblem
+from ..problem import HALF_TYPES, ConvKind, ConvProblem
 from .base import Candidate, candidate_id, split_id
 
 NAME = "engines"
@@ -58,8 +58,9 @@ def enum(fe, name: str):
 
 def excluded_notes(fe, problem: ConvProblem) -> list:
     """Numerical notes a candidate must not carry under the kernel's numerics: `fma` forbids
-    tensor cores (no TF32), only `tensor_op_allow_conversion` allows down-converting inputs, and
-    a deterministic kernel forbids engines cuDNN notes NONDETERMINISTIC. Deselected plans stay
+    tensor cores (no TF32), only `tensor_op_allow_conversion` allows down-converting inputs,
+    half-precision data forbids reduced-precision reductions (ucudnn.accuracy), and a
+    deterministic kernel forbids engines cuDNN notes NONDETERMINISTIC. Deselected plans stay
     listed but fail to build, so they are recorded FAILED: never timed, never chosen."""
     note = enum(fe, "numerical_note")
     notes = []
@@ -67,6 +68,8 @@ def excluded_notes(fe, problem: ConvProblem) -> list:
         notes.append(note.TENSOR_CORE)
     if problem.math != "tensor_op_allow_conversion":
         notes.append(note.DOWN_CONVERT_INPUTS)
+    if problem.dtype in HALF_TYPES:
+        notes.append(note.REDUCED_PRECISION_REDUCTION)
     if problem.deterministic:
         notes.append(note.NONDETERMINISTIC)
     return notes

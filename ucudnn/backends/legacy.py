@@ -8,6 +8,7 @@ from ..bindings import cudnn
 from ..bindings.convolution import get_algorithms, workspace_size
 from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, algo_number
 from ..bindings.executor import CudnnExecutor
+from ..accuracy import accurate
 from ..dispatch import Plan, Step
 from ..errors import CudnnError
 from ..measurements import OK, UNSUPPORTED, failure_status
@@ -45,7 +46,8 @@ class LegacyBackend:
     def ranked(self, problem: ConvProblem) -> list[str]:
         """Candidate ids in cuDNN's heuristic order (cudnnGet*Algorithm_v7; algorithms it does
         not list follow in enum order); for a deterministic kernel only the algorithms cuDNN
-        reports deterministic (none where it refuses to rank them); NO_CANDIDATE where none is left."""
+        reports deterministic (none where it refuses to rank them); none that is not accurate
+        enough for the kernel (ucudnn.accuracy); NO_CANDIDATE where none is left."""
         try:
             perfs = get_algorithms(self.handle, problem.kind, self.executor.descriptors(problem))
         except CudnnError:
@@ -55,7 +57,8 @@ class LegacyBackend:
             order = [p.algo for p in perfs or () if p.algo in allowed]
         else:
             order = [*(p.algo for p in perfs or ()), *range(algo_count(problem.kind))]
-        return [legacy_id(problem.kind, algo) for algo in dict.fromkeys(order)] or [NO_CANDIDATE]
+        ids = (legacy_id(problem.kind, algo) for algo in dict.fromkeys(order))
+        return [c for c in ids if accurate(problem, c)] or [NO_CANDIDATE]
 
     def candidate(self, problem: ConvProblem, candidate: str) -> Candidate:
         """The candidate with its workspace (cudnnGet*WorkspaceSize), or why it cannot run."""
