@@ -56,34 +56,22 @@ def test_engines_without_the_frontend_is_a_named_error(monkeypatch):
 def test_math_types_exclude_tf32_and_down_conversion():
     from ucudnn.backends.engines import excluded_notes
 
-    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", REDUCED_PRECISION_REDUCTION="RPR")
+    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN")
     fe = types.SimpleNamespace(numerical_note=note)
     kernel = lambda math, dtype="float32": ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), dtype=dtype, math=math)  # noqa: E731
     assert excluded_notes(fe, kernel("fma")) == ["TC", "DOWN"]
     assert excluded_notes(fe, kernel("default")) == ["DOWN"]  # fp32 default math allows TF32, as legacy does
+    assert excluded_notes(fe, kernel("tensor_op", "float16")) == ["DOWN"]
     assert excluded_notes(fe, kernel("tensor_op_allow_conversion")) == []
-
-
-def test_half_precision_data_excludes_reduced_precision_reductions():
-    """fp16 and bf16 sums that round in the output's type at every partial sum reach 5.6x torch's
-    error (ucudnn.accuracy); fp32 keeps such engines, as before."""
-    from ucudnn.backends.engines import excluded_notes
-
-    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", REDUCED_PRECISION_REDUCTION="RPR")
-    fe = types.SimpleNamespace(numerical_note=note)
-    for dtype in ("float16", "bfloat16"):
-        assert excluded_notes(fe, ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), dtype=dtype)) == ["DOWN", "RPR"]
-    assert "RPR" not in excluded_notes(fe, ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), dtype="float32"))
 
 
 def test_deterministic_kernels_exclude_nondeterministic_engines():
     from ucudnn.backends.engines import excluded_notes
 
-    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", NONDETERMINISTIC="NONDET",
-                                 REDUCED_PRECISION_REDUCTION="RPR")
+    note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", NONDETERMINISTIC="NONDET")
     fe = types.SimpleNamespace(numerical_note=note)
     kernel = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), dtype="bfloat16", deterministic=True)
-    assert excluded_notes(fe, kernel) == ["DOWN", "RPR", "NONDET"]
+    assert excluded_notes(fe, kernel) == ["DOWN", "NONDET"]
     assert "NONDET" not in excluded_notes(fe, replace(kernel, deterministic=False))
 
 
@@ -142,6 +130,19 @@ def test_legacy_half_precision_weight_gradients_never_offer_algo_0(legacy_backen
         assert "legacy:ALGO_0" not in offered and "legacy:ALGO_1" in offered
     assert "legacy:ALGO_0" in backend.ranked(bf)
     assert "legacy:ALGO_0" in backend.ranked(replace(bf, kind="BD", dtype="float16", math="tensor_op"))
+
+
+def test_engines_half_precision_weight_gradients_never_offer_engine_20():
+    """Engine 20, legacy ALGO_0's kernel, is held back like it (ucudnn.accuracy), knobs or none."""
+    from ucudnn.backends.engines import EnginesBackend
+
+    backend = EnginesBackend.__new__(EnginesBackend)
+    listed = ["eng20", "eng20_k2=1", "eng200", "eng65_k2=5"]
+    backend.graph = lambda problem: types.SimpleNamespace(index=dict.fromkeys(listed))
+    bf = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1, dtype="bfloat16", math="tensor_op")
+    assert backend.ranked(bf) == ["engines:eng200", "engines:eng65_k2=5"]
+    assert len(backend.ranked(replace(bf, dtype="float32", math="default"))) == 4
+    assert len(backend.ranked(replace(bf, kind="F"))) == 4
 
 
 def test_legacy_candidates_come_in_cudnns_heuristic_order_then_the_rest(legacy_backend):

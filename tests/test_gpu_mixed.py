@@ -338,9 +338,9 @@ def _run_alone(handle, problem: ConvProblem, candidate: str, operands: dict):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", LONG_REDUCTIONS, ids=lambda c: f"{c[0][0]}-{c[0][1]}k{c[0][2]}-B{c[1]}")
 def test_every_candidate_offered_on_a_long_half_precision_sum_has_torchs_accuracy(handle, kind, dtype, case):
-    """Each candidate a backend offers (ranked, and builds) within max(3x torch's own error,
-    1e-3) of float64; candidates cuDNN supports but the backends hold back are run too, and
-    their errors printed, as the evidence for holding them back."""
+    """Each candidate a backend offers (ranked, and builds) within max(4x torch's own error,
+    1e-3) of float64 (ucudnn.accuracy's bar); legacy algorithms cuDNN supports but the backend
+    holds back are run too, and their errors printed, as the evidence for holding them back."""
     need_torch_gpu()
     from ucudnn.backends.legacy import legacy_id
     from ucudnn.bindings.convolution import get_algorithms
@@ -354,7 +354,7 @@ def test_every_candidate_offered_on_a_long_half_precision_sum_has_torchs_accurac
                 for r, s in (("x", problem.x_shape), ("w", problem.w_shape), ("y", problem.y_shape))}
     exact = _torch_kernel(kind, *(operands[r].double() for r in "xwy"), problem)
     torchs = _error(_torch_kernel(kind, *(operands[r] for r in "xwy"), problem), exact)
-    bound = max(3 * torchs, 1e-3)
+    bound = max(4 * torchs, 1e-3)
     offered = [c for name in handle.backends.names for c in handle.backends[name].ranked(problem)
                if handle.backends[name].candidate(problem, c).status == OK]
     legacy = handle.backends["legacy"]

@@ -11,12 +11,13 @@ a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, docs/results
 from __future__ import annotations
 
 from .. import gpu
+from ..accuracy import accurate
 from ..bindings import cudnn as bindings
 from ..bindings import library
 from ..dispatch import OUTPUT, Plan, Step
 from ..errors import BackendUnavailableError, CandidateError
 from ..measurements import FAILED, OK, UNSUPPORTED
-from ..problem import HALF_TYPES, ConvKind, ConvProblem
+from ..problem import ConvKind, ConvProblem
 from .base import Candidate, candidate_id, split_id
 
 NAME = "engines"
@@ -58,9 +59,9 @@ def enum(fe, name: str):
 
 def excluded_notes(fe, problem: ConvProblem) -> list:
     """Numerical notes a candidate must not carry under the kernel's numerics: `fma` forbids
-    tensor cores (no TF32), only `tensor_op_allow_conversion` allows down-converting inputs,
-    half-precision data forbids reduced-precision reductions (ucudnn.accuracy), and a
-    deterministic kernel forbids engines cuDNN notes NONDETERMINISTIC. Deselected plans stay
+    tensor cores (no TF32), only `tensor_op_allow_conversion` allows down-converting inputs, and
+    a deterministic kernel forbids engines cuDNN notes NONDETERMINISTIC. (REDUCED_PRECISION_REDUCTION
+    is too coarse to act on: ucudnn.accuracy says why.) Deselected plans stay
     listed but fail to build, so they are recorded FAILED: never timed, never chosen."""
     note = enum(fe, "numerical_note")
     notes = []
@@ -68,8 +69,6 @@ def excluded_notes(fe, problem: ConvProblem) -> list:
         notes.append(note.TENSOR_CORE)
     if problem.math != "tensor_op_allow_conversion":
         notes.append(note.DOWN_CONVERT_INPUTS)
-    if problem.dtype in HALF_TYPES:
-        notes.append(note.REDUCED_PRECISION_REDUCTION)
     if problem.deterministic:
         notes.append(note.NONDETERMINISTIC)
     return notes
@@ -169,15 +168,17 @@ class EnginesBackend:
         return self._graphs[problem.key]
 
     def ranked(self, problem: ConvProblem) -> list[str]:
-        """Candidate ids in the heuristics' order (modes A, B, FALLBACK), no plan built; one
-        NO_CANDIDATE where the frontend refuses the graph or cuDNN supports it with no engine."""
+        """Candidate ids in the heuristics' order (modes A, B, FALLBACK), no plan built, none
+        that is not accurate enough for the kernel (ucudnn.accuracy); one NO_CANDIDATE where the
+        frontend refuses the graph or cuDNN supports it with no engine."""
         try:
             names = list(self.graph(problem).index)
         except BackendUnavailableError:
             raise
         except Exception:  # the frontend refuses the graph itself (e.g. a layout it cannot express)
             names = []
-        return [candidate_id(NAME, name) for name in names] or [NO_CANDIDATE]
+        ids = (candidate_id(NAME, name) for name in names)
+        return [c for c in ids if accurate(problem, c)] or [NO_CANDIDATE]
 
     def candidate(self, problem: ConvProblem, candidate: str) -> Candidate:
         """The candidate with its plan's workspace, building the plan (FAILED where it cannot)."""
