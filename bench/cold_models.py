@@ -28,6 +28,11 @@ relative error <= max(1e-2, 3x the control's)).
     PYTHONPATH=. python3 bench/cold_models.py --out OUT [--models resnet50d,...] [--limits 64MiB,8MiB]
         [--deadline 560] [--rounds 5] [--iters 10] [--planning between_iterations]
 
+With --timed, a fresh process per model times torch's own kernels of every conv as delegation
+does (`CudaBackend.time_torch`, on new operands), then torch's own first iteration: if that timing
+fills the plan cache torch's layers read, the iteration costs what torch's costs beyond its
+benchmark; if not, a converted cold start pays torch's benchmark twice.
+
 With --planning between_iterations, layers that need a sweep run torch's own convolution in the
 first iteration and are planned at the start of the next ones (about 1 s each): (c) also reports
 the iterations until nothing waits (`until_planned_s`).
@@ -98,7 +103,7 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| model | limit | torch first (s) | cold first (s) | ratio | warm first (s) | planning (s) | "
              "kernels swept / delegated unswept | steady torch/ucudnn | pruned/full predicted | worst grad err "
              "(control) |", "|" + "---|" * 11]
-    for r in rows:
+    for r in (r for r in rows if "limit" in r):  # rows of --timed have none
         cold, warm, v = r.get("cold", {}), r.get("warm", {}), r.get("verdicts", {})
         s = cold.get("summary", {})
         grads = cold.get("grads") or {}
@@ -159,6 +164,57 @@ def stepper(model, x, target, amp: bool):
         scaler.step(optimizer)
         scaler.update()
     return step
+
+
+def conv_problems(model, x, amp: bool) -> list:
+    """Every conv kernel (F, BD, BF) of a training step of `model` on `x` as ucudnn.torch sees
+    it (AMP: fp16 channels_last; else fp32 NCHW), found by a forward pass on the meta device, so
+    no CUDA work runs; a layer with padding given as a string is left out."""
+    import torch
+
+    from ucudnn.integrations.torch.call import math_type
+    from ucudnn.problem import ConvKind, ConvProblem
+
+    inputs = {}
+
+    def note(name):
+        def hook(module, args):  # returns None: the call goes on with its own arguments
+            inputs.setdefault(name, tuple(args[0].shape))
+        return hook
+
+    meta = copy.deepcopy(model).to("meta")
+    for name, m in meta.named_modules():
+        if isinstance(m, torch.nn.Conv2d):
+            m.register_forward_pre_hook(note(name))
+    with torch.no_grad():
+        meta(x.to("meta"))
+    dtype, layout = ("float16", "nhwc") if amp else ("float32", "nchw")
+    problems = {}
+    for name, m in model.named_modules():
+        if name in inputs and not isinstance(m.padding, str):
+            for kind in ConvKind:
+                p = ConvProblem(kind, inputs[name], tuple(m.weight.shape), pads=m.padding, strides=m.stride,
+                                dilations=m.dilation, groups=m.groups, dtype=dtype, math=math_type(dtype), layout=layout)
+                problems[p.key] = p
+    return list(problems.values())
+
+
+def timed_then_torch(model, x, target, amp: bool) -> dict:
+    """torch's own kernels timed as delegation times them, then torch's own first iterations."""
+    import torch
+
+    from ucudnn.integrations.torch.kernels import CudaBackend
+
+    problems, backend = conv_problems(model, x, amp), CudaBackend()
+    began = time.perf_counter()
+    for p in problems:
+        backend.time_torch(p, x.device)
+    torch.cuda.synchronize()
+    out = {"kernels": len(problems), "timing_s": time.perf_counter() - began}
+    step = stepper(model, x, target, amp)
+    out["first_s"] = timed_s(step)
+    out["second_s"] = timed_s(step)
+    return out
 
 
 def timed_s(step) -> float:
@@ -237,6 +293,8 @@ def child(args) -> dict:
     torch.backends.cudnn.benchmark = True
     torch.zeros(1, device="cuda")  # the CUDA context, as every process starts it before training
     model, x, target, amp = build(args.model)
+    if args.child == "timed":
+        return timed_then_torch(model, x, target, amp)
     out = {}
     if args.child != "torch":
         import ucudnn.torch as ut
@@ -336,7 +394,12 @@ def parent(args) -> None:
         runs = [run_child(args, log, left(), child="torch", model=model) for _ in range(args.torch_runs)]
         torch_run = min(runs, key=lambda r: r.get("first_s", float("inf")))
         torch_run["first_s_each"] = [r.get("first_s") for r in runs]
-        for limit in args.limits.split(","):
+        if args.timed:
+            timed = run_child(args, log, left(), child="timed", model=model)
+            rows.append({"model": model, "torch": torch_run, "timed": timed})
+            print(f"{model}: torch first {torch_run.get('first_s')} s; torch's kernels timed {timed}", flush=True)
+            (out / "cold_models.json").write_text(json.dumps(rows, indent=1))
+        for limit in filter(None, args.limits.split(",")):  # --limits= : torch (and --timed) alone
             if left() < 30:
                 break
             db = out / "db" / f"{model}-{limit}.db"
@@ -376,7 +439,9 @@ def parse_args(argv=None):
     p.add_argument("--no-full", dest="full", action="store_false", help="skip the offline full sweep (f)")
     p.add_argument("--torch-runs", type=int, default=2, help="torch's processes per model, the fastest counting "
                    "(1 where the machine has run these libraries before: its page cache is warm)")
-    p.add_argument("--child", choices=("torch", "cold", "warm", "full"))
+    p.add_argument("--timed", action="store_true", help="also time torch's kernels as delegation does, then "
+                   "torch's own first iteration, in a fresh process")
+    p.add_argument("--child", choices=("torch", "cold", "warm", "full", "timed"))
     p.add_argument("--model", choices=tuple(MODELS))
     p.add_argument("--limit")
     p.add_argument("--cache")

@@ -722,3 +722,19 @@ def test_cold_models_bars_and_table():
     table = cm.markdown([{"model": "resnet50d", "limit": "8MiB", "torch": torch_run, "cold": cold, "warm": warm,
                           "verdicts": v}])
     assert "| resnet50d | 8MiB | 10.0 | 25.0 | 2.50 | 12.5 |" not in table and "| 9 / 40 |" in table
+
+
+def test_cold_models_finds_every_conv_kernel_without_running_one():
+    """--timed times torch's kernels of every conv: found on the meta device, F, BD and BF each,
+    in the precision and layout the model trains in; a row of --timed has no table line."""
+    import cold_models as cm
+    torch = pytest.importorskip("torch", reason="the kernels are found through a torch model")
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, stride=2, groups=2), torch.nn.Conv2d(8, 8, 3, padding="same"))
+    problems = cm.conv_problems(model, torch.randn(5, 3, 16, 16), amp=True)
+    assert sorted(str(p.kind) for p in problems) == ["BD", "BD", "BF", "BF", "F", "F"]  # "same" left out
+    second = next(p for p in problems if p.groups == 2)
+    assert second.x_shape == (5, 8, 16, 16) and second.strides == (2, 2) and second.layout == "nhwc"
+    assert {p.dtype for p in problems} == {"float16"}
+    assert cm.markdown([{"model": "resnet50", "torch": {}, "timed": {"first_s": 1.0}}]).count("\n") == 2
