@@ -28,10 +28,11 @@ relative error <= max(1e-2, 3x the control's)).
     PYTHONPATH=. python3 bench/cold_models.py --out OUT [--models resnet50d,...] [--limits 64MiB,8MiB]
         [--deadline 560] [--rounds 5] [--iters 10] [--planning between_iterations]
 
-With --timed, a fresh process per model times torch's own kernels of every conv as delegation
-does (`CudaBackend.time_torch`, on new operands), then torch's own first iteration: if that timing
-fills the plan cache torch's layers read, the iteration costs what torch's costs beyond its
-benchmark; if not, a converted cold start pays torch's benchmark twice.
+With --timed, two more fresh processes per model time torch's own first iteration in phases
+(forward, backward, optimizer step): one alone, one after timing torch's own kernels of every conv
+as delegation does (`CudaBackend.time_torch`, on new operands). If that timing fills the plan
+cache torch's layers read, the phases after it shrink by torch's benchmark; if not, a converted
+cold start pays torch's benchmark twice.
 
 With --planning between_iterations, layers that need a sweep run torch's own convolution in the
 first iteration and are planned at the start of the next ones (about 1 s each): (c) also reports
@@ -199,21 +200,35 @@ def conv_problems(model, x, amp: bool) -> list:
     return list(problems.values())
 
 
-def timed_then_torch(model, x, target, amp: bool) -> dict:
-    """torch's own kernels timed as delegation times them, then torch's own first iterations."""
+def timed_then_torch(model, x, target, amp: bool, kernels_first: bool) -> dict:
+    """torch's own first iteration in phases (forward, backward, optimizer step; each synced),
+    after torch's own kernels were timed as delegation times them where `kernels_first`."""
     import torch
 
     from ucudnn.integrations.torch.kernels import CudaBackend
 
-    problems, backend = conv_problems(model, x, amp), CudaBackend()
-    began = time.perf_counter()
-    for p in problems:
-        backend.time_torch(p, x.device)
-    torch.cuda.synchronize()
-    out = {"kernels": len(problems), "timing_s": time.perf_counter() - began}
-    step = stepper(model, x, target, amp)
-    out["first_s"] = timed_s(step)
-    out["second_s"] = timed_s(step)
+    out = {"kernels_first": kernels_first}
+    if kernels_first:
+        problems, backend = conv_problems(model, x, amp), CudaBackend()
+        began = time.perf_counter()
+        for p in problems:
+            backend.time_torch(p, x.device)
+        torch.cuda.synchronize()
+        out.update(kernels=len(problems), timing_s=time.perf_counter() - began)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    loss = None
+
+    def forward():
+        nonlocal loss
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = torch.nn.functional.cross_entropy(model(x), target)
+
+    for phase, run in (("forward_s", forward), ("backward_s", lambda: scaler.scale(loss).backward()),
+                       ("step_s", lambda: (scaler.step(optimizer), scaler.update()))):
+        out[phase] = timed_s(run)
+    out["first_s"] = out["forward_s"] + out["backward_s"] + out["step_s"]
+    out["second_s"] = timed_s(stepper(model, x, target, amp))
     return out
 
 
@@ -294,7 +309,7 @@ def child(args) -> dict:
     torch.zeros(1, device="cuda")  # the CUDA context, as every process starts it before training
     model, x, target, amp = build(args.model)
     if args.child == "timed":
-        return timed_then_torch(model, x, target, amp)
+        return timed_then_torch(model, x, target, amp, args.kernels_first)
     out = {}
     if args.child != "torch":
         import ucudnn.torch as ut
@@ -394,10 +409,11 @@ def parent(args) -> None:
         runs = [run_child(args, log, left(), child="torch", model=model) for _ in range(args.torch_runs)]
         torch_run = min(runs, key=lambda r: r.get("first_s", float("inf")))
         torch_run["first_s_each"] = [r.get("first_s") for r in runs]
-        if args.timed:
-            timed = run_child(args, log, left(), child="timed", model=model)
+        if args.timed:  # torch alone in phases, then after its kernels were timed as delegation does
+            timed = [run_child(args, log, left(), child="timed", model=model, **flags)
+                     for flags in ({}, {"kernels_first": True})]
             rows.append({"model": model, "torch": torch_run, "timed": timed})
-            print(f"{model}: torch first {torch_run.get('first_s')} s; torch's kernels timed {timed}", flush=True)
+            print(f"{model}: torch first {torch_run.get('first_s')} s; in phases {timed}", flush=True)
             (out / "cold_models.json").write_text(json.dumps(rows, indent=1))
         for limit in filter(None, args.limits.split(",")):  # --limits= : torch (and --timed) alone
             if left() < 30:
@@ -442,6 +458,7 @@ def parse_args(argv=None):
     p.add_argument("--timed", action="store_true", help="also time torch's kernels as delegation does, then "
                    "torch's own first iteration, in a fresh process")
     p.add_argument("--child", choices=("torch", "cold", "warm", "full", "timed"))
+    p.add_argument("--kernels-first", action="store_true", help="(timed) time torch's kernels before its iteration")
     p.add_argument("--model", choices=tuple(MODELS))
     p.add_argument("--limit")
     p.add_argument("--cache")

@@ -3,7 +3,7 @@
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new vstorch
 #                                          record-direct layers-alexnet layers-alexnet64 layers-resnet50
 #                                          layers-direct wd train shapes coldstart
-#                                          memory hostpath tables sweepprofile trainab coldmodels
+#                                          memory hostpath tables sweepprofile trainab coldphases coldmodels
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -79,6 +79,8 @@ for stage in "${stages[@]}"; do
     # AlexNet: optimize from an empty cache, then fresh processes to their first iteration (ucudnn, torch alone)
     coldstart) run coldstart python3 bench/cold_start.py --out "$OUT" --deadline "$(budget 200)" ;;
     # timm and torchvision models from an empty database: first iterations vs torch's, warm, steady, full sweep (COLD_ARGS)
+    # torch's own first iteration in phases, alone and after delegation's timing of its kernels (PHASES_MODELS)
+    coldphases) run coldphases python3 bench/cold_models.py --out "$OUT/phases" --deadline "$(budget ${PHASES_S:-200})" --models ${PHASES_MODELS:-efficientnet_b0} --limits= --timed --torch-runs 1 ;;
     coldmodels) run coldmodels python3 bench/cold_models.py --out "$OUT" --deadline "$(budget ${COLD_S:-560})" ${COLD_ARGS:-} ;;
     # the shipped torchvision conv tables traced here (torchvision is installed) into the tree, checked, and to $OUT
     tables) run tables python3 bench/torchvision_tables.py; cp ucudnn/nets/torchvision.json "$OUT/"
