@@ -36,9 +36,9 @@ def fresh_warnings(monkeypatch):
 
 @pytest.fixture
 def numpy_context(tmp_path):
-    def make(**settings):
+    def make(database: str = "bench.db", **settings):
         settings.setdefault("workspace_limit", "64KiB")  # small: the fake fast algorithms split the batch
-        return ut.Context(backend=NumpyBackend(), cache=Cache(tmp_path / "bench.db"), **settings)
+        return ut.Context(backend=NumpyBackend(), cache=Cache(tmp_path / database), **settings)
     return make
 
 
@@ -676,6 +676,45 @@ def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context)
     assert all(k["planning_s"] > 0 for k in kernels) and context.summary()["planning_s"] > 0
 
 
+def test_a_later_process_reads_torchs_timings_from_the_database_and_decides_alike(numpy_context, tmp_path):
+    """torch's timings taken with nothing out of reach are kept (timings.py): a new context on
+    the same database times nothing and delegates the same layers; they are no candidates of
+    ucudnn's optimizers, and the database's rules accept them."""
+    from ucudnn.cache.database import BenchmarkDatabase
+    from ucudnn.integrations.torch.delegation import ROOMY_BYTES
+
+    x = torch.randn(4, 3, 6, 6)
+    # torch's F fits and is fast; its BD needs more than the limit: that layer is swept
+    timing = lambda p: integration.kernels.TorchTiming(0.5, 2**40 if p.kind.value == "BD" else 0, ROOMY_BYTES)  # noqa: E731
+    decided = []
+    for _ in range(2):
+        context = delegating_context(numpy_context, timing)
+        model = ut.convert(nn.Conv2d(3, 4, 3), context=context)
+        run_step(model, x)
+        decided.append(({k["kind"]: (k["delegated"], k["swept"]) for k in context.summary()["kernels"]},
+                        len(context.backend.timed)))
+    assert decided[0][1] == 3 and decided[1] == (decided[0][0], 0)  # the second timed nothing
+    with BenchmarkDatabase(tmp_path / "bench.db") as db:
+        db.check()
+        problem = next(iter(context._torch_timings))[1].problem(ConvKind.BACKWARD_DATA)
+        table = db.table(problem, context.handle(torch.device("cpu")).assignments.benchmarker.device)
+    kept = [m for m in table if m.algo.startswith("torch:")]
+    assert [(m.time_ms, m.workspace) for m in kept] == [(0.5, 2**40)]
+    assert kept and all(not m.algo.startswith("torch:") for m in table.only(["legacy", "engines"]))
+
+
+def test_torchs_timings_under_memory_pressure_are_neither_kept_nor_read(numpy_context):
+    """Taken with less than ROOMY_BYTES free, a timing describes the moment: timed again."""
+    from ucudnn.integrations.torch.delegation import ROOMY_BYTES
+
+    x = torch.randn(4, 3, 6, 6)
+    for free, timed in ((ROOMY_BYTES // 2, 3), (ROOMY_BYTES, 3), (ROOMY_BYTES // 2, 3), (ROOMY_BYTES, 0)):
+        context = delegating_context(numpy_context, lambda p: integration.kernels.TorchTiming(0.01, 0, free))
+        context.backend.memory_now = integration.memory.Memory(free, 0)
+        run_step(ut.convert(nn.Conv2d(3, 4, 3), context=context), x)
+        assert len(context.backend.timed) == timed, free
+
+
 def test_the_sweep_decides_where_cudnns_favourite_does_not_fit(numpy_context):
     """torch's kernel fits, but the plan cuDNN rates best does not (torch settled for less):
     ucudnn's candidates are swept, and the faster side runs the layer."""
@@ -828,9 +867,9 @@ def test_planning_between_iterations_leaves_what_torch_settles_alone(numpy_conte
 
     x = torch.randn(4, 3, 6, 6)
     for workspace, pending in ((0, 0), (2**40, 1)):  # fits the limit: settled; needs more: swept later
-        context = delegating_context(
+        context = delegating_context(  # a database each: the first keeps torch's timings (timings.py)
             numpy_context, lambda problem: integration.kernels.TorchTiming(1.0, workspace, ROOMY_BYTES),
-            planning="between_iterations")
+            planning="between_iterations", database=f"{workspace}.db")
         model = ut.convert(nn.Conv2d(3, 4, 3), context=context)
         run_step(model, x)
         assert context.summary()["pending"] == pending and context.runs["torch", "layer"] == 1

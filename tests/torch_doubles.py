@@ -90,6 +90,9 @@ class NumpyBackend(CudaBackend):
     def peak_allocated(self, device):
         return self.memory_now.allocated
 
+    def free_bytes(self, device):
+        return self.memory_now.free
+
     def time_torch(self, problem, device):
         self.timed.append(problem)
         self.timed_planning.append(self._planning > 0)

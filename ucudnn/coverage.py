@@ -75,7 +75,7 @@ def _measured_sizes(database, device: Provenance, network: Network, variant: tup
 def _complete(table: KernelTable, backend: str | None) -> set[int]:
     """The sizes a full search measured completely (a pruned search's PRUNED rows make a size
     partial: ucudnn.search)."""
-    table = table.only(None if backend is None else [backend])
+    table = table.only(BACKENDS if backend is None else [backend])
     return {b for b in table.sizes if FULL.complete_at(table, b, None)}
 
 

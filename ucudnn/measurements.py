@@ -23,6 +23,10 @@ OVER_CAP = "over_cap"  # workspace larger than the benchmark's cap: not timed
 PRUNED = "pruned"
 STATUSES = (OK, UNSUPPORTED, FAILED, OUT_OF_MEMORY, OVER_CAP, PRUNED)
 UNMEASURED = (OVER_CAP, OUT_OF_MEMORY)  # not timed: measured again when a limit admits them
+# Rows of this backend are torch's own convolution, timed by ucudnn.torch to decide delegation
+# ('torch:<torch version>'): kept beside the candidates' so that a later process decides alike
+# without timing again, never a candidate of the optimizers, which read their backends' rows only.
+TORCH = "torch"
 
 
 def failure_status(exc: Exception) -> str:

@@ -17,7 +17,7 @@ import sqlite3
 from ..backends import BACKENDS
 from ..device import EXECUTIONS, TIMING_PRESETS
 from ..errors import CacheError
-from ..measurements import OK, STATUSES
+from ..measurements import OK, STATUSES, TORCH
 from ..problem import ConvProblem
 from .schema import MEASUREMENT_COLUMNS
 
@@ -60,7 +60,7 @@ RULES: dict[str, tuple[str, str]] = {
     "shape_key": ("the shape key of a kernel row that describes its convolution", f"shape_key IN ({_DESCRIBED_KEYS})"),
     "batch": _integer("batch", 1),
     "accumulates": _one_of("accumulates", (0, 1)),
-    "backend": _one_of("backend", BACKENDS),
+    "backend": _one_of("backend", (*BACKENDS, TORCH)),
     "algo": _text("algo"),
     "time_ms": (f"a number from {TIME_MS[0]:g} to {TIME_MS[1]:g} (null only where the status is not {OK})",
                 f"CASE WHEN time_ms IS NULL THEN status != '{OK}' ELSE typeof(time_ms) IN ('integer', 'real') "

@@ -22,6 +22,7 @@ from .delegation import settled_by_torch, worth_delegating
 from .kernels import CudaBackend, TorchKernel, TorchTiming, UcudnnKernel
 from .memory import AUTO, auto_total
 from .sites import Site, Sites
+from .timings import keep_timing, stored_timing
 
 DELEGATED = ("torch", "layer")  # Context.runs' key of layer calls delegated to torch
 PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
@@ -194,12 +195,18 @@ class Context:
         return len(self._pending)
 
     def _torch_timing(self, call: Call, kind: ConvKind) -> TorchTiming:
+        """torch's own kernel as the database keeps it (timings.py), else timed now and kept."""
         if (kind, call) not in self._torch_timings:
+            problem, assignments = call.problem(kind), self.handle(call.device).assignments
             # in the planning scope: its operands (~190 MiB for AlexNet's conv2) go back to the
             # device afterwards rather than staying cached in odd sizes in the pool the step runs in
             with self._lock, self.backend.device_guard(call.device), self.backend.planning(call.device), \
                     self._planning(kind, call, "timing torch's own"):
-                self._torch_timings[kind, call] = self.backend.time_torch(call.problem(kind), call.device)
+                timing = stored_timing(assignments, problem, self.backend.free_bytes(call.device))
+                if timing is None:
+                    timing = self.backend.time_torch(problem, call.device)
+                    keep_timing(assignments, problem, timing)
+                self._torch_timings[kind, call] = timing
         return self._torch_timings[kind, call]
 
     def _favourite_fits(self, call: Call, kind: ConvKind) -> bool:

@@ -150,6 +150,10 @@ class CudaBackend:
     def synchronize(self, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
+    def free_bytes(self, device: torch.device) -> int:
+        """What torch could allocate now: the device's free memory and torch's cached blocks."""
+        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
     def time_torch(self, problem: ConvProblem, device: torch.device) -> TorchTiming:
         """Time torch's own convolution of `problem` on new operands, on the current stream:
         warmed up first (torch's benchmark mode picks its plan on the first call, under the memory
@@ -168,7 +172,7 @@ class CudaBackend:
         x, w, y = (torch.randn(shape, dtype=dtype, device=device).contiguous(memory_format=fmt)
                    for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
         convolve = torch_convolution(problem)
-        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        free = self.free_bytes(device)
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
             convolve(x, w, y)
             torch.cuda.synchronize(device)
