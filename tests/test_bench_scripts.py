@@ -738,3 +738,15 @@ def test_cold_models_finds_every_conv_kernel_without_running_one():
     assert second.x_shape == (5, 8, 16, 16) and second.strides == (2, 2) and second.layout == "nhwc"
     assert {p.dtype for p in problems} == {"float16"}
     assert cm.markdown([{"model": "resnet50", "torch": {}, "timed": {"first_s": 1.0}}]).count("\n") == 2
+
+
+def test_module_path_counts_modules_changes_and_reentries():
+    import module_path as mp
+
+    got = mp.summary(["ucudnn.cli", "ucudnn.config", "ucudnn.cli", "ucudnn.report"], 7)
+    assert (got["modules"], got["changes"], got["reentries"], got["functions"]) == (3, 3, 1, 7)
+    assert got["path"] == ["cli", "config", "cli", "report"]
+    from ucudnn import config
+
+    path, functions = mp.first_call_path(lambda: [config.parse_size("8MiB") for _ in range(3)])
+    assert path and set(path) <= {"ucudnn.config", "ucudnn.errors"} and functions >= 1
