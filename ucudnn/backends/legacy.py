@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..accuracy import accurate
 from ..bindings import cudnn
 from ..bindings.convolution import get_algorithms, workspace_size
 from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, algo_number
 from ..bindings.executor import CudnnExecutor
-from ..accuracy import accurate
 from ..dispatch import Plan, Step
 from ..errors import CudnnError
 from ..measurements import OK, UNSUPPORTED, failure_status
