@@ -34,9 +34,10 @@ as delegation does (`CudaBackend.time_torch`, on new operands). If that timing f
 cache torch's layers read, the phases after it shrink by torch's benchmark; if not, a converted
 cold start pays torch's benchmark twice.
 
-With --planning between_iterations, layers that need a sweep run torch's own convolution in the
-first iteration and are planned at the start of the next ones (about 1 s each): (c) also reports
-the iterations until nothing waits (`until_planned_s`).
+With --planning between_iterations, every layer runs torch's own convolution in the first
+iteration (since stop 39's last change, nothing is timed there) and is planned at the start of
+the next ones (about 1 s each, at least one layer): (c) also reports the iterations until nothing
+waits (`until_planned_s`).
 """
 from __future__ import annotations
 

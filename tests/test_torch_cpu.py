@@ -862,16 +862,22 @@ def test_the_planning_setting_is_checked():
         ut.Context(planning="lazy")
 
 
-def test_planning_between_iterations_leaves_what_torch_settles_alone(numpy_context):
+def test_planning_between_iterations_times_nothing_in_the_first_iteration(numpy_context):
+    """The first iteration runs torch's own convolution with nothing timed, as torch's own would;
+    at the start of the second, torch's kernels are timed and the layer is settled by torch
+    (no sweep) or swept and planned."""
     from ucudnn.integrations.torch.delegation import ROOMY_BYTES
 
     x = torch.randn(4, 3, 6, 6)
-    for workspace, pending in ((0, 0), (2**40, 1)):  # fits the limit: settled; needs more: swept later
+    for workspace, swept in ((0, False), (2**40, True)):  # fits the limit: settled; needs more: swept
         context = delegating_context(  # a database each: the first keeps torch's timings (timings.py)
             numpy_context, lambda problem: integration.kernels.TorchTiming(1.0, workspace, ROOMY_BYTES),
             planning="between_iterations", database=f"{workspace}.db")
         model = ut.convert(nn.Conv2d(3, 4, 3), context=context)
         run_step(model, x)
-        assert context.summary()["pending"] == pending and context.runs["torch", "layer"] == 1
+        assert context.summary()["pending"] == 1 and context.runs["torch", "layer"] == 1
+        assert context.backend.timed == []
         run_step(model, x)
-        assert context.runs["ucudnn", "F"] == pending  # planned at the start of the second step
+        assert len(context.backend.timed) == 3 and context.summary()["pending"] == 0
+        assert context.runs["ucudnn", "F"] == swept and context.runs["torch", "layer"] == 2 - swept
+        assert {k["swept"] for k in context.summary()["kernels"]} == {swept}

@@ -143,32 +143,37 @@ class Context:
     def _decide(self, site: Site) -> bool:
         """Whether the site's layer runs torch's own convolution, decided on its first call:
         - WD: never (one workspace divided among ucudnn's kernels);
-        - with delegation on, torch's own kernels are timed first, and where torch settles the
-          layer (delegation.settled_by_torch), it runs them with no sweep;
-        - with planning 'between_iterations', torch's own until plan_pending() plans the layer;
-        - else its kernels are planned now and delegation.worth_delegating decides."""
+        - with planning 'between_iterations', torch's own until plan_pending() plans the layer,
+          so that the first iteration runs as torch's own would, with nothing timed;
+        - else the layer is planned now (_planned_layer)."""
         if self.wd:
             return False
         deferred = self.settings.planning == "between_iterations"
         if not deferred and not self.delegate:
             return False
-        key, call = (site.call, site.kinds), site.call
+        key = (site.call, site.kinds)
         if key in self._pending:
             if all(s is not site for s in self._pending[key]):
                 self._pending[key].append(site)
             return True
         if key not in self._delegated:
-            if self.delegate and settled_by_torch([self._torch_timing(call, kind) for kind in site.kinds],
-                                                  self.settings.workspace_limit,
-                                                  lambda: all(self._favourite_fits(call, kind) for kind in site.kinds)):
-                self._unswept.add(call)
-                self._delegated[key] = True
-                return True
-            if deferred:  # torch's own convolution until plan_pending() gets to it
+            if deferred:
                 self._pending[key] = [site]
                 return True
-            self._delegated[key] = self._swept(site)
+            self._delegated[key] = self._planned_layer(site)
         return self._delegated[key]
+
+    def _planned_layer(self, site: Site) -> bool:
+        """Plan the site's layer; whether it runs torch's own convolution. With delegation on,
+        torch's own kernels are timed first, and where torch settles the layer
+        (delegation.settled_by_torch) it runs them with no sweep; else its kernels are swept."""
+        call = site.call
+        if self.delegate and settled_by_torch([self._torch_timing(call, kind) for kind in site.kinds],
+                                              self.settings.workspace_limit,
+                                              lambda: all(self._favourite_fits(call, kind) for kind in site.kinds)):
+            self._unswept.add(call)
+            return True
+        return self._swept(site)
 
     def _swept(self, site: Site) -> bool:
         """Plan the site's kernels; whether its layer runs torch's own convolution after all
@@ -186,7 +191,7 @@ class Context:
         started = time.perf_counter()
         while self._pending:
             key, sites = next(iter(self._pending.items()))
-            self._delegated[key] = self._swept(sites[0])
+            self._delegated[key] = self._planned_layer(sites[0])
             del self._pending[key]
             for site in sites:
                 site.delegated = None
