@@ -203,14 +203,14 @@ class Context:
         """torch's own kernel as the database keeps it (timings.py), else timed now and kept."""
         if (kind, call) not in self._torch_timings:
             problem, assignments = call.problem(kind), self.handle(call.device).assignments
-            # in the planning scope: its operands (~190 MiB for AlexNet's conv2) go back to the
-            # device afterwards rather than staying cached in odd sizes in the pool the step runs in
-            with self._lock, self.backend.device_guard(call.device), self.backend.planning(call.device), \
-                    self._planning(kind, call, "timing torch's own"):
+            with self._lock, self.backend.device_guard(call.device):
                 timing = stored_timing(assignments, problem, self.backend.free_bytes(call.device))
                 if timing is None:
-                    timing = self.backend.time_torch(problem, call.device)
-                    keep_timing(assignments, problem, timing)
+                    # in the planning scope: its operands (~190 MiB for AlexNet's conv2) go back to the
+                    # device afterwards rather than staying cached in odd sizes in the pool the step runs in
+                    with self.backend.planning(call.device), self._planning(kind, call, "timing torch's own"):
+                        timing = self.backend.time_torch(problem, call.device)
+                        keep_timing(assignments, problem, timing)
                 self._torch_timings[kind, call] = timing
         return self._torch_timings[kind, call]
 
