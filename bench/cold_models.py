@@ -151,20 +151,34 @@ def build(name: str):
     return model, x, target, amp
 
 
-def stepper(model, x, target, amp: bool):
-    """One training iteration of `model` (its own SGD optimizer and GradScaler)."""
+def phases(model, x, target, amp: bool) -> dict:
+    """The phases of a training iteration of `model` (its own SGD optimizer and GradScaler), by
+    name, to be run in order: forward (and the loss), backward, optimizer step."""
     import torch
 
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    loss = None
 
-    def step():
+    def forward():
+        nonlocal loss
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
             loss = torch.nn.functional.cross_entropy(model(x), target)
-        scaler.scale(loss).backward()
+
+    def update():
         scaler.step(optimizer)
         scaler.update()
+    return {"forward_s": forward, "backward_s": lambda: scaler.scale(loss).backward(), "step_s": update}
+
+
+def stepper(model, x, target, amp: bool):
+    """One training iteration of `model` (its own SGD optimizer and GradScaler)."""
+    steps = phases(model, x, target, amp).values()
+
+    def step():
+        for run in steps:
+            run()
     return step
 
 
@@ -216,19 +230,10 @@ def timed_then_torch(model, x, target, amp: bool, kernels_first: bool) -> dict:
             backend.time_torch(p, x.device)
         torch.cuda.synchronize()
         out.update(kernels=len(problems), timing_s=time.perf_counter() - began)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
-    loss = None
-
-    def forward():
-        nonlocal loss
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            loss = torch.nn.functional.cross_entropy(model(x), target)
-
-    for phase, run in (("forward_s", forward), ("backward_s", lambda: scaler.scale(loss).backward()),
-                       ("step_s", lambda: (scaler.step(optimizer), scaler.update()))):
+    steps = phases(model, x, target, amp)
+    for phase, run in steps.items():
         out[phase] = timed_s(run)
-    out["first_s"] = out["forward_s"] + out["backward_s"] + out["step_s"]
+    out["first_s"] = sum(out[phase] for phase in steps)
     out["second_s"] = timed_s(stepper(model, x, target, amp))
     return out
 
