@@ -28,8 +28,9 @@ def stored_timing(assignments, problem: ConvProblem, free: int) -> TorchTiming |
     the database of `assignments` (a Handle's) holds one; else None."""
     if free < ROOMY_BYTES:
         return None
+    own = torch_candidate()
     found = [m for m in assignments.cache.table(problem, assignments.benchmarker.device).at(problem.batch)
-             if m.algo == torch_candidate() and m.available]
+             if m.algo == own and m.available]
     return TorchTiming(found[0].time_ms, found[0].workspace, free) if found else None
 
 
