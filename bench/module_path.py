@@ -9,8 +9,10 @@ The architecture issue's bar: fewer modules and re-entries than before its redes
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import os
 import pkgutil
 import sys
 
@@ -60,12 +62,8 @@ def main(argv: list[str]) -> None:
     import_all()
     from ucudnn.cli import main as cli
 
-    out = sys.stdout
-    sys.stdout = open("/dev/null", "w")  # the command's own output
-    try:
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the command's own output
         result = summary(*first_call_path(lambda: cli(argv)))
-    finally:
-        sys.stdout = out
     print(json.dumps({k: v for k, v in result.items() if k != "path"}))
     print(" -> ".join(result["path"]))
 
