@@ -386,7 +386,7 @@ def full_sweep(args) -> dict:
 
 def run_child(args, log: Path, timeout: float, **flags) -> dict:
     command = [sys.executable, __file__, "--out", str(args.out)]
-    for key, value in flags.items():
+    for key, value in ((k, v) for k, v in flags.items() if v is not None):
         command += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     began = time.time()
     try:
@@ -470,7 +470,7 @@ def parse_args(argv=None):
     p.add_argument("--cache")
     p.add_argument("--problems")
     p.add_argument("--steady", action="store_true")
-    p.add_argument("--planning", default="first_call", help="ucudnn.torch.convert's planning setting")
+    p.add_argument("--planning", help="ucudnn.torch.convert's planning setting (default: ucudnn's)")
     return p.parse_args(argv)
 
 

@@ -168,7 +168,8 @@ def contexts(args) -> dict[str, ut.Context]:
     shipped = recorded_path()
     if shipped is not None and not cache.exists():
         shutil.copy(shipped, cache)
-    return {limit: ut.Context(workspace_limit=limit, optimizer="wr", cache_path=str(cache), delegate=False)
+    return {limit: ut.Context(workspace_limit=limit, optimizer="wr", cache_path=str(cache), delegate=False,
+                       planning="first_call")  # steady state: planned on the first (warm-up) call
             for limit in args.limits.split(",")}
 
 

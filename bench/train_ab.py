@@ -196,7 +196,7 @@ def convert(model, keywords: dict, amp: bool, cache: str | None):
     import ucudnn.torch as ut
 
     with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-        ut.convert(model, cache_path=cache, **keywords)
+        ut.convert(model, cache_path=cache, **{"planning": "first_call", **keywords})  # steady state: planned on the first (warm-up) call
     return ut.context_of(model)
 
 

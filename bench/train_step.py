@@ -298,7 +298,7 @@ def convert(model, x, variant: Variant, args, amp: bool):
 
     keywords = convert_keywords(variant, dict(vars(args), sample_input=x))
     with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-        ut.convert(model, cache_path=args.cache, **keywords)
+        ut.convert(model, cache_path=args.cache, **{"planning": "first_call", **keywords})  # steady state: planned on the first (warm-up) call
     return ut.context_of(model)
 
 

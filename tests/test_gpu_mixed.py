@@ -196,7 +196,7 @@ def test_mixed_configurations_through_ucudnn_torch_equal_float64(seed, monkeypat
     x = torch.randn(*probe.x_shape, device="cuda", dtype=dtype)
     if rng.integers(2):
         layer, x = layer.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
-    context = ut.Context(cache_path=str(tmp_path / "bench.db"), delegate=False)
+    context = ut.Context(cache_path=str(tmp_path / "bench.db"), delegate=False, planning="first_call")
     ours = ut.convert(copy.deepcopy(layer), context=context)
     with torch.no_grad():
         dy = torch.randn_like(layer(x))
@@ -248,7 +248,8 @@ def test_the_reported_layers_have_torchs_accuracy(case, delegate, tmp_path):
     x = torch.randn(batch, cin, size, size, device="cuda", dtype=dtype)
     if channels_last:
         layer, x = layer.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
-    context = ut.Context(cache_path=_shipped_cache(tmp_path), workspace_limit="8MiB", delegate=delegate)
+    context = ut.Context(cache_path=_shipped_cache(tmp_path), workspace_limit="8MiB", delegate=delegate,
+                         planning="first_call")
     ours = ut.convert(copy.deepcopy(layer), context=context)
     with torch.no_grad():
         dy = torch.randn_like(layer(x))
@@ -276,7 +277,8 @@ def test_resnet18_amp_channels_last_odd_batch_every_layer_through_ucudnn(tmp_pat
     model = torchvision.models.resnet18(weights=None).cuda().to(memory_format=torch.channels_last)
     x = torch.randn(61, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
     target = torch.randint(0, 1000, (61,), device="cuda")
-    context = ut.Context(cache_path=_shipped_cache(tmp_path), workspace_limit="8MiB", delegate=False)
+    context = ut.Context(cache_path=_shipped_cache(tmp_path), workspace_limit="8MiB", delegate=False,
+                         planning="first_call")
     ours = ut.convert(copy.deepcopy(model), context=context)
     reference = copy.deepcopy(model).double()
     scale = 2.0**14

@@ -51,6 +51,7 @@ def make_context(cache_path):
     def make(**settings) -> ut.Context:
         settings.setdefault("workspace_limit", "1MiB")  # tight: fast algorithms need micro-batches
         settings.setdefault("delegate", False)  # these tests check ucudnn's own path
+        settings.setdefault("planning", "first_call")  # ... from a layer's first call on
         return ut.Context(cache_path=cache_path, **settings)
     return make
 
@@ -489,7 +490,8 @@ def test_a_converted_resnet50_in_fp32_matches_float64_layer_by_layer(tmp_path):
     ours = ut.convert(copy.deepcopy(model), workspace_limit="64MiB", cache_path=str(tmp_path / "db.sqlite"))
     x = torch.randn(64, 3, 224, 224, device="cuda")
     target = torch.randint(0, 1000, (64,), device="cuda")
-    _conv_records(ours, x, target)  # plans
+    _conv_records(ours, x, target)  # torch's own convolutions (planning='between_iterations', the default)
+    ut.context_of(ours).plan_pending()
     exact = _conv_records(copy.deepcopy(model).double(), x.double(), target)
     theirs, got = _conv_records(model, x, target), _conv_records(ours, x, target)
 

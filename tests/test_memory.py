@@ -172,7 +172,8 @@ def test_a_workspace_torch_cannot_lend_is_planned_within_less_and_the_step_goes_
     torch.manual_seed(0)
     theirs = nn.Conv2d(8, 16, 3, padding=1)
     backend = ScarceBackend(free=20 * 2**10)
-    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB")
+    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
+                         planning="first_call")
     ours = ut.convert(copy.deepcopy(theirs), context=context)
     x, dy = torch.randn(16, 8, 10, 10), torch.randn(16, 16, 10, 10)
     with pytest.warns(UcudnnWarning, match="planning again within"):
@@ -190,7 +191,8 @@ def test_a_second_site_adopts_the_shrunk_kernel_without_halving_it_again(tmp_pat
     """Two sites (no grad, grad) hold the same planned F kernel; memory then runs short: the
     first site to fail shrinks it, the other adopts the result."""
     backend = ScarceBackend(free=2**30)
-    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB")
+    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
+                         planning="first_call")
     conv = ut.convert(nn.Conv2d(8, 16, 3, padding=1), context=context)
     x = torch.randn(16, 8, 10, 10)
     calls = [lambda: conv(x), lambda: conv(x.clone().requires_grad_())]

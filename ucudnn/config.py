@@ -114,7 +114,7 @@ class Settings:
     backend: str = ""  # candidates from: all, engines, legacy; "": all where the frontend imports (ucudnn.backends)
     search: str = "pruned"  # how much of the candidate space a benchmark times (ucudnn.search)
     progress: bool = True  # a line on stderr while planning takes long (ucudnn.progress)
-    planning: str = "first_call"  # ucudnn.torch: when a layer is planned (PLANNINGS)
+    planning: str = "between_iterations"  # ucudnn.torch: when a layer is planned (PLANNINGS)
     verbose: bool = False
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 

@@ -127,10 +127,10 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     `total_limit` for WD (default: workspace_limit x kernels; "auto": a share of the memory the
     first iteration leaves free, see ucudnn.integrations.torch.memory), `cache_path` for the benchmark
     database, `execution` "graph" (calls replayed as CUDA graphs once a layer's buffers repeat)
-    or "direct", `planning` "first_call" (a layer is planned on its first call, which waits for it)
-    or "between_iterations" (every layer runs torch's own convolution until planned, nothing timed
-    in the first iteration; about a second of planning, but at least one layer, at the start of
-    each later iteration; Context.plan_pending() plans the rest at once); None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
+    or "direct", `planning` "between_iterations" (the default: every layer runs torch's own
+    convolution until planned, nothing timed in the first iteration; about a second of planning,
+    but at least one layer, at the start of each later iteration; Context.plan_pending() plans the
+    rest at once) or "first_call" (a layer is planned on its first call, which waits for it); None takes UCUDNN_* variables, then defaults. `sample_input` (a tensor, or a tuple
     of positional arguments) runs one pass with torch's convolutions in which every layer records
     its kernels; then they are planned (WD: solved once). Run it under the autocast and grad mode
     of training. `delegate`: under WR, layers whose kernels ucudnn would not speed up (torch's
