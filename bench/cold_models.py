@@ -13,11 +13,11 @@ For each limit (64 MiB, 8 MiB per kernel; WR, delegation on, the pruned search):
     second, then checks every conv weight gradient of one more step against the same model run in
     float64 by torch, and torch's own gradients likewise (the control): the relative L2 error of
     each, the worst layer reported.
-(w) warm: a fresh process on the database (c) filled: its first iteration; at 64 MiB then the
-    steady state side by side with torch's own copy in the same process (memory free), and a
-    second torch copy as the A/A control: ROUNDS rounds of ITERS iterations each, taking turns,
-    CUDA events, medians; then again with the converted model's layers turned back into torch's
-    (the same model object, parameters and optimizer): what remains is not ucudnn's path.
+(w) warm: a fresh process on the database (c) filled: its first iteration, then its iterations
+    until nothing waits for a plan; at 64 MiB then the steady state against torch's own in the
+    same process (memory free): the same model object, its layers turned into torch's nn.Conv2d
+    and back between rounds (as_class), torch's turn twice (the A/A control): ROUNDS rounds of
+    ITERS iterations each, taking turns, CUDA events, medians.
 (f) at 8 MiB, offline: the kernels (c) swept, planned by WR from its pruned measurements and from
     a full sweep of them (every candidate at every size, into a copy of the database): the sums of
     their predicted times.
@@ -26,7 +26,7 @@ Bars (issue "cold start"): (c) <= 2x (t) at 64 MiB and <= 3x at 8 MiB; (w) <= (t
 relative error <= max(1e-2, 3x the control's)).
 
     PYTHONPATH=. python3 bench/cold_models.py --out OUT [--models resnet50d,...] [--limits 64MiB,8MiB]
-        [--deadline 560] [--rounds 5] [--iters 10] [--planning between_iterations]
+        [--deadline 560] [--rounds 5] [--iters 10] [--planning first_call]
 
 With --timed, two more fresh processes per model time torch's own first iteration in phases
 (forward, backward, optimizer step): one alone, one after timing torch's own kernels of every conv
@@ -34,10 +34,10 @@ as delegation does (`CudaBackend.time_torch`, on new operands). If that timing f
 cache torch's layers read, the phases after it shrink by torch's benchmark; if not, a converted
 cold start pays torch's benchmark twice.
 
-With --planning between_iterations, every layer runs torch's own convolution in the first
-iteration (since stop 39's last change, nothing is timed there) and is planned at the start of
-the next ones (about 1 s each, at least one layer): (c) also reports the iterations until nothing
-waits (`until_planned_s`).
+By default (planning="between_iterations") every layer runs torch's own convolution in the
+first iteration, nothing timed there, and is planned at the start of the next ones (about 1 s
+each, at least one layer): (c) and (w) also report the iterations until nothing waits
+(`until_planned_s`). --planning first_call plans inside the first iteration.
 """
 from __future__ import annotations
 
@@ -341,18 +341,25 @@ def child(args) -> dict:
         context = ut.context_of(model)
         out["swept_problems"] = [call.problem(kind).to_dict() for (kind, call) in context._kernels]
     if args.child == "warm" and args.steady:
-        steps = {"ucudnn": step, "torch": stepper(plain_copy(model), x, target, amp),
-                 "control": stepper(plain_copy(model), x, target, amp)}  # torch's own again: the A/A noise
+        convs = [m for m in model.modules() if isinstance(m, ut.Conv2d)]
+        steps = {"ucudnn": as_class(convs, ut.Conv2d, step), "torch": as_class(convs, torch.nn.Conv2d, step),
+                 "control": as_class(convs, torch.nn.Conv2d, step)}  # torch's own again: the A/A noise
         for s in steps.values():
             s()
         out["steady"] = steady(steps, args.rounds, args.iters)
-        # the converted model's own parameters, optimizer and allocations, its layers back to torch's:
-        # what is left of any difference is not ucudnn's convolution path
-        for m in model.modules():
-            if isinstance(m, torch.nn.Conv2d):
-                m.__class__ = torch.nn.Conv2d
-        out["steady_reverted"] = steady(steps, args.rounds, args.iters)
     return out
+
+
+def as_class(convs: list, cls, step):
+    """`step` with the layers `convs` of its model turned into `cls` first: one model object,
+    parameters, optimizer and allocations, run by ucudnn (ucudnn.torch.Conv2d) or by torch
+    (nn.Conv2d). (Two copies of a model differed by up to 6% with no ucudnn in either: the A/A
+    spread of the earlier harness, docs/results.md.) Every step pays the same turning."""
+    def run():
+        for m in convs:
+            m.__class__ = cls
+        step()
+    return run
 
 
 def full_sweep(args) -> dict:

@@ -740,6 +740,20 @@ def test_cold_models_finds_every_conv_kernel_without_running_one():
     assert cm.markdown([{"model": "resnet50", "torch": {}, "timed": {"first_s": 1.0}}]).count("\n") == 2
 
 
+def test_cold_models_steady_state_turns_one_model_between_ucudnn_and_torch():
+    import cold_models as cm
+    torch = pytest.importorskip("torch", reason="the layers are torch modules")
+
+    class Marked(torch.nn.Conv2d):
+        pass
+    convs = [Marked(2, 2, 1), Marked(2, 2, 3)]
+    seen = []
+    step = lambda: seen.append({type(m) for m in convs})  # noqa: E731
+    cm.as_class(convs, torch.nn.Conv2d, step)()
+    cm.as_class(convs, Marked, step)()
+    assert seen == [{torch.nn.Conv2d}, {Marked}]
+
+
 def test_module_path_counts_modules_changes_and_reentries():
     import module_path as mp
 
