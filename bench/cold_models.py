@@ -418,43 +418,56 @@ def parent(args) -> None:
     def left() -> float:
         return deadline - time.time() - 10
 
+    def save():
+        (out / "cold_models.json").write_text(json.dumps(rows, indent=1))
+        (out / "cold_models.md").write_text(markdown(rows))
+
+    limits = [limit for limit in args.limits.split(",") if limit]  # --limits= : torch (and --timed) alone
     for model in args.models.split(","):
+        model_rows = [measured(args, log, out, model, limit, left, steady=limit == limits[0])
+                      for limit in limits if left() >= 30]
+        rows.extend(model_rows)
+        save()
+        # torch after ucudnn's processes: they read the model's cuDNN kernels from disk first
+        # (a first process on a machine took 60.2 s for efficientnet_b0, the next 29.2 s)
         runs = [run_child(args, log, left(), child="torch", model=model) for _ in range(args.torch_runs)]
         torch_run = min(runs, key=lambda r: r.get("first_s", float("inf")))
         torch_run["first_s_each"] = [r.get("first_s") for r in runs]
+        for row in model_rows:
+            row["torch"] = torch_run
+            row["verdicts"] = verdicts(torch_run, row["cold"], row["warm"], row["full"], row["limit"])
         if args.timed:  # torch alone in phases, then after its kernels were timed as delegation does
             timed = [run_child(args, log, left(), child="timed", model=model, **flags)
                      for flags in ({}, {"kernels_first": True})]
             rows.append({"model": model, "torch": torch_run, "timed": timed})
             print(f"{model}: torch first {torch_run.get('first_s')} s; in phases {timed}", flush=True)
-            (out / "cold_models.json").write_text(json.dumps(rows, indent=1))
-        for limit in filter(None, args.limits.split(",")):  # --limits= : torch (and --timed) alone
-            if left() < 30:
-                break
-            db = out / "db" / f"{model}-{limit}.db"
-            db.parent.mkdir(exist_ok=True)
-            db.unlink(missing_ok=True)
-            cold = run_child(args, log, left(), child="cold", model=model, limit=limit, cache=db,
-                             planning=args.planning)
-            warm = run_child(args, log, left(), child="warm", model=model, limit=limit, cache=db,
-                             planning=args.planning, **({"steady": True} if limit == args.limits.split(",")[0] else {}))
-            full = None
-            if limit != args.limits.split(",")[0] and cold.get("swept_problems") and left() > 60 and args.full:
-                problems = out / "db" / f"{model}-{limit}.swept.json"
-                problems.write_text(json.dumps(cold["swept_problems"]))
-                copied = out / "db" / f"{model}-{limit}.full.db"
-                shutil.copy(db, copied)
-                full = run_child(args, log, left(), child="full", model=model, limit=limit, cache=copied,
-                                 problems=problems)
-                copied.unlink(missing_ok=True)
-            cold.pop("swept_problems", None)
-            rows.append({"model": model, "limit": limit, "precision": MODELS[model][1], "batch": MODELS[model][2],
-                         "torch": torch_run, "cold": cold, "warm": warm, "full": full,
-                         "verdicts": verdicts(torch_run, cold, warm, full, limit)})
-            (out / "cold_models.json").write_text(json.dumps(rows, indent=1))
-            (out / "cold_models.md").write_text(markdown(rows))
-            print(markdown(rows[-1:]), flush=True)
+        save()
+        print(markdown(model_rows), flush=True)
     print(markdown(rows))
+
+
+def measured(args, log: Path, out: Path, model: str, limit: str, left, steady: bool) -> dict:
+    """The cold and warm processes of `model` at `limit` on a new database, and at limits after
+    the first the full sweep of what the cold one swept (its problems kept beside the database,
+    so that a later call can sweep them: --child full)."""
+    db = out / "db" / f"{model}-{limit}.db"
+    db.parent.mkdir(exist_ok=True)
+    db.unlink(missing_ok=True)
+    cold = run_child(args, log, left(), child="cold", model=model, limit=limit, cache=db, planning=args.planning)
+    warm = run_child(args, log, left(), child="warm", model=model, limit=limit, cache=db, planning=args.planning,
+                     steady=steady or None)
+    full, swept = None, cold.pop("swept_problems", None)
+    if swept:
+        problems = out / "db" / f"{model}-{limit}.swept.json"
+        problems.write_text(json.dumps(swept))
+        if not steady and left() > 60 and args.full:
+            copied = out / "db" / f"{model}-{limit}.full.db"
+            shutil.copy(db, copied)
+            full = run_child(args, log, left(), child="full", model=model, limit=limit, cache=copied,
+                             problems=problems)
+            copied.unlink(missing_ok=True)
+    return {"model": model, "limit": limit, "precision": MODELS[model][1], "batch": MODELS[model][2],
+            "torch": {}, "cold": cold, "warm": warm, "full": full}
 
 
 def parse_args(argv=None):
