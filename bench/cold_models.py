@@ -64,6 +64,7 @@ MODELS = {  # name -> (source, precision, batch)
     "resnet50": ("torchvision", "fp32", 64),
 }
 LIMITS = ("64MiB", "8MiB")
+STEADY_LIMIT = "64MiB"  # the bars: the steady state at 64 MiB, the pruned search against a full one at 8 MiB
 RESULT = "RESULT "
 GRAD_FLOOR = 1e-2  # relative L2 error of a weight gradient that fp16 rounding alone can reach
 FIRST_BARS = {"64MiB": 2.0, "8MiB": 3.0}
@@ -424,8 +425,7 @@ def parent(args) -> None:
 
     limits = [limit for limit in args.limits.split(",") if limit]  # --limits= : torch (and --timed) alone
     for model in args.models.split(","):
-        model_rows = [measured(args, log, out, model, limit, left, steady=limit == limits[0])
-                      for limit in limits if left() >= 30]
+        model_rows = [measured(args, log, out, model, limit, left) for limit in limits if left() >= 30]
         rows.extend(model_rows)
         save()
         # torch after ucudnn's processes: they read the model's cuDNN kernels from disk first
@@ -446,10 +446,12 @@ def parent(args) -> None:
     print(markdown(rows))
 
 
-def measured(args, log: Path, out: Path, model: str, limit: str, left, steady: bool) -> dict:
-    """The cold and warm processes of `model` at `limit` on a new database, and at limits after
-    the first the full sweep of what the cold one swept (its problems kept beside the database,
-    so that a later call can sweep them: --child full)."""
+def measured(args, log: Path, out: Path, model: str, limit: str, left) -> dict:
+    """The cold and warm processes of `model` at `limit` on a new database (the warm one at
+    STEADY_LIMIT also the steady state), and at other limits the full sweep of what the cold
+    one swept (its problems kept beside the database, so that a later call can sweep them:
+    --child full)."""
+    steady = limit == STEADY_LIMIT
     db = out / "db" / f"{model}-{limit}.db"
     db.parent.mkdir(exist_ok=True)
     db.unlink(missing_ok=True)
