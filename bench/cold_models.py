@@ -4,9 +4,11 @@ torch's own, in fresh processes, from an empty benchmark database and then from 
 Models (built here, not in ucudnn.nets): timm resnet50d, efficientnet_b0 and convnext_tiny in AMP
 fp16 channels_last at B = 32, torchvision resnet50 in fp32 at B = 64 (`pretrained=False`). For each:
 (t) torch: a fresh process, cudnn.benchmark on, times its first and second training iteration
-    (forward, cross-entropy, backward, SGD step; synchronized; wall clock, cuDNN start-up included);
-    twice, the faster counting (the first process on a machine also reads cuDNN's libraries from
-    disk: efficientnet_b0 60.2 s, then 29.2 s in the next process).
+    (forward, cross-entropy, backward, SGD step; synchronized; wall clock, cuDNN start-up included),
+    after the model's ucudnn processes; --torch-runs of them, the fastest counting.
+Every cold and torch process starts as on a fresh machine: the libraries read into the page
+cache beforehand (read_libraries), JIT caches of its own, empty (jit_caches); the first process
+to run a model on a machine was 17-22 s slower than the next, torch's or ucudnn's alike.
 For each limit (64 MiB, 8 MiB per kernel; WR, delegation on, the pruned search):
 (c) cold: a fresh process converts the model (ucudnn.torch.convert, cache_path = a new database)
     and times its first iteration (planning included; the progress line goes to the log), its
@@ -48,10 +50,12 @@ STARTED = time.time()
 import argparse  # noqa: E402
 import copy  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -392,18 +396,34 @@ def full_sweep(args) -> dict:
 
 # --- the parent ---------------------------------------------------------------------------------
 
-def run_child(args, log: Path, timeout: float, **flags) -> dict:
+def jit_caches(args) -> dict[str, str]:
+    """Environment variables giving a child process JIT caches of its own, empty (with
+    --jit-cache fresh, the default), so that it compiles what a process on a fresh machine
+    compiles: the CUDA driver's (CUDA_CACHE_PATH, where runtime-compiled kernels land) and
+    CuPy's (CUPY_CACHE_DIR). A process's first iteration was 17-22 s longer where no earlier
+    process had run the model on that machine, whether torch's or ucudnn's, with the libraries
+    already read (docs/results.md, "Cold start"). {} with --jit-cache shared."""
+    if args.jit_cache != "fresh":
+        return {}
+    folder = tempfile.mkdtemp(prefix="cold-models-jit-")
+    return {"CUDA_CACHE_PATH": folder, "CUPY_CACHE_DIR": str(Path(folder) / "cupy")}
+
+
+def run_child(args, log: Path, timeout: float, jit: dict | None = None, **flags) -> dict:
+    """A child process of this script with `flags` (None values left out) and the environment
+    variables `jit` (jit_caches), its result (RESULT line) or the error; its output to `log`."""
     command = [sys.executable, __file__, "--out", str(args.out)]
     for key, value in ((k, v) for k, v in flags.items() if v is not None):
         command += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     began = time.time()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=max(min(timeout, CHILD_TIMEOUT_S), 1))
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(jit or {})},
+                              timeout=max(min(timeout, CHILD_TIMEOUT_S), 1))
         text, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         text, code = f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {timeout:.0f} s", "timeout"
     with log.open("a") as f:
-        f.write(f"$ {' '.join(command)}\n{text}\n")
+        f.write(f"$ {' '.join([*(f'{k}={v}' for k, v in (jit or {}).items()), *command])}\n{text}\n")
     found = [json.loads(line[len(RESULT):]) for line in text.splitlines() if line.startswith(RESULT)]
     result = found[-1] if found else {"error": f"exit {code}: {text.strip().splitlines()[-1:] or ''}"}
     result["process_s"] = time.time() - began
@@ -432,14 +452,14 @@ def parent(args) -> None:
         save()
         # torch after ucudnn's processes: they read the model's cuDNN kernels from disk first
         # (a first process on a machine took 60.2 s for efficientnet_b0, the next 29.2 s)
-        runs = [run_child(args, log, left(), child="torch", model=model) for _ in range(args.torch_runs)]
+        runs = [run_child(args, log, left(), jit_caches(args), child="torch", model=model) for _ in range(args.torch_runs)]
         torch_run = min(runs, key=lambda r: r.get("first_s", float("inf")))
         torch_run["first_s_each"] = [r.get("first_s") for r in runs]
         for row in model_rows:
             row["torch"] = torch_run
             row["verdicts"] = verdicts(torch_run, row["cold"], row["warm"], row["full"], row["limit"])
         if args.timed:  # torch alone in phases, then after its kernels were timed as delegation does
-            timed = [run_child(args, log, left(), child="timed", model=model, **flags)
+            timed = [run_child(args, log, left(), jit_caches(args), child="timed", model=model, **flags)
                      for flags in ({}, {"kernels_first": True})]
             rows.append({"model": model, "torch": torch_run, "timed": timed})
             print(f"{model}: torch first {torch_run.get('first_s')} s; in phases {timed}", flush=True)
@@ -475,11 +495,12 @@ def measured(args, log: Path, out: Path, model: str, limit: str, left) -> dict:
     db = out / "db" / f"{model}-{limit}.db"
     db.parent.mkdir(exist_ok=True)
     db.unlink(missing_ok=True)
-    cold = run_child(args, log, left(), child="cold", model=model, limit=limit, cache=db, planning=args.planning,
+    jit = jit_caches(args)  # the warm process is the same user's second: it keeps the cold one's caches
+    cold = run_child(args, log, left(), jit, child="cold", model=model, limit=limit, cache=db, planning=args.planning,
                      first_only=args.first_only or None)
     if args.first_only:
         return {"model": model, "limit": limit, "torch": {}, "cold": cold, "warm": {}, "full": None}
-    warm = run_child(args, log, left(), child="warm", model=model, limit=limit, cache=db, planning=args.planning,
+    warm = run_child(args, log, left(), jit, child="warm", model=model, limit=limit, cache=db, planning=args.planning,
                      steady=steady or None)
     full, swept = None, cold.pop("swept_problems", None)
     if swept:
@@ -488,7 +509,7 @@ def measured(args, log: Path, out: Path, model: str, limit: str, left) -> dict:
         if not steady and left() > 60 and args.full:
             copied = out / "db" / f"{model}-{limit}.full.db"
             shutil.copy(db, copied)
-            full = run_child(args, log, left(), child="full", model=model, limit=limit, cache=copied,
+            full = run_child(args, log, left(), jit, child="full", model=model, limit=limit, cache=copied,
                              problems=problems)
             copied.unlink(missing_ok=True)
     return {"model": model, "limit": limit, "precision": MODELS[model][1], "batch": MODELS[model][2],
@@ -515,6 +536,8 @@ def parse_args(argv=None):
     p.add_argument("--cache")
     p.add_argument("--problems")
     p.add_argument("--steady", action="store_true")
+    p.add_argument("--jit-cache", choices=("fresh", "shared"), default="fresh",
+                   help="fresh: each cold and torch process starts with empty JIT caches, as on a fresh machine")
     p.add_argument("--first-only", action="store_true", help="cold processes only, to their second iteration: "
                    "the first-iteration bars alone")
     p.add_argument("--planning", help="ucudnn.torch.convert's planning setting (default: ucudnn's)")

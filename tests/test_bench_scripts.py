@@ -754,6 +754,17 @@ def test_cold_models_steady_state_turns_one_model_between_ucudnn_and_torch():
     assert seen == [{torch.nn.Conv2d}, {Marked}]
 
 
+def test_cold_models_gives_each_process_empty_jit_caches_unless_shared(tmp_path):
+    import argparse
+
+    import cold_models as cm
+
+    first, second = (cm.jit_caches(argparse.Namespace(jit_cache="fresh")) for _ in range(2))
+    assert set(first) == {"CUDA_CACHE_PATH", "CUPY_CACHE_DIR"} and first["CUDA_CACHE_PATH"] != second["CUDA_CACHE_PATH"]
+    assert not list(Path(first["CUDA_CACHE_PATH"]).iterdir())
+    assert cm.jit_caches(argparse.Namespace(jit_cache="shared")) == {}
+
+
 def test_module_path_counts_modules_changes_and_reentries():
     import module_path as mp
 
