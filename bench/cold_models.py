@@ -298,7 +298,8 @@ def grad_check(model, x, target, amp: bool) -> dict:
 
 def steady(steps: dict, rounds: int, iters: int) -> dict:
     """Median ms per iteration of each step, the steps taking turns as train_ab.py's do (who goes
-    first rotating), a CUDA event after each iteration."""
+    first rotating), a CUDA event after each iteration; and the median host ms a step's call took
+    (where it is about the iteration's, the host sets the pace and host costs count whole)."""
     import torch
 
     def mark():
@@ -306,11 +307,42 @@ def steady(steps: dict, rounds: int, iters: int) -> dict:
         event.record()
         return event
 
-    marks = interleave(steps, rounds, iters, mark)
+    timed, host = host_timed(steps)
+    marks = interleave(timed, rounds, iters, mark)
     torch.cuda.synchronize()
     medians = {n: statistics.median(t for r in per_round for t in r) for n, per_round in iteration_ms(marks).items()}
-    return {"ms": medians, "torch_over_ucudnn": medians["torch"] / medians["ucudnn"],
+    return {"ms": medians, "host_ms": {n: statistics.median(s) * 1e3 for n, s in host.items()},
+            "torch_over_ucudnn": medians["torch"] / medians["ucudnn"],
             "torch_over_control": medians["torch"] / medians["control"]}
+
+
+def host_timed(steps: dict) -> tuple[dict, dict[str, list[float]]]:
+    """`steps` each wrapped to note the host seconds of every call, and those seconds by name."""
+    host: dict[str, list[float]] = {name: [] for name in steps}
+
+    def timed(name, step):
+        def run():
+            began = time.perf_counter()
+            step()
+            host[name].append(time.perf_counter() - began)
+        return run
+    return {name: timed(name, step) for name, step in steps.items()}, host
+
+
+def host_profile(steps: dict, iters: int, top: int = 15) -> dict[str, list[str]]:
+    """The functions taking most host time (cProfile, by own time) over `iters` calls of each step."""
+    import cProfile
+    import io
+    import pstats
+
+    out = {}
+    for name, step in steps.items():
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [step() for _ in range(iters)])
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+        out[name] = [line for line in text.getvalue().splitlines() if line.strip()][-top:]
+    return out
 
 
 def child(args) -> dict:
@@ -352,6 +384,7 @@ def child(args) -> dict:
         for s in steps.values():
             s()
         out["steady"] = steady(steps, args.rounds, args.iters)
+        out["host_profile"] = host_profile({n: steps[n] for n in ("ucudnn", "torch")}, args.iters)
     return out
 
 

@@ -754,6 +754,17 @@ def test_cold_models_steady_state_turns_one_model_between_ucudnn_and_torch():
     assert seen == [{torch.nn.Conv2d}, {Marked}]
 
 
+def test_cold_models_times_each_steps_host_calls_and_profiles_them():
+    import cold_models as cm
+
+    calls = []
+    timed, host = cm.host_timed({"a": lambda: calls.append("a"), "b": lambda: time.sleep(0.01)})
+    timed["a"](), timed["b"](), timed["b"]()
+    assert calls == ["a"] and len(host["a"]) == 1 and len(host["b"]) == 2 and min(host["b"]) >= 0.009
+    profile = cm.host_profile({"b": lambda: time.sleep(0.001)}, iters=3, top=5)
+    assert len(profile["b"]) == 5 and any("sleep" in line for line in profile["b"])
+
+
 def test_cold_models_gives_each_process_empty_jit_caches_unless_shared(tmp_path):
     import argparse
 
