@@ -6,7 +6,7 @@
 
 With --database it runs on recorded measurements of a network's kernels (identical layers as one
 kernel with a count); without, on a synthetic network of ResNet-50's size (160 kernels).
-`report(kernels, ...)` times any list of WDKernel.
+`report(kernels, tables, ...)` times any kernels with their measurement tables.
 """
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ import numpy as np
 
 from ucudnn.config import batch_sizes, format_size, parse_size
 from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement
-from ucudnn.optimizers.wd import WDKernel, WDResult, optimize_wd
-from ucudnn.staging import slices_of
+from ucudnn.optimizers.wd import WDResult, optimize_wd
+from ucudnn.problem import ConvKind, ConvProblem, Kernel
+
+Tables = dict[str, KernelTable]  # by problem.key
 
 # Shapes of cuDNN's forward algorithms: time per sample relative to IMPLICIT_GEMM, the overhead
 # of a call in samples' worth of time (small micro-batches run less efficiently), workspace per
@@ -52,20 +54,26 @@ def synthetic_table(sizes: Sequence[int], ms_per_sample: float, activation: int,
     return table
 
 
+def synthetic_kernel(name: str, index: int, batch: int, count: int = 1) -> Kernel:
+    """A kernel whose key is its index's own and whose samples all start on the slice alignment
+    (ucudnn.staging: no copies), for measurements made up to go with it."""
+    return Kernel(name, ConvProblem(ConvKind.FORWARD, (batch, index + 1, 8, 8), (64, index + 1, 1, 1)), count)
+
+
 def synthetic_network(kernels: int = 160, batch: int = 32, policy: str = "powerOfTwo",
-                      seed: int = 0) -> list[WDKernel]:
-    """Kernels of ResNet-50's spread: per-sample times from 0.01 to 1 ms, activations of 0.1 to
-    3 MiB per sample, one kernel in three a 3x3 convolution."""
+                      seed: int = 0) -> tuple[list[Kernel], Tables]:
+    """Kernels of ResNet-50's spread and their tables: per-sample times from 0.01 to 1 ms,
+    activations of 0.1 to 3 MiB per sample, one kernel in three a 3x3 convolution."""
     rng = np.random.default_rng(seed)
     sizes = batch_sizes(policy, batch)
-    return [WDKernel(f"k{i}", synthetic_table(sizes, 10 ** rng.uniform(-2, 0),
-                                              int(2**20 * 10 ** rng.uniform(-1, 0.5)), i % 3 == 1, rng),
-                     batch)
-            for i in range(kernels)]
+    network = [synthetic_kernel(f"k{i}", i, batch) for i in range(kernels)]
+    return network, {k.problem.key: synthetic_table(sizes, 10 ** rng.uniform(-2, 0),
+                                                    int(2**20 * 10 ** rng.uniform(-1, 0.5)), i % 3 == 1, rng)
+                     for i, k in enumerate(network)}
 
 
 def recorded_network(database: str, network: str = "resnet50", batch: int = 32,
-                     gpu: str | None = None) -> list[WDKernel]:
+                     gpu: str | None = None) -> tuple[list[Kernel], Tables]:
     """The kernels of `network` with their measurements in `database`, on the first recorded
     device (or the first whose GPU name contains `gpu`)."""
     from ucudnn.cache.database import BenchmarkDatabase
@@ -77,14 +85,14 @@ def recorded_network(database: str, network: str = "resnet50", batch: int = 32,
         if not devices:
             raise SystemExit(f"{database} holds no measurements{f' on a {gpu}' if gpu else ''}")
         tables = db.tables([k.problem for k in kernels], devices[0])
-    return [WDKernel(k.name, tables[k.problem.key], batch, k.count, slices_of(k.problem))
-            for k in kernels]
+    return kernels, tables
 
 
-def report(kernels: Sequence[WDKernel], policy: str, total_limit: int, solver: str = "cbc") -> WDResult:
+def report(kernels: Sequence[Kernel], tables: Tables, policy: str, total_limit: int,
+           solver: str = "cbc") -> WDResult:
     """Solve WD for `kernels` and print what it took."""
     start = time.perf_counter()
-    result = optimize_wd(kernels, functools.partial(batch_sizes, policy), total_limit, solver)
+    result = optimize_wd(kernels, tables, functools.partial(batch_sizes, policy), total_limit, solver)
     wall = time.perf_counter() - start
     print(f"{len(kernels)} kernels, {policy}, limit {format_size(total_limit)}, solver {result.solver}")
     print(f"  desirable configurations: {sum(result.desirable_sizes.values())} "
@@ -110,11 +118,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.database:
-        kernels = recorded_network(args.database, args.network, args.batch, args.gpu)
+        kernels, tables = recorded_network(args.database, args.network, args.batch, args.gpu)
     else:
-        kernels = synthetic_network(args.kernels, args.batch, args.policy, args.seed)
+        kernels, tables = synthetic_network(args.kernels, args.batch, args.policy, args.seed)
     limit = parse_size(args.limit) if args.limit else parse_size(args.limit_per_kernel) * len(kernels)
-    report(kernels, args.policy, limit, args.solver)
+    report(kernels, tables, args.policy, limit, args.solver)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import assume, given, settings
@@ -14,12 +15,28 @@ from ucudnn.config import batch_sizes
 from ucudnn.errors import ConfigError, InfeasibleError, NoAlgorithmError
 from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.pareto import desirable_set
-from ucudnn.optimizers.wd import (WDKernel, available_solvers, breakdown_table, choose, make_solver,
-                                  optimize_wd)
+from ucudnn.optimizers.wd import available_solvers, breakdown_table, choose, make_solver, optimize_wd
 from ucudnn.optimizers.wr import optimize_wr
 from ucudnn.workspace import align_up, divide
 
 MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A kernel as these tests write it: a name, its table, its batch and count."""
+
+    name: str
+    table: KernelTable
+    batch: int
+    count: int = 1
+
+
+def wd(kernels: list[Measured], *args, **kwargs):
+    """optimize_wd over `kernels`, each a Kernel of its own key (bench/wd_solve.synthetic_kernel) with its table."""
+    network = [wd_solve.synthetic_kernel(k.name, i, k.batch, k.count) for i, k in enumerate(kernels)]
+    tables = {n.problem.key: k.table for n, k in zip(network, kernels)}
+    return optimize_wd(network, tables, *args, **kwargs)
 
 
 @st.composite
@@ -28,7 +45,7 @@ def networks(draw):
     policy = draw(policies)
     drawn = draw(st.lists(kernels(policy), min_size=1, max_size=3))
     counts = draw(st.lists(st.integers(1, 3), min_size=len(drawn), max_size=len(drawn)))
-    wd_kernels = [WDKernel(f"k{i}", table, batch, count)
+    wd_kernels = [Measured(f"k{i}", table, batch, count)
                   for i, ((table, batch, _), count) in enumerate(zip(drawn, counts))]
     return wd_kernels, policy, draw(st.integers(0, 3 * 2048)), draw(st.sampled_from((1, 256)))
 
@@ -58,7 +75,7 @@ def brute_force(options, capacity: int) -> float | None:
 
 
 def _wd(kernels, policy, limit, alignment, solver="cbc"):
-    return optimize_wd(kernels, functools.partial(batch_sizes, policy), limit, solver, alignment)
+    return wd(kernels, functools.partial(batch_sizes, policy), limit, solver, alignment)
 
 
 @settings(max_examples=60)
@@ -113,8 +130,8 @@ def test_wd_is_no_slower_than_wr_at_the_same_total_budget(network, units):
         wr = [optimize_wr(k.table, k.batch, batch_sizes(policy, k.batch), per_kernel) for k in kernels]
     except NoAlgorithmError:
         assume(False)
-    wd = _wd(kernels, policy, per_kernel * len(kernels), 256)
-    assert wd.total_time_ms <= sum(k.count * c.time_ms for k, c in zip(kernels, wr)) + 1e-9
+    divided = _wd(kernels, policy, per_kernel * len(kernels), 256)
+    assert divided.total_time_ms <= sum(k.count * c.time_ms for k, c in zip(kernels, wr)) + 1e-9
 
 
 @settings(max_examples=100)
@@ -151,50 +168,50 @@ def _table(fast_workspace: int, scale: float = 1.0) -> KernelTable:
 
 
 def test_wd_gives_the_workspace_to_the_kernel_that_gains_most():
-    kernels = [WDKernel("small", _table(MiB), 4), WDKernel("big", _table(MiB, scale=10), 4)]
-    result = optimize_wd(kernels, (1, 2, 4), 4 * MiB)
+    kernels = [Measured("small", _table(MiB), 4), Measured("big", _table(MiB, scale=10), 4)]
+    result = wd(kernels, (1, 2, 4), 4 * MiB)
     assert result.configurations["big"].describe() == "1 x 4 1"
     assert result.configurations["small"].workspace == 0
     assert result.total_workspace == 4 * MiB
 
 
 def test_count_weights_a_kernel_time():
-    kernels = [WDKernel("once", _table(MiB, scale=2), 4), WDKernel("thrice", _table(MiB), 4, count=3)]
-    result = optimize_wd(kernels, (4,), 4 * MiB)
+    kernels = [Measured("once", _table(MiB, scale=2), 4), Measured("thrice", _table(MiB), 4, count=3)]
+    result = wd(kernels, (4,), 4 * MiB)
     assert result.configurations["thrice"].workspace == 4 * MiB  # saves 3 x 2.17 > 1 x 4.33
     assert result.total_time_ms == pytest.approx(8 + 3 * (4 / 3 + 0.5))
 
 
 def test_infeasible_limit_names_the_limit_and_the_smallest_total():
     table = KernelTable([Measurement(0, 4, 1.0, 1000), Measurement(1, 4, 0.5, 5000)])
-    kernels = [WDKernel("a", table, 4), WDKernel("b", table, 4)]
+    kernels = [Measured("a", table, 4), Measured("b", table, 4)]
     with pytest.raises(InfeasibleError) as error:
-        optimize_wd(kernels, (4,), 2000)
+        wd(kernels, (4,), 2000)
     assert error.value.limit == 2000 and error.value.smallest_feasible == 2048  # 1000 -> 1024, twice
     assert "2000" in str(error.value) and "2048" in str(error.value)
     with pytest.raises(InfeasibleError, match="2048"):
-        optimize_wd(kernels, (4,), 500)  # below even one kernel's smallest configuration
+        wd(kernels, (4,), 500)  # below even one kernel's smallest configuration
 
 
 def test_kernel_without_algorithm_is_named():
     dead = KernelTable([Measurement(a, b, None, 0, UNSUPPORTED) for a in range(3) for b in (1, 2, 4)])
-    kernels = [WDKernel("conv1/F", _table(MiB), 4), WDKernel("conv3/BF", dead, 4)]
+    kernels = [Measured("conv1/F", _table(MiB), 4), Measured("conv3/BF", dead, 4)]
     with pytest.raises(NoAlgorithmError, match="conv3/BF"):
-        optimize_wd(kernels, (1, 2, 4), 100 * MiB)
+        wd(kernels, (1, 2, 4), 100 * MiB)
     with pytest.raises(NoAlgorithmError, match="conv1/F"):
-        optimize_wd([WDKernel("conv1/F", _table(MiB), 3)], (2, 4), 100 * MiB)  # no sizes sum to 3
+        wd([Measured("conv1/F", _table(MiB), 3)], (2, 4), 100 * MiB)  # no sizes sum to 3
 
 
 def test_bad_kernels_are_refused():
     with pytest.raises(ConfigError, match="'a'"):
-        optimize_wd([WDKernel("a", _table(MiB), 4), WDKernel("a", _table(MiB), 4)], (4,), MiB)
+        wd([Measured("a", _table(MiB), 4), Measured("a", _table(MiB), 4)], (4,), MiB)
     with pytest.raises(ConfigError, match="count"):
-        optimize_wd([WDKernel("a", _table(MiB), 4, count=0)], (4,), MiB)
+        wd([Measured("a", _table(MiB), 4, count=0)], (4,), MiB)
 
 
 def test_unknown_or_missing_solver_is_named_with_the_available_ones():
     with pytest.raises(ConfigError, match="'gurobi'.*unknown.*cbc"):
-        optimize_wd([WDKernel("a", _table(MiB), 4)], (4,), MiB, solver="gurobi")
+        wd([Measured("a", _table(MiB), 4)], (4,), MiB, solver="gurobi")
     if "glpk" not in available_solvers():
         with pytest.raises(ConfigError, match="'glpk'.*not installed.*cbc"):
             make_solver("glpk")
@@ -205,24 +222,24 @@ def test_unknown_or_missing_solver_is_named_with_the_available_ones():
 def test_other_solvers_reach_cbc_optimum(solver):
     if solver not in available_solvers():
         pytest.skip(f"ILP solver {solver} is not installed ({'pip install highspy' if solver == 'highs' else 'glpsol'})")
-    kernels = wd_solve.synthetic_network(kernels=12, seed=1)
+    kernels, tables = wd_solve.synthetic_network(kernels=12, seed=1)
     sizes = functools.partial(batch_sizes, "powerOfTwo")
     for limit in (12 * MiB, 48 * MiB, 200 * MiB):
-        cbc, other = (optimize_wd(kernels, sizes, limit, s) for s in ("cbc", solver))
+        cbc, other = (optimize_wd(kernels, tables, sizes, limit, s) for s in ("cbc", solver))
         assert other.solver == solver
         assert other.total_time_ms == pytest.approx(cbc.total_time_ms, rel=1e-9)
 
 
 def test_sizes_may_be_fixed_or_depend_on_the_batch():
-    kernels = [WDKernel("a", _table(MiB), 4), WDKernel("b", _table(MiB, 2), 4)]
-    fixed = optimize_wd(kernels, iter((1, 2, 4)), 3 * MiB)  # a one-shot iterator serves every kernel
-    by_batch = optimize_wd(kernels, functools.partial(batch_sizes, "powerOfTwo"), 3 * MiB)
+    kernels = [Measured("a", _table(MiB), 4), Measured("b", _table(MiB, 2), 4)]
+    fixed = wd(kernels, iter((1, 2, 4)), 3 * MiB)  # a one-shot iterator serves every kernel
+    by_batch = wd(kernels, functools.partial(batch_sizes, "powerOfTwo"), 3 * MiB)
     assert fixed.configurations == by_batch.configurations
 
 
 def test_breakdown_table_lists_every_kernel_and_the_total():
-    kernels = [WDKernel("small", _table(MiB), 4), WDKernel("big", _table(MiB, scale=10), 4)]
-    result = optimize_wd(kernels, (1, 2, 4), 4 * MiB)
+    kernels = [Measured("small", _table(MiB), 4), Measured("big", _table(MiB, scale=10), 4)]
+    result = wd(kernels, (1, 2, 4), 4 * MiB)
     lines = breakdown_table(result, ["big", "small"], algo_name=lambda kernel, algo: "AB"[algo]).splitlines()
     assert lines[0].split() == ["kernel", "configuration", "time", "ms", "workspace", "MiB", "share", "%"]
     assert lines[1].split()[:5] == ["big", "1", "x", "4", "B"] and lines[1].split()[-2:] == ["4.00", "100.0"]
@@ -234,9 +251,9 @@ def test_plot_division_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     from ucudnn.plots import plot_division
 
-    kernels = [WDKernel("small", _table(MiB), 4), WDKernel("big", _table(MiB, scale=10), 4)]
+    kernels = [Measured("small", _table(MiB), 4), Measured("big", _table(MiB, scale=10), 4)]
     path = tmp_path / "division.png"
-    plot_division(optimize_wd(kernels, (1, 2, 4), 6 * MiB), path, "test")
+    plot_division(wd(kernels, (1, 2, 4), 6 * MiB), path, "test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -244,12 +261,12 @@ def test_resnet50_sized_solve_is_fast():
     """160 kernels, B = 32, powerOfTwo, 8 algorithms (one unsupported, two for 3x3 only), 16 MiB a
     kernel (ResNet-50's 2,544 MiB in the paper): desirable sets, model and solve within 0.5 s.
     Best of three, as timings on a shared machine are noisy."""
-    kernels = wd_solve.synthetic_network(kernels=160, batch=32, seed=0)
+    kernels, tables = wd_solve.synthetic_network(kernels=160, batch=32, seed=0)
     sizes = functools.partial(batch_sizes, "powerOfTwo")
     walls, result = [], None
     for _ in range(3):
         start = time.perf_counter()
-        result = optimize_wd(kernels, sizes, 160 * 16 * MiB)
+        result = optimize_wd(kernels, tables, sizes, 160 * 16 * MiB)
         walls.append(time.perf_counter() - start)
     print(f"ResNet-50-sized WD: {result.variables} variables, build {result.build_seconds:.3f} s, "
           f"solve {result.solve_seconds:.3f} s, wall {min(walls):.3f} s (best of 3)")
@@ -263,12 +280,12 @@ def test_recorded_resnet50_solve_is_fast():
 
     if recorded_path() is None:
         pytest.skip("no recorded measurements are shipped in cache/")
-    kernels = wd_solve.recorded_network(str(recorded_path()), "resnet50", 32, "H100")
+    kernels, tables = wd_solve.recorded_network(str(recorded_path()), "resnet50", 32, "H100")
     sizes = functools.partial(batch_sizes, "powerOfTwo")
     walls, result = [], None
     for _ in range(3):
         start = time.perf_counter()
-        result = optimize_wd(kernels, sizes, len(kernels) * 16 * MiB)
+        result = optimize_wd(kernels, tables, sizes, len(kernels) * 16 * MiB)
         walls.append(time.perf_counter() - start)
     print(f"recorded ResNet-50 WD: {len(kernels)} kernels, {result.variables} variables, "
           f"wall {min(walls):.3f} s (best of 3)")

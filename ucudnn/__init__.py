@@ -7,12 +7,13 @@ from .errors import (CacheError, ConfigError, CudnnError, DeviceMemoryError, Gpu
                      UnsupportedProblemError)
 from .measurements import KernelTable, Measurement
 from .optimizers.configuration import Configuration, MicroConfig
+from .optimizers.wd import optimize_wd
 from .optimizers.wr import optimize_wr
-from .problem import ConvKind, ConvProblem
+from .problem import ConvKind, ConvProblem, Kernel
 
 __all__ = [
-    "Handle", "Settings", "ConvProblem", "ConvKind", "Configuration", "MicroConfig", "Measurement", "KernelTable",
-    "Provenance", "optimize_wr", "batch_sizes", "format_size", "parse_size",
+    "Handle", "Settings", "ConvProblem", "ConvKind", "Kernel", "Configuration", "MicroConfig", "Measurement",
+    "KernelTable", "Provenance", "optimize_wr", "optimize_wd", "batch_sizes", "format_size", "parse_size",
     "UcudnnError", "ConfigError", "CacheError", "CudnnError", "DeviceMemoryError", "GpuUnavailableError",
     "InfeasibleError", "LibraryNotFoundError", "MissingMeasurementsError", "NoAlgorithmError",
     "UnsupportedProblemError", "UcudnnWarning",

@@ -24,7 +24,8 @@ from .errors import DeviceMemoryError, InfeasibleError, UcudnnWarning
 from .optimizers import PER_KERNEL
 from .optimizers.configuration import Configuration
 from .problem import ConvProblem
-from .solve import Kernel, solve, solve_wr
+from .problem import Kernel
+from .solve import solve, solve_wr
 
 
 @dataclass(frozen=True)

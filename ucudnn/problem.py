@@ -189,3 +189,18 @@ class ConvProblem:
         return (f"{self.kind.value} x={self.x_shape} w={self.w_shape} pad={self.pads} "
                 f"stride={self.strides} dil={self.dilations} groups={self.groups} "
                 f"{self.dtype} math={self.math} {self.layout}{' deterministic' if self.deterministic else ''}")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel of a network: a named ConvProblem ("conv2/F") that `count` identical layers run.
+    The one type networks, the solve, the optimizers and reports share."""
+
+    name: str
+    problem: ConvProblem
+    count: int = 1
+
+    @property
+    def layer(self) -> str:
+        """The layer's name: the kernel's up to its kind ("conv2")."""
+        return self.name.rsplit("/", 1)[0]

@@ -13,7 +13,8 @@ from typing import Mapping, Sequence
 from . import solve
 from .config import Settings
 from .measurements import KernelTable
-from .nets import Kernel, find_kernel
+from .nets import find_kernel
+from .problem import Kernel
 from .optimizers import OPTIMIZERS, Optimizer
 from .optimizers.configuration import Configuration
 from .optimizers.wr import optimize_wr
@@ -115,7 +116,7 @@ def make_report(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], se
     the undivided reference at an equal share of it. `tables` holds each kernel's measurements
     by problem.key, complete for the policy's sizes within the limit and for the whole batch with
     none (benchmark.ensure_tables)."""
-    solution = solve.solve([solve.Kernel(k.name, k.problem, k.count) for k in kernels], tables, settings, solver)
+    solution = solve.solve(kernels, tables, settings, solver)
     kernel_limit = solution.limit // len(kernels) if settings.optimizing.divides else solution.limit
     if solution.wd is None:
         workspace, solver_stats = sum(c.workspace for c in solution.configurations.values()), None

@@ -10,19 +10,10 @@ from typing import Mapping, Sequence
 from .config import Settings
 from .measurements import KernelTable
 from .optimizers.configuration import Configuration
-from .optimizers.wd import WDKernel, WDResult, optimize_wd
+from .optimizers.wd import WDResult, optimize_wd
 from .optimizers.wr import optimize_wr
-from .problem import ConvProblem
+from .problem import Kernel
 from .staging import slices_of
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """What solve() needs of a kernel: a name, its problem and how often the network runs it."""
-
-    name: str
-    problem: ConvProblem
-    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -46,7 +37,5 @@ def solve(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings
     limit = settings.limit(len(kernels)) if limit is None else limit
     if not settings.optimizing.divides:
         return Solution({k.name: solve_wr(k, tables[k.problem.key], settings, limit) for k in kernels}, limit)
-    result = optimize_wd([WDKernel(k.name, tables[k.problem.key], k.problem.batch, k.count,
-                                   slices_of(k.problem)) for k in kernels],
-                         settings.sizes, limit, solver=solver)
+    result = optimize_wd(kernels, tables, settings.sizes, limit, solver=solver)
     return Solution(result.configurations, limit, result)

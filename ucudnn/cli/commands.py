@@ -10,7 +10,8 @@ from ..cache.paths import cache_path
 from ..config import Settings, format_size
 from ..coverage import Request, explain_missing
 from ..errors import ConfigError, GpuUnavailableError
-from ..nets import Kernel, Network, find_kernel, get_network, list_networks, torchvision
+from ..nets import Network, find_kernel, get_network, list_networks, torchvision
+from ..problem import Kernel
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..parallel import bench_devices, bench_on_devices, bench_with_mpi

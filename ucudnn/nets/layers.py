@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields, replace
-from typing import NamedTuple
 
 from ..config import INT64_MAX
 from ..errors import ConfigError
-from ..problem import ConvKind, ConvProblem
+from ..problem import ConvKind, ConvProblem, Kernel
 
 Pair = tuple[int, int]
 _PAIRS = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1}  # each one's smallest value
@@ -103,18 +102,6 @@ class ConvLayer:
         return cls(**d)
 
 
-class Kernel(NamedTuple):
-    """One convolution kernel (F, BD or BF) of a layer that occurs `count` times."""
-
-    layer: str
-    problem: ConvProblem
-    count: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.layer}/{self.problem.kind}"
-
-
 def find_kernel(kernels, name: str) -> Kernel:
     """The kernel called `name` ("conv2/F")."""
     for kernel in kernels:
@@ -157,7 +144,7 @@ class Network:
     def problems(self, batch: int, dtype: str = "float32", math: str = "", layout: str = "nchw",
                  kinds=tuple(ConvKind)) -> list[Kernel]:
         """Every kernel of every distinct layer at mini-batch `batch`."""
-        return [Kernel(layer.name, layer.problem(kind, batch, dtype, math, layout), layer.count)
+        return [Kernel(f"{layer.name}/{kind}", layer.problem(kind, batch, dtype, math, layout), layer.count)
                 for layer in self.layers for kind in kinds]
 
     def to_json(self) -> dict:

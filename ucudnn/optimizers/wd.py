@@ -16,13 +16,14 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import pulp
 
 from ..errors import ConfigError, InfeasibleError, NoAlgorithmError, UcudnnError
 from ..measurements import KernelTable
-from ..staging import ALIGNED, Slices
+from ..problem import Kernel
+from ..staging import slices_of
 from ..workspace import ALIGNMENT, Segment, align_up, divide
 from .configuration import Configuration
 from .pareto import desirable_sets
@@ -43,18 +44,6 @@ SOLVERS: dict[str, Callable[[], pulp.LpSolver]] = {
     "highs": lambda: pulp.HiGHS(msg=False, gapRel=0),
     "glpk": lambda: pulp.GLPK_CMD(msg=False),
 }
-
-
-@dataclass(frozen=True)
-class WDKernel:
-    """A kernel of the network. `count` identical occurrences share one configuration and one
-    segment (they never run at once); its time counts `count` times."""
-
-    name: str
-    table: KernelTable
-    batch: int
-    count: int = 1
-    slices: Slices = ALIGNED  # where its parts need staging (ucudnn.staging)
 
 
 @dataclass(frozen=True)
@@ -93,15 +82,18 @@ def make_solver(name: str) -> pulp.LpSolver:
     return make()
 
 
-def optimize_wd(kernels: Sequence[WDKernel], sizes: Iterable[int] | Callable[[int], Iterable[int]],
-                total_limit: int, solver: str = "cbc", alignment: int = ALIGNMENT) -> WDResult:
-    """The fastest configurations of `kernels` whose workspaces, each rounded up to `alignment`,
-    sum to at most `total_limit` bytes. `sizes`: the micro-batch sizes, or a function from a
+def optimize_wd(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable],
+                sizes: Iterable[int] | Callable[[int], Iterable[int]], total_limit: int, solver: str = "cbc",
+                alignment: int = ALIGNMENT) -> WDResult:
+    """The fastest configurations of `kernels` (measured in `tables`, by problem.key) whose
+    workspaces, each rounded up to `alignment`, sum to at most `total_limit` bytes. A kernel's
+    `count` identical occurrences share one configuration and one segment (they never run at
+    once); its time counts `count` times. `sizes`: the micro-batch sizes, or a function from a
     kernel's batch to them (e.g. functools.partial(batch_sizes, "powerOfTwo"))."""
     ilp_solver = make_solver(solver)
     _check(kernels)
     start = time.perf_counter()
-    options = _desirable(kernels, sizes, total_limit, alignment)
+    options = _desirable(kernels, tables, sizes, total_limit, alignment)
     desirable_seconds = time.perf_counter() - start
     choice = choose([[(k.count * c.time_ms, align_up(c.workspace, alignment)) for c in d]
                      for k, d in zip(kernels, options)], total_limit, ilp_solver)
@@ -120,7 +112,7 @@ def optimize_wd(kernels: Sequence[WDKernel], sizes: Iterable[int] | Callable[[in
     )
 
 
-def _check(kernels: Sequence[WDKernel]) -> None:
+def _check(kernels: Sequence[Kernel]) -> None:
     names = [k.name for k in kernels]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -131,12 +123,14 @@ def _check(kernels: Sequence[WDKernel]) -> None:
             raise ConfigError(f"kernel {k.name!r} has count={k.count!r}; it must be a positive integer")
 
 
-def _desirable(kernels: Sequence[WDKernel], sizes, limit: int, alignment: int) -> list[list[Configuration]]:
+def _desirable(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], sizes, limit: int,
+               alignment: int) -> list[list[Configuration]]:
     """Each kernel's desirable configurations whose aligned workspace fits `limit`, with at most
     one per aligned workspace. NoAlgorithmError / InfeasibleError when a kernel has none."""
     every = None if callable(sizes) else tuple(sizes)
-    problems = [(k.table, k.batch, sizes(k.batch) if every is None else every) for k in kernels]
-    slices = [k.slices for k in kernels]
+    batches = [k.problem.batch for k in kernels]
+    problems = [(tables[k.problem.key], b, sizes(b) if every is None else every) for k, b in zip(kernels, batches)]
+    slices = [slices_of(k.problem) for k in kernels]
     sets = desirable_sets(problems, limit // alignment * alignment, slices)
     if all(sets):
         return [_aligned(d, alignment) for d in sets]
@@ -145,7 +139,7 @@ def _desirable(kernels: Sequence[WDKernel], sizes, limit: int, alignment: int) -
         if not d:
             raise NoAlgorithmError(
                 f"kernel {k.name!r} has no available algorithm at micro-batch sizes that sum to "
-                f"its batch {k.batch}; benchmark it, or use a batch size policy with more sizes")
+                f"its batch {k.problem.batch}; benchmark it, or use a batch size policy with more sizes")
     raise InfeasibleError(limit, sum(align_up(d[0].workspace, alignment) for d in unlimited))
 
 
