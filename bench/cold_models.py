@@ -407,7 +407,8 @@ def full_sweep(args) -> dict:
     from ucudnn.config import Settings
     from ucudnn.problem import ConvProblem
     from ucudnn.search import named
-    from ucudnn.solve import Kernel, solve_wr
+    from ucudnn.problem import Kernel
+    from ucudnn.solve import solve_wr
 
     problems = [ConvProblem.from_dict(d) for d in json.loads(Path(args.problems).read_text())]
     settings = Settings.load(workspace_limit=args.limit)
