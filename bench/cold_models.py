@@ -405,9 +405,8 @@ def full_sweep(args) -> dict:
     from ucudnn.benchmark import CudnnBenchmarker, ensure_tables
     from ucudnn.cache import Cache
     from ucudnn.config import Settings
-    from ucudnn.problem import ConvProblem
+    from ucudnn.problem import ConvProblem, Kernel
     from ucudnn.search import named
-    from ucudnn.problem import Kernel
     from ucudnn.solve import solve_wr
 
     problems = [ConvProblem.from_dict(d) for d in json.loads(Path(args.problems).read_text())]
