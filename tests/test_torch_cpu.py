@@ -23,7 +23,7 @@ from ucudnn.cache import Cache  # noqa: E402
 from ucudnn.errors import ConfigError, NoAlgorithmError, UcudnnWarning  # noqa: E402
 from torch_doubles import NumpyBackend  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
-from ucudnn.integrations.torch import call as calls, fallback  # noqa: E402
+from ucudnn.integrations.torch import call as calls, fallback, layers as ut_layers  # noqa: E402
 from ucudnn.integrations.torch.sites import Sites  # noqa: E402
 from ucudnn.problem import ConvKind  # noqa: E402
 
@@ -320,6 +320,52 @@ def test_ucudnn_path_matches_torch(layer, form, numpy_context):
     channels_last = torch.channels_last
     assert got[0].is_contiguous(memory_format=channels_last) == want[0].is_contiguous(memory_format=channels_last)
     assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
+
+
+ND_LAYERS = [  # (torch's layer, its converted twin, an input): 1-D and 3-D, groups, dilation, padding modes
+    (nn.Conv1d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2), ut_layers.Conv1d, (8, 4, 19)),
+    (nn.Conv1d(3, 5, 4, padding="same", padding_mode="reflect", bias=False), ut_layers.Conv1d, (8, 3, 12)),
+    (nn.Conv3d(4, 6, 3, stride=(1, 2, 1), padding=1, groups=2), ut_layers.Conv3d, (8, 4, 5, 7, 6)),
+    (nn.Conv3d(2, 3, (1, 3, 2), padding_mode="circular", padding=(0, 1, 1)), ut_layers.Conv3d, (8, 2, 3, 5, 4)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(ND_LAYERS)), ids=lambda i: f"{ND_LAYERS[i][1].__name__}-{i}")
+@pytest.mark.parametrize("form", ["packed", "channels_last", "unbatched"])
+def test_1d_and_3d_layers_match_torch_through_ucudnn(case, form, numpy_context):
+    """Conv1d (run as 2-D of height 1) and Conv3d through ucudnn's path, micro-batched by the fake
+    algorithms: outputs, input and weight gradients equal torch's, the output in torch's memory
+    format (channels_last_3d where torch's is); a 1-D layer's kernels are 2-D problems."""
+    theirs, twin, shape = ND_LAYERS[case]
+    if form == "channels_last" and twin is ut_layers.Conv1d:
+        pytest.skip("1-D tensors have no channels-last format")
+    torch.manual_seed(case)
+    theirs.reset_parameters()
+    ours = copy.deepcopy(theirs)
+    ours.__class__, ours.ucudnn_context = twin, numpy_context()
+    x = torch.randn(*shape)
+    if form == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    elif form == "unbatched":
+        x = x[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)  # no fallback
+        got = run_step(ours, x)
+    want = run_step(theirs, x)
+    assert_matches(got, want)
+    assert got[0].shape == want[0].shape
+    last = torch.channels_last_3d
+    assert got[0].is_contiguous(memory_format=last) == want[0].is_contiguous(memory_format=last)
+    context = ours.ucudnn_context
+    assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
+    dims = {len(k["kernel"].split("x=(")[1].split(")")[0].split(",")) for k in context.summary()["kernels"]}
+    assert dims == {4 if twin is ut_layers.Conv1d else 5}
+
+
+def test_convert_leaves_1d_and_3d_layers_to_torch_until_they_run_on_a_gpu(numpy_context):
+    model = nn.Sequential(nn.Conv1d(2, 2, 1), nn.Conv3d(2, 2, 1))
+    ut.convert(model, context=numpy_context())
+    assert [type(m) for m in model] == [nn.Conv1d, nn.Conv3d]
 
 
 def test_micro_batches_really_run(numpy_context):

@@ -5,6 +5,8 @@ this module: only its backend and sites are read here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod as math_prod
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -19,23 +21,46 @@ INDEX_LIMIT = 2**31 - 1  # cuDNN's legacy API describes tensors with 32-bit ints
 
 @dataclass(frozen=True)
 class Geometry:
-    """The convolution's pads (after any F.pad of a non-zeros padding mode), strides, dilations, groups."""
+    """The convolution's pads (after any F.pad of a non-zeros padding mode), strides, dilations
+    (one each per spatial dimension), groups."""
 
-    pads: tuple[int, int]
-    strides: tuple[int, int]
-    dilations: tuple[int, int]
+    pads: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
     groups: int
 
     def output_size(self, size: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[int, ...]:
         return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
                      for n, k, p, s, d in zip(size, kernel, self.pads, self.strides, self.dilations))
 
+    def lifted(self) -> "Geometry":
+        """A 1-D convolution's geometry as the 2-D one cuDNN runs (height 1, as torch runs it)."""
+        return Geometry((0, *self.pads), (1, *self.strides), (1, *self.dilations), self.groups)
 
-def geometry(module: nn.Conv2d) -> Geometry | str:
-    """The layer's Geometry, or why ucudnn cannot run it (a fallback reason)."""
+
+def spatial_dims(module: nn.Module) -> int:
+    """The layer's spatial dimensions: 1 (Conv1d), 2 (Conv2d) or 3 (Conv3d)."""
+    return len(module.kernel_size)
+
+
+def lifts(module: nn.Module) -> bool:
+    """Whether ucudnn runs the layer as a convolution of one more spatial dimension: a 1-D layer
+    runs as 2-D of height 1 (cuDNN's tensors have at least 4 dimensions; torch does the same)."""
+    return spatial_dims(module) == 1
+
+
+def memory_format(layout: str, ndim: int) -> torch.memory_format:
+    """torch's memory format of a packed `ndim`-dimensional tensor stored as `layout`."""
+    if layout != "nhwc":
+        return torch.contiguous_format
+    return torch.channels_last_3d if ndim == 5 else torch.channels_last
+
+
+def geometry(module: nn.Module) -> Geometry | str:
+    """The layer's Geometry in its own dimensions, or why ucudnn cannot run it (a fallback reason)."""
     pads = module.padding
     if module.padding_mode != "zeros" or pads == "valid":
-        pads = (0, 0)  # other padding modes: the input is padded by F.pad first, as torch does
+        pads = (0,) * spatial_dims(module)  # other padding modes: the input is padded by F.pad first, as torch does
     elif pads == "same":
         totals = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size)]
         if any(t % 2 for t in totals):
@@ -69,12 +94,12 @@ class Call:
     geometry: Geometry
     dtype: str
     math: str
-    layout: str  # "nchw" or "nhwc" (channels_last)
+    layout: str  # "nchw" or "nhwc" (channels_last, channels_last_3d)
     deterministic: bool = False  # deterministic_algorithms() when the call was resolved
 
     @property
     def memory_format(self) -> torch.memory_format:
-        return torch.channels_last if self.layout == "nhwc" else torch.contiguous_format
+        return memory_format(self.layout, len(self.x_shape))
 
     @property
     def y_shape(self) -> tuple[int, ...]:
@@ -97,59 +122,69 @@ def _compute_dtype(input: Tensor) -> tuple[torch.dtype, bool]:
 
 
 def _suggests_channels_last(t: Tensor) -> bool:
-    """Whether torch's suggest_memory_format() says channels_last (c10's
-    is_channels_last_strides_2d_s4), so that tensors packed both ways get torch's choice."""
-    if t.dim() != 4 or t.stride(1) == 0:
+    """Whether torch's suggest_memory_format() says channels_last or channels_last_3d (c10's
+    is_channels_last_strides_2d_s4 and _3d_s5), so that tensors packed both ways get torch's choice."""
+    if t.dim() not in (4, 5) or t.stride(1) == 0:
         return False
     low = 0
-    for d in (1, 3, 2, 0):
+    for d in (1, *range(t.dim() - 1, 1, -1), 0):
         if t.shape[d] == 0 or t.stride(d) < low or (d == 0 and low == t.stride(1)):
             return False
         low = t.stride(d) * max(t.shape[d], 1)
     return True
 
 
-def _padded_size(module: nn.Conv2d, input: Tensor) -> tuple[int, int]:
+def _padded_size(module: nn.Module, input: Tensor) -> tuple[int, ...]:
     """Spatial size after the F.pad of a non-zeros padding mode (unchanged for zeros)."""
-    h, w = input.shape[-2:]
+    dims = spatial_dims(module)
+    size = tuple(input.shape[-dims:])
     if module.padding_mode == "zeros":
-        return h, w
-    left, right, top, bottom = module._reversed_padding_repeated_twice
-    return h + top + bottom, w + left + right
+        return size
+    pads = module._reversed_padding_repeated_twice  # (last's left, last's right, ..., first's left, first's right)
+    return tuple(n + pads[2 * (dims - 1 - i)] + pads[2 * (dims - 1 - i) + 1] for i, n in enumerate(size))
 
 
-def _is_valid(module: nn.Conv2d, input: Tensor, autocast: bool, shape: Geometry | str) -> bool:
+def _is_valid(module: nn.Module, input: Tensor, autocast: bool, shape: Geometry | str) -> bool:
     """False for calls torch itself rejects: they go to torch, which raises its usual error."""
-    weight = module.weight
-    if not (input.dim() in (3, 4) and input.shape[-3] == module.in_channels and min(input.shape[-2:]) > 0
-            and input.device == weight.device and (autocast or input.dtype == weight.dtype)):
+    weight, dims = module.weight, spatial_dims(module)
+    if not (input.dim() in (dims + 1, dims + 2) and input.shape[-dims - 1] == module.in_channels
+            and min(input.shape[-dims:]) > 0 and input.device == weight.device
+            and (autocast or input.dtype == weight.dtype)):
         return False
     return isinstance(shape, str) or min(shape.output_size(_padded_size(module, input), weight.shape[2:])) > 0
 
 
-def _fallback_reason(input: Tensor, dtype: torch.dtype, context) -> str | None:
+def _fallback_reason(module: nn.Module, input: Tensor, dtype: torch.dtype, context) -> str | None:
     if not context.backend.runs_on(input.device):
         return f"input on {input.device.type} (ucudnn runs CUDA tensors only)"
     if dtype not in DTYPES:
         return f"dtype {dtype} (ucudnn runs float32, float16 and bfloat16)"
-    if input.dim() == 4 and input.shape[0] == 0:
+    if input.dim() == spatial_dims(module) + 2 and input.shape[0] == 0:
         return "an empty batch"
     return None
 
 
-def resolve(module: nn.Conv2d, input: Tensor, context) -> Site | str | None:
+def resolve(module: nn.Module, input: Tensor, context) -> Site | str | None:
     """The Site of this call when ucudnn runs it; a reason string when ucudnn cannot; None when
     torch should handle it because the call is invalid (torch raises the error users expect).
     Decided once per signature (see sites.py): a steady-state call reads the key and looks it up."""
     return context.sites.get(signature(module, input), _resolve, module, input, context)
 
 
-def pack(module: nn.Conv2d, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:
-    """x, weight and bias cast to the site's dtype and packed in its layout: a no-op for packed
-    tensors of that dtype, a copy otherwise (as in torch)."""
+def pack(module: nn.Module, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:
+    """x, weight and bias cast to the site's dtype and packed in its layout, in the dimensions
+    cuDNN runs (lifts): a no-op for packed tensors of that dtype, a copy otherwise (as in torch)."""
     dtype, fmt, bias = site.dtype, site.memory_format, module.bias
     return (sliceable(_padded(module, input).to(dtype), fmt),
-            module.weight.to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype))
+            _weight(module).to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype))
+
+
+def unpacked(module: nn.Module, input: Tensor, y: Tensor) -> Tensor:
+    """The layer's output from `y` of the convolution cuDNN ran: back to the layer's own
+    dimensions (lifts), and unbatched where the input was."""
+    if lifts(module):
+        y = y.squeeze(-2)
+    return y if input.dim() == spatial_dims(module) + 2 else y.squeeze(0)
 
 
 def sliceable(tensor: Tensor, fmt: torch.memory_format) -> Tensor:
@@ -167,32 +202,38 @@ def kinds_needed(input: Tensor, weight: Tensor) -> tuple[ConvKind, ...]:
             + ((ConvKind.BACKWARD_FILTER,) if grad and weight.requires_grad else ()))
 
 
-def _padded(module: nn.Conv2d, input: Tensor) -> Tensor:
-    """The input batched, and padded by F.pad for a non-zeros padding mode."""
-    x = input if input.dim() == 4 else input.unsqueeze(0)
+def _padded(module: nn.Module, input: Tensor) -> Tensor:
+    """The input batched, padded by F.pad for a non-zeros padding mode, and lifted (lifts)."""
+    x = input if input.dim() == spatial_dims(module) + 2 else input.unsqueeze(0)
     if module.padding_mode != "zeros":
         x = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode)
-    return x
+    return x.unsqueeze(-2) if lifts(module) else x
 
 
-def _resolve(module: nn.Conv2d, input: Tensor, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
+def _weight(module: nn.Module) -> Tensor:
+    """The layer's weight in the dimensions cuDNN runs (lifts): a view, through which autograd
+    takes the weight's gradient back."""
+    return module.weight.unsqueeze(-2) if lifts(module) else module.weight
+
+
+def _resolve(module: nn.Module, input: Tensor, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
     """resolve()'s decision for a new signature: the Call and the kernels it runs, a fallback
     reason, or None."""
     dtype, autocast = _compute_dtype(input)
-    weight = module.weight
     math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
     deterministic = deterministic_algorithms()
     shape = geometry(module)
     if not _is_valid(module, input, autocast, shape):
         return None
-    reason = _fallback_reason(input, dtype, context)
+    reason = _fallback_reason(module, input, dtype, context)
     if reason or isinstance(shape, str):
         return reason or shape
-    x = _padded(module, input)
+    shape = shape.lifted() if lifts(module) else shape
+    x, weight = _padded(module, input), _weight(module)
     out = shape.output_size(tuple(x.shape[2:]), tuple(weight.shape[2:]))
-    if max(x.numel(), weight.numel(), x.shape[0] * module.out_channels * out[0] * out[1]) > INDEX_LIMIT:
+    if max(x.numel(), weight.numel(), x.shape[0] * module.out_channels * math_prod(out)) > INDEX_LIMIT:
         return "a tensor with 2**31 or more elements (cuDNN's legacy API indexes with 32-bit ints)"
     # torch's rule for cuDNN: channels_last when the input or the weight suggests it.
     layout = "nhwc" if _suggests_channels_last(x) or _suggests_channels_last(weight) else "nchw"
     return Call(x.device, tuple(x.shape), tuple(weight.shape), shape, DTYPES[dtype], math, layout,
-                deterministic), kinds_needed(input, weight)
+                deterministic), kinds_needed(input, module.weight)

@@ -14,6 +14,7 @@ from torch import Tensor
 from ...config import Settings
 from ...errors import CudnnError, DeviceMemoryError
 from ...problem import ConvKind, ConvProblem
+from .call import memory_format
 from .fallback import say_once
 from .memory import Memory
 from .torch_handle import torch_cudnn_handle
@@ -168,7 +169,7 @@ class CudaBackend:
 
     def _time_torch(self, problem: ConvProblem, device: torch.device) -> TorchTiming:
         dtype = getattr(torch, problem.dtype)
-        fmt = torch.channels_last if problem.layout == "nhwc" else torch.contiguous_format
+        fmt = memory_format(problem.layout, len(problem.x_shape))
         x, w, y = (torch.randn(shape, dtype=dtype, device=device).contiguous(memory_format=fmt)
                    for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
         convolve = torch_convolution(problem)
@@ -238,7 +239,7 @@ def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor]
     """torch's own convolution of `problem`'s kind on (x, w, y): returns y for F, dx for BD (from
     dy = y) and dw for BF, each a new tensor, as torch's layer computes it."""
     p = problem
-    args = (list(p.strides), list(p.pads), list(p.dilations), False, [0, 0], p.groups)
+    args = (list(p.strides), list(p.pads), list(p.dilations), False, [0] * len(p.strides), p.groups)
     if p.kind is F_:
         return lambda x, w, y: torch.ops.aten.convolution(x, w, None, *args)
     mask, index = [p.kind is BD, p.kind is BF, False], 0 if p.kind is BD else 1

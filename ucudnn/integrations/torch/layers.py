@@ -1,4 +1,4 @@
-"""The converted layer (Conv2d and its autograd Function) and converting models."""
+"""The converted layers (Conv2d, Conv1d, Conv3d and their autograd Function) and converting models."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +12,7 @@ from torch.autograd.function import once_differentiable
 from ...config import format_size
 from ...errors import ConfigError, UcudnnWarning
 from ...problem import ConvKind
-from .call import pack, resolve, sliceable
+from .call import pack, resolve, sliceable, unpacked
 from .context import Context, default_context
 from .memory import AUTO
 from .fallback import warn_once
@@ -48,7 +48,7 @@ class _Convolution(torch.autograd.Function):
         y = torch.empty(site.y_shape, dtype=x.dtype, device=x.device, memory_format=site.memory_format)
         context.run(site, F_, x, weight, y)
         if bias is not None:
-            y.add_(bias.view(1, -1, 1, 1))
+            y.add_(bias.view(1, -1, *[1] * (y.dim() - 2)))
         ctx.save_for_backward(x, weight)
         ctx.context, ctx.site, ctx.has_bias = context, site, bias is not None
         return y
@@ -68,14 +68,15 @@ class _Convolution(torch.autograd.Function):
             dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fmt)
             context.run(site, BF, x, dw, dy)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.sum((0, 2, 3))
+            db = dy.sum((0, *range(2, dy.dim())))
         return dx, dw, db, None, None
 
 
-class Conv2d(nn.Conv2d):
-    """torch.nn.Conv2d whose convolutions run micro-batched through ucudnn: same constructor,
-    parameters and state_dict. Its `ucudnn_context` (set by convert(); else default_context())
-    holds the settings and plans."""
+class Converted:
+    """What a converted layer adds to torch's layer (the class after it in the MRO: nn.Conv1d,
+    nn.Conv2d or nn.Conv3d): its convolutions run micro-batched through ucudnn; same constructor,
+    parameters and state_dict. Its `ucudnn_context` (set by convert(); else default_context()) holds the
+    settings and plans."""
 
     ucudnn_context: Context | None = None
 
@@ -100,8 +101,7 @@ class Conv2d(nn.Conv2d):
         if context.route(site):
             return super().forward(input)
         x, weight, bias = pack(self, input, site)
-        y = _Convolution.apply(x, weight, bias, context, site)
-        return y if input.dim() == 4 else y.squeeze(0)
+        return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
 
     def extra_repr(self) -> str:
         context = self.ucudnn_context or default_context()
@@ -109,7 +109,26 @@ class Conv2d(nn.Conv2d):
         return f"{super().extra_repr()}, ucudnn={s.optimizer}@{format_size(s.workspace_limit)}"
 
 
-_eager_forward = _compiler_disable(Conv2d._forward)
+class Conv2d(Converted, nn.Conv2d):
+    """torch.nn.Conv2d whose convolutions run micro-batched through ucudnn (Converted)."""
+
+
+class Conv1d(Converted, nn.Conv1d):
+    """torch.nn.Conv1d whose convolutions run micro-batched through ucudnn (Converted), as 2-D
+    convolutions of height 1, as torch runs them. Not yet run on a GPU: convert() leaves nn.Conv1d
+    to torch until it is (docs/torch.md)."""
+
+
+class Conv3d(Converted, nn.Conv3d):
+    """torch.nn.Conv3d whose convolutions run micro-batched through ucudnn (Converted). Not yet
+    run on a GPU: convert() leaves nn.Conv3d to torch until it is (docs/torch.md)."""
+
+
+_eager_forward = _compiler_disable(Converted._forward)
+
+# torch's layers convert() turns into ucudnn's, in place. nn.Conv1d and nn.Conv3d join once their
+# converted twins have run on a GPU (docs/torch.md).
+CONVERTED: dict[type, type] = {nn.Conv2d: Conv2d}
 
 
 # --- converting models -----------------------------------------------------------------------------
@@ -149,16 +168,16 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
                                  planning=planning, delegate=delegate)
     skipped = set()
     for module in model.modules():
-        if type(module) is nn.Conv2d:
-            module.__class__ = Conv2d
-        elif isinstance(module, nn.Conv2d) and not isinstance(module, Conv2d):
+        if type(module) in CONVERTED:
+            module.__class__ = CONVERTED[type(module)]
+        elif isinstance(module, tuple(CONVERTED)) and not isinstance(module, Converted):
             skipped.add(type(module).__qualname__)
             continue
-        if isinstance(module, Conv2d):
+        if isinstance(module, Converted):
             module.ucudnn_context = context
     if skipped:
-        warnings.warn(f"ucudnn.torch.convert left subclasses of nn.Conv2d unconverted: {', '.join(sorted(skipped))}",
-                      UcudnnWarning, stacklevel=2)
+        warnings.warn(f"ucudnn.torch.convert left subclasses of {', '.join(c.__name__ for c in CONVERTED)} "
+                      f"unconverted: {', '.join(sorted(skipped))}", UcudnnWarning, stacklevel=2)
     if sample_input is not None:
         learn(model, *(sample_input if isinstance(sample_input, tuple) else (sample_input,)))
     return model
@@ -167,7 +186,7 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
 def _contexts(model: nn.Module) -> list[Context]:
     found = {}
     for module in model.modules():
-        if isinstance(module, Conv2d):
+        if isinstance(module, Converted):
             context = module.ucudnn_context or default_context()
             found[id(context)] = context
     return list(found.values())
