@@ -362,10 +362,62 @@ def test_1d_and_3d_layers_match_torch_through_ucudnn(case, form, numpy_context):
     assert dims == {4 if twin is ut_layers.Conv1d else 5}
 
 
+TRANSPOSED_LAYERS = [  # stride, output_padding, groups, dilation, bias; 1-D, 2-D, 3-D
+    (nn.ConvTranspose2d(6, 4, 4, stride=2, padding=1), ut_layers.ConvTranspose2d, (8, 6, 5, 7)),
+    (nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, dilation=2, bias=False),
+     ut_layers.ConvTranspose2d, (8, 4, 6, 5)),
+    (nn.ConvTranspose1d(4, 3, 5, stride=3, padding=2, output_padding=2), ut_layers.ConvTranspose1d, (8, 4, 9)),
+    (nn.ConvTranspose3d(4, 2, 2, stride=2), ut_layers.ConvTranspose3d, (8, 4, 3, 4, 2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(TRANSPOSED_LAYERS)), ids=lambda i: f"{TRANSPOSED_LAYERS[i][1].__name__}-{i}")
+@pytest.mark.parametrize("form", ["packed", "channels_last", "unbatched"])
+def test_transposed_layers_match_torch_through_ucudnn(case, form, numpy_context):
+    """A transposed layer runs the convolution it transposes backwards: its forward as BD, its
+    input's gradient as F, its weight's as BF, micro-batched by the fake algorithms; outputs and
+    gradients equal torch's, output_padding, groups and dilation included."""
+    theirs, twin, shape = TRANSPOSED_LAYERS[case]
+    if form == "channels_last" and twin is ut_layers.ConvTranspose1d:
+        pytest.skip("1-D tensors have no channels-last format")
+    torch.manual_seed(case)
+    theirs.reset_parameters()
+    ours = copy.deepcopy(theirs)
+    ours.__class__, ours.ucudnn_context = twin, numpy_context()
+    x = torch.randn(*shape)
+    if form == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    elif form == "unbatched":
+        x = x[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)  # no fallback
+        got = run_step(ours, x)
+    want = run_step(theirs, x)
+    assert got[0].shape == want[0].shape
+    assert_matches(got, want)
+    context = ours.ucudnn_context
+    assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
+    with torch.no_grad():  # inference: the forward alone, which is BD
+        before = dict(context.runs)
+        ours(x)
+    assert {kind for (via, kind), n in context.runs.items() if n > before.get((via, kind), 0)} == {"BD"}
+
+
+def test_a_transposed_layer_given_output_size_runs_torchs_own_with_a_warning(numpy_context):
+    theirs = nn.ConvTranspose2d(2, 2, 3, stride=2)
+    ours = copy.deepcopy(theirs)
+    ours.__class__, ours.ucudnn_context = ut_layers.ConvTranspose2d, numpy_context()
+    x = torch.randn(2, 2, 4, 4)
+    with pytest.warns(UcudnnWarning, match="output_size"):
+        got = ours(x, output_size=[10, 10])
+    torch.testing.assert_close(got, theirs(x, output_size=[10, 10]))
+    assert not ours.ucudnn_context.runs
+
+
 def test_convert_leaves_1d_and_3d_layers_to_torch_until_they_run_on_a_gpu(numpy_context):
-    model = nn.Sequential(nn.Conv1d(2, 2, 1), nn.Conv3d(2, 2, 1))
+    model = nn.Sequential(nn.Conv1d(2, 2, 1), nn.Conv3d(2, 2, 1), nn.ConvTranspose2d(2, 2, 1))
     ut.convert(model, context=numpy_context())
-    assert [type(m) for m in model] == [nn.Conv1d, nn.Conv3d]
+    assert [type(m) for m in model] == [nn.Conv1d, nn.Conv3d, nn.ConvTranspose2d]
 
 
 def test_micro_batches_really_run(numpy_context):

@@ -33,6 +33,13 @@ class Geometry:
         return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
                      for n, k, p, s, d in zip(size, kernel, self.pads, self.strides, self.dilations))
 
+    def transposed_size(self, size: tuple[int, ...], kernel: tuple[int, ...],
+                        output_padding: tuple[int, ...]) -> tuple[int, ...]:
+        """The output size of the transposed convolution of a `size` input (torch's formula): the
+        input size of the convolution it transposes, whose output_size() gives `size` back."""
+        return tuple((n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, k, p, s, d, o
+                     in zip(size, kernel, self.pads, self.strides, self.dilations, output_padding))
+
     def lifted(self) -> "Geometry":
         """A 1-D convolution's geometry as the 2-D one cuDNN runs (height 1, as torch runs it)."""
         return Geometry((0, *self.pads), (1, *self.strides), (1, *self.dilations), self.groups)
@@ -96,10 +103,18 @@ class Call:
     math: str
     layout: str  # "nchw" or "nhwc" (channels_last, channels_last_3d)
     deterministic: bool = False  # deterministic_algorithms() when the call was resolved
+    # A transposed layer (nn.ConvTranspose*d) runs the convolution it transposes backwards: x_shape
+    # is the layer's output, y_shape its input, and its forward is that convolution's BD
+    transposed: bool = False
 
     @property
     def memory_format(self) -> torch.memory_format:
         return memory_format(self.layout, len(self.x_shape))
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """The shape of the layer's output: y's, or for a transposed layer x's."""
+        return self.x_shape if self.transposed else self.y_shape
 
     @property
     def y_shape(self) -> tuple[int, ...]:
@@ -151,7 +166,17 @@ def _is_valid(module: nn.Module, input: Tensor, autocast: bool, shape: Geometry 
             and min(input.shape[-dims:]) > 0 and input.device == weight.device
             and (autocast or input.dtype == weight.dtype)):
         return False
-    return isinstance(shape, str) or min(shape.output_size(_padded_size(module, input), weight.shape[2:])) > 0
+    return isinstance(shape, str) or min(_output_size(module, shape, _padded_size(module, input),
+                                                      tuple(weight.shape[2:]))) > 0
+
+
+def _output_size(module: nn.Module, shape: Geometry, size: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[int, ...]:
+    """The spatial size of the layer's output from its input's `size` and the `kernel` size (in
+    `shape`'s dimensions: the layer's own, or lifted)."""
+    if not module.transposed:
+        return shape.output_size(size, kernel)
+    padding = (0,) * (len(size) - spatial_dims(module)) + tuple(module.output_padding)
+    return shape.transposed_size(size, kernel, padding)
 
 
 def _fallback_reason(module: nn.Module, input: Tensor, dtype: torch.dtype, context) -> str | None:
@@ -194,12 +219,19 @@ def sliceable(tensor: Tensor, fmt: torch.memory_format) -> Tensor:
     return packed if is_aligned(packed.data_ptr()) else packed.clone(memory_format=fmt)
 
 
-def kinds_needed(input: Tensor, weight: Tensor) -> tuple[ConvKind, ...]:
-    """The kernels a call runs: F, and in a training step BD where the input needs a gradient and
-    BF where the weight does."""
+def kinds_needed(input: Tensor, weight: Tensor, transposed: bool = False) -> tuple[ConvKind, ...]:
+    """The kernels a call runs: its forward kernel, and in a training step its input's gradient
+    kernel where the input needs a gradient and BF where the weight does (layer_kinds)."""
+    forward, input_gradient = layer_kinds(transposed)
     grad = torch.is_grad_enabled()
-    return ((ConvKind.FORWARD,) + ((ConvKind.BACKWARD_DATA,) if grad and input.requires_grad else ())
+    return ((forward,) + ((input_gradient,) if grad and input.requires_grad else ())
             + ((ConvKind.BACKWARD_FILTER,) if grad and weight.requires_grad else ()))
+
+
+def layer_kinds(transposed: bool) -> tuple[ConvKind, ConvKind]:
+    """The kernels of a layer's forward and of its input's gradient: F and BD, or for a
+    transposed layer BD and F (it runs the convolution it transposes backwards)."""
+    return (ConvKind.BACKWARD_DATA, ConvKind.FORWARD) if transposed else (ConvKind.FORWARD, ConvKind.BACKWARD_DATA)
 
 
 def _padded(module: nn.Module, input: Tensor) -> Tensor:
@@ -230,10 +262,12 @@ def _resolve(module: nn.Module, input: Tensor, context) -> tuple[Call, tuple[Con
         return reason or shape
     shape = shape.lifted() if lifts(module) else shape
     x, weight = _padded(module, input), _weight(module)
-    out = shape.output_size(tuple(x.shape[2:]), tuple(weight.shape[2:]))
+    out = _output_size(module, shape, tuple(x.shape[2:]), tuple(weight.shape[2:]))
     if max(x.numel(), weight.numel(), x.shape[0] * module.out_channels * math_prod(out)) > INDEX_LIMIT:
         return "a tensor with 2**31 or more elements (cuDNN's legacy API indexes with 32-bit ints)"
     # torch's rule for cuDNN: channels_last when the input or the weight suggests it.
     layout = "nhwc" if _suggests_channels_last(x) or _suggests_channels_last(weight) else "nchw"
-    return Call(x.device, tuple(x.shape), tuple(weight.shape), shape, DTYPES[dtype], math, layout,
-                deterministic), kinds_needed(input, module.weight)
+    # the convolution's x: the layer's input, or for a transposed layer its output
+    conv_x = (x.shape[0], module.out_channels, *out) if module.transposed else tuple(x.shape)
+    return Call(x.device, conv_x, tuple(weight.shape), shape, DTYPES[dtype], math, layout,
+                deterministic, module.transposed), kinds_needed(input, module.weight, module.transposed)

@@ -12,13 +12,13 @@ from torch.autograd.function import once_differentiable
 from ...config import format_size
 from ...errors import ConfigError, UcudnnWarning
 from ...problem import ConvKind
-from .call import pack, resolve, sliceable, unpacked
+from .call import layer_kinds, pack, resolve, sliceable, unpacked
 from .context import Context, default_context
 from .memory import AUTO
 from .fallback import warn_once
 from .sites import Site
 
-F_, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
+BF = ConvKind.BACKWARD_FILTER
 
 
 def _compiler_disable(fn: Callable) -> Callable:
@@ -41,35 +41,47 @@ _is_compiling = _compiler_probe()
 
 
 class _Convolution(torch.autograd.Function):
-    """y = conv(x, w) + b with F, BD and BF through ucudnn. Inputs are already packed and cast."""
+    """out = layer(input, w) + b with its kernels through ucudnn; the operands are packed and cast.
+    A convolution's forward is F, its input's gradient BD; a transposed one runs the convolution
+    it transposes backwards: its forward is BD, its input's gradient F (layer_kinds). Either way
+    BF gives the weight's gradient, and the convolution's x is one side of the layer (the input,
+    or a transposed layer's output) and its y the other (_sides)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, context: Context, site: Site) -> Tensor:
-        y = torch.empty(site.y_shape, dtype=x.dtype, device=x.device, memory_format=site.memory_format)
-        context.run(site, F_, x, weight, y)
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, context: Context, site: Site) -> Tensor:
+        out = torch.empty(site.out_shape, dtype=input.dtype, device=input.device, memory_format=site.memory_format)
+        context.run(site, layer_kinds(site.call.transposed)[0], *_sides(site, input, weight, out))
         if bias is not None:
-            y.add_(bias.view(1, -1, *[1] * (y.dim() - 2)))
-        ctx.save_for_backward(x, weight)
+            out.add_(bias.view(1, -1, *[1] * (out.dim() - 2)))
+        ctx.save_for_backward(input, weight)
         ctx.context, ctx.site, ctx.has_bias = context, site, bias is not None
-        return y
+        return out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dy: Tensor):
-        x, weight = ctx.saved_tensors
+    def backward(ctx, d_out: Tensor):
+        input, weight = ctx.saved_tensors
         context, site = ctx.context, ctx.site
         fmt = site.memory_format
-        dy = sliceable(dy, fmt)
-        dx = dw = db = None
+        d_out = sliceable(d_out, fmt)
+        d_input = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
-            context.run(site, BD, dx, weight, dy)
+            d_input = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+            context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, d_input, weight, d_out))
         if ctx.needs_input_grad[1]:
             dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fmt)
-            context.run(site, BF, x, dw, dy)
+            context.run(site, BF, *_sides(site, input, dw, d_out))
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.sum((0, *range(2, dy.dim())))
-        return dx, dw, db, None, None
+            db = d_out.sum((0, *range(2, d_out.dim())))
+        return d_input, dw, db, None, None
+
+
+def _sides(site: Site, input_side: Tensor, weight: Tensor, output_side: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(x, w, y) of the site's convolution from tensors of the layer's input and output sides:
+    x is the input side, or for a transposed layer the output side."""
+    if site.call.transposed:
+        return output_side, weight, input_side
+    return input_side, weight, output_side
 
 
 class Converted:
@@ -122,6 +134,32 @@ class Conv1d(Converted, nn.Conv1d):
 class Conv3d(Converted, nn.Conv3d):
     """torch.nn.Conv3d whose convolutions run micro-batched through ucudnn (Converted). Not yet
     run on a GPU: convert() leaves nn.Conv3d to torch until it is (docs/torch.md)."""
+
+
+class ConvertedTranspose(Converted):
+    """A converted transposed layer (nn.ConvTranspose1d, 2d, 3d): the convolution it transposes
+    run backwards through ucudnn (its forward that convolution's BD, its input's gradient F, its
+    weight's BF), output_padding included. A call given `output_size` runs torch's own layer,
+    with a one-time warning. Not yet run on a GPU: convert() leaves these to torch until they are."""
+
+    def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
+        if output_size is not None:
+            warn_once("a transposed layer called with output_size= runs torch's own convolution "
+                      "(ucudnn runs the layer's own output_padding); set output_padding on the layer instead")
+            return super(Converted, self).forward(input, output_size)
+        return super().forward(input)
+
+
+class ConvTranspose1d(ConvertedTranspose, nn.ConvTranspose1d):
+    """torch.nn.ConvTranspose1d through ucudnn (ConvertedTranspose), as 2-D of height 1."""
+
+
+class ConvTranspose2d(ConvertedTranspose, nn.ConvTranspose2d):
+    """torch.nn.ConvTranspose2d through ucudnn (ConvertedTranspose)."""
+
+
+class ConvTranspose3d(ConvertedTranspose, nn.ConvTranspose3d):
+    """torch.nn.ConvTranspose3d through ucudnn (ConvertedTranspose)."""
 
 
 _eager_forward = _compiler_disable(Converted._forward)

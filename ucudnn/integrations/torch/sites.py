@@ -57,12 +57,12 @@ class Site:
     dtype, the output's shape and memory format, its planned kernels by kind (filled by the
     Context on first run), and whether the Context delegates it to torch (None: not decided yet)."""
 
-    __slots__ = ("call", "kinds", "dtype", "y_shape", "memory_format", "kernels", "delegated")
+    __slots__ = ("call", "kinds", "dtype", "out_shape", "memory_format", "kernels", "delegated")
 
     def __init__(self, call: Any, kinds: tuple = ()):
         self.call, self.kinds = call, kinds
         self.dtype = getattr(torch, call.dtype)
-        self.y_shape = call.y_shape
+        self.out_shape = call.out_shape
         self.memory_format = call.memory_format
         self.kernels: dict = {}
         self.delegated: bool | None = None
