@@ -322,6 +322,15 @@ def test_ucudnn_path_matches_torch(layer, form, numpy_context):
     assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
 
 
+@pytest.fixture
+def torch_without_mkldnn():
+    """torch 2.13's CPU convolutions through oneDNN corrupt the heap on some 1-D, 3-D and
+    transposed layers with channels-last weights (glibc aborts a later allocation; torch alone,
+    without ucudnn, reproduces it); torch's native CPU kernels, the reference here, do not."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
+
+
 ND_LAYERS = [  # (torch's layer, its converted twin, an input): 1-D and 3-D, groups, dilation, padding modes
     (nn.Conv1d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2), ut_layers.Conv1d, (8, 4, 19)),
     (nn.Conv1d(3, 5, 4, padding="same", padding_mode="reflect", bias=False), ut_layers.Conv1d, (8, 3, 12)),
@@ -332,10 +341,10 @@ ND_LAYERS = [  # (torch's layer, its converted twin, an input): 1-D and 3-D, gro
 
 @pytest.mark.parametrize("case", range(len(ND_LAYERS)), ids=lambda i: f"{ND_LAYERS[i][1].__name__}-{i}")
 @pytest.mark.parametrize("form", ["packed", "channels_last", "unbatched"])
-def test_1d_and_3d_layers_match_torch_through_ucudnn(case, form, numpy_context):
+def test_1d_and_3d_layers_match_torch_through_ucudnn(case, form, numpy_context, torch_without_mkldnn):
     """Conv1d (run as 2-D of height 1) and Conv3d through ucudnn's path, micro-batched by the fake
-    algorithms: outputs, input and weight gradients equal torch's, the output in torch's memory
-    format (channels_last_3d where torch's is); a 1-D layer's kernels are 2-D problems."""
+    algorithms: outputs, input and weight gradients equal torch's, a 3-D output channels_last_3d
+    where torch's would be on the GPU; a 1-D layer's kernels are 2-D problems."""
     theirs, twin, shape = ND_LAYERS[case]
     if form == "channels_last" and twin is ut_layers.Conv1d:
         pytest.skip("1-D tensors have no channels-last format")
@@ -354,8 +363,10 @@ def test_1d_and_3d_layers_match_torch_through_ucudnn(case, form, numpy_context):
     want = run_step(theirs, x)
     assert_matches(got, want)
     assert got[0].shape == want[0].shape
-    last = torch.channels_last_3d
-    assert got[0].is_contiguous(memory_format=last) == want[0].is_contiguous(memory_format=last)
+    if twin is ut_layers.Conv3d:  # torch's rule on the GPU (its native CPU kernels return NCDHW):
+        # channels_last_3d where the input the convolution sees (after F.pad, which packs) suggests it
+        last = form == "channels_last" and theirs.padding_mode == "zeros"
+        assert got[0].is_contiguous(memory_format=torch.channels_last_3d) == last
     context = ours.ucudnn_context
     assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
     dims = {len(k["kernel"].split("x=(")[1].split(")")[0].split(",")) for k in context.summary()["kernels"]}
@@ -373,7 +384,7 @@ TRANSPOSED_LAYERS = [  # stride, output_padding, groups, dilation, bias; 1-D, 2-
 
 @pytest.mark.parametrize("case", range(len(TRANSPOSED_LAYERS)), ids=lambda i: f"{TRANSPOSED_LAYERS[i][1].__name__}-{i}")
 @pytest.mark.parametrize("form", ["packed", "channels_last", "unbatched"])
-def test_transposed_layers_match_torch_through_ucudnn(case, form, numpy_context):
+def test_transposed_layers_match_torch_through_ucudnn(case, form, numpy_context, torch_without_mkldnn):
     """A transposed layer runs the convolution it transposes backwards: its forward as BD, its
     input's gradient as F, its weight's as BF, micro-batched by the fake algorithms; outputs and
     gradients equal torch's, output_padding, groups and dilation included."""
@@ -403,7 +414,40 @@ def test_transposed_layers_match_torch_through_ucudnn(case, form, numpy_context)
     assert {kind for (via, kind), n in context.runs.items() if n > before.get((via, kind), 0)} == {"BD"}
 
 
-def test_a_transposed_layer_given_output_size_runs_torchs_own_with_a_warning(numpy_context):
+@pytest.mark.parametrize("seed", range(8))
+def test_random_1d_3d_and_transposed_layers_match_torch_through_ucudnn(seed, numpy_context, torch_without_mkldnn):
+    """The GPU test's random layers of every new kind (tests/test_gpu_torch.py), here in float32
+    through the NumPy doubles: the glue (shapes, lifting, transposition, layouts) on many geometries."""
+    import numpy as np
+
+    from test_gpu_torch import ND_KINDS, random_nd_layer
+
+    rng = np.random.default_rng(seed)
+    for kind, twin in ND_KINDS.items():
+        theirs, x, what = random_nd_layer(rng, kind, torch.float32, device="cpu")
+        ours = copy.deepcopy(theirs)
+        ours.__class__, ours.ucudnn_context = twin, numpy_context()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UcudnnWarning)
+            got = run_step(ours, x)
+        assert_matches(got, run_step(theirs, x)), what
+        assert {k for (via, k) in ours.ucudnn_context.runs if via == "ucudnn"} == {"F", "BD", "BF"}, what
+
+
+def test_a_transposed_layer_with_output_padding_of_the_stride_runs_torchs_own_with_the_reason(numpy_context, torch_without_mkldnn):
+    """torch allows output_padding below the dilation; from an output padded by the stride or
+    more, the convolution it transposes gives a larger result than the layer's input."""
+    theirs = nn.ConvTranspose2d(2, 2, 3, stride=1, dilation=2, output_padding=1)
+    ours = copy.deepcopy(theirs)
+    ours.__class__, ours.ucudnn_context = ut_layers.ConvTranspose2d, numpy_context()
+    x = torch.randn(2, 2, 5, 5)
+    with pytest.warns(UcudnnWarning, match=r"output_padding=\(1, 1\) not below stride=\(1, 1\)"):
+        got = run_step(ours, x)
+    assert_matches(got, run_step(theirs, x))
+    assert not any(via == "ucudnn" for via, _ in ours.ucudnn_context.runs)
+
+
+def test_a_transposed_layer_given_output_size_runs_torchs_own_with_a_warning(numpy_context, torch_without_mkldnn):
     theirs = nn.ConvTranspose2d(2, 2, 3, stride=2)
     ours = copy.deepcopy(theirs)
     ours.__class__, ours.ucudnn_context = ut_layers.ConvTranspose2d, numpy_context()

@@ -189,6 +189,16 @@ def _fallback_reason(module: nn.Module, input: Tensor, dtype: torch.dtype, conte
     return None
 
 
+def _transpose_reason(module: nn.Module) -> str | None:
+    """Why a transposed layer is not the backward data of a convolution (else None): an
+    output_padding of the stride or more (torch allows it below the dilation) makes an output
+    from which that convolution gives a larger result than the layer's input."""
+    if module.transposed and any(o >= s for o, s in zip(module.output_padding, module.stride)):
+        return (f"output_padding={tuple(module.output_padding)} not below stride={tuple(module.stride)}: "
+                "no convolution has this transposed layer as its backward data")
+    return None
+
+
 def resolve(module: nn.Module, input: Tensor, context) -> Site | str | None:
     """The Site of this call when ucudnn runs it; a reason string when ucudnn cannot; None when
     torch should handle it because the call is invalid (torch raises the error users expect).
@@ -257,7 +267,7 @@ def _resolve(module: nn.Module, input: Tensor, context) -> tuple[Call, tuple[Con
     shape = geometry(module)
     if not _is_valid(module, input, autocast, shape):
         return None
-    reason = _fallback_reason(module, input, dtype, context)
+    reason = _fallback_reason(module, input, dtype, context) or _transpose_reason(module)
     if reason or isinstance(shape, str):
         return reason or shape
     shape = shape.lifted() if lifts(module) else shape
