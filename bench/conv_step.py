@@ -8,17 +8,20 @@ from torch import Tensor, nn
 
 
 class Case:
-    """One layer (nn.Conv2d keyword arguments) at one input shape and precision: its module, an
-    input that needs a gradient, a fixed output gradient, and a training step of a module.
-    `amp`: float16 channels_last input and module, run under autocast; else float32 NCHW."""
+    """One layer (keyword arguments of `layer`, nn.Conv2d by default) at one input shape and
+    precision: its module, an input that needs a gradient, a fixed output gradient, and a
+    training step of a module. `amp`: float16 channels-last input and module (channels_last_3d
+    for 3-D layers; 1-D ones have none), run under autocast; else float32, packed."""
 
-    def __init__(self, spec: dict, input_shape: tuple[int, ...], amp: bool, device: str = "cuda", seed: int = 0):
+    def __init__(self, spec: dict, input_shape: tuple[int, ...], amp: bool, device: str = "cuda", seed: int = 0,
+                 layer: type = nn.Conv2d):
         self.amp = amp
         self.device = torch.device(device)
-        fmt = torch.channels_last if amp else torch.contiguous_format
+        last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(input_shape), torch.contiguous_format)
+        fmt = last if amp else torch.contiguous_format
         dtype = torch.float16 if amp else torch.float32
         torch.manual_seed(seed)
-        self.module = nn.Conv2d(**spec).to(self.device).to(memory_format=fmt)
+        self.module = layer(**spec).to(self.device).to(memory_format=fmt)
         self.x = torch.randn(input_shape, device=self.device, dtype=dtype).contiguous(memory_format=fmt)
         self.x.requires_grad_()
         with torch.no_grad(), self.autocast():

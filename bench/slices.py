@@ -33,6 +33,7 @@ from train_step import block  # noqa: E402
 
 import ucudnn.torch  # noqa: E402
 from ucudnn import parse_size  # noqa: E402
+from ucudnn.integrations.torch.layers import TWINS  # noqa: E402
 from ucudnn.staging import copy_ms  # noqa: E402
 
 MiB = 2**20
@@ -53,8 +54,12 @@ def step_ms(case: Case, module: nn.Module) -> float:
 
 
 def converted(case: Case, limit: int, cache: str) -> nn.Module:
-    return ucudnn.torch.convert(copy.deepcopy(case.module), workspace_limit=limit, cache_path=cache,
-                                 planning="first_call")  # steady state: planned on the first (warm-up) call
+    """A copy of the case's layer through ucudnn.torch at `limit` per kernel: its converted twin
+    (layers.TWINS), whether convert() swaps that kind yet or not, planned on its first (warm-up) call."""
+    module = copy.deepcopy(case.module)
+    module.__class__ = TWINS[type(case.module)]
+    module.ucudnn_context = ucudnn.torch.Context(workspace_limit=limit, cache_path=cache, planning="first_call")
+    return module
 
 
 def tensors_peak(case: Case, cache: str) -> int:
@@ -70,22 +75,29 @@ def tensors_peak(case: Case, cache: str) -> int:
 
 
 def errors(case: Case, outputs: dict) -> dict[str, float]:
-    """Relative error (norm of the difference over the norm) of each output against float64."""
-    m = case.module
+    """Relative error (norm of the difference over the norm) of each output against the layer
+    run in float64."""
+    m = copy.deepcopy(case.module).double()
     x = case.x.detach().double().requires_grad_()
-    w = m.weight.detach().double().requires_grad_()
-    y = nn.functional.conv2d(x, w, m.bias.detach().double(), m.stride, m.padding, m.dilation, m.groups)
+    y = m(x)
     y.backward(case.dy.double())
-    reference = {"y": y.detach(), "dx": x.grad, "dw": w.grad}
+    reference = {"y": y.detach(), "dx": x.grad, "dw": m.weight.grad}
     return {k: float((outputs[k].double() - ref).norm() / ref.norm()) for k, ref in reference.items()}
 
 
 def layer(name: str, free: int, cache: str) -> dict:
     spec, shape, amp = LAYERS[name]
-    case = Case(spec, shape, amp)
+    result = dict(layer=name, input=list(shape), precision="amp fp16 channels_last" if amp else "fp32 nchw")
+    return measured(Case(spec, shape, amp), free, cache, result)
+
+
+def measured(case: Case, free: int, cache: str, result: dict) -> dict:
+    """`result` with one training step of the case's layer timed: torch's with memory free and
+    with `free` bytes free beyond the step's own tensors (a blocker), a second copy of torch's
+    layer under the blocker (the A/A control), and ucudnn.torch's at `free` per kernel under it;
+    the errors of ucudnn's and torch's outputs against float64."""
     torch.backends.cudnn.benchmark = True
-    result = dict(layer=name, input=list(shape), precision="amp fp16 channels_last" if amp else "fp32 nchw",
-                  free_mib=free / MiB)
+    result["free_mib"] = free / MiB
     result["torch_free_ms"] = step_ms(case, case.module)
     result["torch_errors"] = errors(case, case.outputs(case.module))
     peak = tensors_peak(case, cache)
@@ -97,6 +109,7 @@ def layer(name: str, free: int, cache: str) -> dict:
                                     free_bytes=free), torch.device("cuda"), result)
     result["tensors_mib"] = peak / MiB
     result["torch_pressure_ms"] = step_ms(case, case.module)
+    result["control_pressure_ms"] = step_ms(case, copy.deepcopy(case.module))
     start = time.perf_counter()
     module = converted(case, free, cache)
     case.step(module)
@@ -109,7 +122,7 @@ def layer(name: str, free: int, cache: str) -> dict:
     torch.cuda.empty_cache()
     result["ucudnn_errors"] = errors(case, outputs)
     result["speedup_under_pressure"] = result["torch_pressure_ms"] / result["ucudnn_ms"]
-    log(f"{name}: torch free {result['torch_free_ms']:.2f} ms, torch at {free / MiB:.0f} MiB free "
+    log(f"{result['layer']}: torch free {result['torch_free_ms']:.2f} ms, torch at {free / MiB:.0f} MiB free "
         f"{result['torch_pressure_ms']:.2f} ms, ucudnn {result['ucudnn_ms']:.2f} ms "
         f"({result['speedup_under_pressure']:.1f}x); dW error ucudnn {result['ucudnn_errors']['dw']:.1e} "
         f"torch {result['torch_errors']['dw']:.1e}")

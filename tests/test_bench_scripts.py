@@ -776,6 +776,25 @@ def test_cold_models_gives_each_process_empty_jit_caches_unless_shared(tmp_path)
     assert cm.jit_caches(argparse.Namespace(jit_cache="shared")) == {}
 
 
+def test_nd_layers_bars_and_table():
+    import nd_layers as nd
+
+    row = {"layer": "unet3d", "input": [2, 64, 64, 64, 64], "precision": "fp32", "free_mib": 64.0,
+           "torch_free_ms": 3.3, "torch_pressure_ms": 15.0, "control_pressure_ms": 15.3, "ucudnn_ms": 4.0,
+           "ucudnn_errors": {"dw": 5e-5}, "torch_errors": {"dw": 4e-5}}
+    v = nd.verdicts(row)
+    assert v["torch_loses"] and v["speedup"] == pytest.approx(3.75) and v["speedup_ok"] and v["near_free_ok"] is True
+    assert v["no_slower_ok"] and v["grads_ok"]
+    fine = dict(row, torch_pressure_ms=3.4, control_pressure_ms=3.3, ucudnn_ms=3.6, ucudnn_errors={"dw": 1e-3})
+    v = nd.verdicts(fine)  # torch does not lose: no speedup bar; 6% slower beyond a 3% A/A spread; dW too far
+    assert not v["torch_loses"] and "speedup_ok" not in v and not v["no_slower_ok"] and not v["grads_ok"]
+    table = nd.markdown([dict(row, verdicts=nd.verdicts(row)), dict(fine, verdicts=v),
+                         {"layer": "c3d_conv1", "input": [16, 3, 16, 112, 112], "precision": "fp32", "error": "out of memory"}])
+    assert "| **unet3d** |" in table and "| unet3d |" in table and "no_slower FAILED" in table
+    assert "out of memory" in table and all(line.count("|") == 13 for line in table.splitlines())
+    assert set(nd.LAYERS) >= {"c3d_conv1", "unet3d_fp16", "dcgan_up", "audio_conv1d"}
+
+
 def test_module_path_counts_modules_changes_and_reentries():
     import module_path as mp
 

@@ -144,10 +144,8 @@ def test_random_layers_match_torch(case, seed, make_context):
     print(what, [(k["kind"], k.get("configuration")) for k in context.summary()["kernels"]])
 
 
-ND_KINDS = {  # torch's layer -> its converted twin (convert() does not swap these yet: docs/torch.md)
-    nn.Conv1d: ut_layers.Conv1d, nn.Conv3d: ut_layers.Conv3d, nn.ConvTranspose1d: ut_layers.ConvTranspose1d,
-    nn.ConvTranspose2d: ut_layers.ConvTranspose2d, nn.ConvTranspose3d: ut_layers.ConvTranspose3d,
-}
+# torch's layer -> its converted twin, for the kinds convert() does not swap yet (docs/torch.md)
+ND_KINDS = {kind: twin for kind, twin in ut_layers.TWINS.items() if kind is not nn.Conv2d}
 
 
 def random_nd_layer(rng: np.random.Generator, kind: type, dtype: torch.dtype,

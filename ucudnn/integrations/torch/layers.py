@@ -164,8 +164,11 @@ class ConvTranspose3d(ConvertedTranspose, nn.ConvTranspose3d):
 
 _eager_forward = _compiler_disable(Converted._forward)
 
-# torch's layers convert() turns into ucudnn's, in place. nn.Conv1d and nn.Conv3d join once their
-# converted twins have run on a GPU (docs/torch.md).
+# Every torch layer ucudnn can run, and its converted twin
+TWINS: dict[type, type] = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d, nn.ConvTranspose1d: ConvTranspose1d,
+                           nn.ConvTranspose2d: ConvTranspose2d, nn.ConvTranspose3d: ConvTranspose3d}
+# ... those convert() turns into ucudnn's, in place: the others join once their twins have run on a
+# GPU (docs/torch.md)
 CONVERTED: dict[type, type] = {nn.Conv2d: Conv2d}
 
 

@@ -1,0 +1,131 @@
+"""1-D, 3-D and transposed layers under memory pressure: torch alone against the layer through
+ucudnn.torch, side by side in one process (bench/slices.py's `measured`, per layer and limit):
+one training step (F with bias, BD, BF), torch's with memory free, torch's with only the limit
+free beyond the step's own tensors (a blocker allocation), a second copy of torch's layer under
+the same blocker (the A/A control), and ucudnn's twin of the layer (ucudnn.integrations.torch.
+layers.TWINS, whether convert() swaps that kind yet or not) at the limit per kernel under it,
+planned beforehand with memory free; outputs and gradients of both against float64.
+
+Bars (the issue "Beyond 2-D"), checked by `verdicts`: where torch under pressure is over
+LOSES x its memory-free time (it loses), ucudnn >= 2x faster than torch under pressure and within
+1.3x of torch's memory-free time where the batch can be split; no row slower than torch under
+pressure beyond the A/A control's spread; weight gradients within max(the dtype's bound, 3x
+torch's own error) of float64.
+
+    PYTHONPATH=. python3 bench/nd_layers.py --out OUT [--limits 64MiB,8MiB] [--layers c3d_conv1,...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+MiB = 2**20
+LOSES = 1.5  # torch under pressure over torch free beyond which a row is one torch loses on
+SPEEDUP_BAR, NEAR_FREE_BAR = 2.0, 1.3
+DW_BOUND = {"fp32": 1e-4, "amp": 1e-2}  # relative error that the dtype's rounding alone reaches (tests/test_gpu_torch.py)
+
+# name: (torch layer, keyword arguments, input shape, precision): the issue's table
+LAYERS = {
+    "c3d_conv1": ("Conv3d", dict(in_channels=3, out_channels=64, kernel_size=3, padding=1), (16, 3, 16, 112, 112), "fp32"),
+    "c3d_conv3": ("Conv3d", dict(in_channels=128, out_channels=256, kernel_size=3, padding=1), (16, 128, 8, 28, 28),
+                  "fp32"),
+    "unet3d": ("Conv3d", dict(in_channels=64, out_channels=64, kernel_size=3, padding=1), (2, 64, 64, 64, 64), "fp32"),
+    "unet3d_fp16": ("Conv3d", dict(in_channels=64, out_channels=64, kernel_size=3, padding=1), (2, 64, 64, 64, 64),
+                    "amp"),
+    "conv3d_128": ("Conv3d", dict(in_channels=128, out_channels=128, kernel_size=3, padding=1), (4, 128, 32, 32, 32),
+                   "fp32"),
+    "dcgan_up": ("ConvTranspose2d", dict(in_channels=256, out_channels=128, kernel_size=4, stride=2, padding=1),
+                 (128, 256, 16, 16), "fp32"),
+    "unet_up": ("ConvTranspose2d", dict(in_channels=128, out_channels=64, kernel_size=2, stride=2), (32, 128, 128, 128),
+                "fp32"),
+    "audio_conv1d": ("Conv1d", dict(in_channels=256, out_channels=256, kernel_size=3, padding=1), (64, 256, 16000),
+                     "fp32"),
+    "diffusion_conv2d": ("Conv2d", dict(in_channels=320, out_channels=320, kernel_size=3, padding=1), (8, 320, 128, 128),
+                         "amp"),
+}
+
+
+def verdicts(row: dict) -> dict:
+    """Each bar of the docstring for one measured row (layer at one limit): met or not."""
+    loses = row["torch_pressure_ms"] > LOSES * row["torch_free_ms"]
+    speedup = row["torch_pressure_ms"] / row["ucudnn_ms"]
+    spread = abs(row["control_pressure_ms"] / row["torch_pressure_ms"] - 1)
+    out = {"torch_loses": loses, "speedup": speedup, "over_free": row["ucudnn_ms"] / row["torch_free_ms"],
+           "no_slower_ok": speedup >= 1 - spread - 0.02,
+           "grads_ok": row["ucudnn_errors"]["dw"] <= max(DW_BOUND[row["precision"]], 3 * row["torch_errors"]["dw"])}
+    if loses:
+        out["speedup_ok"] = speedup >= SPEEDUP_BAR
+        out["near_free_ok"] = out["over_free"] <= NEAR_FREE_BAR if row["input"][0] > 1 else None
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| layer | input | precision | L | torch free | torch, L free | A/A control | ucudnn at L | "
+             "speedup | ucudnn / torch free | dW error ucudnn (torch) | bars |", "|" + "---|" * 12]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['layer']} | {tuple(r['input'])} | {r['precision']} | {r.get('free_mib', '-')} MiB | "
+                         f"{r['error']} |" + " |" * 7)
+            continue
+        v = r["verdicts"]
+        bars = ", ".join(k.removesuffix("_ok") + ("" if ok else " FAILED") for k, ok in v.items()
+                         if k.endswith("_ok") and ok is not None)
+        name = f"**{r['layer']}**" if v["torch_loses"] else r["layer"]
+        lines.append(f"| {name} | {tuple(r['input'])} | {r['precision']} | {r['free_mib']:.0f} MiB | "
+                     f"{r['torch_free_ms']:.2f} | {r['torch_pressure_ms']:.2f} | {r['control_pressure_ms']:.2f} | "
+                     f"{r['ucudnn_ms']:.2f} | {v['speedup']:.2f}x | {v['over_free']:.2f} | "
+                     f"{r['ucudnn_errors']['dw']:.1e} ({r['torch_errors']['dw']:.1e}) | {bars} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_layer(name: str, free: int, cache: str) -> dict:
+    import torch
+    from torch import nn
+
+    from conv_step import Case
+    from slices import measured
+
+    kind, spec, shape, precision = LAYERS[name]
+    row = {"layer": name, "kind": kind, "input": list(shape), "precision": precision}
+    try:
+        measured(Case(spec, shape, precision == "amp", layer=getattr(nn, kind)), free, cache, row)
+    except torch.cuda.OutOfMemoryError as exc:  # failures are data: the row says what ran out
+        row["error"] = f"out of memory: {str(exc).splitlines()[0]}"
+    if "error" not in row:
+        row["verdicts"] = verdicts(row)
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ucudnn import parse_size
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--limits", default="64MiB,8MiB", help="memory left free beyond the step's tensors, "
+                        "and ucudnn's limit per kernel")
+    parser.add_argument("--layers", default=",".join(LAYERS))
+    parser.add_argument("--cache", help="benchmark database (default OUT/nd_layers.db)")
+    parser.add_argument("--deadline", type=float, default=560, help="seconds; rows not begun by then are left out")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    began, rows = time.time(), []
+    for name in args.layers.split(","):
+        for limit in args.limits.split(","):
+            if time.time() - began > args.deadline:
+                break
+            rows.append(run_layer(name, parse_size(limit), args.cache or str(out / "nd_layers.db")))
+            (out / "nd_layers.json").write_text(json.dumps(rows, indent=1, default=str))
+            (out / "nd_layers.md").write_text(markdown(rows))
+            print(markdown(rows[-1:]), flush=True)
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
