@@ -134,11 +134,17 @@ def test_random_layers_match_torch(case, seed, make_context):
     rng = np.random.default_rng(100 * seed + list(DTYPES).index(case))
     theirs, x, what = random_layer(rng, dtype)
     context = make_context()
-    ours = ut.convert(copy.deepcopy(theirs), context=context)
+    check_every_kernel(theirs, ut.convert(copy.deepcopy(theirs), context=context), x, context, bound, what)
+
+
+def check_every_kernel(theirs: nn.Module, ours: nn.Module, x: torch.Tensor, context: ut.Context, bound: float,
+                       what: str) -> None:
+    """check_against_reference on a random output gradient, with no fallback of any kind, and
+    every kernel (F, BD, BF) run through ucudnn."""
     with torch.no_grad():
         dy = torch.randn_like(theirs(x))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", UcudnnWarning)  # no fallback of any kind
+        warnings.simplefilter("error", UcudnnWarning)
         check_against_reference(theirs, ours, x, dy, context, bound, what)
     assert {kind for via, kind in context.runs if via == "ucudnn"} == ALL_KINDS
     print(what, [(k["kind"], k.get("configuration")) for k in context.summary()["kernels"]])
@@ -189,13 +195,7 @@ def test_random_1d_3d_and_transposed_layers_match_float64(kind, case, seed, make
     context = make_context()
     ours = copy.deepcopy(theirs)
     ours.__class__, ours.ucudnn_context = ND_KINDS[kind], context
-    with torch.no_grad():
-        dy = torch.randn_like(theirs(x))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UcudnnWarning)  # no fallback of any kind
-        check_against_reference(theirs, ours, x, dy, context, bound, what)
-    assert {kind for via, kind in context.runs if via == "ucudnn"} == ALL_KINDS
-    print(what, [(k["kind"], k.get("configuration")) for k in context.summary()["kernels"]])
+    check_every_kernel(theirs, ours, x, context, bound, what)
 
 
 def test_alexnet_conv2_under_a_tight_limit(make_context):

@@ -301,25 +301,12 @@ def run_step(module, x, dy=None):
 
 
 @pytest.mark.parametrize("layer", UCUDNN_LAYERS, ids=lambda layer: ",".join(f"{k}={v}" for k, v in layer.items()))
-@pytest.mark.parametrize("form", ["nchw", "channels_last", "unbatched"])
+@pytest.mark.parametrize("form", ["packed", "channels_last", "unbatched"])
 def test_ucudnn_path_matches_torch(layer, form, numpy_context):
-    torch.manual_seed(0)
     theirs = nn.Conv2d(**layer)
-    context = numpy_context()
-    ours = ut.convert(copy.deepcopy(theirs), context=context)
-    x = torch.randn(8, layer["in_channels"], 9, 8)
-    if form == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last)
-    elif form == "unbatched":
-        x = x[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UcudnnWarning)  # no fallback
-        got = run_step(ours, x)
-    want = run_step(theirs, x)
-    assert_matches(got, want)
-    channels_last = torch.channels_last
-    assert got[0].is_contiguous(memory_format=channels_last) == want[0].is_contiguous(memory_format=channels_last)
-    assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
+    _, x, got = twins_step(theirs, ut.Conv2d, (8, layer["in_channels"], 9, 8), form, numpy_context(), 0)
+    last = torch.channels_last
+    assert got[0].is_contiguous(memory_format=last) == theirs(x).is_contiguous(memory_format=last)
 
 
 @pytest.fixture
@@ -339,6 +326,30 @@ ND_LAYERS = [  # (torch's layer, its converted twin, an input): 1-D and 3-D, gro
 ]
 
 
+def twins_step(theirs: nn.Module, twin: type, shape: tuple, form: str, context, seed: int):
+    """torch's layer and its ucudnn twin (on `context`), one step each on an input of `shape`
+    packed, channels-last or unbatched (`form`): the twin, its results, which equal torch's."""
+    if form == "channels_last" and len(shape) == 3:
+        pytest.skip("1-D tensors have no channels-last format")
+    torch.manual_seed(seed)
+    theirs.reset_parameters()
+    ours = copy.deepcopy(theirs)
+    ours.__class__, ours.ucudnn_context = twin, context
+    x = torch.randn(*shape)
+    if form == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    elif form == "unbatched":
+        x = x[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)  # no fallback
+        got = run_step(ours, x)
+    want = run_step(theirs, x)
+    assert got[0].shape == want[0].shape
+    assert_matches(got, want)
+    assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
+    return ours, x, got
+
+
 @pytest.mark.parametrize("case", range(len(ND_LAYERS)), ids=lambda i: f"{ND_LAYERS[i][1].__name__}-{i}")
 @pytest.mark.parametrize("form", ["packed", "channels_last", "unbatched"])
 def test_1d_and_3d_layers_match_torch_through_ucudnn(case, form, numpy_context, torch_without_mkldnn):
@@ -346,30 +357,12 @@ def test_1d_and_3d_layers_match_torch_through_ucudnn(case, form, numpy_context, 
     algorithms: outputs, input and weight gradients equal torch's, a 3-D output channels_last_3d
     where torch's would be on the GPU; a 1-D layer's kernels are 2-D problems."""
     theirs, twin, shape = ND_LAYERS[case]
-    if form == "channels_last" and twin is ut_layers.Conv1d:
-        pytest.skip("1-D tensors have no channels-last format")
-    torch.manual_seed(case)
-    theirs.reset_parameters()
-    ours = copy.deepcopy(theirs)
-    ours.__class__, ours.ucudnn_context = twin, numpy_context()
-    x = torch.randn(*shape)
-    if form == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-    elif form == "unbatched":
-        x = x[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UcudnnWarning)  # no fallback
-        got = run_step(ours, x)
-    want = run_step(theirs, x)
-    assert_matches(got, want)
-    assert got[0].shape == want[0].shape
+    ours, _, got = twins_step(theirs, twin, shape, form, numpy_context(), case)
     if twin is ut_layers.Conv3d:  # torch's rule on the GPU (its native CPU kernels return NCDHW):
         # channels_last_3d where the input the convolution sees (after F.pad, which packs) suggests it
         last = form == "channels_last" and theirs.padding_mode == "zeros"
         assert got[0].is_contiguous(memory_format=torch.channels_last_3d) == last
-    context = ours.ucudnn_context
-    assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
-    dims = {len(k["kernel"].split("x=(")[1].split(")")[0].split(",")) for k in context.summary()["kernels"]}
+    dims = {len(k["kernel"].split("x=(")[1].split(")")[0].split(",")) for k in ours.ucudnn_context.summary()["kernels"]}
     assert dims == {4 if twin is ut_layers.Conv1d else 5}
 
 
@@ -389,25 +382,8 @@ def test_transposed_layers_match_torch_through_ucudnn(case, form, numpy_context,
     input's gradient as F, its weight's as BF, micro-batched by the fake algorithms; outputs and
     gradients equal torch's, output_padding, groups and dilation included."""
     theirs, twin, shape = TRANSPOSED_LAYERS[case]
-    if form == "channels_last" and twin is ut_layers.ConvTranspose1d:
-        pytest.skip("1-D tensors have no channels-last format")
-    torch.manual_seed(case)
-    theirs.reset_parameters()
-    ours = copy.deepcopy(theirs)
-    ours.__class__, ours.ucudnn_context = twin, numpy_context()
-    x = torch.randn(*shape)
-    if form == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
-    elif form == "unbatched":
-        x = x[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UcudnnWarning)  # no fallback
-        got = run_step(ours, x)
-    want = run_step(theirs, x)
-    assert got[0].shape == want[0].shape
-    assert_matches(got, want)
+    ours, x, _ = twins_step(theirs, twin, shape, form, numpy_context(), case)
     context = ours.ucudnn_context
-    assert {kind for (via, kind) in context.runs if via == "ucudnn"} == {"F", "BD", "BF"}
     with torch.no_grad():  # inference: the forward alone, which is BD
         before = dict(context.runs)
         ours(x)
