@@ -198,3 +198,22 @@ def plot_division(result, path: str | Path, title: str) -> None:
            xlim=(0, max(result.total_workspace / MIB, 1e-3) * 1.25),
            title=f"{title}: {format_size(result.total_workspace)} in {len(names)} segments")
     _save(figure, path)
+
+
+def plot_schedule(plan, path: str | Path, title: str) -> None:
+    """A stream schedule (ucudnn.schedule.Schedule) as a Gantt chart: a row per stream, a bar per
+    node from its predicted start to its end, the critical path's nodes outlined."""
+    plt = _pyplot()
+    critical = set(plan.critical_path)
+    figure, ax = plt.subplots(figsize=(12, 1.5 + 0.5 * plan.streams), layout="constrained")
+    for stream, names in plan.order.items():
+        for i, name in enumerate(names):
+            p = plan.placements[name]
+            ax.barh(stream, p.end_ms - p.start_ms, left=p.start_ms, color=f"C{i % 10}",
+                    edgecolor="black" if name in critical else "none", linewidth=1.5)
+            ax.annotate(name, ((p.start_ms + p.end_ms) / 2, stream), ha="center", va="center", fontsize="x-small")
+    ax.set_yticks(list(plan.order), [f"stream {s}" for s in plan.order])
+    ax.invert_yaxis()
+    ax.set(xlabel="predicted time (ms)", title=f"{title}: {plan.makespan_ms:.3f} ms on {plan.streams} streams "
+           f"(critical path {plan.critical_ms:.3f} ms, outlined)")
+    _save(figure, path)
