@@ -243,7 +243,8 @@ def test_caffe_alexnet_fp16_at_64mib_is_planned_near_its_unlimited_time():
 
 def test_nets_lists_and_shows_networks(capsys, tmp_path):
     listing = json.loads(ok("nets", "--json"))
-    assert {n["name"] for n in listing} == {"alexnet", "resnet18", "resnet50", "densenet40", "googlenet"}
+    assert {n["name"] for n in listing} == {"alexnet", "resnet18", "resnet50", "densenet40", "googlenet", "c3d",
+                                            "unet3d", "wav2vec"}
     assert "googlenet" in inline(capsys, "nets")[1]
     out = ok("nets", "resnet50")
     assert re.search(r"layer3\.1\.conv2\s+5\s+256\s+256\s+3x3", out)
@@ -336,9 +337,9 @@ BAD_LAYER = {"name": "c1", "in_channels": 3, "out_channels": 8, "kernel": 3, "in
     (json.dumps({"layers": [{**BAD_LAYER, "in_channels": "three"}]}).encode(),
      "layer c1: in_channels='three' must be an integer from 1 to 2**63 - 1"),
     (json.dumps({"layers": [{**BAD_LAYER, "input_size": 32.5}]}).encode(),
-     "layer c1: input_size=32.5 must be an integer or a pair of integers"),
+     "layer c1: input_size=32.5 must be an integer or 2 integers [height, width]"),
     (json.dumps({"layers": [{**BAD_LAYER, "stride": None}]}).encode(),
-     "layer c1: stride=None must be an integer or a pair of integers"),
+     "layer c1: stride=None must be an integer or 2 integers [height, width]"),
     (json.dumps({"layers": [BAD_LAYER], "default_batch": 0}).encode(), "default_batch=0 must be an integer from 1"),
     (json.dumps({"layers": [{**BAD_LAYER, "stride": 0}]}).encode(), "layer c1: stride=0 must be"),
     (json.dumps({"layers": [{**BAD_LAYER, "dilation": [1, 0]}]}).encode(), "layer c1: dilation=[1, 0] must be"),
@@ -428,9 +429,14 @@ def test_a_huge_batch_names_its_missing_sizes_in_brief(capsys, db):
     assert "`ucudnn bench --net alexnet --batch 100000 --policy all`" in err
 
 
+NOT_YET_RECORDED = pytest.mark.xfail(strict=True, raises=AssertionError, reason="1-D and 3-D networks are not in "
+                                     "the shipped recording yet: record them on a GPU (bench/record.py)")
+
+
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
 @pytest.mark.parametrize("variant", [("float32", "nchw"), ("float16", "nhwc")])
-@pytest.mark.parametrize("net", [network.name for network in list_networks()])
+@pytest.mark.parametrize("net", [pytest.param(n.name, marks=NOT_YET_RECORDED) if n.name in ("c3d", "unet3d", "wav2vec")
+                                 else n.name for n in list_networks()])
 def test_every_builtin_network_plans_offline_at_its_documented_batch(capsys, net, variant):
     """Every built-in network plans offline at its documented batch size from the shipped file."""
     dtype, layout = variant

@@ -157,3 +157,22 @@ def test_shipped_torchvision_resnet50_matches_the_builtin_table():
 @pytest.mark.parametrize("name", tv.shipped_names())
 def test_shipped_torchvision_tables_equal_a_fresh_trace(name):
     assert tv.network(name).layers == tv.trace(name).layers
+
+
+def test_layers_of_one_to_three_spatial_dimensions():
+    """A layer's dimensions are its longest list of sizes; a file keeps them (a 3-D cube's input
+    size as a list); a 1-D layer's kernels are the 2-D problems cuDNN runs, height 1."""
+    cube = ConvLayer("c", 4, 8, 3, [8, 8, 8], pad=1, stride=[1, 2, 2])
+    assert (cube.kernel, cube.stride, cube.output_size) == ((3, 3, 3), (1, 2, 2), (8, 4, 4))
+    line = ConvLayer("l", 1, 16, 10, [1000], stride=5)
+    assert line.output_size == (199,)
+    problem = line.problem("F", 4)
+    assert problem.x_shape == (4, 1, 1, 1000) and problem.w_shape == (16, 1, 1, 10)
+    assert (problem.pads, problem.strides, problem.y_shape) == ((0, 0), (1, 5), (4, 16, 1, 199))
+    net = Network("n", (cube, line))
+    assert Network.from_json(json.loads(json.dumps(net.to_json()))) == net
+    assert net.to_json()["layers"][0]["input_size"] == [8, 8, 8] and net.to_json()["layers"][0]["kernel"] == 3
+    with pytest.raises(ConfigError, match=r"layer bad: kernel=\[3, 3\] must be an integer or 3 integers \[depth"):
+        ConvLayer("bad", 1, 1, [3, 3], [8, 8, 8])
+    with pytest.raises(ConfigError, match="1, 2 or 3 spatial dimensions"):
+        ConvLayer("bad", 1, 1, 1, [8, 8, 8, 8])

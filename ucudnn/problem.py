@@ -185,10 +185,25 @@ class ConvProblem:
     def from_dict(cls, d: dict) -> "ConvProblem":
         return cls(**d)
 
+    def lifted(self) -> "ConvProblem":
+        """A 1-D problem as the 2-D one cuDNN runs on the same memory (lift_1d); others as they are."""
+        if len(self.x_shape) != 3:
+            return self
+        pads, strides, dilations = lift_1d(self.pads, self.strides, self.dilations)
+        return replace(self, x_shape=(*self.x_shape[:2], 1, self.x_shape[2]),
+                       w_shape=(*self.w_shape[:2], 1, self.w_shape[2]), pads=pads, strides=strides, dilations=dilations)
+
     def describe(self) -> str:
         return (f"{self.kind.value} x={self.x_shape} w={self.w_shape} pad={self.pads} "
                 f"stride={self.strides} dil={self.dilations} groups={self.groups} "
                 f"{self.dtype} math={self.math} {self.layout}{' deterministic' if self.deterministic else ''}")
+
+
+def lift_1d(pads: tuple[int, ...], strides: tuple[int, ...],
+            dilations: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """A 1-D convolution's geometry as 2-D with a height of 1 (no padding, stride and dilation 1
+    across it), as torch and ucudnn run it: cuDNN's tensors have 4 or more dimensions."""
+    return (0, *pads), (1, *strides), (1, *dilations)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ two-GPU model splits conv2, conv4 and conv5 into 2 groups. ResNets follow torchv
 the 3x3 conv, 1x1 downsample convs), DenseNet-40 TensorFlow's benchmark model (16-channel stem,
 transitions keep the channel count), GoogLeNet Caffe's bvlc_googlenet (5x5 branches).
 
-Each network's default batch is one the shipped recording covers (bench/record.py's DEFAULT_SPECS),
-so `ucudnn optimize --net NAME` plans without a GPU; tests/test_cli.py checks it.
+Each 2-D network's default batch is one the shipped recording covers (bench/record.py's
+DEFAULT_SPECS), so `ucudnn optimize --net NAME` plans without a GPU; tests/test_cli.py checks it.
+C3D, the 3-D U-Net and wav2vec's encoder (1-D and 3-D) are not recorded yet: planning them needs
+`ucudnn bench` on a GPU first.
 """
 from __future__ import annotations
 
@@ -115,5 +117,49 @@ def googlenet() -> Network:
                    default_batch=128)
 
 
+def c3d() -> Network:
+    """C3D's eight 3x3x3 convolutions on 16 frames of 112x112 (Tran et al., 2015): pool1 halves
+    height and width only, pools 2-4 all three."""
+    layers, channels = [], 3
+    for name, out, size in (("conv1a", 64, (16, 112, 112)), ("conv2a", 128, (16, 56, 56)),
+                            ("conv3a", 256, (8, 28, 28)), ("conv3b", 256, (8, 28, 28)),
+                            ("conv4a", 512, (4, 14, 14)), ("conv4b", 512, (4, 14, 14)),
+                            ("conv5a", 512, (2, 7, 7)), ("conv5b", 512, (2, 7, 7))):
+        layers.append(ConvLayer(name, channels, out, 3, list(size), pad=1))
+        channels = out
+    return Network("c3d", tuple(layers), "C3D video network, 16 frames of 112x112 (3-D)", default_batch=16)
+
+
+def unet3d(size: int = 64, classes: int = 3) -> Network:
+    """A 3-D U-Net (Cicek et al., 2016) on one channel of size^3: two 3x3x3 convolutions per
+    level, four levels; the decoder's convolutions take the up-sampled features and the skip
+    connection (its 2x2x2 transposed up-convolutions are not listed), then a 1x1x1 to the classes."""
+    layers, channels = [], 1
+    for level, width in enumerate((32, 64, 128, 256)):
+        side = [size >> level] * 3
+        layers += [ConvLayer(f"enc{level}.conv1", channels, width, 3, side, pad=1),
+                   ConvLayer(f"enc{level}.conv2", width, 2 * width, 3, side, pad=1)]
+        channels = 2 * width
+    for level, width in reversed(list(enumerate((64, 128, 256)))):
+        side = [size >> level] * 3
+        layers += [ConvLayer(f"dec{level}.conv1", channels + width, width, 3, side, pad=1),
+                   ConvLayer(f"dec{level}.conv2", width, width, 3, side, pad=1)]
+        channels = width
+    layers.append(ConvLayer("head", channels, classes, 1, [size] * 3))
+    return Network("unet3d", tuple(layers), f"3-D U-Net, 1 channel of {size}^3 (3-D)", default_batch=2)
+
+
+def wav2vec() -> Network:
+    """wav2vec 2.0's feature encoder (Baevski et al., 2020): seven 1-D convolutions of 512
+    channels over one second of 16 kHz audio."""
+    layers, channels, length = [], 1, 16000
+    for index, (kernel, stride) in enumerate(((10, 5), (3, 2), (3, 2), (3, 2), (3, 2), (2, 2), (2, 2))):
+        layer = ConvLayer(f"conv{index}", channels, 512, kernel, [length], stride=stride)
+        layers.append(layer)
+        channels, (length,) = 512, layer.output_size
+    return Network("wav2vec", tuple(layers), "wav2vec 2.0 feature encoder, one second of 16 kHz audio (1-D)",
+                   default_batch=16)
+
+
 BUILTIN = {"alexnet": alexnet, "resnet18": resnet18, "resnet50": resnet50, "densenet40": densenet40,
-           "googlenet": googlenet}
+           "googlenet": googlenet, "c3d": c3d, "unet3d": unet3d, "wav2vec": wav2vec}

@@ -1,4 +1,4 @@
-"""Networks as ucudnn sees them: the geometry of their 2-D convolution layers, no weights."""
+"""Networks as ucudnn sees them: the geometry of their 1-D, 2-D and 3-D convolution layers, no weights."""
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields, replace
@@ -7,8 +7,9 @@ from ..config import INT64_MAX
 from ..errors import ConfigError
 from ..problem import ConvKind, ConvProblem, Kernel
 
-Pair = tuple[int, int]
-_PAIRS = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1}  # each one's smallest value
+Sizes = tuple[int, ...]  # one per spatial dimension
+_SIZES = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1}  # each one's smallest value
+_AXES = {1: "[length]", 2: "[height, width]", 3: "[depth, height, width]"}
 _COUNTS = ("in_channels", "out_channels", "groups", "count")  # positive integers
 DEFAULT_BATCH = 256  # of a network that names none
 
@@ -21,12 +22,21 @@ def _range(smallest: int) -> str:
     return f"from {smallest} to 2**63 - 1"
 
 
-def _pair(value, name: str) -> Pair:
-    smallest = _PAIRS[name]
-    values = (value,) * 2 if isinstance(value, int) else tuple(value) if isinstance(value, (list, tuple)) else ()
-    if len(values) != 2 or not all(_is_int(v, smallest) for v in values):
-        raise ConfigError(f"{name}={value!r} must be an integer or a pair of integers [height, width], "
-                          f"each {_range(smallest)}")
+def spatial_dims(values) -> int:
+    """A layer's spatial dimensions: the length of the longest list among its sizes (1 to 3),
+    else 2 (every size one integer: a 2-D layer)."""
+    lengths = [len(v) for v in values if isinstance(v, (list, tuple))]
+    return max(lengths, default=2)
+
+
+def _sizes(value, name: str, dims: int) -> Sizes:
+    smallest = _SIZES[name]
+    values = (value,) * dims if isinstance(value, int) else tuple(value) if isinstance(value, (list, tuple)) else ()
+    if dims not in _AXES or len(values) != dims or not all(_is_int(v, smallest) for v in values):
+        axes = _AXES.get(dims, "[height, width]")
+        raise ConfigError(f"{name}={value!r} must be an integer or {axes.count(',') + 1} integers {axes}, "
+                          f"each {_range(smallest)} (a layer has 1, 2 or 3 spatial dimensions, as its longest "
+                          "list of sizes says)")
     return values
 
 
@@ -43,18 +53,19 @@ class ConvLayer:
     name: str
     in_channels: int
     out_channels: int
-    kernel: Pair | int
-    input_size: Pair | int  # height and width of the input feature map
-    stride: Pair | int = 1
-    pad: Pair | int = 0
-    dilation: Pair | int = 1
+    kernel: Sizes | int
+    input_size: Sizes | int  # of the input feature map: (length), (height, width) or (depth, height, width)
+    stride: Sizes | int = 1
+    pad: Sizes | int = 0
+    dilation: Sizes | int = 1
     groups: int = 1
     count: int = 1
 
     def __post_init__(self):
         try:
-            for name in _PAIRS:
-                object.__setattr__(self, name, _pair(getattr(self, name), name))
+            dims = spatial_dims(getattr(self, name) for name in _SIZES)
+            for name in _SIZES:
+                object.__setattr__(self, name, _sizes(getattr(self, name), name, dims))
             for name in _COUNTS:
                 _positive(getattr(self, name), name)
             self.problem(ConvKind.FORWARD, 1)
@@ -67,11 +78,16 @@ class ConvLayer:
         return tuple(getattr(self, f.name) for f in fields(self) if f.name not in ("name", "count"))
 
     @property
-    def output_size(self) -> Pair:
-        return self.problem(ConvKind.FORWARD, 1).y_shape[2:]
+    def output_size(self) -> Sizes:
+        return self._problem(ConvKind.FORWARD, 1, "float32", "", "nchw").y_shape[2:]
 
     def problem(self, kind: ConvKind | str, batch: int, dtype: str = "float32", math: str = "",
                 layout: str = "nchw") -> ConvProblem:
+        """The layer's kernel at mini-batch `batch`; a 1-D layer's as the 2-D one cuDNN runs
+        (ConvProblem.lifted)."""
+        return self._problem(kind, batch, dtype, math, layout).lifted()
+
+    def _problem(self, kind: ConvKind | str, batch: int, dtype: str, math: str, layout: str) -> ConvProblem:
         return ConvProblem(
             kind, x_shape=(batch, self.in_channels, *self.input_size),
             w_shape=(self.out_channels, self.in_channels // max(self.groups, 1), *self.kernel),
@@ -80,11 +96,12 @@ class ConvLayer:
         )
 
     def to_json(self) -> dict:
-        """The layer as a network file writes it: pairs of equal values as one integer."""
+        """The layer as a network file writes it: sizes of equal values as one integer, but for a
+        layer that is not 2-D its input size as a list (which says its dimensions)."""
         d = asdict(self)
-        for name in _PAIRS:
-            height, width = d[name]
-            d[name] = height if height == width else [height, width]
+        for name in _SIZES:
+            values = list(d[name])
+            d[name] = values[0] if len(set(values)) == 1 and (len(values) == 2 or name != "input_size") else values
         return d
 
     @classmethod

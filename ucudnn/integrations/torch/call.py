@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...problem import ConvKind, ConvProblem, default_math
+from ...problem import ConvKind, ConvProblem, default_math, lift_1d
 from ...staging import is_aligned
 from .sites import Site, autocast_dtype, signature
 
@@ -41,8 +41,8 @@ class Geometry:
                      in zip(size, kernel, self.pads, self.strides, self.dilations, output_padding))
 
     def lifted(self) -> "Geometry":
-        """A 1-D convolution's geometry as the 2-D one cuDNN runs (height 1, as torch runs it)."""
-        return Geometry((0, *self.pads), (1, *self.strides), (1, *self.dilations), self.groups)
+        """A 1-D convolution's geometry as the 2-D one cuDNN runs (problem.lift_1d)."""
+        return Geometry(*lift_1d(self.pads, self.strides, self.dilations), self.groups)
 
 
 def spatial_dims(module: nn.Module) -> int:
