@@ -1,0 +1,102 @@
+"""A model's nodes on several streams (ucudnn.integrations.torch.streams) on the CPU: the graph
+torch.fx gives, the schedule of it, and a run through stream doubles whose log shows that every
+node runs after its inputs, on its stream, with the events the schedule names; results equal the
+model's."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from ucudnn.errors import ConfigError  # noqa: E402
+from ucudnn.integrations.torch.streams import Streamed, graph_nodes, node_times, traced  # noqa: E402
+
+
+class Block(nn.Module):
+    """An Inception block: four branches of one input, concatenated."""
+
+    def __init__(self, channels: int = 4):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.branches = nn.ModuleList([nn.Conv2d(channels, 2, k, padding=k // 2) for k in (1, 3, 5)])
+        self.pool = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Conv2d(channels, 2, 1))
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        return torch.cat([b(x) for b in self.branches] + [self.pool(x)], 1)
+
+
+class LoggedStreams:
+    """Stream doubles: every operation in a log, events as (stream, position in the log)."""
+
+    def __init__(self):
+        self.log = []
+
+    @contextlib.contextmanager
+    def on(self, index):
+        self.log.append(("on", index))
+        yield
+
+    def record(self, index):
+        self.log.append(("record", index))
+        return (index, len(self.log))
+
+    def wait(self, index, event):
+        self.log.append(("wait", index, event))
+
+    def fork(self):
+        self.log.append(("fork",))
+
+    def join(self):
+        self.log.append(("join",))
+
+
+def test_an_inception_blocks_branches_run_on_their_own_streams_with_the_models_results():
+    torch.manual_seed(0)
+    model = Block().eval()
+    x = torch.randn(2, 3, 8, 8)
+    graph = traced(model)
+    nodes = {n.name: n for n in graph_nodes(graph, {})}
+    convs = [name for name in nodes if name.startswith("branches")]
+    assert len(convs) == 3 and all(nodes[c].after == ("relu",) for c in convs)  # each takes the stem's relu
+    assert nodes["cat"].after == tuple(sorted([*convs, "pool_1"]))
+    times = {name: (3.0 if name.startswith(("branches", "pool")) else 0.5) for name in nodes}
+    ops = LoggedStreams()
+    streamed = Streamed(model, x, streams=4, times=times, ops=ops)
+    with torch.no_grad():
+        torch.testing.assert_close(streamed(x), model(x), rtol=0, atol=0)
+    plan = streamed.plan
+    assert plan.streams == 4 and len({plan.placements[c].stream for c in convs}) == 3
+    assert plan.makespan_ms < sum(times.values())
+    assert ops.log[0] == ("fork",) and ops.log[-1] == ("join",)
+    issued = [entry[1] for entry in ops.log if entry[0] == "on"]  # each node on its stream, in the plan's order
+    assert issued == [p.stream for p in plan.placements.values()]
+    waits = [(i, entry) for i, entry in enumerate(ops.log) if entry[0] == "wait"]
+    assert len(waits) == len(plan.events)
+    assert all(recorded_at <= i for i, (_, _, (_, recorded_at)) in waits)  # recorded before it is waited on
+
+
+def test_node_times_run_every_node_alone_with_the_timer_given():
+    model = Block().eval()
+    graph = traced(model)
+    seen = []
+
+    def timer(run):
+        seen.append(run())
+        return 2.0
+    with torch.no_grad():
+        times = node_times(graph, (torch.randn(1, 3, 8, 8),), timer, repeats=3)
+    assert set(times) == {n.name for n in graph_nodes(graph, {})} and set(times.values()) == {2.0}
+    assert len(seen) == 3 * len(times)
+
+
+def test_a_model_fx_cannot_trace_is_refused_with_fxs_reason():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x  # data-dependent control flow
+
+    with pytest.raises(ConfigError, match="Branchy cannot be traced by torch.fx.*one stream"):
+        traced(Branchy())

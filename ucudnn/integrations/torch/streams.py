@@ -1,0 +1,184 @@
+"""A model's independent work on several CUDA streams: its graph (torch.fx), each node's measured
+time, a critical-path schedule of them (ucudnn.schedule), and a run that issues each node on its
+stream, in the schedule's order, with the events the schedule names.
+
+    streamed = Streamed(model, x, streams=4)      # traced, timed on x, scheduled
+    y = streamed(x)                               # each node on its stream; equals model(x)
+    print(ucudnn.schedule.table(streamed.plan))
+
+A run forks the side streams from the current stream first (they wait for what came before) and
+joins them into it last (what comes after waits for them), and keeps every intermediate tensor
+until the join: a tensor made on one stream and read on another is never handed out again while
+the reader may still run. Capture the run as one CUDA graph (torch.cuda.graph): issued eagerly,
+the host's extra stream and event calls cost more than the concurrency gains. A model that
+torch.fx cannot trace (data-dependent control flow) raises ConfigError with fx's reason, to run on
+one stream as it is. Not yet run on a GPU (tests/test_gpu_streams.py is written for it).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.fx
+from torch import nn
+
+from ...errors import ConfigError
+from ...schedule import Node, Schedule, schedule
+
+COMPUTE = ("call_module", "call_function", "call_method")
+
+
+def traced(model: nn.Module) -> torch.fx.GraphModule:
+    """The model's graph; ConfigError with torch.fx's reason where it cannot be traced."""
+    try:
+        return torch.fx.symbolic_trace(model)
+    except Exception as exc:  # fx raises TraceError, TypeError, ... on data-dependent control flow
+        raise ConfigError(f"{type(model).__name__} cannot be traced by torch.fx ({type(exc).__name__}: {exc}); "
+                          "run it on one stream") from exc
+
+
+def graph_nodes(graph: torch.fx.GraphModule, times: Mapping[str, float]) -> list[Node]:
+    """The graph's compute nodes as schedule nodes: `times` (ms by node name; 0 where absent),
+    after the compute nodes whose outputs they take (through any number of other nodes)."""
+    compute: dict[str, tuple[str, ...]] = {}
+    feeds: dict[str, set[str]] = {}  # any node -> the compute nodes behind it
+    for node in graph.graph.nodes:
+        behind = set().union(*(feeds[a.name] for a in node.all_input_nodes)) if node.all_input_nodes else set()
+        if node.op in COMPUTE:
+            compute[node.name] = tuple(sorted(behind))
+            behind = {node.name}
+        feeds[node.name] = behind
+    return [Node(name, float(times.get(name, 0.0)), after) for name, after in compute.items()]
+
+
+def node_times(graph: torch.fx.GraphModule, args: tuple, timer: Callable[[Callable[[], Any]], float],
+               repeats: int = 5) -> dict[str, float]:
+    """Each compute node's milliseconds, by `timer(run)` (the median of `repeats`), run alone on
+    the outputs the graph gave its inputs on `args`."""
+    values = _values(graph, args)
+    times = {}
+    for node in graph.graph.nodes:
+        if node.op in COMPUTE:
+            call = _call(graph, node, values)
+            times[node.name] = statistics.median(timer(call) for _ in range(repeats))
+    return times
+
+
+def cuda_timer(run: Callable[[], Any]) -> float:
+    """Milliseconds of one run() on the current CUDA stream, by events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+class CudaStreams:
+    """The streams a run issues on: stream 0 the stream current when the run starts (a graph's
+    capture stream inside torch.cuda.graph), the others made once."""
+
+    def __init__(self, count: int, device: torch.device | None = None):
+        self.device = device
+        self.current = torch.cuda.current_stream(device)
+        self.side = [torch.cuda.Stream(device) for _ in range(count - 1)]
+
+    def on(self, index: int):
+        return torch.cuda.stream(self.current if index == 0 else self.side[index - 1])
+
+    def record(self, index: int) -> Any:
+        event = torch.cuda.Event()
+        event.record(self.current if index == 0 else self.side[index - 1])
+        return event
+
+    def wait(self, index: int, event: Any) -> None:
+        (self.current if index == 0 else self.side[index - 1]).wait_event(event)
+
+    def fork(self) -> None:
+        self.current = torch.cuda.current_stream(self.device)
+        for stream in self.side:
+            stream.wait_stream(self.current)
+
+    def join(self) -> None:
+        for stream in self.side:
+            self.current.wait_stream(stream)
+
+
+class Streamed(nn.Module):
+    """`model` run with its independent nodes on `streams` streams (see the module's docstring):
+    traced, each node timed on `example` (a tuple of positional arguments, or one tensor) with
+    `timer` (cuda_timer: CUDA events), and scheduled by the critical path. `ops` issues the
+    streams and events (CudaStreams by default; tests pass doubles)."""
+
+    def __init__(self, model: nn.Module, example: Any, streams: int, *, timer=cuda_timer, ops=None,
+                 times: Mapping[str, float] | None = None):
+        super().__init__()
+        self.graph = traced(model)
+        args = example if isinstance(example, tuple) else (example,)
+        with torch.no_grad():
+            measured = times if times is not None else node_times(self.graph, args, timer)
+        self.plan: Schedule = schedule(graph_nodes(self.graph, measured), streams)
+        self.ops = ops if ops is not None else CudaStreams(self.plan.streams)
+
+    def forward(self, *args):
+        values = _bind(self.graph, args)
+        fx_nodes = {n.name: n for n in self.graph.graph.nodes}
+        waits: dict[str, list[str]] = {}
+        for u, v in self.plan.events:
+            waits.setdefault(v, []).append(u)
+        recorded: dict[str, Any] = {}
+        senders = {u for u, _ in self.plan.events}
+        self.ops.fork()
+        for name, placement in self.plan.placements.items():  # the order the schedule placed them in
+            stream = placement.stream
+            for u in waits.get(name, ()):
+                self.ops.wait(stream, recorded[u])
+            with self.ops.on(stream):
+                values[name] = _call(self.graph, fx_nodes[name], values)()
+            if name in senders:
+                recorded[name] = self.ops.record(stream)
+        self.ops.join()
+        output = next(n for n in self.graph.graph.nodes if n.op == "output")
+        return torch.fx.node.map_arg(output.args[0], lambda n: values[n.name])
+
+
+def _bind(graph: torch.fx.GraphModule, args: tuple) -> dict[str, Any]:
+    """The values of the graph's placeholders (from `args`) and attributes."""
+    values: dict[str, Any] = {}
+    placeholders = iter(args)
+    for node in graph.graph.nodes:
+        if node.op == "placeholder":
+            values[node.name] = next(placeholders, node.args[0] if node.args else None)
+        elif node.op == "get_attr":
+            values[node.name] = _attribute(graph, node.target)
+    return values
+
+
+def _values(graph: torch.fx.GraphModule, args: tuple) -> dict[str, Any]:
+    """Every node's value in one run of the graph on `args`, in graph order."""
+    values = _bind(graph, args)
+    for node in graph.graph.nodes:
+        if node.op in COMPUTE:
+            values[node.name] = _call(graph, node, values)()
+    return values
+
+
+def _call(graph: torch.fx.GraphModule, node: torch.fx.Node, values: Mapping[str, Any]) -> Callable[[], Any]:
+    """The node's computation on the `values` of its inputs, as torch.fx.Interpreter runs it."""
+    args = torch.fx.node.map_arg(node.args, lambda n: values[n.name])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: values[n.name])
+    if node.op == "call_module":
+        module = graph.get_submodule(node.target)
+        return lambda: module(*args, **kwargs)
+    if node.op == "call_method":
+        return lambda: getattr(args[0], node.target)(*args[1:], **kwargs)
+    return lambda: node.target(*args, **kwargs)
+
+
+def _attribute(graph: torch.fx.GraphModule, target: str) -> Any:
+    value: Any = graph
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
