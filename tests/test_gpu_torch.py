@@ -198,6 +198,33 @@ def test_random_1d_3d_and_transposed_layers_match_float64(kind, case, seed, make
     check_every_kernel(theirs, ours, x, context, bound, what)
 
 
+def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):
+    """ResNet-18 AMP channels_last B=32 with every layer through ucudnn (delegation off, 8 MiB):
+    with BF on a side stream beside BD (settings.concurrent_backward), every weight and input
+    gradient equals the serial run's (the same plans from the same database, other streams)."""
+    from ucudnn.config import Settings
+
+    torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(32, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    grads = []
+    for concurrent in (False, True):
+        settings = Settings.load(workspace_limit="8MiB", planning="first_call", cache_path=cache_path,
+                                 concurrent_backward=concurrent)
+        ours = ut.convert(copy.deepcopy(model), context=ut.Context(settings, delegate=False))
+        for _ in range(2):  # the first plans; the second runs as planned
+            xi = x.detach().clone().requires_grad_()
+            ours.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = ours(xi).float().square().mean()
+            loss.backward()
+        torch.cuda.synchronize()
+        grads.append([xi.grad] + [p.grad for p in ours.parameters() if p.dim() == 4])
+    for serial, concurrent in zip(*grads):
+        torch.testing.assert_close(concurrent, serial)
+
+
 def test_alexnet_conv2_under_a_tight_limit(make_context):
     """A layer whose fast algorithms need far more than 1 MiB at batch 64: results stay right
     whatever mix of micro-batches ucudnn picks (printed)."""

@@ -440,6 +440,32 @@ def test_convert_leaves_1d_and_3d_layers_to_torch_until_they_run_on_a_gpu(numpy_
     assert [type(m) for m in model] == [nn.Conv1d, nn.Conv3d, nn.ConvTranspose2d]
 
 
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_a_concurrent_backward_runs_bf_beside_bd_and_joins_before_returning(concurrent, tmp_path):
+    """settings.concurrent_backward: in each layer's backward, BF runs on the backend's side
+    stream (its operands marked as used there) while BD runs on the current one, and the current
+    stream waits for the side one before the backward returns; results equal torch's either way."""
+    from ucudnn.config import Settings
+
+    torch.manual_seed(0)
+    backend = NumpyBackend()
+    settings = Settings.load(workspace_limit="64KiB", planning="first_call", concurrent_backward=concurrent)
+    context = ut.Context(settings, backend=backend, cache=Cache(tmp_path / "bench.db"))
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
+    model = ut.convert(copy.deepcopy(plain), context=context)
+    ran = []
+    run = context.run
+    context.run = lambda site, kind, *operands: ran.append((kind.value, backend.aside)) or run(site, kind, *operands)
+    x = torch.randn(4, 3, 8, 8)
+    assert_matches(run_step(model, x), run_step(plain, x))
+    backward = [r for r in ran if r[0] != "F"]
+    if concurrent:
+        assert backward == [("BF", True), ("BD", False), ("BF", True), ("BD", False)]
+        assert backend.streams == ["opened", "joined"] * 2 and len(backend.marked) == 2 * 3
+    else:
+        assert all(not aside for _, aside in backward) and backend.streams == []
+
+
 def test_micro_batches_really_run(numpy_context):
     """With a tight limit the fake fast algorithms only fit small micro-batches: every kernel is
     split, and the results (BF accumulating over micro-batches) still match torch."""

@@ -75,6 +75,7 @@ class NumpyBackend(CudaBackend):
         self.timed_planning = []  # per timing of torch's kernels: whether inside the planning scope
         self.memory_now = memory  # what settled_memory() reports: set it to simulate the device's state
         self._planning = 0
+        self.streams, self.marked, self.aside = [], [], False  # side_stream's log
 
     @contextlib.contextmanager
     def planning(self, device):
@@ -83,6 +84,25 @@ class NumpyBackend(CudaBackend):
             yield
         finally:
             self._planning -= 1
+
+    @contextlib.contextmanager
+    def side_stream(self, device):
+        """Context.beside's side stream: `aside` sets `self.aside` while its body runs and lists
+        the tensors it was given in `marked`; `streams` logs "opened" and "joined"."""
+        self.streams.append("opened")
+
+        @contextlib.contextmanager
+        def aside(*tensors):
+            self.aside = True
+            try:
+                yield
+            finally:
+                self.aside = False
+            self.marked.extend(tensors)
+        try:
+            yield aside
+        finally:
+            self.streams.append("joined")
 
     def settled_memory(self, device):
         return self.memory_now

@@ -115,6 +115,9 @@ class Settings:
     search: str = "pruned"  # how much of the candidate space a benchmark times (ucudnn.search)
     progress: bool = True  # a line on stderr while planning takes long (ucudnn.progress)
     planning: str = "between_iterations"  # ucudnn.torch: when a layer is planned (PLANNINGS)
+    # ucudnn.torch: a converted layer's BF on a side stream beside its BD (each with a workspace of
+    # its own), joined before the layer's backward returns; not yet measured on a GPU
+    concurrent_backward: bool = False
     verbose: bool = False
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 
@@ -191,6 +194,7 @@ _PARSERS = {
     "search": lambda v, n: choice(v, tuple(SEARCHES), n),
     "progress": _flag,
     "planning": lambda v, n: choice(v, PLANNINGS, n),
+    "concurrent_backward": _flag,
     "verbose": _flag,
     "cache_path": lambda v, n: str(v),
 }

@@ -5,7 +5,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -107,6 +107,18 @@ class Context:
                     return kernel(x, w, y)
                 except DeviceMemoryError:
                     kernel = self._shrink(site, kind, kernel)
+
+    @contextlib.contextmanager
+    def beside(self, device: torch.device) -> Iterator[Callable[..., Any]]:
+        """A layer's backward: inside, `with aside(*tensors):` runs its kernels on a side stream
+        that first waits for the current one (settings.concurrent_backward; else on the current
+        stream), the tensors kept from reuse until that stream is done with them; on the way out
+        the current stream waits for the side stream."""
+        if not self.settings.concurrent_backward:
+            yield lambda *tensors: contextlib.nullcontext()
+            return
+        with self.backend.side_stream(device) as aside:
+            yield aside
 
     def _shrink(self, site: Site, kind: ConvKind, failed: UcudnnKernel) -> UcudnnKernel | TorchKernel:
         """The kernel planned for the site after `failed` could not borrow its workspace: within

@@ -64,6 +64,7 @@ class CudaBackend:
 
     def __init__(self):
         self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
+        self._side_streams: dict[torch.device, Any] = {}  # Context.beside's, one per device
 
     def runs_on(self, device: torch.device) -> bool:
         return device.type == "cuda"
@@ -131,6 +132,29 @@ class CudaBackend:
                                                                    block.device.index), 0)
 
         return _planning_scope(cupy.cuda.using_allocator(allocate))
+
+    @contextlib.contextmanager
+    def side_stream(self, device: torch.device):
+        """Context.beside on CUDA: one side stream per device, made once. `aside(*tensors)` runs
+        its body on it after the current stream's work so far, and marks the tensors as used there
+        (record_stream), so that the caching allocator does not hand their memory out again before
+        the side stream is done; at the end the current stream waits for the side stream."""
+        side = self._side_streams.get(device)
+        if side is None:
+            side = self._side_streams[device] = torch.cuda.Stream(device)
+        current = torch.cuda.current_stream(device)
+
+        @contextlib.contextmanager
+        def aside(*tensors: Tensor):
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                yield
+            for tensor in tensors:
+                tensor.record_stream(side)
+        try:
+            yield aside
+        finally:
+            current.wait_stream(side)
 
     def settled_memory(self, device: torch.device) -> Memory:
         """The device's free memory and the bytes torch's tensors hold, after torch's unused

@@ -65,12 +65,14 @@ class _Convolution(torch.autograd.Function):
         fmt = site.memory_format
         d_out = sliceable(d_out, fmt)
         d_input = dw = db = None
-        if ctx.needs_input_grad[0]:
-            d_input = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=fmt)
-            context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, d_input, weight, d_out))
-        if ctx.needs_input_grad[1]:
-            dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fmt)
-            context.run(site, BF, *_sides(site, input, dw, d_out))
+        with context.beside(input.device) as aside:  # BF on a side stream where the settings say so
+            if ctx.needs_input_grad[1]:
+                dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fmt)
+                with aside(input, dw, d_out):
+                    context.run(site, BF, *_sides(site, input, dw, d_out))
+            if ctx.needs_input_grad[0]:
+                d_input = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+                context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, d_input, weight, d_out))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = d_out.sum((0, *range(2, d_out.dim())))
         return d_input, dw, db, None, None
