@@ -795,6 +795,20 @@ def test_nd_layers_bars_and_table():
     assert set(nd.LAYERS) >= {"c3d_conv1", "unet3d_fp16", "dcgan_up", "audio_conv1d"}
 
 
+def test_streams_bars_and_table():
+    import streams
+
+    row = {"model": "googlenet", "batch": 1, "one_stream_ms": 1.07, "streams_ms": 0.61, "predicted_ms": 0.5}
+    v = streams.verdicts(row)
+    assert v["speedup"] == pytest.approx(1.07 / 0.61) and v["floor"] == 1.5 and v["ok"]
+    assert streams.verdicts(dict(row, batch=32, streams_ms=0.95))["floor"] == 1.2
+    other = streams.verdicts(dict(row, model="resnet50", streams_ms=1.1))  # slower: below the no-slower floor
+    assert other["floor"] == streams.NO_SLOWER and not other["ok"]
+    table = streams.markdown([dict(row, verdicts=v), {"model": "inception_v3", "batch": 8, "error": "TraceError"}],
+                             {"serial_ms": 80.0, "concurrent_ms": 75.0, "speedup": 80 / 75, "control": 1.0})
+    assert ">= 1.50: met" in table and "TraceError" in table and "(1.067x, bar 1.05x: met)" in table
+
+
 def test_module_path_counts_modules_changes_and_reentries():
     import module_path as mp
 

@@ -1,0 +1,190 @@
+"""Independent work on several streams, measured side by side in one process (the concurrency
+issue's bars):
+
+(a) inference, fp16: torchvision GoogLeNet and Inception-v3 (the bars) and ResNet-50 and AlexNet
+    (no slower), each captured as one CUDA graph run on one stream (torch's own model) and as one
+    graph of the same model on STREAMS streams (ucudnn.integrations.torch.streams.Streamed: its
+    nodes timed with CUDA events, scheduled by the critical path); graph replays timed with CUDA
+    events taking turns, medians; outputs compared. Bars: >= 1.5x at B = 1 and >= 1.2x at B = 32
+    for GoogLeNet and Inception-v3; no model slower than its one-stream graph beyond 2%.
+(b) the concurrent backward: ResNet-50 AMP channels_last B = 32 training steps with every layer
+    through ucudnn (delegation off, 64 MiB), BF beside BD (settings.concurrent_backward) against
+    the same copy without, and a second serial copy (the A/A control), taking turns (train_ab's
+    interleave), medians. Bar: >= 1.05x.
+
+    PYTHONPATH=. python3 bench/streams.py --out OUT [--models googlenet,inception_v3,resnet50,alexnet]
+        [--batches 1,8,32] [--streams 4] [--no-backward]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BARS = {1: 1.5, 32: 1.2}  # batch -> the least speedup of a graph on several streams (GoogLeNet, Inception-v3)
+BARRED = ("googlenet", "inception_v3")
+NO_SLOWER = 0.98  # every other model and batch: at least this
+BACKWARD_BAR = 1.05
+
+
+def verdicts(row: dict) -> dict:
+    """A row's bar: the speedup's floor for its model and batch, and whether it holds."""
+    speedup = row["one_stream_ms"] / row["streams_ms"]
+    floor = BARS.get(row["batch"], NO_SLOWER) if row["model"] in BARRED else NO_SLOWER
+    return {"speedup": speedup, "floor": floor, "ok": speedup >= floor}
+
+
+def markdown(rows: list[dict], backward: dict | None) -> str:
+    lines = ["| model | batch | one stream, graph (ms) | streams, graph (ms) | predicted (ms) | speedup | bar |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['batch']} | {r['error']} | | | | |")
+            continue
+        v = r["verdicts"]
+        lines.append(f"| {r['model']} | {r['batch']} | {r['one_stream_ms']:.3f} | {r['streams_ms']:.3f} | "
+                     f"{r['predicted_ms']:.3f} | {v['speedup']:.2f}x | >= {v['floor']:.2f}: "
+                     f"{'met' if v['ok'] else 'NOT met'} |")
+    if backward:
+        lines += ["", f"Concurrent backward, ResNet-50 AMP B=32 through ucudnn: serial {backward['serial_ms']:.2f} ms, "
+                  f"concurrent {backward['concurrent_ms']:.2f} ms ({backward['speedup']:.3f}x, bar {BACKWARD_BAR}x: "
+                  f"{'met' if backward['speedup'] >= BACKWARD_BAR else 'NOT met'}); A/A {backward['control']:.3f}"]
+    return "\n".join(lines) + "\n"
+
+
+def graphed(run, example):
+    """`run` captured on a static copy of `example` as one CUDA graph: (replay, static output)."""
+    import torch
+
+    static = example.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(static)
+    return graph.replay, out
+
+
+def replay_ms(replays: dict, rounds: int = 7, repeats: int = 20) -> dict[str, float]:
+    """Median ms of one replay of each graph, the graphs taking turns round by round (CUDA events)."""
+    import torch
+
+    times = {name: [] for name in replays}
+    for r in range(rounds):
+        for name in list(replays)[r % len(replays):] + list(replays)[:r % len(replays)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats):
+                replays[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / repeats)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def inference_row(name: str, batch: int, streams: int) -> dict:
+    import torch
+    import torchvision
+
+    from ucudnn.integrations.torch.streams import Streamed
+
+    size = 299 if name == "inception_v3" else 224
+    options = {"aux_logits": False, "init_weights": True} if name in BARRED else {}
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None, **options).cuda().half().eval()
+    x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+    row = {"model": name, "batch": batch, "streams": streams}
+    with torch.no_grad():
+        streamed = Streamed(model, x, streams=streams)
+        one, want = graphed(model, x)
+        many, got = graphed(streamed, x)
+        one(), many()
+        torch.cuda.synchronize()
+        row["max_difference"] = float((got.float() - want.float()).abs().max())
+        times = replay_ms({"one_stream_ms": one, "streams_ms": many})
+    row.update(times, predicted_ms=streamed.plan.makespan_ms, critical_ms=streamed.plan.critical_ms,
+               nodes=len(streamed.plan.placements), used_streams=streamed.plan.streams)
+    row["verdicts"] = verdicts(row)
+    return row
+
+
+def backward_row(rounds: int = 5, iters: int = 10) -> dict:
+    import torch
+    import torchvision
+
+    import ucudnn.torch as ut
+    from train_ab import interleave, iteration_ms
+    from ucudnn.config import Settings
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(32, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    target = torch.randint(0, 1000, (32,), device="cuda")
+    steps = {}
+    for name, concurrent in (("serial", False), ("concurrent", True), ("control", False)):
+        settings = Settings.load(workspace_limit="64MiB", planning="first_call", concurrent_backward=concurrent)
+        copy_ = ut.convert(copy.deepcopy(model), context=ut.Context(settings, delegate=False))
+        optimizer = torch.optim.SGD(copy_.parameters(), lr=1e-3)
+
+        def step(m=copy_, o=optimizer):
+            o.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(m(x), target)
+            loss.backward()
+            o.step()
+        for _ in range(2):
+            step()
+        steps[name] = step
+
+    def mark():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    marks = interleave(steps, rounds, iters, mark)
+    torch.cuda.synchronize()
+    ms = {n: statistics.median(t for r in per_round for t in r) for n, per_round in iteration_ms(marks).items()}
+    return {"serial_ms": ms["serial"], "concurrent_ms": ms["concurrent"], "control_ms": ms["control"],
+            "speedup": ms["serial"] / ms["concurrent"], "control": ms["serial"] / ms["control"]}
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--models", default="googlenet,inception_v3,resnet50,alexnet")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--no-backward", dest="backward", action="store_false")
+    parser.add_argument("--deadline", type=float, default=560)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    began, rows, backward = time.time(), [], None
+    for model in args.models.split(","):
+        for batch in map(int, args.batches.split(",")):
+            if time.time() - began > args.deadline:
+                break
+            try:
+                rows.append(inference_row(model, batch, args.streams))
+            except Exception as exc:  # failures are data: the row says what went wrong
+                rows.append({"model": model, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            (out / "streams.json").write_text(json.dumps({"inference": rows}, indent=1))
+            print(markdown(rows[-1:], None), flush=True)
+    if args.backward and time.time() - began < args.deadline:
+        backward = backward_row()
+    (out / "streams.json").write_text(json.dumps({"inference": rows, "backward": backward}, indent=1))
+    (out / "streams.md").write_text(markdown(rows, backward))
+    print(markdown(rows, backward))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
