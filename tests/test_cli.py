@@ -129,14 +129,13 @@ def test_the_division_bar_counts_each_distinct_kernel_once():
     """WD divides one workspace among distinct kernels: repeated ones share theirs, so the bar's
     height is the plan's workspace, within the total."""
     pytest.importorskip("matplotlib")
-    from ucudnn.config import Settings
-    from ucudnn.report import make_report
     from ucudnn.plots import _pyplot, draw_division
+    from test_report import report
 
     kernels = get_network("resnet50").problems(32)
     assert any(k.count > 1 for k in kernels)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
-    plan = make_report(kernels, tables, Settings.load(env={}, total_workspace_limit="200MiB"))
+    plan = report(kernels, tables, total_workspace_limit="200MiB")
     figure, ax = _pyplot().subplots()
     try:
         draw_division(ax, plan)
@@ -160,13 +159,12 @@ def test_optimize_plots_wr_and_wd(db, tmp_path):
 def test_division_bar_is_labelled_cudnn_undivided():
     """The left bar of the WD division is the cuDNN-undivided reference at the per-kernel limit."""
     pytest.importorskip("matplotlib")
-    from ucudnn.config import Settings
-    from ucudnn.report import make_report
     from ucudnn.plots import _pyplot, draw_division
+    from test_report import report
 
     kernels = get_network("alexnet").problems(32)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
-    plan = make_report(kernels, tables, Settings.load(env={}, total_workspace_limit="150MiB", optimizer="wd"))
+    plan = report(kernels, tables, total_workspace_limit="150MiB", optimizer="wd")
     figure, ax = _pyplot().subplots()
     try:
         draw_division(ax, plan)

@@ -10,10 +10,9 @@ import synthetic
 from ucudnn import plots
 from ucudnn.cache import recorded_path
 from ucudnn.cli import main
-from ucudnn.config import Settings
 from ucudnn.errors import ConfigError
 from ucudnn.nets import get_network
-from ucudnn.report import make_report
+from test_report import report as reported
 
 pytest.importorskip("matplotlib")
 shipped = pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
@@ -74,7 +73,7 @@ def test_a_stack_of_many_parts_has_a_legend_of_distinct_colours(draw):
     rest are one "others" part, so every part shown has a colour of its own and a legend entry."""
     kernels = get_network("resnet50").problems(32)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
-    report = make_report(kernels, tables, Settings.load(env={}, total_workspace_limit="200MiB"))
+    report = reported(kernels, tables, total_workspace_limit="200MiB")
     figure, ax = plots._pyplot().subplots()
     try:
         draw(ax, report)

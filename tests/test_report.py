@@ -11,6 +11,7 @@ from ucudnn.errors import ConfigError
 from ucudnn.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
 from ucudnn.report import make_report
+from ucudnn.solve import measured_in, plan
 
 MIB = 2**20
 
@@ -26,7 +27,9 @@ def tables(kernels):
 
 
 def report(kernels, tables, **settings):
-    return make_report(kernels, tables, Settings.load(env={}, **settings))
+    """The report of the plan that solve.plan makes from tables at hand."""
+    given = Settings.load(env={}, **settings)
+    return make_report(plan(kernels, given, measured_in(tables)), given)
 
 
 def test_wr_plan_is_wr_per_kernel_beside_cudnns_choices(kernels, tables):

@@ -25,7 +25,7 @@ from .optimizers import PER_KERNEL
 from .optimizers.configuration import Configuration
 from .problem import ConvProblem
 from .problem import Kernel
-from .solve import solve, solve_wr
+from .solve import plan, solve_wr
 
 
 @dataclass(frozen=True)
@@ -92,11 +92,10 @@ class Assignments:
         if not pending:
             return
         asked = limit = self.settings.total_limit(len(pending)) if total is None else total
-        tables = self._tables(pending, limit)
         kernels = [Kernel(p.key, p) for p in pending]
         while True:
             try:
-                solution = solve(kernels, tables, self.settings, limit=limit)
+                solution = plan(kernels, self.settings, self._tables, limit=limit).solution
             except InfeasibleError as exc:
                 if limit == asked:  # the limit asked for: the caller's to raise
                     raise

@@ -8,11 +8,9 @@ Pure CPU: kernels and their measurement tables in, a Report out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from . import solve
 from .config import Settings
-from .measurements import KernelTable
 from .nets import find_kernel
 from .problem import Kernel
 from .optimizers import OPTIMIZERS, Optimizer
@@ -110,13 +108,12 @@ class Report:
         }
 
 
-def make_report(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings: Settings,
-                solver: str = "cbc") -> Report:
-    """WR at settings.workspace_limit per kernel, or WD at settings.total_limit(kernels) with
-    the undivided reference at an equal share of it. `tables` holds each kernel's measurements
-    by problem.key, complete for the policy's sizes within the limit and for the whole batch with
-    none (benchmark.ensure_tables)."""
-    solution = solve.solve(kernels, tables, settings, solver)
+def make_report(planned: solve.Plan, settings: Settings) -> Report:
+    """The plan (solve.plan) beside the references: cuDNN undivided at the per-kernel limit (WD:
+    an equal share of its total) and undivided with no limit. The plan's tables hold each
+    kernel's measurements complete for the policy's sizes within the limit and for the whole
+    batch with none (sources.complete_tables)."""
+    kernels, tables, solution = planned.kernels, planned.tables, planned.solution
     kernel_limit = solution.limit // len(kernels) if settings.optimizing.divides else solution.limit
     if solution.wd is None:
         workspace, solver_stats = sum(c.workspace for c in solution.configurations.values()), None

@@ -16,6 +16,7 @@ from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..parallel import bench_devices, bench_on_devices, bench_with_mpi
 from ..report import Report, make_report
+from ..solve import measured_in, plan
 from ..plots import plot_report
 from ..problem import default_math
 from ..sources import gpu_available, tables_for
@@ -116,7 +117,7 @@ def optimize(args) -> int:
                        progress=_progress(kernels) if measured else None,
                        explain=lambda exc, database, device: explain_missing(exc, database, device, network, request))
     tables, device, path = found.tables, found.device, found.path
-    report = make_report(kernels, tables, settings)
+    report = make_report(plan(kernels, settings, measured_in(tables)), settings)
     if args.plot:
         _plot(args, network, report, tables, settings)
     if args.json:
