@@ -15,7 +15,7 @@ Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from .benchmark import Benchmarker, ensure_tables
@@ -23,9 +23,8 @@ from .config import Settings
 from .errors import DeviceMemoryError, InfeasibleError, UcudnnWarning
 from .optimizers import PER_KERNEL
 from .optimizers.configuration import Configuration
-from .problem import ConvProblem
-from .problem import Kernel
-from .solve import plan, solve_wr
+from .problem import ConvProblem, Kernel
+from .solve import plan
 
 
 @dataclass(frozen=True)
@@ -166,9 +165,9 @@ class Assignments:
         memo_key = (self.benchmarker.device.reuse_key, self.benchmarker.backends.names, problem.key,
                     self.settings.batch_size_policy, self.settings.search, limit, PER_KERNEL.name)
         configuration = self.cache.configuration(memo_key)
-        if configuration is None:
-            table = self._tables([problem], limit)[problem.key]
-            configuration = solve_wr(Kernel(problem.describe(), problem), table, self.settings, limit)
+        if configuration is None:  # planned alone: per kernel (WR), whatever divides the network's total
+            kernel, alone = Kernel(problem.describe(), problem), replace(self.settings, optimizer=PER_KERNEL.name)
+            configuration = plan([kernel], alone, self._tables, limit=limit).solution.configurations[kernel.name]
             self.cache.remember(memo_key, configuration)
         return configuration
 
