@@ -120,23 +120,22 @@ class Streamed(nn.Module):
             measured = times if times is not None else node_times(self.graph, args, timer)
         self.plan: Schedule = schedule(graph_nodes(self.graph, measured), streams)
         self.ops = ops if ops is not None else CudaStreams(self.plan.streams)
+        self._fx = {n.name: n for n in self.graph.graph.nodes}
+        self._waits: dict[str, list[str]] = {}  # node -> the nodes whose events it waits on
+        for u, v in self.plan.events:
+            self._waits.setdefault(v, []).append(u)
+        self._senders = {u for u, _ in self.plan.events}
 
     def forward(self, *args):
-        values = _bind(self.graph, args)
-        fx_nodes = {n.name: n for n in self.graph.graph.nodes}
-        waits: dict[str, list[str]] = {}
-        for u, v in self.plan.events:
-            waits.setdefault(v, []).append(u)
-        recorded: dict[str, Any] = {}
-        senders = {u for u, _ in self.plan.events}
+        values, recorded = _bind(self.graph, args), {}
         self.ops.fork()
         for name, placement in self.plan.placements.items():  # the order the schedule placed them in
             stream = placement.stream
-            for u in waits.get(name, ()):
+            for u in self._waits.get(name, ()):
                 self.ops.wait(stream, recorded[u])
             with self.ops.on(stream):
-                values[name] = _call(self.graph, fx_nodes[name], values)()
-            if name in senders:
+                values[name] = _call(self.graph, self._fx[name], values)()
+            if name in self._senders:
                 recorded[name] = self.ops.record(stream)
         self.ops.join()
         output = next(n for n in self.graph.graph.nodes if n.op == "output")
