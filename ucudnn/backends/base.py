@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from ..dispatch import compose
-from ..errors import ConfigError
+from ..errors import ConfigError, unknown
 
 if TYPE_CHECKING:
     from ..accumulation import Combine
@@ -54,7 +54,7 @@ def resolve(choice: str, *, frontend: bool | None = None) -> tuple[str, ...]:
     installed, else `legacy`; `frontend` overrides the check (offline, measurements of every
     backend can be used whatever is installed)."""
     if choice not in ("", *CHOICES):
-        raise ConfigError(f"backend={choice!r} is unknown; use one of {', '.join(CHOICES)}")
+        raise unknown(choice, CHOICES, "backend")
     if choice == "":
         choice = "all" if (frontend_installed() if frontend is None else frontend) else "legacy"
     return BACKENDS if choice == "all" else (choice,)
