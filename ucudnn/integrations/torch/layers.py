@@ -1,4 +1,4 @@
-"""The converted layers (Conv2d, Conv1d, Conv3d and their autograd Function) and converting models."""
+"""The converted layers (Conv1d, Conv2d, Conv3d, ConvTranspose1d/2d/3d and their autograd Function) and converting models."""
 from __future__ import annotations
 
 import contextlib
