@@ -25,6 +25,8 @@ from .sites import Site, Sites
 from .timings import keep_timing, stored_timing
 
 DELEGATED = ("torch", "layer")  # Context.runs' key of layer calls delegated to torch
+_UNCHANGED = contextlib.nullcontext()  # reusable: entering it does nothing
+_SERIAL = contextlib.nullcontext(lambda *tensors: _UNCHANGED)  # Context.beside with one stream
 PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
 
 def _settings(workspace_limit=None, optimizer=None, policy=None, total_limit=None, cache_path=None,
@@ -108,17 +110,14 @@ class Context:
                 except DeviceMemoryError:
                     kernel = self._shrink(site, kind, kernel)
 
-    @contextlib.contextmanager
-    def beside(self, device: torch.device) -> Iterator[Callable[..., Any]]:
-        """A layer's backward: inside, `with aside(*tensors):` runs its kernels on a side stream
-        that first waits for the current one (settings.concurrent_backward; else on the current
-        stream), the tensors kept from reuse until that stream is done with them; on the way out
-        the current stream waits for the side stream."""
+    def beside(self, device: torch.device) -> contextlib.AbstractContextManager[Callable[..., Any]]:
+        """For a layer's backward: inside, `with aside(*tensors):` runs its kernels on a side
+        stream that first waits for the current one (settings.concurrent_backward; else on the
+        current stream, at no cost beyond two reused no-op contexts), the tensors kept from reuse
+        until that stream is done with them; on the way out the current stream waits for it."""
         if not self.settings.concurrent_backward:
-            yield lambda *tensors: contextlib.nullcontext()
-            return
-        with self.backend.side_stream(device) as aside:
-            yield aside
+            return _SERIAL
+        return self.backend.side_stream(device)
 
     def _shrink(self, site: Site, kind: ConvKind, failed: UcudnnKernel) -> UcudnnKernel | TorchKernel:
         """The kernel planned for the site after `failed` could not borrow its workspace: within
