@@ -176,3 +176,23 @@ def test_layers_of_one_to_three_spatial_dimensions():
         ConvLayer("bad", 1, 1, [3, 3], [8, 8, 8])
     with pytest.raises(ConfigError, match="1, 2 or 3 spatial dimensions"):
         ConvLayer("bad", 1, 1, 1, [8, 8, 8, 8])
+
+
+def test_a_transposed_layer_has_the_kernels_of_the_convolution_it_transposes():
+    """A DCGAN up-convolution: its kernels are those of the convolution from its output back to
+    its input (x the layer's output, w its weight); a file keeps it; bad ones name the fix."""
+    up = ConvLayer("up", 256, 128, 4, 16, stride=2, pad=1, transposed=True)
+    assert up.output_size == (32, 32)
+    problem = up.problem("BD", 8)
+    assert problem.x_shape == (8, 128, 32, 32) and problem.w_shape == (256, 128, 4, 4)
+    assert problem.y_shape == (8, 256, 16, 16)  # the layer's input: its forward is this BD
+    odd = ConvLayer("odd", 4, 6, 3, [5, 7], stride=2, pad=1, output_padding=[1, 0], groups=2, transposed=True)
+    assert odd.output_size == (10, 13) and odd.problem("F", 1).y_shape[2:] == (5, 7)
+    net = Network("gan", (up, odd, ConvLayer("conv", 3, 8, 3, 16)))
+    data = net.to_json()
+    assert "transposed" not in data["layers"][2] and data["layers"][1]["output_padding"] == [1, 0]
+    assert Network.from_json(json.loads(json.dumps(data))) == net
+    with pytest.raises(ConfigError, match="output_padding=\\[1, 1\\] is a transposed layer's"):
+        ConvLayer("bad", 1, 1, 3, 8, stride=2, output_padding=1)
+    with pytest.raises(ConfigError, match="must be below stride"):
+        ConvLayer("bad", 1, 1, 3, 8, stride=1, dilation=2, output_padding=1, transposed=True)

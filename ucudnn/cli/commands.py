@@ -166,7 +166,8 @@ def nets(args) -> int:
           f"{len(network.layers)} distinct (n: how many have that shape)\n")
     print(table(("layer", "n", "in", "out", "kernel", "stride", "pad", "dil", "groups", "input", "output",
                  "GFLOP/sample"),
-                [(layer.name, layer.count, layer.in_channels, layer.out_channels, dims(layer.kernel),
+                [(layer.name + (" (transposed)" if layer.transposed else ""), layer.count, layer.in_channels,
+                  layer.out_channels, dims(layer.kernel),
                   dims(layer.stride), dims(layer.pad), dims(layer.dilation), layer.groups,
                   dims(layer.input_size), dims(layer.output_size),
                   f"{layer.problem('F', 1).flops() / 1e9:.3f}") for layer in network.layers]))

@@ -132,8 +132,8 @@ def c3d() -> Network:
 
 def unet3d(size: int = 64, classes: int = 3) -> Network:
     """A 3-D U-Net (Cicek et al., 2016) on one channel of size^3: two 3x3x3 convolutions per
-    level, four levels; the decoder's convolutions take the up-sampled features and the skip
-    connection (its 2x2x2 transposed up-convolutions are not listed), then a 1x1x1 to the classes."""
+    level, four levels; each decoder level up-samples by a 2x2x2 transposed convolution, then
+    convolves the up-sampled features and the skip connection; last a 1x1x1 to the classes."""
     layers, channels = [], 1
     for level, width in enumerate((32, 64, 128, 256)):
         side = [size >> level] * 3
@@ -142,7 +142,9 @@ def unet3d(size: int = 64, classes: int = 3) -> Network:
         channels = 2 * width
     for level, width in reversed(list(enumerate((64, 128, 256)))):
         side = [size >> level] * 3
-        layers += [ConvLayer(f"dec{level}.conv1", channels + width, width, 3, side, pad=1),
+        layers += [ConvLayer(f"dec{level}.up", channels, channels, 2, [size >> (level + 1)] * 3, stride=2,
+                             transposed=True),
+                   ConvLayer(f"dec{level}.conv1", channels + width, width, 3, side, pad=1),
                    ConvLayer(f"dec{level}.conv2", width, width, 3, side, pad=1)]
         channels = width
     layers.append(ConvLayer("head", channels, classes, 1, [size] * 3))

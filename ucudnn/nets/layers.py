@@ -8,7 +8,7 @@ from ..errors import ConfigError
 from ..problem import ConvKind, ConvProblem, Kernel
 
 Sizes = tuple[int, ...]  # one per spatial dimension
-_SIZES = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1}  # each one's smallest value
+_SIZES = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1, "output_padding": 0}  # each one's smallest value
 _AXES = {1: "[length]", 2: "[height, width]", 3: "[depth, height, width]"}
 _COUNTS = ("in_channels", "out_channels", "groups", "count")  # positive integers
 DEFAULT_BATCH = 256  # of a network that names none
@@ -48,7 +48,10 @@ def _positive(value, name: str) -> int:
 
 @dataclass(frozen=True)
 class ConvLayer:
-    """One convolution layer; `count` layers of the network have exactly this geometry."""
+    """One convolution layer; `count` layers of the network have exactly this geometry. A
+    `transposed` layer (nn.ConvTranspose*d, `output_padding` below its stride) has the kernels of
+    the convolution it transposes: that convolution's BD is the layer's forward, its F the layer's
+    input gradient, its BF the weight gradient; a file names them by that convolution's kinds."""
 
     name: str
     in_channels: int
@@ -60,6 +63,8 @@ class ConvLayer:
     dilation: Sizes | int = 1
     groups: int = 1
     count: int = 1
+    transposed: bool = False
+    output_padding: Sizes | int = 0  # transposed layers only
 
     def __post_init__(self):
         try:
@@ -68,9 +73,20 @@ class ConvLayer:
                 object.__setattr__(self, name, _sizes(getattr(self, name), name, dims))
             for name in _COUNTS:
                 _positive(getattr(self, name), name)
+            self._check_transposed()
             self.problem(ConvKind.FORWARD, 1)
         except ConfigError as exc:
             raise ConfigError(f"layer {self.name}: {exc}") from None
+
+    def _check_transposed(self) -> None:
+        if not isinstance(self.transposed, bool):
+            raise ConfigError(f"transposed={self.transposed!r} must be true or false")
+        if any(self.output_padding) and not self.transposed:
+            raise ConfigError(f"output_padding={list(self.output_padding)} is a transposed layer's; "
+                              "set transposed or drop it")
+        if any(o >= s for o, s in zip(self.output_padding, self.stride)):
+            raise ConfigError(f"output_padding={list(self.output_padding)} must be below stride={list(self.stride)} "
+                              "(then the layer is the backward data of a convolution)")
 
     @property
     def geometry(self) -> tuple:
@@ -79,7 +95,9 @@ class ConvLayer:
 
     @property
     def output_size(self) -> Sizes:
-        return self._problem(ConvKind.FORWARD, 1, "float32", "", "nchw").y_shape[2:]
+        """The spatial size of the layer's output (a transposed layer's: its convolution's input)."""
+        problem = self._problem(ConvKind.FORWARD, 1, "float32", "", "nchw")
+        return problem.x_shape[2:] if self.transposed else problem.y_shape[2:]
 
     def problem(self, kind: ConvKind | str, batch: int, dtype: str = "float32", math: str = "",
                 layout: str = "nchw") -> ConvProblem:
@@ -88,12 +106,18 @@ class ConvLayer:
         return self._problem(kind, batch, dtype, math, layout).lifted()
 
     def _problem(self, kind: ConvKind | str, batch: int, dtype: str, math: str, layout: str) -> ConvProblem:
-        return ConvProblem(
-            kind, x_shape=(batch, self.in_channels, *self.input_size),
-            w_shape=(self.out_channels, self.in_channels // max(self.groups, 1), *self.kernel),
-            pads=self.pad, strides=self.stride, dilations=self.dilation, groups=self.groups,
-            dtype=dtype, math=math, layout=layout,
-        )
+        """The kernel in the layer's own dimensions: of the convolution, or of the one a transposed
+        layer transposes (its x the layer's output, its w the layer's weight)."""
+        if self.transposed:
+            out = tuple((n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, k, p, s, d, o in zip(
+                self.input_size, self.kernel, self.pad, self.stride, self.dilation, self.output_padding))
+            x_shape, w_shape = (batch, self.out_channels, *out), (self.in_channels, self.out_channels // self.groups)
+        else:
+            x_shape, w_shape = (batch, self.in_channels, *self.input_size), (self.out_channels,
+                                                                              self.in_channels // self.groups)
+        return ConvProblem(kind, x_shape=x_shape, w_shape=(*w_shape, *self.kernel), pads=self.pad,
+                           strides=self.stride, dilations=self.dilation, groups=self.groups, dtype=dtype,
+                           math=math, layout=layout)
 
     def to_json(self) -> dict:
         """The layer as a network file writes it: sizes of equal values as one integer, but for a
@@ -102,6 +126,8 @@ class ConvLayer:
         for name in _SIZES:
             values = list(d[name])
             d[name] = values[0] if len(set(values)) == 1 and (len(values) == 2 or name != "input_size") else values
+        if not self.transposed:  # files of convolutions stay as they were
+            del d["transposed"], d["output_padding"]
         return d
 
     @classmethod
