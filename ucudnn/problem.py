@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from enum import Enum
+from typing import Sequence
 
 import numpy as np
 
@@ -124,12 +125,7 @@ class ConvProblem:
 
     @property
     def y_shape(self) -> tuple[int, ...]:
-        out = [
-            (size + 2 * pad - dil * (ker - 1) - 1) // stride + 1
-            for size, ker, pad, stride, dil in zip(
-                self.x_shape[2:], self.w_shape[2:], self.pads, self.strides, self.dilations
-            )
-        ]
+        out = output_size(self.x_shape[2:], self.w_shape[2:], self.pads, self.strides, self.dilations)
         return (self.batch, self.w_shape[0], *out)
 
     @property
@@ -197,6 +193,21 @@ class ConvProblem:
         return (f"{self.kind.value} x={self.x_shape} w={self.w_shape} pad={self.pads} "
                 f"stride={self.strides} dil={self.dilations} groups={self.groups} "
                 f"{self.dtype} math={self.math} {self.layout}{' deterministic' if self.deterministic else ''}")
+
+
+def output_size(size: Sequence[int], kernel: Sequence[int], pads: Sequence[int], strides: Sequence[int],
+                dilations: Sequence[int]) -> tuple[int, ...]:
+    """The spatial size of a convolution's output from its input's `size`."""
+    return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, p, s, d in zip(size, kernel, pads, strides, dilations))
+
+
+def transposed_size(size: Sequence[int], kernel: Sequence[int], pads: Sequence[int], strides: Sequence[int],
+                    dilations: Sequence[int], output_padding: Sequence[int]) -> tuple[int, ...]:
+    """The spatial size of a transposed convolution's output from its input's `size` (torch's
+    formula): the input size of the convolution it transposes, whose output_size() is `size`
+    where each output_padding is below its stride."""
+    return tuple((n - 1) * s - 2 * p + d * (k - 1) + o + 1
+                 for n, k, p, s, d, o in zip(size, kernel, pads, strides, dilations, output_padding))
 
 
 def lift_1d(pads: tuple[int, ...], strides: tuple[int, ...],

@@ -11,14 +11,13 @@ from ..config import Settings, format_size
 from ..coverage import Request, explain_missing
 from ..errors import ConfigError, GpuUnavailableError
 from ..nets import Network, find_kernel, get_network, list_networks, torchvision
-from ..problem import Kernel
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..parallel import bench_devices, bench_on_devices, bench_with_mpi
 from ..report import Report, make_report
 from ..solve import measured_in, plan
 from ..plots import plot_report
-from ..problem import default_math
+from ..problem import Kernel, default_math
 from ..sources import gpu_available, tables_for
 from ..staging import slices_of
 from .output import ProgressBar, device_json, dims, print_json, render_report, table

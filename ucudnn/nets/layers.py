@@ -5,7 +5,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 from ..config import INT64_MAX
 from ..errors import ConfigError
-from ..problem import ConvKind, ConvProblem, Kernel
+from ..problem import ConvKind, ConvProblem, Kernel, transposed_size
 
 Sizes = tuple[int, ...]  # one per spatial dimension
 _SIZES = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1, "output_padding": 0}  # each one's smallest value
@@ -109,8 +109,8 @@ class ConvLayer:
         """The kernel in the layer's own dimensions: of the convolution, or of the one a transposed
         layer transposes (its x the layer's output, its w the layer's weight)."""
         if self.transposed:
-            out = tuple((n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, k, p, s, d, o in zip(
-                self.input_size, self.kernel, self.pad, self.stride, self.dilation, self.output_padding))
+            out = transposed_size(self.input_size, self.kernel, self.pad, self.stride, self.dilation,
+                                  self.output_padding)
             x_shape, w_shape = (batch, self.out_channels, *out), (self.in_channels, self.out_channels // self.groups)
         else:
             x_shape, w_shape = (batch, self.in_channels, *self.input_size), (self.out_channels,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...problem import ConvKind, ConvProblem, default_math, lift_1d
+from ...problem import ConvKind, ConvProblem, default_math, lift_1d, output_size, transposed_size
 from ...staging import is_aligned
 from .sites import Site, autocast_dtype, signature
 
@@ -30,15 +30,12 @@ class Geometry:
     groups: int
 
     def output_size(self, size: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
-                     for n, k, p, s, d in zip(size, kernel, self.pads, self.strides, self.dilations))
+        return output_size(size, kernel, self.pads, self.strides, self.dilations)
 
     def transposed_size(self, size: tuple[int, ...], kernel: tuple[int, ...],
                         output_padding: tuple[int, ...]) -> tuple[int, ...]:
-        """The output size of the transposed convolution of a `size` input (torch's formula): the
-        input size of the convolution it transposes, whose output_size() gives `size` back."""
-        return tuple((n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, k, p, s, d, o
-                     in zip(size, kernel, self.pads, self.strides, self.dilations, output_padding))
+        """The output size of the transposed convolution of a `size` input (problem.transposed_size)."""
+        return transposed_size(size, kernel, self.pads, self.strides, self.dilations, output_padding)
 
     def lifted(self) -> "Geometry":
         """A 1-D convolution's geometry as the 2-D one cuDNN runs (problem.lift_1d)."""
