@@ -59,7 +59,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_ab import interleave, iteration_ms  # noqa: E402
+from train_ab import median_iteration_ms  # noqa: E402
 
 MODELS = {  # name -> (source, precision, batch)
     "resnet50d": ("timm", "amp", 32),
@@ -300,17 +300,8 @@ def steady(steps: dict, rounds: int, iters: int) -> dict:
     """Median ms per iteration of each step, the steps taking turns as train_ab.py's do (who goes
     first rotating), a CUDA event after each iteration; and the median host ms a step's call took
     (where it is about the iteration's, the host sets the pace and host costs count whole)."""
-    import torch
-
-    def mark():
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
     timed, host = host_timed(steps)
-    marks = interleave(timed, rounds, iters, mark)
-    torch.cuda.synchronize()
-    medians = {n: statistics.median(t for r in per_round for t in r) for n, per_round in iteration_ms(marks).items()}
+    medians = median_iteration_ms(timed, rounds, iters)
     return {"ms": medians, "host_ms": {n: statistics.median(s) * 1e3 for n, s in host.items()},
             "torch_over_ucudnn": medians["torch"] / medians["ucudnn"],
             "torch_over_control": medians["torch"] / medians["control"]}

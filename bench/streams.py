@@ -74,19 +74,15 @@ def graphed(run, example):
 
 
 def replay_ms(replays: dict, rounds: int = 7, repeats: int = 20) -> dict[str, float]:
-    """Median ms of one replay of each graph, the graphs taking turns round by round (CUDA events)."""
+    """Median ms of one replay of each graph, the graphs taking turns round by round
+    (torch_shapes.alternate_rounds, timed by CUDA events)."""
     import torch
 
-    times = {name: [] for name in replays}
-    for r in range(rounds):
-        for name in list(replays)[r % len(replays):] + list(replays)[:r % len(replays)]:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(repeats):
-                replays[name]()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end) / repeats)
+    from torch_shapes import alternate_rounds
+    from ucudnn import gpu
+
+    stream = torch.cuda.current_stream().cuda_stream
+    times = alternate_rounds(replays, lambda loop: gpu.time_calls(loop, 1, stream)[0], rounds, repeats)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -121,7 +117,7 @@ def backward_row(rounds: int = 5, iters: int = 10) -> dict:
     import torchvision
 
     import ucudnn.torch as ut
-    from train_ab import interleave, iteration_ms
+    from train_ab import median_iteration_ms
     from ucudnn.config import Settings
 
     torch.manual_seed(0)
@@ -143,14 +139,7 @@ def backward_row(rounds: int = 5, iters: int = 10) -> dict:
         for _ in range(2):
             step()
         steps[name] = step
-
-    def mark():
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    marks = interleave(steps, rounds, iters, mark)
-    torch.cuda.synchronize()
-    ms = {n: statistics.median(t for r in per_round for t in r) for n, per_round in iteration_ms(marks).items()}
+    ms = median_iteration_ms(steps, rounds, iters)
     return {"serial_ms": ms["serial"], "concurrent_ms": ms["concurrent"], "control_ms": ms["control"],
             "speedup": ms["serial"] / ms["concurrent"], "control": ms["serial"] / ms["control"]}
 

@@ -104,6 +104,24 @@ def interleave(steps: dict[str, Callable[[], object]], rounds: int, iters: int, 
     return marks
 
 
+def cuda_mark() -> Any:
+    """A CUDA event recorded now on the current stream: interleave's mark."""
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def median_iteration_ms(steps: dict[str, Callable[[], object]], rounds: int, iters: int) -> dict[str, float]:
+    """Median milliseconds per iteration of each step, the steps taking turns (interleave)."""
+    import torch
+
+    marks = interleave(steps, rounds, iters, cuda_mark)
+    torch.cuda.synchronize()
+    return {n: statistics.median(t for r in per_round for t in r) for n, per_round in iteration_ms(marks).items()}
+
+
 def iteration_ms(marks: dict) -> dict[str, list[list[float]]]:
     """Milliseconds of every iteration, from the marks of interleave() (once they completed)."""
     return {name: [[a.elapsed_time(b) for a, b in zip(held, held[1:])] for held in rounds]
@@ -300,15 +318,10 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - began
 
-    def mark():
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
     before = {name: program_counts(c) for name, c in contexts.items()}
     watch = Watch(blocker.numel() if blocker is not None else 0)
     try:
-        marks = interleave(steps, args.rounds, args.iters, mark, watch)
+        marks = interleave(steps, args.rounds, args.iters, cuda_mark, watch)
         torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError as exc:
         raise RuntimeError(f"{watch.current} ran out of memory in the timed rounds: {first_line(exc)}") from None
