@@ -90,12 +90,18 @@ def checked(nodes: Iterable[Node]) -> dict[str, Node]:
     return ordered
 
 
-def bottom_levels(nodes: Mapping[str, Node]) -> dict[str, float]:
-    """Each node's time plus the longest chain of times after it (`nodes` in topological order)."""
+def successors(nodes: Mapping[str, Node]) -> dict[str, list[str]]:
+    """Each node's name -> the nodes that come after it."""
     after: dict[str, list[str]] = {name: [] for name in nodes}
     for node in nodes.values():
         for a in node.after:
             after[a].append(node.name)
+    return after
+
+
+def bottom_levels(nodes: Mapping[str, Node]) -> dict[str, float]:
+    """Each node's time plus the longest chain of times after it (`nodes` in topological order)."""
+    after = successors(nodes)
     levels: dict[str, float] = {}
     for name in reversed(list(nodes)):
         levels[name] = nodes[name].ms + max((levels[s] for s in after[name]), default=0.0)
@@ -106,10 +112,7 @@ def critical_path(nodes: Mapping[str, Node], levels: Mapping[str, float]) -> tup
     """The chain of largest bottom levels from the start: the nodes no schedule can overlap."""
     if not nodes:
         return ()
-    after: dict[str, list[str]] = {name: [] for name in nodes}
-    for node in nodes.values():
-        for a in node.after:
-            after[a].append(node.name)
+    after = successors(nodes)
     path = [max((n for n in nodes.values() if not n.after), key=lambda n: levels[n.name]).name]
     while after[path[-1]]:
         path.append(max(after[path[-1]], key=lambda s: levels[s]))
@@ -126,8 +129,7 @@ def schedule(nodes: Iterable[Node], streams: int) -> Schedule:
     free = [0.0] * streams
     placements: dict[str, Placement] = {}
     order: dict[int, list[str]] = {}
-    placed_rank = {name: i for i, name in enumerate(sorted(graph, key=lambda n: -levels[n]))}
-    pending = sorted(graph, key=placed_rank.get)
+    pending = sorted(graph, key=lambda n: -levels[n])  # highest priority first
     while pending:
         name = next(n for n in pending if all(a in placements for a in graph[n].after))
         pending.remove(name)
