@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -100,6 +101,24 @@ def run_layer(name: str, free: int, cache: str) -> dict:
     return row
 
 
+def in_child(name: str, limit: str, cache: str, seconds: float) -> dict:
+    """run_layer in a process of its own: torch's benchmark mode keeps the plan it picked per
+    shape for the life of a process, so a row measured after another of the same layer would
+    time torch's memory-free step with the plan it chose under pressure."""
+    command = [sys.executable, __file__, "--row", f"{name}:{limit}", "--cache", cache]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=max(seconds, 1))
+    except subprocess.TimeoutExpired:
+        return {"layer": name, "input": list(LAYERS[name][2]), "precision": LAYERS[name][3],
+                "error": f"no result within {seconds:.0f} s"}
+    lines = done.stdout.strip().splitlines()
+    sys.stderr.write(done.stderr + "".join(line + "\n" for line in lines[:-1]))
+    if done.returncode or not lines:
+        return {"layer": name, "input": list(LAYERS[name][2]), "precision": LAYERS[name][3],
+                "error": f"exit {done.returncode}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"}
+    return json.loads(lines[-1])
+
+
 def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from ucudnn import parse_size
@@ -111,15 +130,21 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", default=",".join(LAYERS))
     parser.add_argument("--cache", help="benchmark database (default OUT/nd_layers.db)")
     parser.add_argument("--deadline", type=float, default=560, help="seconds; rows not begun by then are left out")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # NAME:LIMIT, measured in this process (in_child)
     args = parser.parse_args(argv)
+    if args.row:
+        name, limit = args.row.split(":")
+        print(json.dumps(run_layer(name, parse_size(limit), args.cache), default=str))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began, rows = time.time(), []
     for name in args.layers.split(","):
         for limit in args.limits.split(","):
-            if time.time() - began > args.deadline:
+            left = args.deadline - (time.time() - began)
+            if left <= 0:
                 break
-            rows.append(run_layer(name, parse_size(limit), args.cache or str(out / "nd_layers.db")))
+            rows.append(in_child(name, limit, args.cache or str(out / "nd_layers.db"), left))
             (out / "nd_layers.json").write_text(json.dumps(rows, indent=1, default=str))
             (out / "nd_layers.md").write_text(markdown(rows))
             print(markdown(rows[-1:]), flush=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import types
 import warnings
+from dataclasses import replace
 
 import pytest
 
@@ -128,6 +129,37 @@ def test_shrink_halves_what_the_caller_could_not_borrow(tmp_path):
     with pytest.warns(UcudnnWarning):
         after = assignments.shrink(LAYERS[0])
     assert after.workspace_size <= before // 2 and assignments.shrinks == [(LAYERS[0].describe(), before, before // 2)]
+
+
+def test_shrink_plans_from_the_measurements_at_hand_and_measures_only_where_they_hold_no_plan(tmp_path):
+    """Planning again for lack of memory: measuring needs the operands' memory, which is short,
+    so the tables already measured are used where they hold a plan within the new limit."""
+    assignments, bench, _ = make_assignments(tmp_path, workspace_limit="64MiB")  # a pruned search would measure
+    before = assignments.get(LAYERS[0]).workspace_size                              # more sizes within half of it
+    calls = bench.calls
+    with pytest.warns(UcudnnWarning):
+        after = assignments.shrink(LAYERS[0])
+    assert bench.calls == calls and 0 < after.workspace_size <= before // 2
+    fresh, _, _ = make_assignments(tmp_path / "at-half", workspace_limit=before // 2)
+    assert after.configuration.time_ms >= fresh.get(LAYERS[0]).configuration.time_ms - 1e-9
+
+    empty, bench, _ = make_assignments(tmp_path / "empty", workspace_limit="1MiB")
+    empty._assigned[LAYERS[1].key] = replace(empty.get(LAYERS[0]), workspace_size=before)  # as if assigned
+    calls = bench.calls
+    with pytest.warns(UcudnnWarning):
+        empty.shrink(LAYERS[1])  # nothing measured for this kernel: it is measured now
+    assert bench.calls > calls and empty.get(LAYERS[1]).configuration.batch == LAYERS[1].batch
+
+
+def test_shrink_plans_within_what_the_caller_can_still_have_where_that_is_at_least_half(tmp_path):
+    for n, (share, within) in enumerate([(0.9, 0.9), (0.1, 0.5), (10, 0.5), (None, 0.5)]):
+        assignments, _, _ = make_assignments(tmp_path / str(n), workspace_limit="64MiB")
+        failed = assignments.get(LAYERS[0]).workspace_size
+        available = None if share is None else int(failed * share)
+        with pytest.warns(UcudnnWarning, match="planning again within"):  # under half, or not less: half
+            after = assignments.shrink(LAYERS[0], available=available)
+        assert assignments.shrinks == [(LAYERS[0].describe(), failed, int(failed * within))]
+        assert after.workspace_size <= failed * within
 
 
 # --- ucudnn.torch -------------------------------------------------------------------------------------------

@@ -39,8 +39,8 @@ class NumpyHandle:
     def finalize(self, total=None):
         self.assignments.finalize(total)
 
-    def shrink(self, problem):
-        return self.assignments.shrink(problem)
+    def shrink(self, problem, available=None):
+        return self.assignments.shrink(problem, available)
 
     @property
     def shrinks(self):

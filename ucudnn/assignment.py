@@ -9,6 +9,8 @@
 - Out of memory: where a workspace cannot be allocated (the allocator raises MemoryError), the
   kernel (WD: the network) is planned again within half of it, and so on; `shrink()` does the
   same for a workspace its caller failed to allocate. Each step warns and is kept in `shrinks`.
+  A kernel planned again for lack of memory is planned from the measurements at hand where they
+  hold a plan within the new limit: measuring needs the operands' memory, which is what is short.
 
 Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive it with fakes.
 """
@@ -20,11 +22,11 @@ from typing import Any, Callable
 
 from .benchmark import Benchmarker, ensure_tables
 from .config import Settings
-from .errors import DeviceMemoryError, InfeasibleError, UcudnnWarning
+from .errors import DeviceMemoryError, InfeasibleError, NoAlgorithmError, UcudnnWarning
 from .optimizers import PER_KERNEL
 from .optimizers.configuration import Configuration
 from .problem import ConvProblem, Kernel
-from .solve import plan
+from .solve import Measure, plan
 
 
 @dataclass(frozen=True)
@@ -112,11 +114,16 @@ class Assignments:
                                              segment.size)
         self._network_solved = True
 
-    def shrink(self, problem: ConvProblem) -> Assignment:
-        """Assign `problem` again within half of its workspace, which the caller (borrowing it at
-        each call) could not allocate."""
+    def shrink(self, problem: ConvProblem, available: int | None = None) -> Assignment:
+        """Assign `problem` again within less than its workspace, which the caller (borrowing it
+        at each call) could not allocate: within the `available` bytes the caller can still have
+        where that is less but at least half, else within half."""
         failed = self._assigned[problem.key].workspace_size
-        self._assign_alone(problem, self._smaller(failed, problem.describe()))
+        limit = self._smaller(failed, problem.describe(), available)
+        try:
+            self._assign_alone(problem, limit, self._tables_at_hand)
+        except (NoAlgorithmError, InfeasibleError):
+            self._assign_alone(problem, limit)
         return self._assigned[problem.key]
 
     def reset(self) -> None:
@@ -130,10 +137,12 @@ class Assignments:
     def __len__(self) -> int:
         return len(self._assigned)
 
-    def _assign_alone(self, problem: ConvProblem, limit: int | None = None) -> None:
+    def _assign_alone(self, problem: ConvProblem, limit: int | None = None, measure: Measure | None = None) -> None:
+        """WR: the kernel's plan within `limit` (default _alone_limit) from `measure` (default
+        _tables: the cache, and this GPU for what it lacks) and its workspace."""
         limit = self._alone_limit() if limit is None else limit
         while True:
-            configuration = self._optimize_wr(problem, limit)
+            configuration = self._optimize_wr(problem, limit, measure)
             try:
                 workspace = self._buffer(configuration.workspace)
                 break
@@ -151,22 +160,29 @@ class Assignments:
         used = self.wd_result.total_workspace if self.wd_result else 0
         return max(self.settings.total_limit(len(self._assigned) + 1) - used - self._late_workspace, 0)
 
-    def _smaller(self, nbytes: int, what: str) -> int:
+    def _smaller(self, nbytes: int, what: str, available: int | None = None) -> int:
         """The limit to plan again within after `nbytes` of workspace for `what` could not be
-        allocated: half of it. Out of memory with no workspace at all is the caller's to handle."""
+        allocated: the `available` bytes where fewer than `nbytes` but at least half, else half of
+        it (each step at least halves or ends below what failed). Out of memory with no workspace
+        at all is the caller's to handle."""
         if nbytes == 0:
             raise DeviceMemoryError(f"a zero-byte workspace for {what}", 0, "free GPU memory")
-        self.shrinks.append((what, nbytes, nbytes // 2))
+        limit = available if available is not None and nbytes // 2 <= available < nbytes else nbytes // 2
+        self.shrinks.append((what, nbytes, limit))
         warnings.warn(f"ucudnn: no GPU memory for {nbytes / 2**20:.1f} MiB of workspace for {what}; "
-                      f"planning again within {nbytes // 2 / 2**20:.1f} MiB", UcudnnWarning, stacklevel=4)
-        return nbytes // 2
+                      f"planning again within {limit / 2**20:.1f} MiB", UcudnnWarning, stacklevel=4)
+        return limit
 
-    def _optimize_wr(self, problem: ConvProblem, limit: int) -> Configuration:
+    def _optimize_wr(self, problem: ConvProblem, limit: int, measure: Measure | None = None) -> Configuration:
+        """Planned alone: per kernel (WR), whatever divides the network's total. Plans from the
+        complete tables (`measure` None) are remembered; plans from the tables at hand are not."""
+        kernel, alone = Kernel(problem.describe(), problem), replace(self.settings, optimizer=PER_KERNEL.name)
+        if measure is not None:
+            return plan([kernel], alone, measure, limit=limit).solution.configurations[kernel.name]
         memo_key = (self.benchmarker.device.reuse_key, self.benchmarker.backends.names, problem.key,
                     self.settings.batch_size_policy, self.settings.search, limit, PER_KERNEL.name)
         configuration = self.cache.configuration(memo_key)
-        if configuration is None:  # planned alone: per kernel (WR), whatever divides the network's total
-            kernel, alone = Kernel(problem.describe(), problem), replace(self.settings, optimizer=PER_KERNEL.name)
+        if configuration is None:
             configuration = plan([kernel], alone, self._tables, limit=limit).solution.configurations[kernel.name]
             self.cache.remember(memo_key, configuration)
         return configuration
@@ -174,6 +190,11 @@ class Assignments:
     def _tables(self, problems: list[ConvProblem], cap: int) -> dict:
         return ensure_tables(problems, self.settings.sizes_for, cap, self.cache, self.benchmarker,
                              search=self.settings.searching)
+
+    def _tables_at_hand(self, problems: list[ConvProblem], cap: int) -> dict:
+        """The kernels' tables as the cache holds them for this GPU's benchmarker: nothing measured."""
+        device, names = self.benchmarker.device, self.benchmarker.backends.names
+        return {p.key: self.cache.table(p, device).only(names) for p in problems}
 
     @property
     def benchmarker(self) -> Benchmarker:

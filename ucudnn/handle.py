@@ -127,11 +127,11 @@ class Handle:
         `total` bytes (default: the settings' total limit)."""
         self.assignments.finalize(total)
 
-    def shrink(self, problem: ConvProblem) -> Assignment:
-        """Plan `problem` again within half its workspace: the caller could not allocate the
-        workspace its assignment asked for (see Assignments.shrink)."""
+    def shrink(self, problem: ConvProblem, available: int | None = None) -> Assignment:
+        """Plan `problem` again within less workspace (the bytes `available`, or half): the caller
+        could not allocate the workspace its assignment asked for (see Assignments.shrink)."""
         self._programs = {key: run for key, run in self._programs.items() if key[0] != problem}
-        return self.assignments.shrink(problem)
+        return self.assignments.shrink(problem, available)
 
     @property
     def wd_limit(self) -> int | None:

@@ -26,6 +26,13 @@ from .timings import keep_timing, stored_timing
 
 DELEGATED = ("torch", "layer")  # Context.runs' key of layer calls delegated to torch
 _UNCHANGED = contextlib.nullcontext()  # reusable: entering it does nothing
+
+
+def _assigned(handle, problem: ConvProblem):
+    """Context._planned's first plan of a kernel: the handle's assignment."""
+    return handle.assignment(problem)
+
+
 _SERIAL = contextlib.nullcontext(lambda *tensors: _UNCHANGED)  # Context.beside with one stream
 PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
 
@@ -121,14 +128,16 @@ class Context:
 
     def _shrink(self, site: Site, kind: ConvKind, failed: UcudnnKernel) -> UcudnnKernel | TorchKernel:
         """The kernel planned for the site after `failed` could not borrow its workspace: within
-        half of it (Assignments.shrink; another site may have shrunk it already), and where no
-        plan is left, torch's own convolution."""
+        the bytes the device can still give, or half (Assignments.shrink; another site may have
+        shrunk it already), and where no plan is left, torch's own convolution."""
         call = site.call
         with self._lock:
             kernel = self._kernels.get((kind, call))
             if kernel is failed:
+                available = self.backend.free_bytes(call.device)
                 with self.backend.planning(call.device):
-                    kernel = self._kernels[kind, call] = self._planned(call, kind, "shrink")
+                    kernel = self._kernels[kind, call] = self._planned(
+                        call, kind, lambda handle, problem: handle.shrink(problem, available))
             site.kernels[kind] = kernel
             return kernel
 
@@ -256,15 +265,15 @@ class Context:
         with self._lock, self.backend.device_guard(call.device):
             if (kind, call) not in self._kernels:
                 with self.backend.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
-                    self._kernels[kind, call] = self._planned(call, kind, "assignment")
+                    self._kernels[kind, call] = self._planned(call, kind, _assigned)
             return self._kernels[kind, call]
 
-    def _planned(self, call: Call, kind: ConvKind, how: str) -> UcudnnKernel | TorchKernel:
-        """The kernel as the handle's `how` ("assignment", or "shrink" after its workspace could
-        not be borrowed) plans it; torch's own convolution where ucudnn cannot plan it."""
+    def _planned(self, call: Call, kind: ConvKind, assign: Callable[[Any, ConvProblem], Any]) -> UcudnnKernel | TorchKernel:
+        """The kernel as `assign(handle, problem)` plans it (_assigned, or a shrink after its
+        workspace could not be borrowed); torch's own convolution where ucudnn cannot plan it."""
         problem, handle = call.problem(kind), self.handle(call.device)
         try:
-            return UcudnnKernel(problem, handle, getattr(handle, how)(problem), self.backend)
+            return UcudnnKernel(problem, handle, assign(handle, problem), self.backend)
         except UNPLANNABLE as exc:
             warn_once(f"{problem.describe()}: {exc}")
             return TorchKernel(problem)
