@@ -805,8 +805,13 @@ def test_streams_bars_and_table():
     other = streams.verdicts(dict(row, model="resnet50", streams_ms=1.1))  # slower: below the no-slower floor
     assert other["floor"] == streams.NO_SLOWER and not other["ok"]
     table = streams.markdown([dict(row, verdicts=v), {"model": "inception_v3", "batch": 8, "error": "TraceError"}],
-                             {"serial_ms": 80.0, "concurrent_ms": 75.0, "speedup": 80 / 75, "control": 1.0})
+                             {"serial_ms": 80.0, "concurrent_ms": 75.0, "speedup": 80 / 75, "control": 1.0,
+                              "graph_serial_ms": 70.0, "graph_concurrent_ms": 70.0, "graph_speedup": 1.0,
+                              "graph_control": 1.0})
     assert ">= 1.50: met" in table and "TraceError" in table and "(1.067x, bar 1.05x: met)" in table
+    assert "(1.000x, bar 1.05x: NOT met)" in table
+    training = dict(row, step="training", batch=32, streams_ms=0.85)
+    assert streams.verdicts(training)["floor"] == streams.TRAINING_BAR and streams.verdicts(training)["ok"]
 
 
 def test_module_path_counts_modules_changes_and_reentries():

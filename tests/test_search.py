@@ -2,6 +2,7 @@
 and that a PRUNED row never takes the place of a measurement (ucudnn.search)."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -14,7 +15,7 @@ from ucudnn.cache import Cache
 from ucudnn.cache.database import BenchmarkDatabase
 from ucudnn.config import Settings
 from ucudnn.dispatch import Plan
-from ucudnn.measurements import OK, OVER_CAP, PRUNED, KernelTable, Measurement, ShapeTable
+from ucudnn.measurements import OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, ShapeTable
 from ucudnn.problem import ConvProblem
 from ucudnn.search import FULL, PRUNED_SEARCH, named
 
@@ -84,6 +85,35 @@ def test_a_pruned_row_never_replaces_a_measurement_in_memory_or_in_the_file(tmp_
         db.record(P.with_batch(16), FAKE_DEVICE, [Measurement("legacy:A", 16, None, 0, PRUNED)])
         db.record(P.with_batch(16), FAKE_DEVICE, [Measurement("legacy:A", 16, 2.0, 0, OK, 3)])
         assert sorted(m.status for m in db.table(P, FAKE_DEVICE)) == [OK, OK]
+
+
+@pytest.mark.parametrize("status", [OVER_CAP, OUT_OF_MEMORY])
+def test_a_row_of_circumstance_and_a_pruned_one_replace_each_other_but_never_a_taken_one(tmp_path, status):
+    """Over the cap (or out of memory) at one cap and pruned at a larger one reads as pruned,
+    else the row would stay unmeasured and every later process would measure it again."""
+    unmeasured = Measurement("legacy:A", 8, None, 4 * MiB, status)
+    pruned, taken = Measurement("legacy:A", 8, None, 0, PRUNED), Measurement("legacy:A", 8, 1.0, 4 * MiB, OK, 3)
+    assert list(ShapeTable([unmeasured, pruned])) == [pruned] and list(ShapeTable([pruned, unmeasured])) == [unmeasured]
+    assert list(ShapeTable([taken, unmeasured])) == [taken]
+    with BenchmarkDatabase(tmp_path / "db.sqlite") as db:
+        for rows, kept in (([unmeasured, pruned], PRUNED), ([taken, unmeasured], OK)):
+            for m in rows:
+                db.record(P, FAKE_DEVICE, [m])
+            assert [m.status for m in db.table(P, FAKE_DEVICE)] == [kept]
+
+
+def test_a_kernel_planned_at_a_small_cap_then_a_larger_one_is_complete_for_a_later_process(tmp_path, monkeypatch):
+    """The largest workspaces first in the ranking, one timed per size: at no workspace every
+    candidate but the last is over the cap; at 64 MiB the first is timed and the rest pruned."""
+    import fakes
+
+    monkeypatch.setitem(fakes.CANDIDATES, "legacy", dict(reversed(list(fakes.ALGORITHMS.items()))))
+    path, one = tmp_path / "db.sqlite", dataclasses.replace(PRUNED_SEARCH, best=1)
+    for cap in (0, 64 * MiB):
+        ensure_tables([P], Settings().sizes_for, cap, Cache(path), FakeBenchmarker(), search=one)
+    later = FakeBenchmarker()
+    ensure_tables([P], Settings().sizes_for, 64 * MiB, Cache(path), later, search=one)
+    assert later.calls == 0
 
 
 def test_a_second_process_on_a_pruned_database_measures_nothing(tmp_path):

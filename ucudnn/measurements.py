@@ -23,6 +23,10 @@ OVER_CAP = "over_cap"  # workspace larger than the benchmark's cap: not timed
 PRUNED = "pruned"
 STATUSES = (OK, UNSUPPORTED, FAILED, OUT_OF_MEMORY, OVER_CAP, PRUNED)
 UNMEASURED = (OVER_CAP, OUT_OF_MEMORY)  # not timed: measured again when a limit admits them
+# What a candidate is (timed, or refused, or failing): a row of these is kept over a later one of
+# circumstance (UNMEASURED) or PRUNED, and those replace each other, newest first, so that a
+# candidate over one cap and pruned at a larger one reads as pruned there, not as unmeasured
+TAKEN = (OK, UNSUPPORTED, FAILED)
 # Rows of this backend are torch's own convolution, timed by ucudnn.torch to decide delegation
 # ('torch:<torch version>'): kept beside the candidates' so that a later process decides alike
 # without timing again, never a candidate of the optimizers, which read their backends' rows only.
@@ -114,10 +118,10 @@ class ShapeTable:
             self.add(m)
 
     def add(self, m: Measurement) -> None:
-        """Keep `m`, replacing the row of its (batch, part of a sum, candidate), unless `m` was
-        pruned and that row was taken (the rule the database's upsert also keeps)."""
+        """Keep `m`, replacing the row of its (batch, part of a sum, candidate), unless that row
+        was TAKEN and `m` was not (the rule the database's upsert also keeps)."""
         key = (m.batch, m.accumulates, m.algo)
-        if m.status != PRUNED or key not in self._rows:
+        if m.status in TAKEN or key not in self._rows or self._rows[key].status not in TAKEN:
             self._rows[key] = m
 
     def __iter__(self):

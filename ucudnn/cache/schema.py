@@ -18,7 +18,7 @@ from ..accumulation import route
 from ..bindings.enums import algo_name
 from ..device import TIMING_PRESETS
 from ..errors import CacheError
-from ..measurements import PRUNED
+from ..measurements import TAKEN
 from ..problem import HALF_TYPES, ConvProblem
 
 SCHEMA_VERSION = 5
@@ -48,12 +48,12 @@ KERNEL_COLUMNS = {"shape_key": str, "problem": str}  # problem: ConvProblem.to_d
 
 _placeholders = ", ".join(f":{c}" for c in MEASUREMENT_COLUMNS)
 _updates = ", ".join(f"{c} = excluded.{c}" for c in MEASUREMENT_COLUMNS if c not in KEY)
-# A row taken beats a pruned one (measurements.PRUNED), a default-timed one a quick one, else the
+# A row TAKEN beats one not (over the cap, out of memory, pruned), a default-timed one a quick one, else the
 # newest wins, whatever order rows arrive in, so merging shards gives what one writer would have
 # (ShapeTable.add keeps the first rule in memory). (sqlite-utils' upsert cannot take this
 # condition: plain SQL here.)
-_RANK = ("({table}.status != '" + PRUNED + "', {table}.timing = '" + TIMING_PRESETS[0] + "', "
-         "{table}.recorded_at)")
+_RANK = ("({table}.status IN (" + ", ".join(f"'{s}'" for s in TAKEN) + "), "
+         "{table}.timing = '" + TIMING_PRESETS[0] + "', {table}.recorded_at)")
 UPSERT_MEASUREMENT = (
     f"INSERT INTO measurements ({', '.join(MEASUREMENT_COLUMNS)}) VALUES ({_placeholders}) "
     f"ON CONFLICT ({', '.join(KEY)}) DO UPDATE SET {_updates} "
