@@ -33,6 +33,7 @@ from train_step import block  # noqa: E402
 
 import ucudnn.torch  # noqa: E402
 from ucudnn import parse_size  # noqa: E402
+from ucudnn.config import Settings  # noqa: E402
 from ucudnn.integrations.torch.layers import TWINS  # noqa: E402
 from ucudnn.staging import copy_ms  # noqa: E402
 
@@ -53,13 +54,13 @@ def step_ms(case: Case, module: nn.Module) -> float:
     return median_ms(lambda: case.step(module), torch.cuda.current_stream().cuda_stream, 3, 10)
 
 
-def converted(case: Case, limit: int, cache: str, delegate: bool = True) -> nn.Module:
+def converted(case: Case, limit: int, cache: str, delegate: bool = True, search: str = "pruned") -> nn.Module:
     """A copy of the case's layer through ucudnn.torch at `limit` per kernel: its converted twin
     (layers.TWINS), whether convert() swaps that kind yet or not, planned on its first (warm-up) call."""
     module = copy.deepcopy(case.module)
     module.__class__ = TWINS[type(case.module)]
-    module.ucudnn_context = ucudnn.torch.Context(workspace_limit=limit, cache_path=cache, planning="first_call",
-                                                 delegate=delegate)
+    settings = Settings.load(workspace_limit=limit, cache_path=cache, planning="first_call", search=search)
+    module.ucudnn_context = ucudnn.torch.Context(settings, delegate=delegate)
     return module
 
 
@@ -120,9 +121,9 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     result["torch_free_ms"] = step_ms(case, case.module)
     result["torch_errors"] = errors(case, case.outputs(case.module))
     peak = tensors_peak(case, cache)
-    # every kernel swept with memory free, as after `ucudnn bench`: the benchmarker needs the
-    # operands' memory, which the blocker leaves no room for
-    warm = converted(case, free, cache, delegate=False)
+    # every kernel swept with memory free, as `ucudnn bench` sweeps (the full search): the
+    # benchmarker needs the operands' memory, which the blocker leaves no room for
+    warm = converted(case, free, cache, delegate=False, search="full")
     case.step(warm)
     del warm
     torch.cuda.empty_cache()

@@ -175,17 +175,20 @@ class FakeRuntime:
             super().__init__(f"status {status}")
             self.status = status
 
-    def __init__(self, failures=()):
-        self.failures, self.calls = list(failures), []
+    def __init__(self, failures=(), failing="graphInstantiate"):
+        self.failures, self.failing, self.calls = list(failures), failing, []
 
     def __getattr__(self, name):  # every other runtime call: recorded, returns a handle
-        return lambda *args: self.calls.append(name) or 7
+        return lambda *args: self._call(name)
 
     def graphInstantiate(self, graph):
-        self.calls.append("graphInstantiate")
-        if self.failures:
+        return self._call("graphInstantiate")
+
+    def _call(self, name):
+        self.calls.append(name)
+        if name == self.failing and self.failures:
             raise self.CUDARuntimeError(self.failures.pop(0))
-        return 11
+        return 11 if name == "graphInstantiate" else 7
 
 
 def fake_cupy(monkeypatch, runtime):
@@ -209,6 +212,17 @@ def test_a_graph_without_device_memory_is_instantiated_again_after_making_room(m
     else:
         with pytest.raises(GraphCaptureError, match="status 2"):
             capturer.capture(lambda: None)
+
+
+def test_the_capture_stream_is_made_again_after_making_room_where_memory_ran_out(monkeypatch):
+    runtime, made = FakeRuntime(failures=[2], failing="streamCreateWithFlags"), []
+    graphs = fake_cupy(monkeypatch, runtime)
+    graphs.GraphCapturer(lambda stream: None, lambda: 3, lambda: made.append(True))
+    assert made == [True] and runtime.calls.count("streamCreateWithFlags") == 2
+    runtime = FakeRuntime(failures=[2, 2], failing="streamCreateWithFlags")
+    graphs = fake_cupy(monkeypatch, runtime)
+    with pytest.raises(FakeRuntime.CUDARuntimeError, match="status 2"):  # out of memory even then: raised
+        graphs.GraphCapturer(lambda stream: None, lambda: 3, lambda: None)
 
 
 def test_other_instantiation_failures_are_not_retried(monkeypatch):

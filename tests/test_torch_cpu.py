@@ -907,6 +907,25 @@ def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms,
     assert not any(k["delegated"] for k in context.summary()["kernels"])
 
 
+def test_a_kernel_torch_runs_faster_within_the_limit_runs_torchs_own_in_a_layer_ucudnn_keeps(numpy_context):
+    """torch's F and BD cannot run within the limit; its BF can and is faster than ucudnn's plan:
+    the layer stays with ucudnn, its BF runs torch's own convolution."""
+    from ucudnn.integrations.torch.delegation import torch_kernel_faster
+    from ucudnn.integrations.torch.kernels import TorchTiming as T
+
+    assert torch_kernel_faster(2.0, T(1.0, 512), 1024) and not torch_kernel_faster(2.0, T(1.0, 2048), 1024)
+    assert not torch_kernel_faster(1.0, T(2.0, 0), 1024) and not torch_kernel_faster(1.0, T(float("inf"), 0), 1024)
+    timing = lambda p: T(0.0, 0) if p.kind.value == "BF" else T(0.0, 2**40)  # noqa: E731
+    context = delegating_context(numpy_context, timing, workspace_limit="1KiB")
+    plain = nn.Conv2d(3, 4, 3)
+    conv = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(4, 3, 6, 6)
+    assert_matches(run_step(conv, x), run_step(plain, x))
+    assert dict(context.runs) == {("ucudnn", "F"): 1, ("ucudnn", "BD"): 1, ("torch", "BF"): 1}
+    via = {k["kind"]: (k["via"], k["delegated"]) for k in context.summary()["kernels"]}
+    assert via == {"F": ("ucudnn", False), "BD": ("ucudnn", False), "BF": ("torch", False)}
+
+
 def test_delegation_off_and_wd_never_time_torch(numpy_context):
     fast_torch = lambda problem: integration.kernels.TorchTiming(0.0, 0)  # noqa: E731
     x = torch.randn(4, 3, 6, 6)

@@ -137,12 +137,13 @@ class GraphCapturer:
     Work is captured on a private stream (a caller's stream may be the legacy default stream,
     which cannot capture): `redirect(stream)` points the library at a stream (for cuDNN,
     cudnnSetStream on its handle) and `stream()` names the caller's stream, where graphs run.
-    An instantiated graph holds device memory outside any allocator's pool: where there is none,
-    `make_room()` (e.g. torch.cuda.empty_cache) is called and instantiation is tried once more."""
+    The private stream and an instantiated graph hold device memory outside any allocator's pool:
+    where there is none, `make_room()` (e.g. torch.cuda.empty_cache) is called and the call is
+    tried once more."""
 
     def __init__(self, redirect, stream, make_room: Callable[[], None] | None = None):
         self._redirect, self._stream, self._make_room = redirect, stream, make_room
-        self._private = cupy().cuda.runtime.streamCreateWithFlags(1)  # cudaStreamNonBlocking
+        self._private = self._with_room(cupy().cuda.runtime.streamCreateWithFlags, 1)  # cudaStreamNonBlocking
 
     def capture(self, run) -> Graph:
         """A graph of the work `run()` queues; GraphCaptureError if any of it cannot be captured."""
@@ -167,14 +168,18 @@ class GraphCapturer:
             self._redirect(self._stream())
 
     def _instantiate(self, graph: int) -> int:
+        return self._with_room(cupy().cuda.runtime.graphInstantiate, graph)
+
+    def _with_room(self, call: Callable[..., int], *args) -> int:
+        """call(*args), and where the device is out of memory, once more after make_room()."""
         rt = cupy().cuda.runtime
         try:
-            return rt.graphInstantiate(graph)
+            return call(*args)
         except rt.CUDARuntimeError as exc:
             if self._make_room is None or exc.status != _OUT_OF_MEMORY:
                 raise
         self._make_room()
-        return rt.graphInstantiate(graph)
+        return call(*args)
 
     def launch(self, graph: Graph) -> None:
         graph.launch(self._stream())

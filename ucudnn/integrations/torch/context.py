@@ -18,7 +18,7 @@ from ...problem import ConvKind, ConvProblem
 from ...progress import Progress
 from .call import Call
 from .fallback import UNPLANNABLE, warn_once
-from .delegation import settled_by_torch, worth_delegating
+from .delegation import settled_by_torch, torch_kernel_faster, worth_delegating
 from .kernels import CudaBackend, TorchKernel, TorchTiming, UcudnnKernel
 from .memory import AUTO, auto_total
 from .sites import Site, Sites
@@ -197,12 +197,19 @@ class Context:
 
     def _swept(self, site: Site) -> bool:
         """Plan the site's kernels; whether its layer runs torch's own convolution after all
-        (delegation.worth_delegating, on torch's timings; never with delegation off)."""
+        (delegation.worth_delegating, on torch's timings; never with delegation off). Where the
+        layer stays, a kernel whose torch kernel is faster runs that (torch_kernel_faster)."""
         kernels = [self._site_kernel(site, kind) for kind in site.kinds]
-        return (self.delegate and all(isinstance(k, UcudnnKernel) for k in kernels)
-                and worth_delegating([k.assignment.configuration.time_ms for k in kernels],
-                                     [self._torch_timing(site.call, kind) for kind in site.kinds],
-                                     self.settings.workspace_limit))
+        if not self.delegate or not all(isinstance(k, UcudnnKernel) for k in kernels):
+            return False
+        torch_timings = [self._torch_timing(site.call, kind) for kind in site.kinds]
+        limit = self.settings.workspace_limit
+        if worth_delegating([k.assignment.configuration.time_ms for k in kernels], torch_timings, limit):
+            return True
+        for kind, kernel, timing in zip(site.kinds, kernels, torch_timings):
+            if torch_kernel_faster(kernel.assignment.configuration.time_ms, timing, limit):
+                self._kernels[kind, site.call] = site.kernels[kind] = TorchKernel(kernel.problem)
+        return False
 
     def plan_pending(self, budget_s: float | None = None) -> int:
         """Plan the layers waiting for a plan (planning='between_iterations'), oldest first, until

@@ -45,6 +45,14 @@ def settled_by_torch(torch: Sequence[TorchTiming], limit: int, favourites_fit: C
     return all(t.free >= ROOMY_BYTES for t in torch) or favourites_fit()
 
 
+def torch_kernel_faster(ucudnn_ms: float, torch: TorchTiming, limit: int) -> bool:
+    """Whether one kernel of a layer ucudnn keeps runs torch's own convolution instead: torch's
+    kernel was timed, fits the per-kernel workspace `limit` and is faster than ucudnn's plan (a
+    plan the search could not find: a pruned search times cuDNN's best-ranked candidates, and
+    torch's benchmark mode may find another that ranks lower)."""
+    return torch.ms < ucudnn_ms and torch.workspace <= limit
+
+
 def worth_delegating(ucudnn_ms: Sequence[float], torch: Sequence[TorchTiming], limit: int,
                      host_cost_ms: float = HOST_COST_MS) -> bool:
     """Whether a layer whose kernels take `ucudnn_ms` through ucudnn and `torch` (time and
