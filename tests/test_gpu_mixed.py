@@ -189,7 +189,7 @@ def test_mixed_configurations_through_ucudnn_torch_equal_float64(seed, monkeypat
     cudnn_handle = cudnn.create_handle()
     backends = open_backends("all", cudnn_handle, gpu.current_stream())
     monkeypatch.setattr(assignment.Assignments, "_optimize_wr",
-                        lambda self, problem, limit: measured(backends, problem, mixed_parts(rng, backends, problem)))
+                        lambda self, problem, limit, measure=None: measured(backends, problem, mixed_parts(rng, backends, problem)))
     probe = random_problem(rng, ConvKind.FORWARD, "float32", "nchw")
     layer = torch.nn.Conv2d(probe.x_shape[1], probe.w_shape[0], probe.w_shape[2], probe.strides, probe.pads,
                             probe.dilations, probe.groups, bias=False, device="cuda", dtype=dtype)
