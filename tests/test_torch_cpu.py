@@ -89,7 +89,7 @@ def test_convert_replaces_every_conv2d_in_place_nested_ones_too():
     assert converted_convs(model) == convs  # the same objects, now of ucudnn's class
     assert {name: id(m) for name, m in model.named_modules()} == before
     assert all(p is params[name] for name, p in model.named_parameters())  # optimizers keep working
-    assert type(model.other) is nn.Conv1d and type(model.up) is nn.ConvTranspose2d
+    assert type(model.other) is ut_layers.Conv1d and type(model.up) is ut_layers.ConvTranspose2d
     contexts = {id(m.ucudnn_context) for m in convs}
     assert len(contexts) == 1 and convs[0].ucudnn_context.settings.workspace_limit == 8 * 2**20
 
@@ -434,10 +434,17 @@ def test_a_transposed_layer_given_output_size_runs_torchs_own_with_a_warning(num
     assert not ours.ucudnn_context.runs
 
 
-def test_convert_leaves_1d_and_3d_layers_to_torch_until_they_run_on_a_gpu(numpy_context):
-    model = nn.Sequential(nn.Conv1d(2, 2, 1), nn.Conv3d(2, 2, 1), nn.ConvTranspose2d(2, 2, 1))
-    ut.convert(model, context=numpy_context())
-    assert [type(m) for m in model] == [nn.Conv1d, nn.Conv3d, nn.ConvTranspose2d]
+def test_convert_turns_every_kind_of_convolution_layer_into_its_twin_and_leaves_subclasses(numpy_context):
+    class Standardized(nn.Conv3d):  # a subclass may change forward: left alone, with a warning
+        pass
+
+    kinds = [nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d]
+    model = nn.Sequential(*(kind(2, 2, 1) for kind in kinds), Standardized(2, 2, 1))
+    context = numpy_context()
+    with pytest.warns(UcudnnWarning, match="Standardized"):
+        ut.convert(model, context=context)
+    assert [type(m) for m in model] == [ut_layers.TWINS[kind] for kind in kinds] + [Standardized]
+    assert all(m.ucudnn_context is context for m in model[:-1])
 
 
 @pytest.mark.parametrize("concurrent", [False, True])

@@ -1,11 +1,12 @@
-"""PyTorch integration: torch.nn.Conv2d layers whose convolutions run micro-batched through ucudnn.
+"""PyTorch integration: torch's convolution layers (1-D, 2-D, 3-D, transposed) whose convolutions
+run micro-batched through ucudnn.
 
     import ucudnn.torch
-    model = ucudnn.torch.convert(model, workspace_limit="64MiB")           # WR, every nn.Conv2d
+    model = ucudnn.torch.convert(model, workspace_limit="64MiB")           # WR, every convolution layer
     model = ucudnn.torch.convert(model, optimizer="wd", sample_input=x)     # WD, solved once
 
 `Conv2d` is an nn.Conv2d (same constructor, parameters and state_dict) whose forward and backward
-(an autograd Function) run F, BD and BF through a ucudnn.Handle on torch's current CUDA stream,
+(an autograd Function) run F, BD and BF (the other twins likewise: layers.TWINS) through a ucudnn.Handle on torch's current CUDA stream,
 directly on the tensors' memory; workspaces come from torch's caching allocator. What ucudnn
 cannot run (CPU tensors, float64, asymmetric 'same' padding, ...) falls back to torch's own
 convolution with a one-time warning naming the reason. Under torch's deterministic settings only

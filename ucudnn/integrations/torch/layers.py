@@ -166,12 +166,9 @@ class ConvTranspose3d(ConvertedTranspose, nn.ConvTranspose3d):
 
 _eager_forward = _compiler_disable(Converted._forward)
 
-# Every torch layer ucudnn can run, and its converted twin
+# Every torch layer ucudnn runs, and its converted twin: what convert() turns them into, in place
 TWINS: dict[type, type] = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d, nn.ConvTranspose1d: ConvTranspose1d,
                            nn.ConvTranspose2d: ConvTranspose2d, nn.ConvTranspose3d: ConvTranspose3d}
-# ... those convert() turns into ucudnn's, in place: the others join once their twins have run on a
-# GPU (docs/torch.md)
-CONVERTED: dict[type, type] = {nn.Conv2d: Conv2d}
 
 
 # --- converting models -----------------------------------------------------------------------------
@@ -180,8 +177,9 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
             policy: str | None = None, total_limit: int | str | None = None, *, sample_input: Any = None,
             cache_path: str | None = None, execution: str | None = None, planning: str | None = None,
             context: Context | None = None, delegate: bool = True) -> nn.Module:
-    """Turn every torch.nn.Conv2d of `model` (nested ones too, and `model` itself) into a
-    ucudnn.torch.Conv2d in place, and return `model`.
+    """Turn every torch.nn.Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d and
+    ConvTranspose3d of `model` (nested ones too, and `model` itself) into its ucudnn twin (TWINS:
+    ucudnn.torch.Conv2d, ...) in place, and return `model`.
 
     Layers keep their identity, parameters, hooks and state_dict (only their class changes), so
     an optimizer made before still works. Settings: `workspace_limit` per kernel (WR) such as
@@ -198,7 +196,7 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     of training. `delegate`: under WR, layers whose kernels ucudnn would not speed up (torch's
     own fit the limit and are about as fast) run torch's own convolution, which costs less host
     time (see ucudnn.integrations.torch.delegation); False runs every layer through ucudnn.
-    Subclasses of nn.Conv2d are left alone (they may change forward)."""
+    Subclasses of those layers are left alone (they may change forward)."""
     settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
     if context is not None and (any(v is not None for v in settings) or not delegate):
         raise ConfigError("pass either context= or settings (workspace_limit, optimizer, delegate, ...) "
@@ -211,15 +209,15 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
                                  planning=planning, delegate=delegate)
     skipped = set()
     for module in model.modules():
-        if type(module) in CONVERTED:
-            module.__class__ = CONVERTED[type(module)]
-        elif isinstance(module, tuple(CONVERTED)) and not isinstance(module, Converted):
+        if type(module) in TWINS:
+            module.__class__ = TWINS[type(module)]
+        elif isinstance(module, tuple(TWINS)) and not isinstance(module, Converted):
             skipped.add(type(module).__qualname__)
             continue
         if isinstance(module, Converted):
             module.ucudnn_context = context
     if skipped:
-        warnings.warn(f"ucudnn.torch.convert left subclasses of {', '.join(c.__name__ for c in CONVERTED)} "
+        warnings.warn(f"ucudnn.torch.convert left subclasses of {', '.join(c.__name__ for c in TWINS)} "
                       f"unconverted: {', '.join(sorted(skipped))}", UcudnnWarning, stacklevel=2)
     if sample_input is not None:
         learn(model, *(sample_input if isinstance(sample_input, tuple) else (sample_input,)))
