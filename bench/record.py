@@ -28,7 +28,7 @@ from ucudnn.sources import complete_tables
 # (torchvision:alexnet is traced from torchvision: the recording needs it installed, planning
 # from the file needs it too)
 NETS = ("alexnet:256", "resnet18:128", "resnet50:32", "resnet50:64", "densenet40:256", "googlenet:128",
-        "torchvision:alexnet:256")
+        "c3d:16", "unet3d:2", "wav2vec:16", "torchvision:alexnet:256")
 DEFAULT_SPECS = ",".join(
     f"{net}:{dtype}:powerOfTwo" for dtype in ("float16:nhwc", "float32:nchw") for net in NETS
 ) + ",alexnet:256:float32:nchw:all"
@@ -43,7 +43,7 @@ def record(spec: str, cache: Cache, bench: CudnnBenchmarker, backend: str = "") 
     net, batch, dtype, layout, policy = spec.rsplit(":", 4)  # the net may hold a colon
     kernels = get_network(net).problems(int(batch), dtype, layout=layout)
     start, calls = time.perf_counter(), bench.calls
-    settings = Settings(batch_size_policy=policy, backend=backend)
+    settings = Settings(batch_size_policy=policy, backend=backend, search="full")  # as `ucudnn bench` fills a database
     complete_tables([k.problem for k in kernels], settings, None, cache, bench)  # the batch is a policy size
     summary = dict(spec=spec, kernels=len(kernels), measured=bench.calls - calls,
                    seconds=round(time.perf_counter() - start, 1))

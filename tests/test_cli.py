@@ -427,14 +427,9 @@ def test_a_huge_batch_names_its_missing_sizes_in_brief(capsys, db):
     assert "`ucudnn bench --net alexnet --batch 100000 --policy all`" in err
 
 
-NOT_YET_RECORDED = pytest.mark.xfail(strict=True, raises=AssertionError, reason="1-D and 3-D networks are not in "
-                                     "the shipped recording yet: record them on a GPU (bench/record.py)")
-
-
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
 @pytest.mark.parametrize("variant", [("float32", "nchw"), ("float16", "nhwc")])
-@pytest.mark.parametrize("net", [pytest.param(n.name, marks=NOT_YET_RECORDED) if n.name in ("c3d", "unet3d", "wav2vec")
-                                 else n.name for n in list_networks()])
+@pytest.mark.parametrize("net", [n.name for n in list_networks()])
 def test_every_builtin_network_plans_offline_at_its_documented_batch(capsys, net, variant):
     """Every built-in network plans offline at its documented batch size from the shipped file."""
     dtype, layout = variant

@@ -149,8 +149,7 @@ def nets(args) -> int:
         else:
             print(table(("network", "batch", "conv layers", "distinct", "description"),
                         [(n.name, n.default_batch, n.conv_layers, len(n.layers), n.description) for n in networks]))
-            print("\nbatch: the default --batch, one the shipped recording covers (1-D and 3-D networks: not yet; "
-                  "`ucudnn bench` them on a GPU)")
+            print("\nbatch: the default --batch, one the shipped recording covers")
             print(textwrap.fill(
                 "also: a network file NAME.json (`ucudnn nets NAME --json` writes one) or a torchvision model by "
                 "name (torchvision:NAME where a built-in table has that name). These ship traced: "
