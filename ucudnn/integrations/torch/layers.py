@@ -129,20 +129,19 @@ class Conv2d(Converted, nn.Conv2d):
 
 class Conv1d(Converted, nn.Conv1d):
     """torch.nn.Conv1d whose convolutions run micro-batched through ucudnn (Converted), as 2-D
-    convolutions of height 1, as torch runs them. Not yet run on a GPU: convert() leaves nn.Conv1d
-    to torch until it is (docs/torch.md)."""
+    convolutions of height 1, as torch runs them."""
 
 
 class Conv3d(Converted, nn.Conv3d):
-    """torch.nn.Conv3d whose convolutions run micro-batched through ucudnn (Converted). Not yet
-    run on a GPU: convert() leaves nn.Conv3d to torch until it is (docs/torch.md)."""
+    """torch.nn.Conv3d whose convolutions run micro-batched through ucudnn (Converted), on
+    channels_last_3d tensors where torch would."""
 
 
 class ConvertedTranspose(Converted):
     """A converted transposed layer (nn.ConvTranspose1d, 2d, 3d): the convolution it transposes
     run backwards through ucudnn (its forward that convolution's BD, its input's gradient F, its
     weight's BF), output_padding included. A call given `output_size` runs torch's own layer,
-    with a one-time warning. Not yet run on a GPU: convert() leaves these to torch until they are."""
+    with a one-time warning."""
 
     def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
         if output_size is not None:
