@@ -106,16 +106,16 @@ def in_child(name: str, limit: str, cache: str, seconds: float) -> dict:
     shape for the life of a process, so a row measured after another of the same layer would
     time torch's memory-free step with the plan it chose under pressure."""
     command = [sys.executable, __file__, "--row", f"{name}:{limit}", "--cache", cache]
+    failed = {"layer": name, "input": list(LAYERS[name][2]), "precision": LAYERS[name][3]}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=max(seconds, 1))
     except subprocess.TimeoutExpired:
-        return {"layer": name, "input": list(LAYERS[name][2]), "precision": LAYERS[name][3],
-                "error": f"no result within {seconds:.0f} s"}
+        return failed | {"error": f"no result within {seconds:.0f} s"}
     lines = done.stdout.strip().splitlines()
     sys.stderr.write(done.stderr + "".join(line + "\n" for line in lines[:-1]))
     if done.returncode or not lines:
-        return {"layer": name, "input": list(LAYERS[name][2]), "precision": LAYERS[name][3],
-                "error": f"exit {done.returncode}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"}
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return failed | {"error": f"exit {done.returncode}: {last}"}
     return json.loads(lines[-1])
 
 
