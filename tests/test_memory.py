@@ -199,6 +199,28 @@ class ScarceBackend(NumpyBackend):
             raise DeviceMemoryError("a convolution workspace", nbytes)
         return super().borrow(nbytes, device)
 
+    def settled_memory(self, device):
+        return Memory(self.free, 0)
+
+
+def test_a_workspace_that_cannot_be_borrowed_is_planned_within_what_the_device_has_free(tmp_path):
+    """Where the device has at least half of what failed, the kernel is planned within that."""
+    backend = ScarceBackend(free=2**30)
+    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
+                         planning="first_call", delegate=False)
+    conv = ut.convert(nn.Conv2d(8, 16, 3, padding=1), context=context)
+    x = torch.randn(16, 8, 10, 10)
+    with torch.no_grad():
+        conv(x)
+    planned = context.summary()["kernels"][0]["workspace"]
+    backend.free = planned * 3 // 4
+    with pytest.warns(UcudnnWarning, match="planning again within"):
+        with torch.no_grad():
+            conv(x)
+    assert context.summary()["shrinks"] == [dict(kernel=context.summary()["shrinks"][0]["kernel"], failed=planned,
+                                                 limit=planned * 3 // 4)]
+    assert 0 < context.summary()["kernels"][0]["workspace"] <= planned * 3 // 4
+
 
 def test_a_workspace_torch_cannot_lend_is_planned_within_less_and_the_step_goes_on(tmp_path):
     torch.manual_seed(0)

@@ -128,13 +128,14 @@ class Context:
 
     def _shrink(self, site: Site, kind: ConvKind, failed: UcudnnKernel) -> UcudnnKernel | TorchKernel:
         """The kernel planned for the site after `failed` could not borrow its workspace: within
-        the bytes the device can still give, or half (Assignments.shrink; another site may have
+        the bytes the device has free once torch's cached blocks went back (cached blocks in odd
+        sizes cannot give one workspace), or half (Assignments.shrink; another site may have
         shrunk it already), and where no plan is left, torch's own convolution."""
         call = site.call
         with self._lock:
             kernel = self._kernels.get((kind, call))
             if kernel is failed:
-                available = self.backend.free_bytes(call.device)
+                available = self.backend.settled_memory(call.device).free
                 with self.backend.planning(call.device):
                     kernel = self._kernels[kind, call] = self._planned(
                         call, kind, lambda handle, problem: handle.shrink(problem, available))
