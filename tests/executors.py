@@ -24,7 +24,6 @@ from ucudnn.problem import ConvProblem
 from ucudnn.staging import SLICE_ALIGNMENT
 
 
-
 def plan_workspace(step: Step) -> int:
     """The fake plans' own workspace: a few bytes per sample, more for some candidates."""
     return (64 + 32 * (sum(map(ord, step.algo)) % 3)) * step.problem.batch
@@ -84,7 +83,6 @@ class MemoryBackend(FakeBackend):
             result = r.alpha * result + (r.beta * prior if r.beta else 0.0)
         stored = reference.from_logical(result, p.layout).ravel()
         self.memory.view(out, stored.size, p.dtype)[...] = stored.astype(p.dtype)
-
 
 
 def numpy_combine(memory: FakeMemory, problem: ConvProblem, c: Combine, buffers: dict, stream: int) -> None:

@@ -31,6 +31,8 @@ def bound_for(kind: ConvKind, algos, bound: float) -> float:
     names = [algo_name(kind, a) if isinstance(a, int) else a.partition(":")[2] for a in algos]
     transform = any(name in TRANSFORM_ALGOS for name in names)
     return max(bound, TRANSFORM_BOUND) if transform else bound
+
+
 OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
 
 

@@ -674,6 +674,7 @@ def test_ab_configs_and_the_run_writes_after_each_and_stops_at_the_deadline(tmp_
     assert ab.measure_all(ab.configs("alexnet:256", "fp32"), lambda *c: pytest.fail("measured"), AB_META,
                           tmp_path, -1) == []
 
+
 def test_ab_a_copy_out_of_memory_in_warm_up_is_left_out_and_the_others_go_on():
     torch = pytest.importorskip("torch", reason="warm_up catches torch's out-of-memory error")
 

@@ -74,7 +74,6 @@ def test_a_provenance_is_hardware_and_how_it_was_measured():
     assert provenance.describe() == f"{hardware.describe()}, graph execution"
 
 
-
 @pytest.fixture
 def shard_folder(tmp_path) -> Path:
     """AlexNet at batch 256 recorded in two shards of one folder, half the kernels each."""

@@ -126,7 +126,6 @@ def test_a_coarse_measurement_runs_a_slow_candidate_once_and_a_short_one_twice(m
         calls.append(hide_host)
         return [ms]
 
-
     monkeypatch.setattr(benchmark.gpu, "time_calls", time_calls)
     bench = object.__new__(benchmark.CudnnBenchmarker)
     bench.scratch, bench.stream, bench.pace = types.SimpleNamespace(workspace=lambda nbytes: 0), 0, gpu.HostPace()

@@ -174,4 +174,3 @@ def refuse(source, found: list[str], fix: str) -> None:
     if found:
         raise CacheError(f"{source} holds rows that break the rules of a benchmark database, so nothing was "
                          f"written: {'; '.join(found)}; {fix}")
-

@@ -28,6 +28,7 @@ from ..workspace import ALIGNMENT, Segment, align_up, divide
 from .configuration import Configuration
 from .pareto import desirable_sets
 
+
 def _cbc() -> pulp.LpSolver:
     """CBC on the PATH (pip install pulp[cbc]) or else the one PuLP bundles, which PuLP 3.3
     deprecates in favour of the former."""

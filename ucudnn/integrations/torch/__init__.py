@@ -6,8 +6,8 @@ run micro-batched through ucudnn.
     model = ucudnn.torch.convert(model, optimizer="wd", sample_input=x)     # WD, solved once
 
 `Conv2d` is an nn.Conv2d (same constructor, parameters and state_dict) whose forward and backward
-(an autograd Function) run F, BD and BF (the other twins likewise: layers.TWINS) through a ucudnn.Handle on torch's current CUDA stream,
-directly on the tensors' memory; workspaces come from torch's caching allocator. What ucudnn
+(an autograd Function) run F, BD and BF through a ucudnn.Handle on torch's current CUDA stream
+(the other twins likewise: layers.TWINS), directly on the tensors' memory; workspaces come from torch's caching allocator. What ucudnn
 cannot run (CPU tensors, float64, asymmetric 'same' padding, ...) falls back to torch's own
 convolution with a one-time warning naming the reason. Under torch's deterministic settings only
 candidates cuDNN reports deterministic are planned. A layer that ucudnn would not speed up

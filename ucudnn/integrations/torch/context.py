@@ -26,15 +26,14 @@ from .timings import keep_timing, stored_timing
 
 DELEGATED = ("torch", "layer")  # Context.runs' key of layer calls delegated to torch
 _UNCHANGED = contextlib.nullcontext()  # reusable: entering it does nothing
+_SERIAL = contextlib.nullcontext(lambda *tensors: _UNCHANGED)  # Context.beside with one stream
+PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
 
 
 def _assigned(handle, problem: ConvProblem):
     """Context._planned's first plan of a kernel: the handle's assignment."""
     return handle.assignment(problem)
 
-
-_SERIAL = contextlib.nullcontext(lambda *tensors: _UNCHANGED)  # Context.beside with one stream
-PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
 
 def _settings(workspace_limit=None, optimizer=None, policy=None, total_limit=None, cache_path=None,
               execution=None, planning=None, verbose=None) -> Settings:

@@ -181,4 +181,3 @@ def _attribute(graph: torch.fx.GraphModule, target: str) -> Any:
     for part in target.split("."):
         value = getattr(value, part)
     return value
-
