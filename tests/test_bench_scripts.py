@@ -796,6 +796,30 @@ def test_nd_layers_bars_and_table():
     assert set(nd.LAYERS) >= {"c3d_conv1", "unet3d_fp16", "dcgan_up", "audio_conv1d"}
 
 
+def test_nd_layers_runs_each_row_in_a_process_of_its_own_and_keeps_its_failures(monkeypatch, capsys):
+    import subprocess
+
+    import nd_layers as nd
+
+    done = []
+
+    def run(command, **kwargs):
+        done.append(command)
+        row = command[command.index("--row") + 1]
+        if row.startswith("unet3d:"):
+            raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+        if row.startswith("dcgan_up:"):
+            return subprocess.CompletedProcess(command, 1, "", "Traceback ...\nRuntimeError: boom\n")
+        return subprocess.CompletedProcess(command, 0, 'a log line\n{"layer": "c3d_conv1", "ucudnn_ms": 1.0}\n', "")
+    monkeypatch.setattr(nd.subprocess, "run", run)
+    assert nd.in_child("c3d_conv1", "8MiB", "db", 30) == {"layer": "c3d_conv1", "ucudnn_ms": 1.0}
+    assert "a log line" in capsys.readouterr().err  # the child's log goes on, its result line is the row
+    assert nd.in_child("unet3d", "8MiB", "db", 30)["error"] == "no result within 30 s"
+    failed = nd.in_child("dcgan_up", "64MiB", "db", 30)
+    assert failed["error"] == "exit 1: RuntimeError: boom" and failed["input"] == list(nd.LAYERS["dcgan_up"][2])
+    assert all(c[c.index("--row") + 1].split(":")[0] in nd.LAYERS for c in done)
+
+
 def test_streams_bars_and_table():
     import streams
 
