@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from ucudnn.errors import ConfigError  # noqa: E402
-from ucudnn.integrations.torch.streams import Streamed, graph_nodes, node_times, traced  # noqa: E402
+from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
+from ucudnn.integrations.torch.streams import Streamed, graph_nodes, node_times, on_streams, traced  # noqa: E402
 
 
 class Block(nn.Module):
@@ -100,3 +100,9 @@ def test_a_model_fx_cannot_trace_is_refused_with_fxs_reason():
 
     with pytest.raises(ConfigError, match="Branchy cannot be traced by torch.fx.*one stream"):
         traced(Branchy())
+    model, x = Branchy(), torch.randn(1, 3, 8, 8)
+    with pytest.warns(UcudnnWarning, match="Branchy cannot be traced by torch.fx"):
+        assert on_streams(model, x, 4) is model  # it runs on one stream, as it is
+    block = Block()
+    streamed = on_streams(block, x, 4, timer=lambda run: (run(), 1.0)[1], ops=LoggedStreams())
+    assert isinstance(streamed, Streamed) and streamed.plan.streams > 1

@@ -6,25 +6,29 @@ stream, in the schedule's order, with the events the schedule names.
     y = streamed(x)                               # each node on its stream; equals model(x)
     print(ucudnn.schedule.table(streamed.plan))
 
+    model = on_streams(model, x, streams=4)       # the same, or the model itself on one stream
+                                                  # where torch.fx cannot trace it (with a warning)
+
 A run forks the side streams from the current stream first (they wait for what came before) and
 joins them into it last (what comes after waits for them), and keeps every intermediate tensor
 until the join: a tensor made on one stream and read on another is never handed out again while
 the reader may still run. Capture the run as one CUDA graph (torch.cuda.graph): issued eagerly,
 the host's extra stream and event calls cost more than the concurrency gains. A model that
-torch.fx cannot trace (data-dependent control flow) raises ConfigError with fx's reason, to run on
-one stream as it is. tests/test_gpu_streams.py checks outputs against one stream on a GPU;
+torch.fx cannot trace (data-dependent control flow) raises ConfigError with fx's reason (Streamed),
+or runs on one stream as it is, with that reason in a warning (on_streams). tests/test_gpu_streams.py checks outputs against one stream on a GPU;
 docs/results.md ("Independent work on several streams") has the speedups.
 """
 from __future__ import annotations
 
 import statistics
+import warnings
 from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx
 from torch import nn
 
-from ...errors import ConfigError
+from ...errors import ConfigError, UcudnnWarning
 from ...schedule import Node, Schedule, schedule
 
 COMPUTE = ("call_module", "call_function", "call_method")
@@ -141,6 +145,16 @@ class Streamed(nn.Module):
         self.ops.join()
         output = next(n for n in self.graph.graph.nodes if n.op == "output")
         return torch.fx.node.map_arg(output.args[0], lambda n: values[n.name])
+
+
+def on_streams(model: nn.Module, example: Any, streams: int, **options) -> nn.Module:
+    """`model` on `streams` streams (Streamed, with `options`) where torch.fx traces it; else
+    `model` itself, on one stream, with a UcudnnWarning naming fx's reason."""
+    try:
+        return Streamed(model, example, streams, **options)
+    except ConfigError as exc:
+        warnings.warn(f"ucudnn: {exc}", UcudnnWarning, stacklevel=2)
+        return model
 
 
 def _bind(graph: torch.fx.GraphModule, args: tuple) -> dict[str, Any]:
