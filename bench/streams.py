@@ -94,17 +94,33 @@ def replay_ms(replays: dict, rounds: int = 7, repeats: int = 20) -> dict[str, fl
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def inference_row(name: str, batch: int, streams: int) -> dict:
+def half_model(name: str, batch: int):
+    """torchvision's `name` in fp16 on the GPU (seeded), and an fp16 input of `batch` for it."""
     import torch
     import torchvision
-
-    from ucudnn.integrations.torch.streams import Streamed
 
     size = 299 if name == "inception_v3" else 224
     options = {"aux_logits": False, "init_weights": True} if name in BARRED else {}
     torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None, **options).cuda().half().eval()
-    x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+    model = getattr(torchvision.models, name)(weights=None, **options).cuda().half()
+    return model, torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+
+
+def timed_row(row: dict, one, many, plan) -> dict:
+    """`row` with the one-stream and streams replays timed, the schedule's figures and its verdicts."""
+    row.update(replay_ms({"one_stream_ms": one, "streams_ms": many}), predicted_ms=plan.makespan_ms,
+               critical_ms=plan.critical_ms, nodes=len(plan.placements), used_streams=plan.streams)
+    row["verdicts"] = verdicts(row)
+    return row
+
+
+def inference_row(name: str, batch: int, streams: int) -> dict:
+    import torch
+
+    from ucudnn.integrations.torch.streams import Streamed
+
+    model, x = half_model(name, batch)
+    model.eval()
     row = {"model": name, "batch": batch, "streams": streams}
     with torch.no_grad():
         streamed = Streamed(model, x, streams=streams)
@@ -113,11 +129,7 @@ def inference_row(name: str, batch: int, streams: int) -> dict:
         one(), many()
         torch.cuda.synchronize()
         row["max_difference"] = float((got.float() - want.float()).abs().max())
-        times = replay_ms({"one_stream_ms": one, "streams_ms": many})
-    row.update(times, predicted_ms=streamed.plan.makespan_ms, critical_ms=streamed.plan.critical_ms,
-               nodes=len(streamed.plan.placements), used_streams=streamed.plan.streams)
-    row["verdicts"] = verdicts(row)
-    return row
+        return timed_row(row, one, many, streamed.plan)
 
 
 def training_row(name: str, batch: int, streams: int) -> dict:
@@ -125,14 +137,10 @@ def training_row(name: str, batch: int, streams: int) -> dict:
     captured as one CUDA graph, on one stream and on `streams` streams: autograd runs each node's
     backward on the stream its forward ran on, so the backward branches run concurrently too."""
     import torch
-    import torchvision
 
     from ucudnn.integrations.torch.streams import Streamed
 
-    size = 299 if name == "inception_v3" else 224
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None, aux_logits=False, init_weights=True).cuda().half()
-    x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+    model, x = half_model(name, batch)
     dy = torch.randn(batch, 1000, device="cuda", dtype=torch.float16)
     twin = copy.deepcopy(model)
     with torch.no_grad():
@@ -152,11 +160,7 @@ def training_row(name: str, batch: int, streams: int) -> dict:
     grads = [(a.grad.float() - b.grad.float()).norm() / b.grad.float().norm()
              for a, b in zip(twin.parameters(), model.parameters()) if b.grad is not None and b.grad.norm() > 0]
     row["worst_grad_difference"] = float(max(grads))
-    row.update(replay_ms({"one_stream_ms": one, "streams_ms": many}), predicted_ms=streamed.plan.makespan_ms,
-               critical_ms=streamed.plan.critical_ms, nodes=len(streamed.plan.placements),
-               used_streams=streamed.plan.streams)
-    row["verdicts"] = verdicts(row)
-    return row
+    return timed_row(row, one, many, streamed.plan)
 
 
 def backward_row(rounds: int = 5, iters: int = 10) -> dict:

@@ -1,6 +1,3 @@
 """`import ucudnn.torch`: the PyTorch integration (see ucudnn.integrations.torch and docs/torch.md)."""
-from .integrations.torch import (Context, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d,
-                                 context_of, convert, learn, network)
-
-__all__ = ["Context", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-           "context_of", "convert", "learn", "network"]
+from .integrations.torch import *  # noqa: F403  (its public face, listed once there)
+from .integrations.torch import __all__  # noqa: F401

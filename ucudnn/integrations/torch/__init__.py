@@ -7,8 +7,8 @@ run micro-batched through ucudnn.
 
 `Conv2d` is an nn.Conv2d (same constructor, parameters and state_dict) whose forward and backward
 (an autograd Function) run F, BD and BF through a ucudnn.Handle on torch's current CUDA stream
-(the other twins likewise: layers.TWINS), directly on the tensors' memory; workspaces come from torch's caching allocator. What ucudnn
-cannot run (CPU tensors, float64, asymmetric 'same' padding, ...) falls back to torch's own
+(the other twins likewise: layers.TWINS), directly on the tensors' memory; workspaces come from
+torch's caching allocator. What ucudnn cannot run (CPU tensors, float64, asymmetric 'same' padding, ...) falls back to torch's own
 convolution with a one-time warning naming the reason. Under torch's deterministic settings only
 candidates cuDNN reports deterministic are planned. A layer that ucudnn would not speed up
 (torch's own kernels fit the limit and are about as fast) is delegated to torch's own

@@ -202,12 +202,13 @@ class Context:
         kernels = [self._site_kernel(site, kind) for kind in site.kinds]
         if not self.delegate or not all(isinstance(k, UcudnnKernel) for k in kernels):
             return False
+        ucudnn_ms = [k.assignment.configuration.time_ms for k in kernels]
         torch_timings = [self._torch_timing(site.call, kind) for kind in site.kinds]
         limit = self.settings.workspace_limit
-        if worth_delegating([k.assignment.configuration.time_ms for k in kernels], torch_timings, limit):
+        if worth_delegating(ucudnn_ms, torch_timings, limit):
             return True
-        for kind, kernel, timing in zip(site.kinds, kernels, torch_timings):
-            if torch_kernel_faster(kernel.assignment.configuration.time_ms, timing, limit):
+        for kind, kernel, ms, timing in zip(site.kinds, kernels, ucudnn_ms, torch_timings):
+            if torch_kernel_faster(ms, timing, limit):
                 self._kernels[kind, site.call] = site.kernels[kind] = TorchKernel(kernel.problem)
         return False
 

@@ -15,8 +15,9 @@ until the join: a tensor made on one stream and read on another is never handed 
 the reader may still run. Capture the run as one CUDA graph (torch.cuda.graph): issued eagerly,
 the host's extra stream and event calls cost more than the concurrency gains. A model that
 torch.fx cannot trace (data-dependent control flow) raises ConfigError with fx's reason (Streamed),
-or runs on one stream as it is, with that reason in a warning (on_streams). tests/test_gpu_streams.py checks outputs against one stream on a GPU;
-docs/results.md ("Independent work on several streams") has the speedups.
+or runs on one stream as it is, with that reason in a warning (on_streams).
+tests/test_gpu_streams.py checks outputs against one stream on a GPU; docs/results.md
+("Independent work on several streams") has the speedups.
 """
 from __future__ import annotations
 
