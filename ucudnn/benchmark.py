@@ -10,7 +10,7 @@ from typing import Any, Callable, Collection, Iterable, Protocol, Sequence
 
 from . import gpu
 from .accumulation import accumulates
-from .device import Provenance, check_execution, check_timing
+from .device import TIMING_PRESETS, Provenance, check_execution, check_timing
 from .dispatch import Step, compile_program, step
 from .errors import ConfigError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
 from .graphs import GraphCapturer, GraphedProgram
@@ -63,6 +63,7 @@ TIMINGS = {
     # one warm-up, then 1 to 3 timed calls: sweeps of the `all` policy in minutes, noisier times
     "quick": TimingSettings(warmup=1, min_repeats=1, max_repeats=3, target_ms=3.0, name="quick"),
 }
+assert tuple(TIMINGS) == TIMING_PRESETS, "a timing preset is named in device.TIMING_PRESETS, best first"
 
 
 class Scratch:
@@ -293,7 +294,8 @@ def _time(run, timing: TimingSettings, stream: int, capturer: "GraphCapturer | N
     SWEEP_MS of calls (at most SWEEP_CALLS) captured back to back into one CUDA graph, each
     launch timed with the host hidden and divided by the calls. Timing single calls instead
     overstated 30 µs calls by 8-19%, and sweeps on a stream by up to 14%: graphs launch
-    dependent kernels with shorter gaps (bench/results/2026-11-23/graph-single-call/)."""
+    dependent kernels with shorter gaps (docs/results.md, "Many small micro-batches are host-bound,
+    unless replayed as a graph")."""
     if estimate is None:
         estimate = min(gpu.time_calls(run, timing.warmup, stream))
     if capturer is None:

@@ -14,7 +14,7 @@ from .errors import unknown
 #   direct - one host call per micro-batch, timed as such (host time shows where it outlasts the GPU's)
 #   graph  - the calls captured once into a CUDA graph and replayed, timed on the GPU alone
 EXECUTIONS = ("graph", "direct")
-# How carefully measurements were timed (ucudnn.parallel.devices.TIMINGS), best first
+# How carefully measurements were timed, best first: the names of benchmark.TIMINGS
 TIMING_PRESETS = ("default", "quick")
 
 

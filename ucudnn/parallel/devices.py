@@ -8,8 +8,8 @@ from collections import Counter
 from typing import Callable, Mapping, Sequence
 
 from ..benchmark import TIMINGS, Benchmarker, TimingSettings
-from ..device import Provenance, check_execution
-from ..errors import ConfigError, unknown
+from ..device import Provenance, check_execution, check_timing
+from ..errors import ConfigError
 
 Factory = Callable[[int], Benchmarker]
 
@@ -44,9 +44,7 @@ def bench_devices(devices: Sequence[int] | None = None, mpi: bool = False,
 def timing_settings(timing: str | TimingSettings) -> TimingSettings:
     if isinstance(timing, TimingSettings):
         return timing
-    if timing not in TIMINGS:
-        raise unknown(timing, TIMINGS, "timing")
-    return TIMINGS[timing]
+    return TIMINGS[check_timing(timing)]
 
 
 def backend_setting(backends: Sequence[str]) -> str:
