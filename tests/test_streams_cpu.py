@@ -79,6 +79,23 @@ def test_an_inception_blocks_branches_run_on_their_own_streams_with_the_models_r
     assert all(recorded_at <= i for i, (_, _, (_, recorded_at)) in waits)  # recorded before it is waited on
 
 
+def test_a_converted_models_layers_are_nodes_of_its_graph_as_torchs_own_are():
+    """A converted layer reads its input's metadata to decide how to run: traced into, it would
+    meet fx's proxies ("symbolically traced variables cannot be used as inputs to control flow")."""
+    import ucudnn.torch as ut
+
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(2, 3, 8, 8)
+    want = {n.name: (n.op, n.target) for n in traced(model).graph.nodes}
+    ut.convert(model)
+    graph = traced(model)
+    assert {n.name: (n.op, n.target) for n in graph.graph.nodes} == want
+    assert isinstance(graph.get_submodule("branches.0"), ut.Conv2d)
+    with torch.no_grad(), pytest.warns(UcudnnWarning, match="input on cpu"):
+        torch.testing.assert_close(Streamed(model, x, streams=4, ops=LoggedStreams(), times={})(x), model(x),
+                                   rtol=0, atol=0)
+
+
 def test_node_times_run_every_node_alone_with_the_timer_given():
     model = Block().eval()
     graph = traced(model)

@@ -31,14 +31,24 @@ from torch import nn
 
 from ...errors import ConfigError, UcudnnWarning
 from ...schedule import Node, Schedule, schedule
+from .layers import Converted
 
 COMPUTE = ("call_module", "call_function", "call_method")
 
 
+class _Tracer(torch.fx.Tracer):
+    """torch.fx's tracer, with converted layers as leaves as torch's own layers are: a converted
+    layer decides from its input's metadata how to run, which a traced proxy does not have."""
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        return isinstance(module, Converted) or super().is_leaf_module(module, qualified_name)
+
+
 def traced(model: nn.Module) -> torch.fx.GraphModule:
-    """The model's graph; ConfigError with torch.fx's reason where it cannot be traced."""
+    """The model's graph, each layer (converted or torch's own) one node; ConfigError with
+    torch.fx's reason where it cannot be traced."""
     try:
-        return torch.fx.symbolic_trace(model)
+        return torch.fx.GraphModule(model, _Tracer().trace(model), type(model).__name__)
     except Exception as exc:  # fx raises TraceError, TypeError, ... on data-dependent control flow
         raise ConfigError(f"{type(model).__name__} cannot be traced by torch.fx ({type(exc).__name__}: {exc}); "
                           "run it on one stream") from exc
