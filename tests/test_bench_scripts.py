@@ -849,3 +849,14 @@ def test_module_path_counts_modules_changes_and_reentries():
 
     path, functions = mp.first_call_path(lambda: [config.parse_size("8MiB") for _ in range(3)])
     assert path and set(path) <= {"ucudnn.config", "ucudnn.errors"} and functions >= 1
+
+
+def test_module_path_follows_a_converted_models_first_step_through_the_planner():
+    pytest.importorskip("torch")
+    import module_path as mp
+
+    mp.import_all(torch_integration=True)
+    path, functions = mp.first_call_path(mp.converted_step())
+    assert path[0] == "ucudnn.integrations.torch.layers"
+    assert {"ucudnn.integrations.torch.context", "ucudnn.assignment", "ucudnn.solve", "ucudnn.optimizers.wr",
+            "ucudnn.dispatch"} <= set(path) and functions > 100
