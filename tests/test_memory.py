@@ -170,8 +170,9 @@ from torch import nn  # noqa: E402
 import ucudnn.torch as ut  # noqa: E402
 from test_torch_cpu import assert_matches, run_step  # noqa: E402
 from torch_doubles import NumpyBackend  # noqa: E402
-from ucudnn.integrations.torch import CudaBackend, fallback  # noqa: E402
-from ucudnn.integrations.torch.memory import Memory, auto_total  # noqa: E402
+from ucudnn import fallback  # noqa: E402
+from ucudnn.integrations.torch import CudaBackend  # noqa: E402
+from ucudnn.memory import Memory, auto_total  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 

@@ -20,10 +20,13 @@ from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.cache import Cache  # noqa: E402
+from ucudnn.delegation import OwnTiming  # noqa: E402
+from ucudnn.memory import Memory  # noqa: E402
 from ucudnn.errors import ConfigError, NoAlgorithmError, UcudnnWarning  # noqa: E402
 from torch_doubles import NumpyBackend  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
-from ucudnn.integrations.torch import call as calls, fallback, layers as ut_layers  # noqa: E402
+from ucudnn import fallback  # noqa: E402
+from ucudnn.integrations.torch import call as calls, layers as ut_layers  # noqa: E402
 from ucudnn.integrations.torch.sites import Sites  # noqa: E402
 from ucudnn.problem import ConvKind  # noqa: E402
 
@@ -793,8 +796,8 @@ def test_convert_errors_name_its_own_keywords(keyword, value, named):
 # --- delegation: layers ucudnn would not speed up run torch's own convolution ----------------------
 
 def test_worth_delegating_rule():
-    from ucudnn.integrations.torch.delegation import worth_delegating
-    from ucudnn.integrations.torch.kernels import TorchTiming as T
+    from ucudnn.delegation import worth_delegating
+    from ucudnn.delegation import OwnTiming as T
     limit = 64 * 2**20
     assert worth_delegating([1.0, 1.0], [T(1.0, 0), T(1.02, limit)], limit, host_cost_ms=0.05)
     assert worth_delegating([0.5], [T(1.0, 0)], limit, host_cost_ms=0.6)  # saves less than the host cost
@@ -811,7 +814,7 @@ def delegating_context(numpy_context, torch_timing, **settings):
 
 def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context):
     torch.manual_seed(0)
-    context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(0.0, 1024))
+    context = delegating_context(numpy_context, lambda problem: OwnTiming(0.0, 1024))
     plain = nn.Conv2d(3, 4, 3)
     conv = ut.convert(copy.deepcopy(plain), context=context)
     x = torch.randn(4, 3, 6, 6)
@@ -824,7 +827,7 @@ def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context)
     assert all(context.backend.timed_planning)  # their operands go back to the device afterwards
     kernels = context.summary()["kernels"]
     assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
-    assert all(k["delegated"] and k["via"] == "torch" and k["torch_ms"] == 0.0 for k in kernels)
+    assert all(k["delegated"] and k["via"] == "torch" and k["own_ms"] == 0.0 for k in kernels)
     # torch's kernels and cuDNN's favourites fit the limit: no sweep of ucudnn's candidates at all
     assert not any(k["swept"] for k in kernels) and not context._kernels
     assert all(k["planning_s"] > 0 for k in kernels) and context.summary()["planning_s"] > 0
@@ -835,11 +838,11 @@ def test_a_later_process_reads_torchs_timings_from_the_database_and_decides_alik
     the same database times nothing and delegates the same layers; they are no candidates of
     ucudnn's optimizers, and the database's rules accept them."""
     from ucudnn.cache.database import BenchmarkDatabase
-    from ucudnn.integrations.torch.delegation import ROOMY_BYTES
+    from ucudnn.delegation import ROOMY_BYTES
 
     x = torch.randn(4, 3, 6, 6)
     # torch's F fits and is fast; its BD needs more than the limit: that layer is swept
-    timing = lambda p: integration.kernels.TorchTiming(0.5, 2**40 if p.kind.value == "BD" else 0, ROOMY_BYTES)  # noqa: E731
+    timing = lambda p: OwnTiming(0.5, 2**40 if p.kind.value == "BD" else 0, ROOMY_BYTES)  # noqa: E731
     decided = []
     for _ in range(2):
         context = delegating_context(numpy_context, timing)
@@ -850,7 +853,7 @@ def test_a_later_process_reads_torchs_timings_from_the_database_and_decides_alik
     assert decided[0][1] == 3 and decided[1] == (decided[0][0], 0)  # the second timed nothing
     with BenchmarkDatabase(tmp_path / "bench.db") as db:
         db.check()
-        problem = next(iter(context._torch_timings))[1].problem(ConvKind.BACKWARD_DATA)
+        problem = next(iter(context._own_timings))[1].problem(ConvKind.BACKWARD_DATA)
         table = db.table(problem, context.handle(torch.device("cpu")).assignments.benchmarker.device)
     kept = [m for m in table if m.algo.startswith("torch:")]
     assert [(m.time_ms, m.workspace) for m in kept] == [(0.5, 2**40)]
@@ -859,12 +862,12 @@ def test_a_later_process_reads_torchs_timings_from_the_database_and_decides_alik
 
 def test_torchs_timings_under_memory_pressure_are_neither_kept_nor_read(numpy_context):
     """Taken with less than ROOMY_BYTES free, a timing describes the moment: timed again."""
-    from ucudnn.integrations.torch.delegation import ROOMY_BYTES
+    from ucudnn.delegation import ROOMY_BYTES
 
     x = torch.randn(4, 3, 6, 6)
     for free, timed in ((ROOMY_BYTES // 2, 3), (ROOMY_BYTES, 3), (ROOMY_BYTES // 2, 3), (ROOMY_BYTES, 0)):
-        context = delegating_context(numpy_context, lambda p: integration.kernels.TorchTiming(0.01, 0, free))
-        context.backend.memory_now = integration.memory.Memory(free, 0)
+        context = delegating_context(numpy_context, lambda p: OwnTiming(0.01, 0, free))
+        context.backend.memory_now = Memory(free, 0)
         run_step(ut.convert(nn.Conv2d(3, 4, 3), context=context), x)
         assert len(context.backend.timed) == timed, free
 
@@ -874,17 +877,17 @@ def test_the_sweep_decides_where_cudnns_favourite_does_not_fit(numpy_context):
     ucudnn's candidates are swept, and the faster side runs the layer."""
     x = torch.randn(4, 3, 6, 6)
     for torch_ms, delegated in ((1e6, False), (0.0, True)):
-        context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(torch_ms, 0),
+        context = delegating_context(numpy_context, lambda problem: OwnTiming(torch_ms, 0),
                                      workspace_limit="1KiB")  # the fakes' favourite needs ~4 KiB here
         run_step(ut.convert(nn.Conv2d(3, 4, 3), context=context), x)
         kernels = context.summary()["kernels"]
         assert all(k["swept"] and k["delegated"] == delegated for k in kernels), torch_ms
 
 
-def test_settled_by_torch_rule():
-    from ucudnn.integrations.torch.delegation import settled_by_torch
-    from ucudnn.integrations.torch.kernels import TorchTiming as T
-    from ucudnn.integrations.torch.delegation import ROOMY_BYTES
+def test_settled_by_own_rule():
+    from ucudnn.delegation import settled_by_own
+    from ucudnn.delegation import OwnTiming as T
+    from ucudnn.delegation import ROOMY_BYTES
 
     limit, asked = 8 * 2**20, []
 
@@ -892,19 +895,19 @@ def test_settled_by_torch_rule():
         return lambda: asked.append(fit) or fit
 
     roomy, tight = ROOMY_BYTES, ROOMY_BYTES - 1
-    assert settled_by_torch([T(1.0, limit, roomy), T(9.0, 0, roomy)], limit, favourites(False)) and not asked
-    assert settled_by_torch([T(1.0, limit, tight)], limit, favourites(True)) and asked == [True]
-    assert not settled_by_torch([T(1.0, 0, tight)], limit, favourites(False))  # cuDNN's favourite is kept out
-    assert not settled_by_torch([T(1.0, limit + 1, roomy)], limit, favourites(True))  # torch's own needs more
-    assert not settled_by_torch([T(float("inf"), 0, roomy)], limit, favourites(True))  # operands did not fit
-    assert not settled_by_torch([], limit, favourites(True))
+    assert settled_by_own([T(1.0, limit, roomy), T(9.0, 0, roomy)], limit, favourites(False)) and not asked
+    assert settled_by_own([T(1.0, limit, tight)], limit, favourites(True)) and asked == [True]
+    assert not settled_by_own([T(1.0, 0, tight)], limit, favourites(False))  # cuDNN's favourite is kept out
+    assert not settled_by_own([T(1.0, limit + 1, roomy)], limit, favourites(True))  # torch's own needs more
+    assert not settled_by_own([T(float("inf"), 0, roomy)], limit, favourites(True))  # operands did not fit
+    assert not settled_by_own([], limit, favourites(True))
     assert asked == [True, False]
 
 
 @pytest.mark.parametrize("torch_ms, torch_workspace", [(1e6, 0), (0.0, 2**40)], ids=["ucudnn-faster", "over-limit"])
 def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms, torch_workspace, numpy_context):
     torch.manual_seed(0)
-    context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(torch_ms, torch_workspace),
+    context = delegating_context(numpy_context, lambda problem: OwnTiming(torch_ms, torch_workspace),
                                  workspace_limit="1KiB")  # cuDNN's favourite (the fakes' ~4 KiB) does not fit
     plain = nn.Conv2d(3, 4, 3)
     conv = ut.convert(copy.deepcopy(plain), context=context)
@@ -917,11 +920,11 @@ def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms,
 def test_a_kernel_torch_runs_faster_within_the_limit_runs_torchs_own_in_a_layer_ucudnn_keeps(numpy_context):
     """torch's F and BD cannot run within the limit; its BF can and is faster than ucudnn's plan:
     the layer stays with ucudnn, its BF runs torch's own convolution."""
-    from ucudnn.integrations.torch.delegation import torch_kernel_faster
-    from ucudnn.integrations.torch.kernels import TorchTiming as T
+    from ucudnn.delegation import own_kernel_faster
+    from ucudnn.delegation import OwnTiming as T
 
-    assert torch_kernel_faster(2.0, T(1.0, 512), 1024) and not torch_kernel_faster(2.0, T(1.0, 2048), 1024)
-    assert not torch_kernel_faster(1.0, T(2.0, 0), 1024) and not torch_kernel_faster(1.0, T(float("inf"), 0), 1024)
+    assert own_kernel_faster(2.0, T(1.0, 512), 1024) and not own_kernel_faster(2.0, T(1.0, 2048), 1024)
+    assert not own_kernel_faster(1.0, T(2.0, 0), 1024) and not own_kernel_faster(1.0, T(float("inf"), 0), 1024)
     timing = lambda p: T(0.0, 0) if p.kind.value == "BF" else T(0.0, 2**40)  # noqa: E731
     context = delegating_context(numpy_context, timing, workspace_limit="1KiB")
     plain = nn.Conv2d(3, 4, 3)
@@ -934,7 +937,7 @@ def test_a_kernel_torch_runs_faster_within_the_limit_runs_torchs_own_in_a_layer_
 
 
 def test_delegation_off_and_wd_never_time_torch(numpy_context):
-    fast_torch = lambda problem: integration.kernels.TorchTiming(0.0, 0)  # noqa: E731
+    fast_torch = lambda problem: OwnTiming(0.0, 0)  # noqa: E731
     x = torch.randn(4, 3, 6, 6)
     for settings in (dict(delegate=False), dict(optimizer="wd")):
         context = delegating_context(numpy_context, fast_torch, **settings)
@@ -948,7 +951,7 @@ def test_delegation_off_and_wd_never_time_torch(numpy_context):
 
 
 def test_grad_mode_is_part_of_the_signature_and_of_what_is_timed(numpy_context):
-    context = delegating_context(numpy_context, lambda problem: integration.kernels.TorchTiming(0.0, 0))
+    context = delegating_context(numpy_context, lambda problem: OwnTiming(0.0, 0))
     conv = ut.convert(nn.Conv2d(3, 4, 3), context=context)
     x = torch.randn(4, 3, 6, 6)
     with torch.no_grad():
@@ -967,12 +970,12 @@ def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
     def out_of_memory(self, problem, device):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(integration.CudaBackend, "_time_torch", out_of_memory)
+    monkeypatch.setattr(integration.CudaBackend, "_time_own", out_of_memory)
     problem = calls.Call(torch.device("cpu"), (2, 3, 8, 8), (4, 3, 3, 3), calls.Geometry((0, 0), (1, 1), (1, 1), 1),
                                "float32", "default", "nchw").problem(ConvKind.FORWARD)
-    timing = integration.CudaBackend().time_torch(problem, torch.device("cpu"))
+    timing = integration.CudaBackend().time_own(problem, torch.device("cpu"))
     assert timing.ms == float("inf") and timing.workspace == 0
-    from ucudnn.integrations.torch.delegation import worth_delegating
+    from ucudnn.delegation import worth_delegating
     assert not worth_delegating([1.0], [timing], 2**30)
 
 
@@ -1015,9 +1018,9 @@ def test_planning_between_iterations_runs_torch_until_the_plan_is_ready(numpy_co
 
 
 def test_planning_between_iterations_keeps_to_its_budget_and_plan_pending_finishes(numpy_context, monkeypatch):
-    from ucudnn.integrations.torch import context as context_module
+    from ucudnn import planner
 
-    monkeypatch.setattr(context_module, "PLANNING_SLICE_S", 0.0)  # one layer per iteration
+    monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)  # one layer per iteration
     context = numpy_context(planning="between_iterations", delegate=False)
     model = ut.convert(nn.Sequential(*[nn.Conv2d(3 + i, 4 + i, 3, padding=1) for i in range(3)]), context=context)
     x = torch.randn(2, 3, 6, 6)
@@ -1039,12 +1042,12 @@ def test_planning_between_iterations_times_nothing_in_the_first_iteration(numpy_
     """The first iteration runs torch's own convolution with nothing timed, as torch's own would;
     at the start of the second, torch's kernels are timed and the layer is settled by torch
     (no sweep) or swept and planned."""
-    from ucudnn.integrations.torch.delegation import ROOMY_BYTES
+    from ucudnn.delegation import ROOMY_BYTES
 
     x = torch.randn(4, 3, 6, 6)
     for workspace, swept in ((0, False), (2**40, True)):  # fits the limit: settled; needs more: swept
         context = delegating_context(  # a database each: the first keeps torch's timings (timings.py)
-            numpy_context, lambda problem: integration.kernels.TorchTiming(1.0, workspace, ROOMY_BYTES),
+            numpy_context, lambda problem: OwnTiming(1.0, workspace, ROOMY_BYTES),
             planning="between_iterations", database=f"{workspace}.db")
         model = ut.convert(nn.Conv2d(3, 4, 3), context=context)
         run_step(model, x)

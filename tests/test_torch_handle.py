@@ -102,7 +102,8 @@ def test_without_libtorch_cuda_or_its_symbol_ucudnn_makes_its_own(process):
 
 
 def test_the_backend_runs_on_torchs_handle_and_says_whose_it_is(process, monkeypatch):
-    from ucudnn.integrations.torch import CudaBackend, fallback, kernels
+    from ucudnn import fallback
+    from ucudnn.integrations.torch import CudaBackend, kernels
 
     made = []
     monkeypatch.setattr(handles, "Handle", lambda settings, **kwargs: made.append(kwargs) or "handle")

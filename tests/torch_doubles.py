@@ -10,8 +10,8 @@ from fakes import FakeAllocator, FakeBenchmarker, favourite
 
 from ucudnn.assignment import Assignments
 from ucudnn.integrations.torch import CudaBackend
-from ucudnn.integrations.torch.kernels import TorchTiming
-from ucudnn.integrations.torch.memory import Memory
+from ucudnn.delegation import OwnTiming
+from ucudnn.memory import Memory
 
 
 class NumpyHandle:
@@ -68,7 +68,7 @@ class NumpyBackend(CudaBackend):
 
     handle_class = NumpyHandle
 
-    def __init__(self, torch_timing=lambda problem: TorchTiming(float("inf"), 0), memory=Memory(2**40, 0)):
+    def __init__(self, torch_timing=lambda problem: OwnTiming(float("inf"), 0), memory=Memory(2**40, 0)):
         super().__init__()
         self.torch_timing = torch_timing
         self.timed = []
@@ -113,7 +113,7 @@ class NumpyBackend(CudaBackend):
     def free_bytes(self, device):
         return self.memory_now.free
 
-    def time_torch(self, problem, device):
+    def time_own(self, problem, device):
         self.timed.append(problem)
         self.timed_planning.append(self._planning > 0)
         return self.torch_timing(problem)

@@ -6,17 +6,21 @@ import contextlib
 import functools
 import statistics
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
+from ...backends.base import candidate_id
 from ...config import Settings
+from ...delegation import OwnTiming
 from ...errors import CudnnError, DeviceMemoryError
+from ...fallback import say_once
+from ...measurements import TORCH
+from ...memory import Memory
+from ...planner import UCUDNN
 from ...problem import ConvKind, ConvProblem
 from .call import memory_format
-from .fallback import say_once
-from .memory import Memory
 from .torch_handle import torch_cudnn_handle
 
 F_, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
@@ -60,7 +64,10 @@ def _no_persistent_workspace(nbytes: int) -> int:
 
 
 class CudaBackend:
-    """Runs kernels on CUDA tensors through ucudnn.Handle, on torch's current stream."""
+    """torch's side of a ucudnn.planner.Planner: kernels on CUDA tensors through ucudnn.Handle,
+    on torch's current stream, and torch's own convolution (`own`)."""
+
+    own = TORCH  # the framework whose own convolution runs where ucudnn does not
 
     def __init__(self):
         self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
@@ -79,6 +86,20 @@ class CudaBackend:
         if _raw_stream is None:  # pragma: no cover - torch builds without CUDA
             return torch.cuda.current_stream(device).cuda_stream
         return _raw_stream(torch.cuda.current_device() if device.index is None else device.index)
+
+    def kernel(self, problem: ConvProblem, handle, assignment) -> "UcudnnKernel":
+        """The kernel ucudnn runs as `assignment` (a `handle`'s) plans it."""
+        return UcudnnKernel(problem, handle, assignment, self)
+
+    def own_kernel(self, problem: ConvProblem) -> "TorchKernel":
+        """torch's own convolution of `problem`, as a kernel."""
+        return TorchKernel(problem)
+
+    @staticmethod
+    def own_candidate() -> str:
+        """'torch:2.11.0+cu130': torch's own convolution as this torch runs it, named as the
+        database names it (ucudnn.delegation keeps its timings)."""
+        return candidate_id(TORCH, torch.__version__)
 
     def make_handle(self, settings: Settings, cache, device: torch.device):
         """A ucudnn.Handle on torch's own cuDNN handle where it can be borrowed (torch_handle.py),
@@ -179,7 +200,7 @@ class CudaBackend:
         """What torch could allocate now: the device's free memory and torch's cached blocks."""
         return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
-    def time_torch(self, problem: ConvProblem, device: torch.device) -> TorchTiming:
+    def time_own(self, problem: ConvProblem, device: torch.device) -> OwnTiming:
         """Time torch's own convolution of `problem` on new operands, on the current stream:
         warmed up first (torch's benchmark mode picks its plan on the first call, under the memory
         free now), then timed with CUDA events; its workspace is what it allocates beyond its
@@ -187,11 +208,11 @@ class CudaBackend:
         Where the memory free cannot hold the operands, torch's kernel is taken as forever slow
         (the layer is not delegated) rather than failing the training step."""
         try:
-            return self._time_torch(problem, device)
+            return self._time_own(problem, device)
         except torch.cuda.OutOfMemoryError:
-            return TorchTiming(float("inf"), 0)
+            return OwnTiming(float("inf"), 0)
 
-    def _time_torch(self, problem: ConvProblem, device: torch.device) -> TorchTiming:
+    def _time_own(self, problem: ConvProblem, device: torch.device) -> OwnTiming:
         dtype = getattr(torch, problem.dtype)
         fmt = memory_format(problem.layout, len(problem.x_shape))
         x, w, y = (torch.randn(shape, dtype=dtype, device=device).contiguous(memory_format=fmt)
@@ -207,7 +228,7 @@ class CudaBackend:
             first = _event_times(lambda: convolve(x, w, y), 1)[0]
             repeats = max(1, min(TORCH_REPEATS, int(TORCH_TIMING_BUDGET_MS / max(first, 1e-3))))
             ms = statistics.median(_event_times(lambda: convolve(x, w, y), repeats))
-        return TorchTiming(ms, workspace, free)
+        return OwnTiming(ms, workspace, free)
 
 
 @contextlib.contextmanager
@@ -224,7 +245,7 @@ def _planning_scope(allocator_scope):
 class UcudnnKernel:
     """A planned kernel, compiled for its handle's executor: one call runs every micro-batch."""
 
-    via = "ucudnn"
+    via = UCUDNN
 
     def __init__(self, problem: ConvProblem, handle, assignment, backend: CudaBackend):
         self.problem, self.handle, self.assignment, self.backend = problem, handle, assignment, backend
@@ -247,7 +268,7 @@ class UcudnnKernel:
 class TorchKernel:
     """A kernel ucudnn cannot plan, run by torch's own convolution into the same output tensor."""
 
-    via = "torch"
+    via = TORCH
 
     def __init__(self, problem: ConvProblem):
         self.problem = problem
@@ -268,13 +289,3 @@ def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor]
         return lambda x, w, y: torch.ops.aten.convolution(x, w, None, *args)
     mask, index = [p.kind is BD, p.kind is BF, False], 0 if p.kind is BD else 1
     return lambda x, w, y: torch.ops.aten.convolution_backward(y, x, w, None, *args, mask)[index]
-
-
-class TorchTiming(NamedTuple):
-    """torch's own convolution of a kernel, as measured in this process: its median GPU time, the
-    bytes it allocates beyond its result (the workspace of the plan torch chose) and the bytes
-    that could be had when torch chose it (device free plus torch's cached blocks; 0: unknown)."""
-
-    ms: float
-    workspace: int
-    free: int = 0

@@ -14,8 +14,9 @@ from ...errors import ConfigError, UcudnnWarning
 from ...problem import ConvKind
 from .call import layer_kinds, pack, resolve, sliceable, unpacked
 from .context import Context, default_context
-from .memory import AUTO
-from .fallback import warn_once
+from ...fallback import fall_back
+from ...memory import AUTO
+from .kernels import CudaBackend
 from .sites import Site
 
 BF = ConvKind.BACKWARD_FILTER
@@ -106,7 +107,7 @@ class Converted:
         site = resolve(self, input, context)
         if isinstance(site, str):
             context.fallbacks[site] += 1
-            warn_once(site)
+            fall_back(CudaBackend.own, site)
         if not isinstance(site, Site):
             return super().forward(input)
         if context.learn_call(self):
@@ -145,7 +146,7 @@ class ConvertedTranspose(Converted):
 
     def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
         if output_size is not None:
-            warn_once("a transposed layer called with output_size= runs torch's own convolution "
+            fall_back(CudaBackend.own, "a transposed layer called with output_size= runs torch's own convolution "
                       "(ucudnn runs the layer's own output_padding); set output_padding on the layer instead")
             return super(Converted, self).forward(input, output_size)
         return super().forward(input)
@@ -184,7 +185,7 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     an optimizer made before still works. Settings: `workspace_limit` per kernel (WR) such as
     "64MiB", `optimizer` "wr" or "wd", `policy` "powerOfTwo" | "all" | "undivided",
     `total_limit` for WD (default: workspace_limit x kernels; "auto": a share of the memory the
-    first iteration leaves free, see ucudnn.integrations.torch.memory), `cache_path` for the benchmark
+    first iteration leaves free, see ucudnn.memory), `cache_path` for the benchmark
     database, `execution` "graph" (calls replayed as CUDA graphs once a layer's buffers repeat)
     or "direct", `planning` "between_iterations" (the default: every layer runs torch's own
     convolution until planned, nothing timed in the first iteration; about a second of planning,
@@ -194,7 +195,7 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     its kernels; then they are planned (WD: solved once). Run it under the autocast and grad mode
     of training. `delegate`: under WR, layers whose kernels ucudnn would not speed up (torch's
     own fit the limit and are about as fast) run torch's own convolution, which costs less host
-    time (see ucudnn.integrations.torch.delegation); False runs every layer through ucudnn.
+    time (see ucudnn.delegation); False runs every layer through ucudnn.
     Subclasses of those layers are left alone (they may change forward)."""
     settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
     if context is not None and (any(v is not None for v in settings) or not delegate):

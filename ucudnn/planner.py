@@ -1,0 +1,344 @@
+"""Planning a framework's convolution layers as they are called: what a framework integration
+(ucudnn.integrations.torch) builds its layers on, with no framework in it.
+
+A layer call is a `site`: its `call` (hashable; `.device` and `.problem(kind)`, the ConvProblem of
+each kernel it runs), its `kinds` (F, BD, BF), the kernels planned for it (`kernels`, by kind) and
+whether it runs the framework's own convolution (`delegated`; None: not decided yet). The
+framework's side is a `backend` (ucudnn.integrations.torch.kernels.CudaBackend): one
+ucudnn.Handle per device, its own convolution (timed, and run where ucudnn does not), ucudnn's
+kernels over its tensors, its memory, devices and streams.
+
+The Planner decides per layer, on its first call or between iterations (settings.planning):
+- WD: every kernel through ucudnn, in one workspace divided among them (`record`, `finalize`);
+- WR with delegation on: the framework's own kernels are timed first; where they settle the layer
+  (delegation.settled_by_own) it runs them with no sweep; else ucudnn's candidates are swept and
+  the layer runs the framework's convolution where ucudnn would not speed it up
+  (delegation.worth_delegating), or kernel by kernel where the framework's is faster
+  (delegation.own_kernel_faster);
+- a kernel whose workspace cannot be had is planned again within less (`run`, `_shrink`).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable, Hashable, Iterator
+
+from .config import Settings
+from .delegation import OwnTiming, keep_timing, own_kernel_faster, settled_by_own, stored_timing, worth_delegating
+from .errors import DeviceMemoryError
+from .fallback import UNPLANNABLE, fall_back
+from .measurements import OK
+from .memory import auto_total
+from .problem import ConvKind, ConvProblem
+from .progress import Progress
+
+UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
+LAYER = "layer"  # (backend.own, LAYER): layer calls that ran the framework's own convolution
+PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
+
+
+def _assigned(handle, problem: ConvProblem):
+    """Planner._planned's first plan of a kernel: the handle's assignment."""
+    return handle.assignment(problem)
+
+
+class Planner:
+    """The kernels planned for a framework's layer calls, by call and kind, on one
+    ucudnn.Handle per device; `total_auto`: WD's total is a share of the memory left free
+    (ucudnn.memory). `runs` counts kernel calls by (via, kind) and delegated layer calls by
+    (backend.own, LAYER)."""
+
+    def __init__(self, settings: Settings, backend, cache=None, delegate: bool = True, total_auto: bool = False):
+        self.settings, self.backend, self.delegate, self.total_auto = settings, backend, delegate, total_auto
+        self._cache = cache
+        self._handles: dict[Hashable, Any] = {}
+        self._kernels: dict[tuple[ConvKind, Hashable], Any] = {}  # (kind, call) -> its kernel
+        self._own_timings: dict[tuple[ConvKind, Hashable], OwnTiming] = {}
+        self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...]], bool] = {}  # what sites decided
+        self._lock = threading.RLock()
+        self.runs: Counter = Counter()
+        self._delegated_run = (backend.own, LAYER)
+        self.progress = Progress(self.settings.progress)
+        self._planning_s: Counter = Counter()  # (kind, call) -> seconds spent planning it, own timing included
+        self._unswept: set[Hashable] = set()  # delegated with no sweep (delegation.settled_by_own)
+        # planning="between_iterations": (call, kinds) -> its sites, running the framework's
+        # convolution until planned; planned from the start of an iteration (the first site's call) on
+        self._pending: dict[tuple[Hashable, tuple[ConvKind, ...]], list[Any]] = {}
+        self._lead: Any = None
+
+    @property
+    def wd(self) -> bool:
+        return self.settings.optimizing.divides
+
+    def run(self, site, kind: ConvKind, x, w, y) -> None:
+        """Run kernel `kind` of the site's call on x, w, y (F writes y, BD writes x, BF writes w).
+        Where its workspace cannot be borrowed, the kernel is planned within less (_shrink)."""
+        kernel = site.kernels.get(kind)
+        if kernel is None:
+            kernel = self._site_kernel(site, kind)
+        elif self.progress.open:
+            self.progress.idle(self._planned_so_far)
+        self.runs[kernel.counted] += 1
+        with self.backend.device_guard(site.call.device):
+            while True:
+                try:
+                    return kernel(x, w, y)
+                except DeviceMemoryError:
+                    kernel = self._shrink(site, kind, kernel)
+
+    def _shrink(self, site, kind: ConvKind, failed):
+        """The kernel planned for the site after `failed` could not borrow its workspace: within
+        the bytes the device has free once the framework's cached blocks went back (cached blocks
+        in odd sizes cannot give one workspace), or half (Assignments.shrink; another site may have
+        shrunk it already), and where no plan is left, the framework's own convolution."""
+        call = site.call
+        with self._lock:
+            kernel = self._kernels.get((kind, call))
+            if kernel is failed:
+                available = self.backend.settled_memory(call.device).free
+                with self.backend.planning(call.device):
+                    kernel = self._kernels[kind, call] = self._planned(
+                        call, kind, lambda handle, problem: handle.shrink(problem, available))
+            site.kernels[kind] = kernel
+            return kernel
+
+    def route(self, site) -> bool:
+        """Route a call of the site's layer: True where it runs the framework's own convolution.
+        Its first call plans it (the decision, and the sweep where one is needed), or with planning
+        'between_iterations' queues it; the first site's call starts an iteration, and layers
+        waiting for a plan get PLANNING_SLICE_S of planning there."""
+        if site is self._lead and self._pending:
+            self.plan_pending(PLANNING_SLICE_S)
+        delegated = site.delegated
+        if delegated is None:
+            self._lead = self._lead or site
+            delegated = self._decide(site)
+            if (site.call, site.kinds) not in self._pending:
+                site.delegated = delegated
+        elif self.progress.open:
+            self.progress.idle(self._planned_so_far)
+        if delegated:
+            self.runs[self._delegated_run] += 1
+        return delegated
+
+    def _decide(self, site) -> bool:
+        """Whether the site's layer runs the framework's own convolution, decided on its first call:
+        - WD: never (one workspace divided among ucudnn's kernels);
+        - with planning 'between_iterations', its own until plan_pending() plans the layer, so
+          that the first iteration runs as the framework's own would, with nothing timed;
+        - else the layer is planned now (_planned_layer)."""
+        if self.wd:
+            return False
+        deferred = self.settings.planning == "between_iterations"
+        if not deferred and not self.delegate:
+            return False
+        key = (site.call, site.kinds)
+        if key in self._pending:
+            if all(s is not site for s in self._pending[key]):
+                self._pending[key].append(site)
+            return True
+        if key not in self._delegated:
+            if deferred:
+                self._pending[key] = [site]
+                return True
+            self._delegated[key] = self._planned_layer(site)
+        return self._delegated[key]
+
+    def _planned_layer(self, site) -> bool:
+        """Plan the site's layer; whether it runs the framework's own convolution. With delegation
+        on, its own kernels are timed first, and where they settle the layer
+        (delegation.settled_by_own) it runs them with no sweep; else its kernels are swept."""
+        call = site.call
+        if self.delegate and settled_by_own([self._own_timing(call, kind) for kind in site.kinds],
+                                            self.settings.workspace_limit,
+                                            lambda: all(self._favourite_fits(call, kind) for kind in site.kinds)):
+            self._unswept.add(call)
+            return True
+        return self._swept(site)
+
+    def _swept(self, site) -> bool:
+        """Plan the site's kernels; whether its layer runs the framework's own convolution after
+        all (delegation.worth_delegating, on its own timings; never with delegation off). Where
+        the layer stays, a kernel whose own kernel is faster runs that (own_kernel_faster)."""
+        kernels = [self._site_kernel(site, kind) for kind in site.kinds]
+        if not self.delegate or not all(k.via == UCUDNN for k in kernels):
+            return False
+        ucudnn_ms = [k.assignment.configuration.time_ms for k in kernels]
+        own = [self._own_timing(site.call, kind) for kind in site.kinds]
+        limit = self.settings.workspace_limit
+        if worth_delegating(ucudnn_ms, own, limit):
+            return True
+        for kind, kernel, ms, timing in zip(site.kinds, kernels, ucudnn_ms, own):
+            if own_kernel_faster(ms, timing, limit):
+                self._kernels[kind, site.call] = site.kernels[kind] = self.backend.own_kernel(kernel.problem)
+        return False
+
+    def plan_pending(self, budget_s: float | None = None) -> int:
+        """Plan the layers waiting for a plan (planning='between_iterations'), oldest first, until
+        `budget_s` seconds have gone (None: all of them; at least one either way); each runs as
+        planned from its next call. Returns how many still wait. Between iterations only."""
+        started = time.perf_counter()
+        while self._pending:
+            key, sites = next(iter(self._pending.items()))
+            self._delegated[key] = self._planned_layer(sites[0])
+            del self._pending[key]
+            for site in sites:
+                site.delegated = None
+            if budget_s is not None and time.perf_counter() - started >= budget_s:
+                break
+        return len(self._pending)
+
+    def _own_timing(self, call, kind: ConvKind) -> OwnTiming:
+        """The framework's own kernel as the database keeps it (delegation.stored_timing), else
+        timed now and kept."""
+        if (kind, call) not in self._own_timings:
+            problem, assignments = call.problem(kind), self.handle(call.device).assignments
+            candidate = self.backend.own_candidate()
+            with self._lock, self.backend.device_guard(call.device):
+                timing = stored_timing(assignments, problem, self.backend.free_bytes(call.device), candidate)
+                if timing is None:
+                    # in the planning scope: its operands (~190 MiB for AlexNet's conv2) go back to the
+                    # device afterwards rather than staying cached in odd sizes in the pool the step runs in
+                    with self.backend.planning(call.device), self._planning(kind, call, f"timing {self.backend.own}'s own"):
+                        timing = self.backend.time_own(problem, call.device)
+                        keep_timing(assignments, problem, timing, candidate)
+                self._own_timings[kind, call] = timing
+        return self._own_timings[kind, call]
+
+    def _favourite_fits(self, call, kind: ConvKind) -> bool:
+        """Whether cuDNN's heuristic favourite for the kernel (Handle.favourite) can run within
+        the per-kernel limit."""
+        with self._lock, self.backend.device_guard(call.device), self._planning(kind, call, "asking cuDNN's favourite of"):
+            favourite = self.handle(call.device).favourite(call.problem(kind))
+        return favourite.status == OK and favourite.workspace <= self.settings.workspace_limit
+
+    @contextlib.contextmanager
+    def _planning(self, kind: ConvKind, call, doing: str) -> Iterator[None]:
+        """A planning step of the kernel: shown by the progress line, its seconds kept for summary()."""
+        self.progress.step(f"{doing} {_brief(call.problem(kind))}", self._planned_so_far())
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._planning_s[kind, call] += time.perf_counter() - started
+            self.progress.finished()
+
+    def _planned_so_far(self) -> str:
+        delegated = sum(self._delegated.values())
+        return (f"{len(self._kernels)} kernels planned, {delegated} layers left to {self.backend.own}'s own "
+                f"convolution ({len(self._unswept)} with no sweep)")
+
+    def _site_kernel(self, site, kind: ConvKind):
+        kernel = site.kernels[kind] = self._kernels.get((kind, site.call)) or self._kernel(site.call, kind)
+        return kernel
+
+    def _kernel(self, call, kind: ConvKind):
+        with self._lock, self.backend.device_guard(call.device):
+            if (kind, call) not in self._kernels:
+                with self.backend.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
+                    self._kernels[kind, call] = self._planned(call, kind, _assigned)
+            return self._kernels[kind, call]
+
+    def _planned(self, call, kind: ConvKind, assign: Callable[[Any, ConvProblem], Any]):
+        """The kernel as `assign(handle, problem)` plans it (_assigned, or a shrink after its
+        workspace could not be borrowed); the framework's own convolution where ucudnn cannot plan it."""
+        problem, handle = call.problem(kind), self.handle(call.device)
+        try:
+            return self.backend.kernel(problem, handle, assign(handle, problem))
+        except UNPLANNABLE as exc:
+            fall_back(self.backend.own, f"{problem.describe()}: {exc}")
+            return self.backend.own_kernel(problem)
+
+    def handle(self, device: Hashable):
+        """The ucudnn.Handle of `device`, made on first use."""
+        with self._lock:
+            if device not in self._handles:
+                if self._cache is None:
+                    from .cache import Cache
+
+                    self._cache = Cache(self.settings.cache_path)
+                with self.backend.device_guard(device):
+                    self._handles[device] = self.backend.make_handle(self.settings, self._cache, device)
+            return self._handles[device]
+
+    def record(self, call, kinds: tuple[ConvKind, ...]) -> None:
+        """Learn kernels ahead of their first run: WD records them for the solve, WR plans
+        (benchmarks) them now."""
+        for kind in kinds:
+            if self.wd:
+                with self.backend.device_guard(call.device):
+                    self.handle(call.device).query(call.problem(kind))
+            else:
+                self._kernel(call, kind)
+
+    def finalize(self) -> None:
+        """WD: solve every recorded kernel as one network now (total_auto: within a share of the
+        memory left free, see ucudnn.memory)."""
+        with self._lock:
+            for device, handle in self._handles.items():
+                with self.backend.device_guard(device), self.backend.planning(device):
+                    handle.finalize(self._auto_total(device) if self.total_auto else None)
+
+    def _auto_total(self, device: Hashable) -> int:
+        return auto_total(self.backend.settled_memory(device), self.backend.peak_allocated(device))
+
+    def reset(self) -> None:
+        """Forget every assignment: kernels are planned again on next use (WD: as one network).
+        Waits for the GPUs first, since running kernels may still use the old workspaces."""
+        with self._lock:
+            for device, handle in self._handles.items():
+                self.backend.synchronize(device)
+                handle.reset()
+            self._kernels.clear()
+            self._delegated.clear()
+            self._unswept.clear()
+            self._pending.clear()
+            self._lead = None
+
+    def solved(self) -> bool:
+        """WD: whether a handle holds a solve of the network."""
+        return any(h.wd_result is not None for h in self._handles.values())
+
+    def summary(self) -> dict:
+        """Settings, every kernel planned or timed: its configuration and workspace, or the
+        framework's own (delegated, `swept` False where no sweep was needed), and the seconds its
+        planning took; calls and (WD) the solve: what benchmarks report."""
+        s = self.settings
+        delegated = {call for (call, _), yes in self._delegated.items() if yes}
+        keys = dict.fromkeys([*self._kernels, *self._own_timings])
+        out = dict(optimizer=s.optimizer, policy=s.batch_size_policy, search=s.search,
+                   workspace_limit=s.workspace_limit, delegate=self.delegate,
+                   planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
+                   kernels=[self._describe(kind, call, call in delegated) for kind, call in keys],
+                   runs={f"{via}:{kind}": n for (via, kind), n in self.runs.items()})
+        if self.wd:
+            out["wd"] = [dict(total_limit=h.wd_limit, total_workspace=r.total_workspace, auto=self.total_auto,
+                              variables=r.variables, solve_seconds=r.solve_seconds, solver=r.solver)
+                         for h in self._handles.values() if (r := h.wd_result) is not None]
+        out["cudnn_handles"] = dict(self.backend.cudnn_handles)  # device -> whose handle: the framework's, or why not
+        out["shrinks"] = [dict(kernel=what, failed=failed, limit=limit)
+                          for h in self._handles.values() for what, failed, limit in h.shrinks]
+        return out
+
+    def _describe(self, kind: ConvKind, call, delegated: bool) -> dict:
+        """One kernel for summary(): how it runs, its configuration and, where timed, the
+        framework's own kernel (`delegated`: its layer runs that; no kernel: nor was it swept)."""
+        kernel, own = self._kernels.get((kind, call)), self._own_timings.get((kind, call))
+        out = dict(kind=kind.value, kernel=call.problem(kind).describe(),
+                   via=self.backend.own if delegated or kernel is None else kernel.via, delegated=delegated,
+                   swept=kernel is not None, planning_s=self._planning_s[kind, call])
+        if own is not None:
+            out.update(own_ms=own.ms, own_workspace=own.workspace)
+        if kernel is not None and kernel.via == UCUDNN:
+            configuration = kernel.assignment.configuration
+            out.update(configuration=configuration.describe(),
+                       parts=len(configuration.micro), workspace=kernel.assignment.workspace_size,
+                       predicted_ms=configuration.time_ms)
+        return out
+
+
+def _brief(problem: ConvProblem) -> str:
+    """A kernel in a few words, for the progress line: 'BF x=(32, 64, 56, 56) w=(64, 64, 3, 3) float16'."""
+    return f"{problem.kind.value} x={problem.x_shape} w={problem.w_shape} {problem.dtype}"
