@@ -566,8 +566,8 @@ def test_wd_without_sample_learns_during_the_first_pass(numpy_context, monkeypat
 def test_learning_under_no_grad_records_forward_kernels_only(numpy_context):
     context = numpy_context(optimizer="wd")
     model = ut.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3)), context=context)
-    with torch.no_grad():
-        ut.learn(model, torch.randn(2, 3, 8, 8))
+    with torch.no_grad(), ut.network(model):
+        model(torch.randn(2, 3, 8, 8))
     keys = context.handle(torch.device("cpu")).wd_result.configurations
     assert [key.split("|")[0] for key in keys] == ["F", "F"]
 

@@ -26,9 +26,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from .context import Context, default_context  # noqa: F401  (the package's own use and tests)
 from .kernels import CudaBackend  # noqa: F401  (the package's own use and tests)
 from .layers import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, context_of, convert,
-                     learn, network)
+                     network)
 
 # the public face (ucudnn.torch); CudaBackend and default_context stay importable from here for
 # the package's own use and tests
 __all__ = ["Context", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-           "context_of", "convert", "learn", "network"]
+           "context_of", "convert", "network"]

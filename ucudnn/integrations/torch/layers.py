@@ -220,7 +220,8 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
         warnings.warn(f"ucudnn.torch.convert left subclasses of {', '.join(c.__name__ for c in TWINS)} "
                       f"unconverted: {', '.join(sorted(skipped))}", UcudnnWarning, stacklevel=2)
     if sample_input is not None:
-        learn(model, *(sample_input if isinstance(sample_input, tuple) else (sample_input,)))
+        with network(model):
+            model(*(sample_input if isinstance(sample_input, tuple) else (sample_input,)))
     return model
 
 
@@ -252,8 +253,3 @@ def network(model: nn.Module) -> Iterator[nn.Module]:
             stack.enter_context(context.recording())
         yield model
 
-
-def learn(model: nn.Module, *args, **kwargs) -> Any:
-    """One recorded pass `model(*args, **kwargs)` (see network()); returns its output."""
-    with network(model):
-        return model(*args, **kwargs)
