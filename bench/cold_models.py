@@ -32,7 +32,7 @@ relative error <= max(1e-2, 3x the control's)).
 
 With --timed, two more fresh processes per model time torch's own first iteration in phases
 (forward, backward, optimizer step): one alone, one after timing torch's own kernels of every conv
-as delegation does (`CudaBackend.time_own`, on new operands). If that timing fills the plan
+as delegation does (`TorchFramework.time_own`, on new operands). If that timing fills the plan
 cache torch's layers read, the phases after it shrink by torch's benchmark; if not, a converted
 cold start pays torch's benchmark twice.
 
@@ -225,14 +225,14 @@ def timed_then_torch(model, x, target, amp: bool, kernels_first: bool) -> dict:
     after torch's own kernels were timed as delegation times them where `kernels_first`."""
     import torch
 
-    from ucudnn.integrations.torch.kernels import CudaBackend
+    from ucudnn.integrations.torch.kernels import TorchFramework
 
     out = {"kernels_first": kernels_first}
     if kernels_first:
-        problems, backend = conv_problems(model, x, amp), CudaBackend()
+        problems, framework = conv_problems(model, x, amp), TorchFramework()
         began = time.perf_counter()
         for p in problems:
-            backend.time_own(p, x.device)
+            framework.time_own(p, x.device)
         torch.cuda.synchronize()
         out.update(kernels=len(problems), timing_s=time.perf_counter() - began)
     steps = phases(model, x, target, amp)

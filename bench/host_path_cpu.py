@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 import ucudnn.torch as ut
-from torch_doubles import NumpyBackend, NumpyHandle
+from torch_doubles import NumpyFramework, NumpyHandle
 from ucudnn.cache import Cache
 from ucudnn.graphs import GraphedProgram
-from ucudnn.integrations.torch.kernels import CudaBackend
+from ucudnn.integrations.torch.kernels import TorchFramework
 
 
 class NullCapturer:
@@ -49,11 +49,11 @@ class NullHandle(NumpyHandle):
         return GraphedProgram(lambda *operands: None, NullCapturer(), problem.describe())
 
 
-class NullBackend(NumpyBackend):
+class NullFramework(NumpyFramework):
     """CPU tensors stand in for CUDA ones; operands are their addresses, as on the GPU."""
 
     handle_class = NullHandle
-    operand = CudaBackend.operand
+    operand = TorchFramework.operand
 
 
 CASES = {"nchw fp32": (False, False), "channels_last autocast fp16": (True, True)}
@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        context = ut.Context(backend=NullBackend(), cache=Cache(Path(tmp) / "bench.db"), workspace_limit="64MiB")
+        context = ut.Context(framework=NullFramework(), cache=Cache(Path(tmp) / "bench.db"), workspace_limit="64MiB")
         for (name, (channels_last, amp)), which in itertools.product(CASES.items(), ("ucudnn", "torch")):
             conv = layer(context if which == "ucudnn" else None, channels_last)
             x = torch.randn(2, 8, 4, 4)

@@ -75,7 +75,7 @@ def converted_step():
     from torch import nn
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from torch_doubles import NumpyBackend
+    from torch_doubles import NumpyFramework
 
     import ucudnn.torch as ut
     from ucudnn.cache import Cache
@@ -86,7 +86,7 @@ def converted_step():
                           nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(), nn.Conv2d(256, 256, 3, padding=1))
     x = torch.randn(8, 3, 127, 127)
     folder = tempfile.mkdtemp()
-    context = ut.Context(backend=NumpyBackend(), cache=Cache(Path(folder) / "path.db"), workspace_limit="64MiB",
+    context = ut.Context(framework=NumpyFramework(), cache=Cache(Path(folder) / "path.db"), workspace_limit="64MiB",
                          planning="first_call")
 
     def step():

@@ -187,11 +187,11 @@ def cpu_measure(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.syspath_prepend(str(BENCH))  # conv_step
     import ucudnn.torch as ut
-    from torch_doubles import NumpyBackend
+    from torch_doubles import NumpyFramework
     from ucudnn.cache import Cache
 
     def convert_copy(module):
-        context = ut.Context(backend=NumpyBackend(), cache=Cache(tmp_path / "bench.db"), workspace_limit="64KiB")
+        context = ut.Context(framework=NumpyFramework(), cache=Cache(tmp_path / "bench.db"), workspace_limit="64KiB")
         return ut.convert(copy.deepcopy(module), context=context)
     args = SimpleNamespace(warmup=1, rounds=2, steps=2, margin=shapes.MARGIN)
     return lambda spec: shapes.measure_layer(spec, convert_copy, cpu_time_loop, lambda: None, "cpu", args)

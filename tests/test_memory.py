@@ -169,9 +169,9 @@ from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from test_torch_cpu import assert_matches, run_step  # noqa: E402
-from torch_doubles import NumpyBackend  # noqa: E402
+from torch_doubles import NumpyFramework  # noqa: E402
 from ucudnn import fallback  # noqa: E402
-from ucudnn.integrations.torch import CudaBackend  # noqa: E402
+from ucudnn.integrations.torch import TorchFramework  # noqa: E402
 from ucudnn.memory import Memory, auto_total  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -182,7 +182,7 @@ def fresh_warnings(monkeypatch):
     monkeypatch.setattr(fallback, "_warned", set())
 
 
-class ScarceBackend(NumpyBackend):
+class ScarceFramework(NumpyFramework):
     """Borrowed workspaces larger than `free` bytes cannot be had, as from a GPU under pressure."""
 
     def __init__(self, free: int, **kwargs):
@@ -191,7 +191,7 @@ class ScarceBackend(NumpyBackend):
 
     def make_handle(self, settings, cache, device):
         handle = super().make_handle(settings, cache, device)
-        handle.assignments._allocate = lambda nbytes: 0  # WR borrows at each call, as CudaBackend's handles do
+        handle.assignments._allocate = lambda nbytes: 0  # WR borrows at each call, as TorchFramework's handles do
         return handle
 
     def borrow(self, nbytes, device):
@@ -206,15 +206,15 @@ class ScarceBackend(NumpyBackend):
 
 def test_a_workspace_that_cannot_be_borrowed_is_planned_within_what_the_device_has_free(tmp_path):
     """Where the device has at least half of what failed, the kernel is planned within that."""
-    backend = ScarceBackend(free=2**30)
-    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
+    framework = ScarceFramework(free=2**30)
+    context = ut.Context(framework=framework, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
                          planning="first_call", delegate=False)
     conv = ut.convert(nn.Conv2d(8, 16, 3, padding=1), context=context)
     x = torch.randn(16, 8, 10, 10)
     with torch.no_grad():
         conv(x)
     planned = context.summary()["kernels"][0]["workspace"]
-    backend.free = planned * 3 // 4
+    framework.free = planned * 3 // 4
     with pytest.warns(UcudnnWarning, match="planning again within"):
         with torch.no_grad():
             conv(x)
@@ -226,8 +226,8 @@ def test_a_workspace_that_cannot_be_borrowed_is_planned_within_what_the_device_h
 def test_a_workspace_torch_cannot_lend_is_planned_within_less_and_the_step_goes_on(tmp_path):
     torch.manual_seed(0)
     theirs = nn.Conv2d(8, 16, 3, padding=1)
-    backend = ScarceBackend(free=20 * 2**10)
-    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
+    framework = ScarceFramework(free=20 * 2**10)
+    context = ut.Context(framework=framework, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
                          planning="first_call")
     ours = ut.convert(copy.deepcopy(theirs), context=context)
     x, dy = torch.randn(16, 8, 10, 10), torch.randn(16, 16, 10, 10)
@@ -235,18 +235,18 @@ def test_a_workspace_torch_cannot_lend_is_planned_within_less_and_the_step_goes_
         got = run_step(ours, x, dy)
     assert_matches(got, run_step(theirs, x, dy))
     summary = context.summary()
-    assert backend.refused and [s["failed"] for s in summary["shrinks"]] == backend.refused
+    assert framework.refused and [s["failed"] for s in summary["shrinks"]] == framework.refused
     assert all(k["workspace"] <= 20 * 2**10 for k in summary["kernels"])
-    refused = len(backend.refused)
+    refused = len(framework.refused)
     assert_matches(run_step(ours, x, dy), run_step(theirs, x, dy))
-    assert len(backend.refused) == refused  # planned once: the next step borrows what fits
+    assert len(framework.refused) == refused  # planned once: the next step borrows what fits
 
 
 def test_a_second_site_adopts_the_shrunk_kernel_without_halving_it_again(tmp_path):
     """Two sites (no grad, grad) hold the same planned F kernel; memory then runs short: the
     first site to fail shrinks it, the other adopts the result."""
-    backend = ScarceBackend(free=2**30)
-    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
+    framework = ScarceFramework(free=2**30)
+    context = ut.Context(framework=framework, cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
                          planning="first_call")
     conv = ut.convert(nn.Conv2d(8, 16, 3, padding=1), context=context)
     x = torch.randn(16, 8, 10, 10)
@@ -254,7 +254,7 @@ def test_a_second_site_adopts_the_shrunk_kernel_without_halving_it_again(tmp_pat
     with torch.no_grad():
         calls[0]()
     calls[1]()
-    backend.free = 20 * 2**10
+    framework.free = 20 * 2**10
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UcudnnWarning)
         with torch.no_grad():
@@ -272,7 +272,7 @@ def test_cuda_backend_turns_torchs_out_of_memory_into_device_memory_error(monkey
 
     monkeypatch.setattr(torch, "empty", no_memory)
     with pytest.raises(DeviceMemoryError, match="2048.0 MiB for a convolution workspace"):
-        CudaBackend().borrow(2**31, torch.device("cpu"))
+        TorchFramework().borrow(2**31, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("now, peak, want", [
@@ -284,7 +284,7 @@ def test_auto_total_is_a_share_of_what_stays_free_at_the_peak(now, peak, want):
     assert auto_total(now, peak) == want
 
 
-class PeakBackend(NumpyBackend):
+class PeakFramework(NumpyFramework):
     """settled_memory() reports 64 MiB free with tensors holding 100 MiB; torch's peak
     statistic says they once held 104 MiB. Counts how often the memory was settled."""
 
@@ -303,15 +303,15 @@ class PeakBackend(NumpyBackend):
 def test_auto_total_learns_the_first_iteration_then_solves_within_its_share(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
-    backend = PeakBackend()
-    context = ut.Context(backend=backend, cache=Cache(tmp_path / "bench.db"), total_limit="auto")
+    framework = PeakFramework()
+    context = ut.Context(framework=framework, cache=Cache(tmp_path / "bench.db"), total_limit="auto")
     ours = ut.convert(copy.deepcopy(model), context=context)
     assert context.settings.optimizer == "wd" and context.total_auto
     x = torch.randn(8, 3, 6, 6)
     run_step(ours, x)  # first iteration: torch's convolutions, kernels recorded, nothing solved
-    assert backend.settled == 0 and not context.runs
+    assert framework.settled == 0 and not context.runs
     got = run_step(ours, x)  # solved once, at the second iteration's first layer
-    assert backend.settled == 1
+    assert framework.settled == 1
     want = auto_total(Memory(64 * MiB, 100 * MiB), tensor_peak=104 * MiB)
     assert want == 30 * MiB  # (64 - 4) / 2
     wd = context.summary()["wd"][0]
@@ -321,7 +321,7 @@ def test_auto_total_learns_the_first_iteration_then_solves_within_its_share(tmp_
 
 def test_auto_total_needs_wd_and_no_sample_input(tmp_path):
     with pytest.raises(ConfigError, match="optimizer='wd'"):
-        ut.Context(backend=NumpyBackend(), total_limit="auto", optimizer="wr")
+        ut.Context(framework=NumpyFramework(), total_limit="auto", optimizer="wr")
     with pytest.raises(ConfigError, match="drop sample_input"):
         ut.convert(nn.Conv2d(3, 4, 3), total_limit="auto", sample_input=torch.randn(1, 3, 8, 8))
 
@@ -343,6 +343,6 @@ def test_a_handle_that_cannot_be_created_is_tried_again_after_torch_empties_its_
 
     monkeypatch.setattr(handles, "Handle", handle)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    monkeypatch.setattr(CudaBackend, "stream", lambda self, device: 0)
-    assert CudaBackend().make_handle(Settings.load(env={}), None, torch.device("cpu")) == "handle"
+    monkeypatch.setattr(TorchFramework, "stream", lambda self, device: 0)
+    assert TorchFramework().make_handle(Settings.load(env={}), None, torch.device("cpu")) == "handle"
     assert len(made) == 2 and emptied == [True]

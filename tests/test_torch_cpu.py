@@ -1,7 +1,7 @@
 """CPU: the PyTorch integration. Conversion (nested modules, identity, hooks, state_dict, pickling),
 torch's fallback (exact results, one warning per reason), and the whole ucudnn path of a layer
 (prepare, autograd Function, plans, micro-batched dispatch, WD recording) run on the CPU through
-a NumPy backend: Assignments with a fake benchmarker and the float64 NumPy executor in place of cuDNN."""
+a NumPy framework: Assignments with a fake benchmarker and the float64 NumPy executor in place of cuDNN."""
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +23,7 @@ from ucudnn.cache import Cache  # noqa: E402
 from ucudnn.delegation import OwnTiming  # noqa: E402
 from ucudnn.memory import Memory  # noqa: E402
 from ucudnn.errors import ConfigError, NoAlgorithmError, UcudnnWarning  # noqa: E402
-from torch_doubles import NumpyBackend  # noqa: E402
+from torch_doubles import NumpyFramework  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
 from ucudnn import fallback  # noqa: E402
 from ucudnn.integrations.torch import call as calls, layers as ut_layers  # noqa: E402
@@ -44,7 +44,7 @@ def numpy_context(tmp_path):
         # a layer planned on its first call: what these tests check of a plan then holds from the
         # first step (the default plans between iterations: its own tests pass planning=None)
         settings.setdefault("planning", "first_call")
-        return ut.Context(backend=NumpyBackend(), cache=Cache(tmp_path / database), **settings)
+        return ut.Context(framework=NumpyFramework(), cache=Cache(tmp_path / database), **settings)
     return make
 
 
@@ -452,28 +452,28 @@ def test_convert_turns_every_kind_of_convolution_layer_into_its_twin_and_leaves_
 
 @pytest.mark.parametrize("concurrent", [False, True])
 def test_a_concurrent_backward_runs_bf_beside_bd_and_joins_before_returning(concurrent, tmp_path):
-    """settings.concurrent_backward: in each layer's backward, BF runs on the backend's side
+    """settings.concurrent_backward: in each layer's backward, BF runs on the framework's side
     stream (its operands marked as used there) while BD runs on the current one, and the current
     stream waits for the side one before the backward returns; results equal torch's either way."""
     from ucudnn.config import Settings
 
     torch.manual_seed(0)
-    backend = NumpyBackend()
+    framework = NumpyFramework()
     settings = Settings.load(workspace_limit="64KiB", planning="first_call", concurrent_backward=concurrent)
-    context = ut.Context(settings, backend=backend, cache=Cache(tmp_path / "bench.db"))
+    context = ut.Context(settings, framework=framework, cache=Cache(tmp_path / "bench.db"))
     plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
     model = ut.convert(copy.deepcopy(plain), context=context)
     ran = []
     run = context.run
-    context.run = lambda site, kind, *operands: ran.append((kind.value, backend.aside)) or run(site, kind, *operands)
+    context.run = lambda site, kind, *operands: ran.append((kind.value, framework.aside)) or run(site, kind, *operands)
     x = torch.randn(4, 3, 8, 8)
     assert_matches(run_step(model, x), run_step(plain, x))
     backward = [r for r in ran if r[0] != "F"]
     if concurrent:
         assert backward == [("BF", True), ("BD", False), ("BF", True), ("BD", False)]
-        assert backend.streams == ["opened", "joined"] * 2 and len(backend.marked) == 2 * 3
+        assert framework.streams == ["opened", "joined"] * 2 and len(framework.marked) == 2 * 3
     else:
-        assert all(not aside for _, aside in backward) and backend.streams == []
+        assert all(not aside for _, aside in backward) and framework.streams == []
 
 
 def test_micro_batches_really_run(numpy_context):
@@ -778,7 +778,7 @@ def test_stream_changes_reach_the_handle(numpy_context):
     seen = []
     handle.set_stream = lambda stream: (seen.append(stream), setattr(handle, "stream", stream))
     streams = iter([7, 7, 7, 9, 9, 9])
-    context.backend.stream = lambda device: next(streams)
+    context.framework.stream = lambda device: next(streams)
     x = torch.randn(4, 3, 6, 6)
     run_step(conv, x)
     run_step(conv, x)
@@ -808,7 +808,7 @@ def test_worth_delegating_rule():
 
 def delegating_context(numpy_context, torch_timing, **settings):
     context = numpy_context(**settings)
-    context.backend = NumpyBackend(torch_timing)
+    context.framework = NumpyFramework(torch_timing)
     return context
 
 
@@ -823,8 +823,8 @@ def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context)
     for a, b in zip(got, run_step(plain, x)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # torch's own layer: the same arithmetic
     assert dict(context.runs) == {("torch", "layer"): 3}
-    assert [p.kind.value for p in context.backend.timed] == ["F", "BD", "BF"]  # timed once each
-    assert all(context.backend.timed_planning)  # their operands go back to the device afterwards
+    assert [p.kind.value for p in context.framework.timed] == ["F", "BD", "BF"]  # timed once each
+    assert all(context.framework.timed_planning)  # their operands go back to the device afterwards
     kernels = context.summary()["kernels"]
     assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
     assert all(k["delegated"] and k["via"] == "torch" and k["own_ms"] == 0.0 for k in kernels)
@@ -849,7 +849,7 @@ def test_a_later_process_reads_torchs_timings_from_the_database_and_decides_alik
         model = ut.convert(nn.Conv2d(3, 4, 3), context=context)
         run_step(model, x)
         decided.append(({k["kind"]: (k["delegated"], k["swept"]) for k in context.summary()["kernels"]},
-                        len(context.backend.timed)))
+                        len(context.framework.timed)))
     assert decided[0][1] == 3 and decided[1] == (decided[0][0], 0)  # the second timed nothing
     with BenchmarkDatabase(tmp_path / "bench.db") as db:
         db.check()
@@ -867,9 +867,9 @@ def test_torchs_timings_under_memory_pressure_are_neither_kept_nor_read(numpy_co
     x = torch.randn(4, 3, 6, 6)
     for free, timed in ((ROOMY_BYTES // 2, 3), (ROOMY_BYTES, 3), (ROOMY_BYTES // 2, 3), (ROOMY_BYTES, 0)):
         context = delegating_context(numpy_context, lambda p: OwnTiming(0.01, 0, free))
-        context.backend.memory_now = Memory(free, 0)
+        context.framework.memory_now = Memory(free, 0)
         run_step(ut.convert(nn.Conv2d(3, 4, 3), context=context), x)
-        assert len(context.backend.timed) == timed, free
+        assert len(context.framework.timed) == timed, free
 
 
 def test_the_sweep_decides_where_cudnns_favourite_does_not_fit(numpy_context):
@@ -945,7 +945,7 @@ def test_delegation_off_and_wd_never_time_torch(numpy_context):
         with ut.network(conv):
             conv(x)
         run_step(conv, x)
-        assert not context.backend.timed and context.runs["ucudnn", "F"] == 1, settings
+        assert not context.framework.timed and context.runs["ucudnn", "F"] == 1, settings
     with pytest.raises(ConfigError, match="delegate"):
         ut.convert(nn.Conv2d(1, 1, 1), context=context, delegate=False)
 
@@ -956,12 +956,12 @@ def test_grad_mode_is_part_of_the_signature_and_of_what_is_timed(numpy_context):
     x = torch.randn(4, 3, 6, 6)
     with torch.no_grad():
         conv(x)
-    assert [p.kind.value for p in context.backend.timed] == ["F"]
+    assert [p.kind.value for p in context.framework.timed] == ["F"]
     run_step(conv, x)  # a training call: its own site, BD and BF timed too
-    assert [p.kind.value for p in context.backend.timed] == ["F", "BD", "BF"] and len(context.sites) == 2
+    assert [p.kind.value for p in context.framework.timed] == ["F", "BD", "BF"] and len(context.sites) == 2
     conv.weight.requires_grad_(False)
     conv(x.clone().requires_grad_()).sum().backward()  # F and BD only: a third site, nothing new to time
-    assert len(context.sites) == 3 and len(context.backend.timed) == 3
+    assert len(context.sites) == 3 and len(context.framework.timed) == 3
 
 
 def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
@@ -970,10 +970,10 @@ def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
     def out_of_memory(self, problem, device):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(integration.CudaBackend, "_time_own", out_of_memory)
+    monkeypatch.setattr(integration.TorchFramework, "_time_own", out_of_memory)
     problem = calls.Call(torch.device("cpu"), (2, 3, 8, 8), (4, 3, 3, 3), calls.Geometry((0, 0), (1, 1), (1, 1), 1),
                                "float32", "default", "nchw").problem(ConvKind.FORWARD)
-    timing = integration.CudaBackend().time_own(problem, torch.device("cpu"))
+    timing = integration.TorchFramework().time_own(problem, torch.device("cpu"))
     assert timing.ms == float("inf") and timing.workspace == 0
     from ucudnn.delegation import worth_delegating
     assert not worth_delegating([1.0], [timing], 2**30)
@@ -1052,8 +1052,8 @@ def test_planning_between_iterations_times_nothing_in_the_first_iteration(numpy_
         model = ut.convert(nn.Conv2d(3, 4, 3), context=context)
         run_step(model, x)
         assert context.summary()["pending"] == 1 and context.runs["torch", "layer"] == 1
-        assert context.backend.timed == []
+        assert context.framework.timed == []
         run_step(model, x)
-        assert len(context.backend.timed) == 3 and context.summary()["pending"] == 0
+        assert len(context.framework.timed) == 3 and context.summary()["pending"] == 0
         assert context.runs["ucudnn", "F"] == swept and context.runs["torch", "layer"] == 2 - swept
         assert {k["swept"] for k in context.summary()["kernels"]} == {swept}

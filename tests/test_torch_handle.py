@@ -103,23 +103,23 @@ def test_without_libtorch_cuda_or_its_symbol_ucudnn_makes_its_own(process):
 
 def test_the_backend_runs_on_torchs_handle_and_says_whose_it_is(process, monkeypatch):
     from ucudnn import fallback
-    from ucudnn.integrations.torch import CudaBackend, kernels
+    from ucudnn.integrations.torch import TorchFramework, kernels
 
     made = []
     monkeypatch.setattr(handles, "Handle", lambda settings, **kwargs: made.append(kwargs) or "handle")
     monkeypatch.setattr(kernels, "torch_cudnn_handle", lambda device: torch_handle.Lent(ctypes.c_void_p(7), TORCHS))
-    monkeypatch.setattr(CudaBackend, "stream", lambda self, device: 0)
+    monkeypatch.setattr(TorchFramework, "stream", lambda self, device: 0)
     monkeypatch.setattr(fallback, "_warned", set())
-    backend = CudaBackend()
+    framework = TorchFramework()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch's handle: nothing to warn about
-        assert backend.make_handle(Settings.load(env={}), None, torch.device("cuda", 0)) == "handle"
-    assert made[0]["cudnn_handle"].value == 7 and backend.cudnn_handles == {"cuda:0": TORCHS}
+        assert framework.make_handle(Settings.load(env={}), None, torch.device("cuda", 0)) == "handle"
+    assert made[0]["cudnn_handle"].value == 7 and framework.cudnn_handles == {"cuda:0": TORCHS}
     own = torch_handle.Lent(None, "ucudnn's own: 2 copies of libcudnn are loaded")
     monkeypatch.setattr(kernels, "torch_cudnn_handle", lambda device: own)
     with pytest.warns(UserWarning, match="a cuDNN handle of its own .* 2 copies of libcudnn"):
-        backend.make_handle(Settings.load(env={}), None, torch.device("cuda", 1))
-    assert made[1]["cudnn_handle"] is None and backend.cudnn_handles["cuda:1"] == own.source
+        framework.make_handle(Settings.load(env={}), None, torch.device("cuda", 1))
+    assert made[1]["cudnn_handle"] is None and framework.cudnn_handles["cuda:1"] == own.source
 
 
 # --- ucudnn.Handle on a lent handle ----------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Test doubles of ucudnn.torch's GPU side: a handle over real Assignments with a fake benchmarker
-and the NumPy executor, and a backend that runs 'ucudnn' kernels on CPU tensors."""
+and the NumPy executor, and a framework that runs 'ucudnn' kernels on CPU tensors."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +9,7 @@ from executors import array_program
 from fakes import FakeAllocator, FakeBenchmarker, favourite
 
 from ucudnn.assignment import Assignments
-from ucudnn.integrations.torch import CudaBackend
+from ucudnn.integrations.torch import TorchFramework
 from ucudnn.delegation import OwnTiming
 from ucudnn.memory import Memory
 
@@ -61,7 +61,7 @@ class NumpyHandle:
         return len(self.assignments)
 
 
-class NumpyBackend(CudaBackend):
+class NumpyFramework(TorchFramework):
     """Runs 'ucudnn' kernels on CPU tensors: operands are flat NumPy views of their memory.
     torch's own kernels 'take' `torch_timing(problem)`: by default forever, so that layers are
     never delegated to torch unless a test says otherwise; `timed` lists the kernels timed."""

@@ -4,7 +4,7 @@
 A layer call is a `site`: its `call` (hashable; `.device` and `.problem(kind)`, the ConvProblem of
 each kernel it runs), its `kinds` (F, BD, BF), the kernels planned for it (`kernels`, by kind) and
 whether it runs the framework's own convolution (`delegated`; None: not decided yet). The
-framework's side is a `backend` (ucudnn.integrations.torch.kernels.CudaBackend): one
+framework's side is a `framework` object (ucudnn.integrations.torch.kernels.TorchFramework): one
 ucudnn.Handle per device, its own convolution (timed, and run where ucudnn does not), ucudnn's
 kernels over its tensors, its memory, devices and streams.
 
@@ -35,7 +35,7 @@ from .problem import ConvKind, ConvProblem
 from .progress import Progress
 
 UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
-LAYER = "layer"  # (backend.own, LAYER): layer calls that ran the framework's own convolution
+LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
 PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
 
 
@@ -48,10 +48,10 @@ class Planner:
     """The kernels planned for a framework's layer calls, by call and kind, on one
     ucudnn.Handle per device; `total_auto`: WD's total is a share of the memory left free
     (ucudnn.memory). `runs` counts kernel calls by (via, kind) and delegated layer calls by
-    (backend.own, LAYER)."""
+    (framework.own, LAYER)."""
 
-    def __init__(self, settings: Settings, backend, cache=None, delegate: bool = True, total_auto: bool = False):
-        self.settings, self.backend, self.delegate, self.total_auto = settings, backend, delegate, total_auto
+    def __init__(self, settings: Settings, framework, cache=None, delegate: bool = True, total_auto: bool = False):
+        self.settings, self.framework, self.delegate, self.total_auto = settings, framework, delegate, total_auto
         self._cache = cache
         self._handles: dict[Hashable, Any] = {}
         self._kernels: dict[tuple[ConvKind, Hashable], Any] = {}  # (kind, call) -> its kernel
@@ -59,7 +59,7 @@ class Planner:
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...]], bool] = {}  # what sites decided
         self._lock = threading.RLock()
         self.runs: Counter = Counter()
-        self._delegated_run = (backend.own, LAYER)
+        self._delegated_run = (framework.own, LAYER)
         self.progress = Progress(self.settings.progress)
         self._planning_s: Counter = Counter()  # (kind, call) -> seconds spent planning it, own timing included
         self._unswept: set[Hashable] = set()  # delegated with no sweep (delegation.settled_by_own)
@@ -81,7 +81,7 @@ class Planner:
         elif self.progress.open:
             self.progress.idle(self._planned_so_far)
         self.runs[kernel.counted] += 1
-        with self.backend.device_guard(site.call.device):
+        with self.framework.device_guard(site.call.device):
             while True:
                 try:
                     return kernel(x, w, y)
@@ -97,8 +97,8 @@ class Planner:
         with self._lock:
             kernel = self._kernels.get((kind, call))
             if kernel is failed:
-                available = self.backend.settled_memory(call.device).free
-                with self.backend.planning(call.device):
+                available = self.framework.settled_memory(call.device).free
+                with self.framework.planning(call.device):
                     kernel = self._kernels[kind, call] = self._planned(
                         call, kind, lambda handle, problem: handle.shrink(problem, available))
             site.kernels[kind] = kernel
@@ -172,7 +172,7 @@ class Planner:
             return True
         for kind, kernel, ms, timing in zip(site.kinds, kernels, ucudnn_ms, own):
             if own_kernel_faster(ms, timing, limit):
-                self._kernels[kind, site.call] = site.kernels[kind] = self.backend.own_kernel(kernel.problem)
+                self._kernels[kind, site.call] = site.kernels[kind] = self.framework.own_kernel(kernel.problem)
         return False
 
     def plan_pending(self, budget_s: float | None = None) -> int:
@@ -195,14 +195,14 @@ class Planner:
         timed now and kept."""
         if (kind, call) not in self._own_timings:
             problem, assignments = call.problem(kind), self.handle(call.device).assignments
-            candidate = self.backend.own_candidate()
-            with self._lock, self.backend.device_guard(call.device):
-                timing = stored_timing(assignments, problem, self.backend.free_bytes(call.device), candidate)
+            candidate = self.framework.own_candidate()
+            with self._lock, self.framework.device_guard(call.device):
+                timing = stored_timing(assignments, problem, self.framework.free_bytes(call.device), candidate)
                 if timing is None:
                     # in the planning scope: its operands (~190 MiB for AlexNet's conv2) go back to the
                     # device afterwards rather than staying cached in odd sizes in the pool the step runs in
-                    with self.backend.planning(call.device), self._planning(kind, call, f"timing {self.backend.own}'s own"):
-                        timing = self.backend.time_own(problem, call.device)
+                    with self.framework.planning(call.device), self._planning(kind, call, f"timing {self.framework.own}'s own"):
+                        timing = self.framework.time_own(problem, call.device)
                         keep_timing(assignments, problem, timing, candidate)
                 self._own_timings[kind, call] = timing
         return self._own_timings[kind, call]
@@ -210,7 +210,7 @@ class Planner:
     def _favourite_fits(self, call, kind: ConvKind) -> bool:
         """Whether cuDNN's heuristic favourite for the kernel (Handle.favourite) can run within
         the per-kernel limit."""
-        with self._lock, self.backend.device_guard(call.device), self._planning(kind, call, "asking cuDNN's favourite of"):
+        with self._lock, self.framework.device_guard(call.device), self._planning(kind, call, "asking cuDNN's favourite of"):
             favourite = self.handle(call.device).favourite(call.problem(kind))
         return favourite.status == OK and favourite.workspace <= self.settings.workspace_limit
 
@@ -227,7 +227,7 @@ class Planner:
 
     def _planned_so_far(self) -> str:
         delegated = sum(self._delegated.values())
-        return (f"{len(self._kernels)} kernels planned, {delegated} layers left to {self.backend.own}'s own "
+        return (f"{len(self._kernels)} kernels planned, {delegated} layers left to {self.framework.own}'s own "
                 f"convolution ({len(self._unswept)} with no sweep)")
 
     def _site_kernel(self, site, kind: ConvKind):
@@ -235,9 +235,9 @@ class Planner:
         return kernel
 
     def _kernel(self, call, kind: ConvKind):
-        with self._lock, self.backend.device_guard(call.device):
+        with self._lock, self.framework.device_guard(call.device):
             if (kind, call) not in self._kernels:
-                with self.backend.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
+                with self.framework.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
                     self._kernels[kind, call] = self._planned(call, kind, _assigned)
             return self._kernels[kind, call]
 
@@ -246,10 +246,10 @@ class Planner:
         workspace could not be borrowed); the framework's own convolution where ucudnn cannot plan it."""
         problem, handle = call.problem(kind), self.handle(call.device)
         try:
-            return self.backend.kernel(problem, handle, assign(handle, problem))
+            return self.framework.kernel(problem, handle, assign(handle, problem))
         except UNPLANNABLE as exc:
-            fall_back(self.backend.own, f"{problem.describe()}: {exc}")
-            return self.backend.own_kernel(problem)
+            fall_back(self.framework.own, f"{problem.describe()}: {exc}")
+            return self.framework.own_kernel(problem)
 
     def handle(self, device: Hashable):
         """The ucudnn.Handle of `device`, made on first use."""
@@ -259,8 +259,8 @@ class Planner:
                     from .cache import Cache
 
                     self._cache = Cache(self.settings.cache_path)
-                with self.backend.device_guard(device):
-                    self._handles[device] = self.backend.make_handle(self.settings, self._cache, device)
+                with self.framework.device_guard(device):
+                    self._handles[device] = self.framework.make_handle(self.settings, self._cache, device)
             return self._handles[device]
 
     def record(self, call, kinds: tuple[ConvKind, ...]) -> None:
@@ -268,7 +268,7 @@ class Planner:
         (benchmarks) them now."""
         for kind in kinds:
             if self.wd:
-                with self.backend.device_guard(call.device):
+                with self.framework.device_guard(call.device):
                     self.handle(call.device).query(call.problem(kind))
             else:
                 self._kernel(call, kind)
@@ -278,18 +278,18 @@ class Planner:
         memory left free, see ucudnn.memory)."""
         with self._lock:
             for device, handle in self._handles.items():
-                with self.backend.device_guard(device), self.backend.planning(device):
+                with self.framework.device_guard(device), self.framework.planning(device):
                     handle.finalize(self._auto_total(device) if self.total_auto else None)
 
     def _auto_total(self, device: Hashable) -> int:
-        return auto_total(self.backend.settled_memory(device), self.backend.peak_allocated(device))
+        return auto_total(self.framework.settled_memory(device), self.framework.peak_allocated(device))
 
     def reset(self) -> None:
         """Forget every assignment: kernels are planned again on next use (WD: as one network).
         Waits for the GPUs first, since running kernels may still use the old workspaces."""
         with self._lock:
             for device, handle in self._handles.items():
-                self.backend.synchronize(device)
+                self.framework.synchronize(device)
                 handle.reset()
             self._kernels.clear()
             self._delegated.clear()
@@ -317,7 +317,7 @@ class Planner:
             out["wd"] = [dict(total_limit=h.wd_limit, total_workspace=r.total_workspace, auto=self.total_auto,
                               variables=r.variables, solve_seconds=r.solve_seconds, solver=r.solver)
                          for h in self._handles.values() if (r := h.wd_result) is not None]
-        out["cudnn_handles"] = dict(self.backend.cudnn_handles)  # device -> whose handle: the framework's, or why not
+        out["cudnn_handles"] = dict(self.framework.cudnn_handles)  # device -> whose handle: the framework's, or why not
         out["shrinks"] = [dict(kernel=what, failed=failed, limit=limit)
                           for h in self._handles.values() for what, failed, limit in h.shrinks]
         return out
@@ -327,7 +327,7 @@ class Planner:
         framework's own kernel (`delegated`: its layer runs that; no kernel: nor was it swept)."""
         kernel, own = self._kernels.get((kind, call)), self._own_timings.get((kind, call))
         out = dict(kind=kind.value, kernel=call.problem(kind).describe(),
-                   via=self.backend.own if delegated or kernel is None else kernel.via, delegated=delegated,
+                   via=self.framework.own if delegated or kernel is None else kernel.via, delegated=delegated,
                    swept=kernel is not None, planning_s=self._planning_s[kind, call])
         if own is not None:
             out.update(own_ms=own.ms, own_workspace=own.workspace)

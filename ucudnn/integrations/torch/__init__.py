@@ -24,11 +24,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"ucudnn.torch needs PyTorch: {install_extra('torch')}") from exc
 
 from .context import Context, default_context  # noqa: F401  (the package's own use and tests)
-from .kernels import CudaBackend  # noqa: F401  (the package's own use and tests)
+from .kernels import TorchFramework  # noqa: F401  (the package's own use and tests)
 from .layers import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, context_of, convert,
                      network)
 
-# the public face (ucudnn.torch); CudaBackend and default_context stay importable from here for
+# the public face (ucudnn.torch); TorchFramework and default_context stay importable from here for
 # the package's own use and tests
 __all__ = ["Context", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
            "context_of", "convert", "network"]

@@ -1,7 +1,7 @@
 """What one call of a converted layer is: its geometry, data type, math and layout (a Call);
 resolve(), which decides once per signature whether ucudnn runs it (see sites), and pack(), which
 casts and packs its operands. `context` below is the layer's Context (context.py), which imports
-this module: only its backend and sites are read here."""
+this module: only its framework and sites are read here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -177,7 +177,7 @@ def _output_size(module: nn.Module, shape: Geometry, size: tuple[int, ...], kern
 
 
 def _fallback_reason(module: nn.Module, input: Tensor, dtype: torch.dtype, context) -> str | None:
-    if not context.backend.runs_on(input.device):
+    if not context.framework.runs_on(input.device):
         return f"input on {input.device.type} (ucudnn runs CUDA tensors only)"
     if dtype not in DTYPES:
         return f"dtype {dtype} (ucudnn runs float32, float16 and bfloat16)"

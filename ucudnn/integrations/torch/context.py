@@ -1,5 +1,5 @@
 """What converted layers share: settings, a ucudnn.Handle per GPU, planned kernels by call
-site: ucudnn.planner.Planner with torch's side (CudaBackend), the sites of layer calls, WD's
+site: ucudnn.planner.Planner with torch's side (TorchFramework), the sites of layer calls, WD's
 learning of the network, and the side stream of a concurrent backward."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ...errors import ConfigError
 from ...memory import AUTO
 from ...optimizers import DIVIDING, OPTIMIZERS
 from ...planner import Planner
-from .kernels import CudaBackend
+from .kernels import TorchFramework
 from .sites import Sites
 
 _UNCHANGED = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -42,7 +42,7 @@ class Context(Planner):
 
     Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults)."""
 
-    def __init__(self, settings: Settings | None = None, *, backend=None, cache=None, workspace_limit=None,
+    def __init__(self, settings: Settings | None = None, *, framework=None, cache=None, workspace_limit=None,
                  optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None,
                  planning=None, delegate: bool = True):
         total_auto = total_limit == AUTO  # WD's total: a share of the memory left free (ucudnn.memory)
@@ -52,7 +52,7 @@ class Context(Planner):
         if settings is not None and any(v is not None for v in keywords):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         # WR layers that ucudnn would not speed up run torch's own convolution (ucudnn.delegation)
-        super().__init__(settings or _settings(*keywords), backend or CudaBackend(), cache, delegate, total_auto)
+        super().__init__(settings or _settings(*keywords), framework or TorchFramework(), cache, delegate, total_auto)
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._recording = False
         # WD without a sample input: the first pass runs through torch while recording (see learn_call()).
@@ -74,7 +74,7 @@ class Context(Planner):
         until that stream is done with them; on the way out the current stream waits for it."""
         if not self.settings.concurrent_backward:
             return _SERIAL
-        return self.backend.side_stream(device)
+        return self.framework.side_stream(device)
 
     # WD: learning the network first
     def learn_call(self, module: nn.Module) -> bool:

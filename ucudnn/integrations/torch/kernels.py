@@ -1,4 +1,4 @@
-"""Where kernels run: torch's CUDA tensors and streams (CudaBackend), a planned ucudnn kernel
+"""Where kernels run: torch's CUDA tensors and streams (TorchFramework), a planned ucudnn kernel
 (one graph launch per call), and torch's own convolution for what ucudnn cannot plan."""
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _no_persistent_workspace(nbytes: int) -> int:
     return 0
 
 
-class CudaBackend:
+class TorchFramework:
     """torch's side of a ucudnn.planner.Planner: kernels on CUDA tensors through ucudnn.Handle,
     on torch's current stream, and torch's own convolution (`own`)."""
 
@@ -247,21 +247,21 @@ class UcudnnKernel:
 
     via = UCUDNN
 
-    def __init__(self, problem: ConvProblem, handle, assignment, backend: CudaBackend):
-        self.problem, self.handle, self.assignment, self.backend = problem, handle, assignment, backend
+    def __init__(self, problem: ConvProblem, handle, assignment, framework: TorchFramework):
+        self.problem, self.handle, self.assignment, self.framework = problem, handle, assignment, framework
         self.program = handle.program(problem, assignment.configuration)
         self.counted = (self.via, problem.kind.value)  # its key in Context.runs
 
     def __call__(self, x: Tensor, w: Tensor, y: Tensor) -> None:
-        backend, device = self.backend, x.device
-        stream = backend.stream(device)
+        framework, device = self.framework, x.device
+        stream = framework.stream(device)
         if stream is not None and stream != self.handle.stream:
             self.handle.set_stream(stream)
         workspace, size, borrowed = self.assignment.workspace, self.assignment.workspace_size, None
         if size and not workspace:
-            borrowed = backend.borrow(size, device)  # released after the call: stream-ordered reuse is safe
-            workspace = backend.operand(borrowed)
-        self.program(backend.operand(x), backend.operand(w), backend.operand(y), workspace, size)
+            borrowed = framework.borrow(size, device)  # released after the call: stream-ordered reuse is safe
+            workspace = framework.operand(borrowed)
+        self.program(framework.operand(x), framework.operand(w), framework.operand(y), workspace, size)
         del borrowed
 
 

@@ -16,7 +16,7 @@ from .call import layer_kinds, pack, resolve, sliceable, unpacked
 from .context import Context, default_context
 from ...fallback import fall_back
 from ...memory import AUTO
-from .kernels import CudaBackend
+from .kernels import TorchFramework
 from .sites import Site
 
 BF = ConvKind.BACKWARD_FILTER
@@ -107,7 +107,7 @@ class Converted:
         site = resolve(self, input, context)
         if isinstance(site, str):
             context.fallbacks[site] += 1
-            fall_back(CudaBackend.own, site)
+            fall_back(TorchFramework.own, site)
         if not isinstance(site, Site):
             return super().forward(input)
         if context.learn_call(self):
@@ -146,7 +146,7 @@ class ConvertedTranspose(Converted):
 
     def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
         if output_size is not None:
-            fall_back(CudaBackend.own, "a transposed layer called with output_size= runs torch's own convolution "
+            fall_back(TorchFramework.own, "a transposed layer called with output_size= runs torch's own convolution "
                       "(ucudnn runs the layer's own output_padding); set output_padding on the layer instead")
             return super(Converted, self).forward(input, output_size)
         return super().forward(input)
