@@ -323,7 +323,7 @@ def handle_child(args) -> None:
                 for k in kernels]
     cupy.cuda.runtime.deviceSynchronize()
     mark("operands on the GPU")
-    handle = Handle(cache=Cache(args.cache), workspace_limit=args.limit, batch_size_policy="powerOfTwo")
+    handle = Handle(cache=Cache(args.cache), workspace_limit=args.limit, policy="powerOfTwo")
     mark("ucudnn handle")
     for iteration in ("first", "second"):
         for problem, count, (x, w, y) in operands:

@@ -38,7 +38,7 @@ def measure_tables(kernels, limits, policies, bench, cache) -> dict:
     problems, tables = [k.problem for k in kernels], {}
     for policy in policies:
         start = time.perf_counter()
-        tables = complete_tables(problems, Settings(batch_size_policy=policy), max(limits), cache, bench)
+        tables = complete_tables(problems, Settings(policy=policy), max(limits), cache, bench)
         print(f"  benchmarked {policy}: {time.perf_counter() - start:.1f} s", flush=True)
     return tables
 
@@ -71,7 +71,7 @@ def handle_overhead(kernels, limit, cache, execution: str, repeats=20) -> dict:
     from ucudnn.bindings import convolution
     from ucudnn.bindings.descriptors import KernelDescriptors
 
-    handle = Handle(cache=cache, batch_size_policy="undivided", workspace_limit=limit, execution=execution)
+    handle = Handle(cache=cache, policy="undivided", workspace_limit=limit, execution=execution)
     plain = cudnn.create()
     cudnn.set_stream(plain, handle.stream)
     calls_direct, calls_handle, keep = [], [], []

@@ -43,7 +43,7 @@ def record(spec: str, cache: Cache, bench: CudnnBenchmarker, backend: str = "") 
     net, batch, dtype, layout, policy = spec.rsplit(":", 4)  # the net may hold a colon
     kernels = get_network(net).problems(int(batch), dtype, layout=layout)
     start, calls = time.perf_counter(), bench.calls
-    settings = Settings(batch_size_policy=policy, backend=backend, search="full")  # as `ucudnn bench` fills a database
+    settings = Settings(policy=policy, backend=backend, search="full")  # as `ucudnn bench` fills a database
     complete_tables([k.problem for k in kernels], settings, None, cache, bench)  # the batch is a policy size
     summary = dict(spec=spec, kernels=len(kernels), measured=bench.calls - calls,
                    seconds=round(time.perf_counter() - start, 1))

@@ -181,13 +181,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cache = Cache(args.cache or out / "vs_torch.db")
     stream = torch.cuda.current_stream().cuda_stream
-    handles = {"unlimited": Handle(cache=cache, stream=stream, batch_size_policy="undivided",
+    handles = {"unlimited": Handle(cache=cache, stream=stream, policy="undivided",
                                    workspace_limit=UNLIMITED, backend="all")}
     for policy in args.policies.split(","):
         for limit in args.limits.split(","):
             for backend in args.backends.split(","):
                 name = f"wr{'' if policy == 'powerOfTwo' else '-' + policy}@{format_size(parse_size(limit))}/{backend}"
-                handles[name.replace(" ", "")] = Handle(cache=cache, stream=stream, batch_size_policy=policy,
+                handles[name.replace(" ", "")] = Handle(cache=cache, stream=stream, policy=policy,
                                                         workspace_limit=limit, backend=backend)
     rows = []
     for kernel in kernels:

@@ -26,10 +26,10 @@ UNLIMITED = 64 * 2**30
 def variants(limit: int, kernels: int) -> dict[str, dict]:
     """Handle settings of each variant at per-kernel limit `limit`."""
     return {
-        "undivided": dict(optimizer="wr", batch_size_policy="undivided", workspace_limit=limit),
-        "wr": dict(optimizer="wr", batch_size_policy="powerOfTwo", workspace_limit=limit),
-        "wd": dict(optimizer="wd", batch_size_policy="powerOfTwo", total_workspace_limit=limit * kernels),
-        "unlimited": dict(optimizer="wr", batch_size_policy="undivided", workspace_limit=UNLIMITED),
+        "undivided": dict(optimizer="wr", policy="undivided", workspace_limit=limit),
+        "wr": dict(optimizer="wr", policy="powerOfTwo", workspace_limit=limit),
+        "wd": dict(optimizer="wd", policy="powerOfTwo", total_limit=limit * kernels),
+        "unlimited": dict(optimizer="wr", policy="undivided", workspace_limit=UNLIMITED),
     }
 
 

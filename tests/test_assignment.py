@@ -50,7 +50,7 @@ def test_the_pruned_search_plans_as_the_full_one_with_fewer_measurements(tmp_pat
 def test_wd_measures_every_size_of_the_policy_under_the_pruned_search(tmp_path):
     """WD's cap is the network's total, which keeps nothing out of one kernel: a walk would stop
     at the whole batch, and the division could not micro-batch."""
-    assignments, bench, _ = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="1GiB")
+    assignments, bench, _ = make_assignments(tmp_path, optimizer="wd", total_limit="1GiB")
     assignments.get(LAYERS[0])
     assert {m.batch for m in assignments.cache.table(LAYERS[0], bench.device)} == {1, 2, 4, 8, 16, 32}
 
@@ -63,7 +63,7 @@ def test_tight_limit_splits_the_batch(tmp_path):
 
 
 def test_wd_waits_for_the_network_then_divides_one_buffer(tmp_path):
-    assignments, bench, allocator = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
+    assignments, bench, allocator = make_assignments(tmp_path, optimizer="wd", total_limit="1MiB")
     for p in LAYERS:
         assignments.record(p)
     assert len(assignments) == 0 and bench.calls == 0  # only recorded
@@ -77,7 +77,7 @@ def test_wd_waits_for_the_network_then_divides_one_buffer(tmp_path):
 
 
 def test_wd_late_kernel_gets_only_what_is_left(tmp_path):
-    assignments, _, allocator = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
+    assignments, _, allocator = make_assignments(tmp_path, optimizer="wd", total_limit="1MiB")
     with_network = LAYERS[:3]
     for p in with_network:
         assignments.record(p)
@@ -89,7 +89,7 @@ def test_wd_late_kernel_gets_only_what_is_left(tmp_path):
 
 
 def test_reset_solves_all_known_kernels_together(tmp_path):
-    assignments, _, _ = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="1MiB")
+    assignments, _, _ = make_assignments(tmp_path, optimizer="wd", total_limit="1MiB")
     for p in LAYERS[:3]:
         assignments.get(p)  # first one solves a network of one kernel; the others come late
     assignments.reset()
@@ -113,7 +113,7 @@ def test_second_process_with_same_device_benchmarks_nothing(tmp_path):
 
 @pytest.mark.parametrize("kind", list(ConvKind), ids=str)
 def test_planned_dispatch_matches_reference(tmp_path, kind, rng):
-    assignments, _, _ = make_assignments(tmp_path, workspace_limit="20KiB", batch_size_policy="all")
+    assignments, _, _ = make_assignments(tmp_path, workspace_limit="20KiB", policy="all")
     p = ConvProblem(kind, (13, 4, 7, 7), (6, 2, 3, 3), pads=1, strides=2, groups=2, dtype="float64")
     configuration = assignments.get(p).configuration
     assert len(configuration.micro) > 1

@@ -105,11 +105,11 @@ def test_a_total_workspace_means_wd_even_zero_or_from_the_environment(db):
     plan = optimize(db, "--net", "alexnet", "--total-workspace", "0")
     assert (plan["optimizer"], plan["limit"], plan["total"]["workspace"]) == ("wd", 0, 0)
     result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--json",
-                 env_extra={"UCUDNN_TOTAL_WORKSPACE_LIMIT": "100MiB"})
+                 env_extra={"UCUDNN_TOTAL_LIMIT": "100MiB"})
     assert result.returncode == 0, result.stderr
     assert (json.loads(result.stdout)["optimizer"], json.loads(result.stdout)["limit"]) == ("wd", 100 * MIB)
     result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--optimizer", "wr",
-                 env_extra={"UCUDNN_TOTAL_WORKSPACE_LIMIT": "100MiB"})
+                 env_extra={"UCUDNN_TOTAL_LIMIT": "100MiB"})
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "is the WD optimizer's limit, but optimizer='wr'" in result.stderr
 
@@ -135,7 +135,7 @@ def test_the_division_bar_counts_each_distinct_kernel_once():
     kernels = get_network("resnet50").problems(32)
     assert any(k.count > 1 for k in kernels)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
-    plan = report(kernels, tables, total_workspace_limit="200MiB")
+    plan = report(kernels, tables, total_limit="200MiB")
     figure, ax = _pyplot().subplots()
     try:
         draw_division(ax, plan)
@@ -164,7 +164,7 @@ def test_division_bar_is_labelled_cudnn_undivided():
 
     kernels = get_network("alexnet").problems(32)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
-    plan = report(kernels, tables, total_workspace_limit="150MiB", optimizer="wd")
+    plan = report(kernels, tables, total_limit="150MiB", optimizer="wd")
     figure, ax = _pyplot().subplots()
     try:
         draw_division(ax, plan)
@@ -497,7 +497,7 @@ def test_a_kernel_without_a_plot_is_an_error(capsys, db):
 def test_the_policy_reads_alike_from_the_flag_and_the_variable(db, policy):
     by_flag = run("optimize", "--offline", "--net", "alexnet", "--cache", db, "--json", "--policy", policy)
     by_variable = run("optimize", "--offline", "--net", "alexnet", "--cache", db, "--json",
-                      env_extra={"UCUDNN_BATCH_SIZE_POLICY": policy})
+                      env_extra={"UCUDNN_POLICY": policy})
     assert by_flag.returncode == by_variable.returncode == 0, (by_flag.stderr, by_variable.stderr)
     assert json.loads(by_flag.stdout)["policy"] == json.loads(by_variable.stdout)["policy"] == "powerOfTwo"
 
@@ -620,8 +620,8 @@ def test_every_command_has_help_with_an_example(capsys, command):
 
 
 @pytest.mark.parametrize("flag, variable", [
-    ("--workspace", "UCUDNN_WORKSPACE_LIMIT"), ("--total-workspace", "UCUDNN_TOTAL_WORKSPACE_LIMIT"),
-    ("--policy", "UCUDNN_BATCH_SIZE_POLICY"), ("--optimizer", "UCUDNN_OPTIMIZER"), ("--execution", "UCUDNN_EXECUTION"),
+    ("--workspace", "UCUDNN_WORKSPACE_LIMIT"), ("--total-workspace", "UCUDNN_TOTAL_LIMIT"),
+    ("--policy", "UCUDNN_POLICY"), ("--optimizer", "UCUDNN_OPTIMIZER"), ("--execution", "UCUDNN_EXECUTION"),
     ("--backend", "UCUDNN_BACKEND"), ("--cache", "UCUDNN_CACHE"),
 ])
 def test_the_help_of_a_flag_names_the_variable_that_sets_its_default(capsys, flag, variable):

@@ -157,14 +157,14 @@ def test_batch_sizes_bad_batch(batch):
 
 # --------------------------------------------------------------------------------------- Settings
 
-DEFAULTS = dict(batch_size_policy="powerOfTwo", workspace_limit=64 * MiB, total_workspace_limit=None,
+DEFAULTS = dict(policy="powerOfTwo", workspace_limit=64 * MiB, total_limit=None,
                 optimizer="wr", execution="graph", verbose=False, cache_path=None)
 
 # Every setting: its env variable, a raw env value, what it parses to, a different kwarg and its value.
 CASES = {
-    "batch_size_policy": ("UCUDNN_BATCH_SIZE_POLICY", "all", "all", "undivided", "undivided"),
+    "policy": ("UCUDNN_POLICY", "all", "all", "undivided", "undivided"),
     "workspace_limit": ("UCUDNN_WORKSPACE_LIMIT", "8MiB", 8 * MiB, "512KiB", 512 * KiB),
-    "total_workspace_limit": ("UCUDNN_TOTAL_WORKSPACE_LIMIT", "1.5GiB", 3 * GiB // 2, 2 * GiB, 2 * GiB),
+    "total_limit": ("UCUDNN_TOTAL_LIMIT", "1.5GiB", 3 * GiB // 2, 2 * GiB, 2 * GiB),
     "optimizer": ("UCUDNN_OPTIMIZER", "WD", "wd", "wd", "wd"),  # not wr: every case here has a total
     "execution": ("UCUDNN_EXECUTION", "direct", "direct", "graph", "graph"),
     "verbose": ("UCUDNN_VERBOSE", "1", True, False, False),
@@ -205,25 +205,25 @@ def test_precedence_per_setting(name, source):
     expected = dict(DEFAULTS)
     expected[name] = {"default": DEFAULTS[name], "env": parsed, "kwarg": kwarg_parsed,
                       "both": kwarg_parsed}[source]
-    if name == "total_workspace_limit" and source != "default":
+    if name == "total_limit" and source != "default":
         expected["optimizer"] = "wd"  # a total means WD
     assert _values(Settings.load(env=env, **kwargs)) == expected
 
 
 @pytest.mark.parametrize("env, kwargs", [
-    ({"UCUDNN_TOTAL_WORKSPACE_LIMIT": "0"}, {}),
-    ({}, {"total_workspace_limit": 0}),
-    ({"UCUDNN_TOTAL_WORKSPACE_LIMIT": "1GiB"}, {"optimizer": None}),
+    ({"UCUDNN_TOTAL_LIMIT": "0"}, {}),
+    ({}, {"total_limit": 0}),
+    ({"UCUDNN_TOTAL_LIMIT": "1GiB"}, {"optimizer": None}),
 ])
-def test_a_total_workspace_limit_means_wd(env, kwargs):
+def test_a_total_limit_means_wd(env, kwargs):
     assert Settings.load(env=env, **kwargs).optimizer == "wd"
 
 
 @pytest.mark.parametrize("env, kwargs", [
-    ({"UCUDNN_TOTAL_WORKSPACE_LIMIT": "1GiB"}, {"optimizer": "wr"}),
-    ({"UCUDNN_OPTIMIZER": "wr"}, {"total_workspace_limit": "0"}),
+    ({"UCUDNN_TOTAL_LIMIT": "1GiB"}, {"optimizer": "wr"}),
+    ({"UCUDNN_OPTIMIZER": "wr"}, {"total_limit": "0"}),
 ])
-def test_a_total_workspace_limit_with_wr_is_an_error(env, kwargs):
+def test_a_total_limit_with_wr_is_an_error(env, kwargs):
     with pytest.raises(ConfigError, match="is the WD optimizer's limit, but optimizer='wr'; drop the total"):
         Settings.load(env=env, **kwargs)
 
@@ -239,9 +239,9 @@ def test_process_environment_is_read_by_default(monkeypatch):
         monkeypatch.delenv(case[0], raising=False)
     monkeypatch.delenv("UCUDNN_CACHE_PATH", raising=False)
     monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "32MiB")
-    monkeypatch.setenv("UCUDNN_BATCH_SIZE_POLICY", "undivided")
+    monkeypatch.setenv("UCUDNN_POLICY", "undivided")
     s = Settings.load()
-    assert s.workspace_limit == 32 * MiB and s.batch_size_policy == "undivided"
+    assert s.workspace_limit == 32 * MiB and s.policy == "undivided"
     assert Settings.load(workspace_limit="1MiB").workspace_limit == MiB
 
 
@@ -265,8 +265,8 @@ def test_verbose_false_flags(text):
     ("POWEROFTWO", "powerOfTwo"), ("poweroftwo", "powerOfTwo"), ("All", "all"), ("UNDIVIDED", "undivided"),
 ])
 def test_policy_names_are_case_insensitive(raw, expected):
-    assert Settings.load(env={"UCUDNN_BATCH_SIZE_POLICY": raw}).batch_size_policy == expected
-    assert Settings.load(env={}, batch_size_policy=raw).batch_size_policy == expected
+    assert Settings.load(env={"UCUDNN_POLICY": raw}).policy == expected
+    assert Settings.load(env={}, policy=raw).policy == expected
 
 
 def test_optimizer_is_case_insensitive():
@@ -279,8 +279,8 @@ def test_every_unknown_choice_says_the_same():
     from ucudnn.problem import ConvProblem
 
     expected = "'most' is unknown; use one of all, powerOfTwo, undivided"
-    for read in (lambda: Settings.load(env={"UCUDNN_BATCH_SIZE_POLICY": "most"}),
-                 lambda: Settings.load(env={}, batch_size_policy="most"), lambda: batch_sizes("most", 8)):
+    for read in (lambda: Settings.load(env={"UCUDNN_POLICY": "most"}),
+                 lambda: Settings.load(env={}, policy="most"), lambda: batch_sizes("most", 8)):
         with pytest.raises(ConfigError, match=f"=?{expected}"):
             read()
     with pytest.raises(ConfigError, match="execution='eager' is unknown; use one of graph, direct"):
@@ -290,11 +290,11 @@ def test_every_unknown_choice_says_the_same():
 
 
 @pytest.mark.parametrize("var, bad", [
-    ("UCUDNN_BATCH_SIZE_POLICY", "pow2"),
+    ("UCUDNN_POLICY", "pow2"),
     ("UCUDNN_WORKSPACE_LIMIT", "lots"),
     ("UCUDNN_WORKSPACE_LIMIT", "-1"),
     ("UCUDNN_WORKSPACE_LIMIT", "64XB"),
-    ("UCUDNN_TOTAL_WORKSPACE_LIMIT", "1.5"),
+    ("UCUDNN_TOTAL_LIMIT", "1.5"),
     ("UCUDNN_OPTIMIZER", "ilp"),
     ("UCUDNN_EXECUTION", "eager"),
     ("UCUDNN_VERBOSE", "maybe"),
@@ -306,11 +306,11 @@ def test_bad_env_value_names_value(var, bad):
 
 
 @pytest.mark.parametrize("name, bad", [
-    ("batch_size_policy", "pow2"),
+    ("policy", "pow2"),
     ("workspace_limit", "lots"),
     ("workspace_limit", -5),
     ("workspace_limit", True),
-    ("total_workspace_limit", "64XB"),
+    ("total_limit", "64XB"),
     ("optimizer", "ilp"),
     ("verbose", "perhaps"),
 ])
@@ -343,7 +343,7 @@ def test_settings_are_immutable():
         s.workspace_limit = 1  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("variable, value", [("UCUDNN_BATCH_SIZE_POLICY", "foo"), ("UCUDNN_WORKSPACE_LIMIT", "64XB"),
+@pytest.mark.parametrize("variable, value", [("UCUDNN_POLICY", "foo"), ("UCUDNN_WORKSPACE_LIMIT", "64XB"),
                                              ("UCUDNN_OPTIMIZER", "best"), ("UCUDNN_VERBOSE", "maybe")])
 def test_an_env_error_names_the_variable_the_user_set(variable, value):
     with pytest.raises(ConfigError) as raised:
@@ -352,5 +352,5 @@ def test_an_env_error_names_the_variable_the_user_set(variable, value):
 
 
 def test_a_keyword_error_names_the_keyword():
-    with pytest.raises(ConfigError, match="^batch_size_policy='foo'"):
-        Settings.load(env={}, batch_size_policy="foo")
+    with pytest.raises(ConfigError, match="^policy='foo'"):
+        Settings.load(env={}, policy="foo")

@@ -20,7 +20,7 @@ def ucudnn_handle(tmp_path):
     from ucudnn.cache import Cache
 
     with Handle(cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
-                batch_size_policy="powerOfTwo") as handle:
+                policy="powerOfTwo") as handle:
         yield handle
 
 
@@ -105,7 +105,7 @@ def test_wd_handle_divides_one_workspace(tmp_path):
     from gpu_support import OUTPUT
 
     problems = [ConvProblem(kind, math="fma", **LAYER) for kind in ConvKind]
-    with Handle(cache=Cache(tmp_path / "bench.db"), optimizer="wd", total_workspace_limit="24MiB") as handle:
+    with Handle(cache=Cache(tmp_path / "bench.db"), optimizer="wd", total_limit="24MiB") as handle:
         with handle.network():
             for p in problems:
                 assert handle.query(p) == (0, 0)

@@ -105,7 +105,7 @@ def test_wr_plans_again_within_half_until_the_workspace_fits(tmp_path):
 
 
 def test_wd_solves_the_network_again_within_half_until_its_buffer_fits(tmp_path):
-    assignments, _, _ = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="4MiB")
+    assignments, _, _ = make_assignments(tmp_path, optimizer="wd", total_limit="4MiB")
     allocator = scarce(assignments, 300 * 2**10)
     for p in LAYERS:
         assignments.record(p)
@@ -116,7 +116,7 @@ def test_wd_solves_the_network_again_within_half_until_its_buffer_fits(tmp_path)
 
 
 def test_wd_finalize_with_a_total_uses_it(tmp_path):
-    assignments, _, allocator = make_assignments(tmp_path, optimizer="wd", total_workspace_limit="4MiB")
+    assignments, _, allocator = make_assignments(tmp_path, optimizer="wd", total_limit="4MiB")
     for p in LAYERS:
         assignments.record(p)
     assignments.finalize(total=200 * 2**10)

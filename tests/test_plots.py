@@ -73,7 +73,7 @@ def test_a_stack_of_many_parts_has_a_legend_of_distinct_colours(draw):
     rest are one "others" part, so every part shown has a colour of its own and a legend entry."""
     kernels = get_network("resnet50").problems(32)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
-    report = reported(kernels, tables, total_workspace_limit="200MiB")
+    report = reported(kernels, tables, total_limit="200MiB")
     figure, ax = plots._pyplot().subplots()
     try:
         draw(ax, report)

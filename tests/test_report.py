@@ -50,7 +50,7 @@ def test_wr_plan_is_wr_per_kernel_beside_cudnns_choices(kernels, tables):
 
 
 def test_undivided_policy_is_cudnn_itself(kernels, tables):
-    p = report(kernels, tables, batch_size_policy="undivided")
+    p = report(kernels, tables, policy="undivided")
     assert p.speedup == pytest.approx(1.0)
     assert all(row.configuration == row.undivided for row in p.rows)
 
@@ -65,7 +65,7 @@ def test_wd_beats_wr_at_the_same_total(kernels, tables):
 
 
 def test_wd_with_an_explicit_total(kernels, tables):
-    p = report(kernels, tables, optimizer="wd", total_workspace_limit="40MiB")
+    p = report(kernels, tables, optimizer="wd", total_limit="40MiB")
     assert (p.limit, p.kernel_limit) == (40 * MIB, 40 * MIB // len(kernels))
     assert sum(row.configuration.workspace for row in p.rows) <= p.workspace <= 40 * MIB
 

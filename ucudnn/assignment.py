@@ -92,7 +92,7 @@ class Assignments:
         pending = list(self._pending.values())  # kept until solved: an error loses no kernel
         if not pending:
             return
-        asked = limit = self.settings.total_limit(len(pending)) if total is None else total
+        asked = limit = self.settings.total(len(pending)) if total is None else total
         kernels = [Kernel(p.key, p) for p in pending]
         while True:
             try:
@@ -158,7 +158,7 @@ class Assignments:
         if not self.wd:
             return self.settings.workspace_limit
         used = self.wd_result.total_workspace if self.wd_result else 0
-        return max(self.settings.total_limit(len(self._assigned) + 1) - used - self._late_workspace, 0)
+        return max(self.settings.total(len(self._assigned) + 1) - used - self._late_workspace, 0)
 
     def _smaller(self, nbytes: int, what: str, available: int | None = None) -> int:
         """The limit to plan again within after `nbytes` of workspace for `what` could not be
@@ -180,7 +180,7 @@ class Assignments:
         if measure is not None:
             return plan([kernel], alone, measure, limit=limit).solution.configurations[kernel.name]
         memo_key = (self.benchmarker.device.reuse_key, self.benchmarker.backends.names, problem.key,
-                    self.settings.batch_size_policy, self.settings.search, limit, PER_KERNEL.name)
+                    self.settings.policy, self.settings.search, limit, PER_KERNEL.name)
         configuration = self.cache.configuration(memo_key)
         if configuration is None:
             configuration = plan([kernel], alone, self._tables, limit=limit).solution.configurations[kernel.name]

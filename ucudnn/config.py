@@ -79,7 +79,7 @@ def batch_sizes(policy: str, batch: int) -> tuple[int, ...]:
         return tuple(sorted(powers | {batch}))
     if policy == "undivided":
         return (batch,)
-    raise unknown(policy, POLICIES, "batch_size_policy")
+    raise unknown(policy, POLICIES, "policy")
 
 
 def choice(value: str, choices: tuple[str, ...], name: str = "") -> str:
@@ -106,9 +106,9 @@ def _flag(value: str | bool, name: str) -> bool:
 class Settings:
     """What the handle and the optimizers are told to do. Build with `Settings.load(...)`."""
 
-    batch_size_policy: str = "powerOfTwo"
+    policy: str = "powerOfTwo"
     workspace_limit: int = 64 * 2**20  # per kernel, WR
-    total_workspace_limit: int | None = None  # whole network, WD; None: workspace_limit x kernels
+    total_limit: int | None = None  # whole network, WD; None: workspace_limit x kernels
     optimizer: str = "wr"
     execution: str = "graph"  # how a kernel's calls run, and so how it is benchmarked (ucudnn.graphs)
     backend: str = ""  # candidates from: all, engines, legacy; "": all where the frontend imports (ucudnn.backends)
@@ -134,7 +134,7 @@ class Settings:
 
     def sizes(self, batch: int) -> tuple[int, ...]:
         """The micro-batch sizes the batch size policy considers for a mini-batch of `batch`."""
-        return batch_sizes(self.batch_size_policy, batch)
+        return batch_sizes(self.policy, batch)
 
     def backends(self, *, gpu: bool = True) -> tuple[str, ...]:
         """The backends whose candidates are considered. Offline (gpu=False) the unset default
@@ -150,12 +150,12 @@ class Settings:
     def limit(self, kernels: int) -> int:
         """The optimizer's limit in bytes: per kernel (WR), or for `kernels` distinct kernels
         together (WD)."""
-        return self.total_limit(kernels) if self.optimizing.divides else self.workspace_limit
+        return self.total(kernels) if self.optimizing.divides else self.workspace_limit
 
-    def total_limit(self, kernels: int) -> int:
-        """WD's total for a network of `kernels` distinct kernels: total_workspace_limit, else the
+    def total(self, kernels: int) -> int:
+        """WD's total for a network of `kernels` distinct kernels: total_limit, else the
         per-kernel limit times the kernels."""
-        total = self.total_workspace_limit
+        total = self.total_limit
         return self.workspace_limit * kernels if total is None else total
 
     @classmethod
@@ -176,18 +176,18 @@ class Settings:
 
 def _with_total_meaning_wd(settings: Settings, optimizer_given: bool) -> Settings:
     """A total workspace limit is WD's: given one, the optimizer is WD, and an explicit WR is an error."""
-    if settings.total_workspace_limit is None or settings.optimizing.divides:
+    if settings.total_limit is None or settings.optimizing.divides:
         return settings
     if optimizer_given:
-        raise ConfigError(f"total_workspace_limit={settings.total_workspace_limit} is the WD optimizer's limit, "
+        raise ConfigError(f"total_limit={settings.total_limit} is the WD optimizer's limit, "
                           f"but optimizer={settings.optimizer!r}; drop the total or use optimizer={DIVIDING.name!r}")
     return replace(settings, optimizer=DIVIDING.name)
 
 
 _PARSERS = {
-    "batch_size_policy": lambda v, n: choice(v, POLICIES, n),
+    "policy": lambda v, n: choice(v, POLICIES, n),
     "workspace_limit": parse_size,
-    "total_workspace_limit": parse_size,
+    "total_limit": parse_size,
     "optimizer": lambda v, n: choice(v, OPTIMIZERS, n),
     "execution": lambda v, n: choice(v, EXECUTIONS, n),
     "backend": lambda v, n: choice(v, BACKEND_CHOICES, n),

@@ -174,7 +174,7 @@ class Handle:
 
     def __repr__(self) -> str:
         s = self.settings
-        return (f"ucudnn.Handle(optimizer={s.optimizer!r}, backends={self.backends.names}, policy={s.batch_size_policy!r}, "
+        return (f"ucudnn.Handle(optimizer={s.optimizer!r}, backends={self.backends.names}, policy={s.policy!r}, "
                 f"workspace_limit={s.workspace_limit}, execution={s.execution!r}, kernels={len(self)})")
 
 

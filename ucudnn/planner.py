@@ -308,7 +308,7 @@ class Planner:
         s = self.settings
         delegated = {call for (call, _), yes in self._delegated.items() if yes}
         keys = dict.fromkeys([*self._kernels, *self._own_timings])
-        out = dict(optimizer=s.optimizer, policy=s.batch_size_policy, search=s.search,
+        out = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
                    workspace_limit=s.workspace_limit, delegate=self.delegate,
                    planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
                    kernels=[self._describe(kind, call, call in delegated) for kind, call in keys],

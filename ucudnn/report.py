@@ -128,5 +128,5 @@ def make_report(planned: solve.Plan, settings: Settings) -> Report:
         undivided=optimize_wr(tables[k.problem.key], batch, (batch,), kernel_limit, kernel=k.name),
         best=optimize_wr(tables[k.problem.key], batch, (batch,), None, kernel=k.name),
     ) for k in kernels)
-    return Report(settings.optimizer, settings.batch_size_policy, solution.limit, kernel_limit, rows, workspace,
+    return Report(settings.optimizer, settings.policy, solution.limit, kernel_limit, rows, workspace,
                   solver_stats)

@@ -37,7 +37,7 @@ def solve_wr(kernel: Kernel, table: KernelTable, settings: Settings, limit: int 
 
 def solve(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings: Settings,
           solver: str = "cbc", limit: int | None = None) -> Solution:
-    """WR at settings.workspace_limit per kernel, or WD at settings.total_limit(len(kernels));
+    """WR at settings.workspace_limit per kernel, or WD at settings.total(len(kernels));
     `limit` overrides either. `tables` holds each kernel's measurements by problem.key."""
     limit = settings.limit(len(kernels)) if limit is None else limit
     if not settings.optimizing.divides:

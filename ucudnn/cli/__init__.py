@@ -63,7 +63,7 @@ _NETWORK = _parent(
 )
 _POLICY = _parent(
     (("--policy",), dict(type=setting(POLICIES), choices=POLICIES, help=(
-        "micro-batch sizes to measure (default: $UCUDNN_BATCH_SIZE_POLICY, else powerOfTwo)"))),
+        "micro-batch sizes to measure (default: $UCUDNN_POLICY, else powerOfTwo)"))),
     (("--execution",), dict(type=setting(EXECUTIONS), choices=EXECUTIONS, help=(
         "how kernels will run, which is how they are timed: graph (CUDA graphs, GPU time) or "
         "direct (one host call per micro-batch) (default: $UCUDNN_EXECUTION, else graph)"))),
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", type=byte_size, metavar="SIZE", help=(
         "WR limit per kernel (default: $UCUDNN_WORKSPACE_LIMIT, else 64MiB)"))
     p.add_argument("--total-workspace", type=byte_size, metavar="SIZE", help=(
-        "WD limit for the network (implies --optimizer wd; default: $UCUDNN_TOTAL_WORKSPACE_LIMIT, else "
+        "WD limit for the network (implies --optimizer wd; default: $UCUDNN_TOTAL_LIMIT, else "
         "--workspace times the kernels)"))
     p.add_argument("--plot", type=plot_file, metavar="FILE.png",
                    help="draw a kernel's Pareto front, per-layer times and (WD) the workspace division")

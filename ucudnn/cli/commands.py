@@ -31,8 +31,8 @@ def _settings(args) -> Settings:
     if total is not None and getattr(args, "workspace", None) is not None:
         raise ConfigError("--workspace is not used beside --total-workspace: WD divides the total, and --workspace "
                           "only sets a total where none is given (the kernels times it); drop one of them")
-    return Settings.load(batch_size_policy=args.policy, workspace_limit=getattr(args, "workspace", None),
-                         total_workspace_limit=total, optimizer=optimizer,
+    return Settings.load(policy=args.policy, workspace_limit=getattr(args, "workspace", None),
+                         total_limit=total, optimizer=optimizer,
                          cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None),
                          search=getattr(args, "search", None))
 
@@ -47,7 +47,7 @@ def kernels_of(args) -> tuple[Network, list[Kernel]]:
 
 def request_of(args, settings: Settings | None = None) -> Request:
     """What `args` ask for (after kernels_of); with `settings`, at their policy and backends."""
-    planning = {} if settings is None else {"policy": settings.batch_size_policy,
+    planning = {} if settings is None else {"policy": settings.policy,
                                             "backends": settings.backends(gpu=False)}
     return Request(args.net, args.batch, args.dtype, args.layout, args.math, **planning)
 

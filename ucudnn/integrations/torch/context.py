@@ -22,19 +22,6 @@ _UNCHANGED = contextlib.nullcontext()  # reusable: entering it does nothing
 _SERIAL = contextlib.nullcontext(lambda *tensors: _UNCHANGED)  # Context.beside with one stream
 
 
-def _settings(workspace_limit=None, optimizer=None, policy=None, total_limit=None, cache_path=None,
-              execution=None, planning=None, verbose=None) -> Settings:
-    try:
-        return Settings.load(workspace_limit=workspace_limit, optimizer=optimizer, batch_size_policy=policy,
-                             total_workspace_limit=total_limit, cache_path=cache_path, execution=execution,
-                             planning=planning, verbose=verbose)
-    except ConfigError as exc:  # name the keywords convert() takes, not the settings they set
-        message = str(exc)
-        for setting, keyword in (("batch_size_policy=", "policy="), ("total_workspace_limit=", "total_limit=")):
-            message = message.replace(setting, keyword)
-        raise ConfigError(message) from None
-
-
 class Context(Planner):
     """What converted layers share: settings, one ucudnn.Handle per GPU, planned kernels (the
     Planner's), the sites of layer calls (sites.py) and, for WD, the recording of the network's
@@ -48,11 +35,12 @@ class Context(Planner):
         total_auto = total_limit == AUTO  # WD's total: a share of the memory left free (ucudnn.memory)
         if total_auto:
             optimizer, total_limit = _dividing(optimizer), None
-        keywords = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
-        if settings is not None and any(v is not None for v in keywords):
+        keywords = dict(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy, total_limit=total_limit,
+                        cache_path=cache_path, execution=execution, planning=planning)
+        if settings is not None and any(v is not None for v in keywords.values()):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         # WR layers that ucudnn would not speed up run torch's own convolution (ucudnn.delegation)
-        super().__init__(settings or _settings(*keywords), framework or TorchFramework(), cache, delegate, total_auto)
+        super().__init__(settings or Settings.load(**keywords), framework or TorchFramework(), cache, delegate, total_auto)
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._recording = False
         # WD without a sample input: the first pass runs through torch while recording (see learn_call()).
@@ -120,7 +108,7 @@ class Context(Planner):
     def __repr__(self) -> str:
         s = self.settings
         limit = format_size(s.workspace_limit)
-        return f"ucudnn.torch.Context(optimizer={s.optimizer!r}, workspace_limit={limit}, policy={s.batch_size_policy!r})"
+        return f"ucudnn.torch.Context(optimizer={s.optimizer!r}, workspace_limit={limit}, policy={s.policy!r})"
 
 
 def _dividing(optimizer: str | None) -> str:
