@@ -12,7 +12,7 @@ from .backends import CHOICES as BACKEND_CHOICES
 from .cache.paths import CACHE_VARIABLE
 from .device import EXECUTIONS
 from .errors import ConfigError, unknown
-from .optimizers import DIVIDING, Optimizer
+from .optimizers import DIVIDING, PER_KERNEL, Optimizer
 from .optimizers import OPTIMIZERS as REGISTRY
 from .search import SEARCHES, Search, named
 
@@ -109,7 +109,7 @@ class Settings:
     policy: str = "powerOfTwo"
     workspace_limit: int = 64 * 2**20  # per kernel, WR
     total_limit: int | None = None  # whole network, WD; None: workspace_limit x kernels
-    optimizer: str = "wr"
+    optimizer: str = PER_KERNEL.name
     execution: str = "graph"  # how a kernel's calls run, and so how it is benchmarked (ucudnn.graphs)
     backend: str = ""  # candidates from: all, engines, legacy; "": all where the frontend imports (ucudnn.backends)
     search: str = "pruned"  # how much of the candidate space a benchmark times (ucudnn.search)
