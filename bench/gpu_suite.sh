@@ -44,7 +44,7 @@ stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(env tests)
 for stage in "${stages[@]}"; do
   case $stage in
     env) run env python3 bench/env_report.py ;;
-    tests) run tests python3 -m pytest -m gpu -v -s -rs --durations=25 ${GPU_TESTS:-tests} ;;
+    tests) UCUDNN_TEST_TIMES="$OUT/test-times.tsv" run tests python3 -m pytest -m gpu -v -s -rs --durations=25 ${GPU_TESTS:-tests} ;;
     # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;

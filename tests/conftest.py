@@ -35,3 +35,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """With UCUDNN_TEST_TIMES set to a file, each test's seconds (setup, call and teardown
+    each) are appended to it as the test ends: a run cut short by a time limit still says where
+    its time went (bench/gpu_suite.sh sets it)."""
+    import os
+
+    path = os.environ.get("UCUDNN_TEST_TIMES")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")

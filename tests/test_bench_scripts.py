@@ -860,3 +860,19 @@ def test_module_path_follows_a_converted_models_first_step_through_the_planner()
     assert path[0] == "ucudnn.integrations.torch.layers"
     assert {"ucudnn.integrations.torch.context", "ucudnn.assignment", "ucudnn.solve", "ucudnn.optimizers.wr",
             "ucudnn.dispatch"} <= set(path) and functions > 100
+
+
+def test_each_tests_seconds_are_kept_as_it_ends_where_asked(tmp_path, monkeypatch):
+    """conftest's hook: a GPU run cut by its time limit still says where its time went."""
+    import types
+
+    import conftest
+
+    report = types.SimpleNamespace(duration=1.234, when="call", outcome="passed", nodeid="tests/t.py::test_a")
+    monkeypatch.delenv("UCUDNN_TEST_TIMES", raising=False)
+    conftest.pytest_runtest_logreport(report)  # not asked: writes nothing
+    times = tmp_path / "times.tsv"
+    monkeypatch.setenv("UCUDNN_TEST_TIMES", str(times))
+    conftest.pytest_runtest_logreport(report)
+    conftest.pytest_runtest_logreport(types.SimpleNamespace(**{**vars(report), "nodeid": "tests/t.py::test_b"}))
+    assert times.read_text().splitlines() == ["1.23\tcall\tpassed\ttests/t.py::test_a", "1.23\tcall\tpassed\ttests/t.py::test_b"]
