@@ -23,20 +23,66 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, runtime_checkable
 
 from .config import Settings
 from .delegation import OwnTiming, keep_timing, own_kernel_faster, settled_by_own, stored_timing, worth_delegating
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
-from .memory import auto_total
+from .memory import Memory, auto_total
 from .problem import ConvKind, ConvProblem
 from .progress import Progress
 
 UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
 LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
 PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
+
+
+@runtime_checkable
+class Framework(Protocol):
+    """What a framework integration gives the Planner (ucudnn.integrations.torch.kernels.TorchFramework
+    for torch): a second framework implements this, and its layers call Planner.route and
+    Planner.run. Devices are whatever the framework names them by (hashable)."""
+
+    own: str  # the framework's name: its own convolution's kernels count as (own, kind) in runs
+    cudnn_handles: dict  # device -> whose cuDNN handle its ucudnn.Handle runs on (for summary())
+
+    def make_handle(self, settings: Settings, cache, device: Hashable) -> Any:
+        """A ucudnn.Handle for `device` (assignment, favourite, program, shrink, finalize, reset)."""
+
+    def kernel(self, problem: ConvProblem, handle, assignment) -> Any:
+        """A callable kernel(x, w, y) running `assignment` on the framework's tensors, with
+        `via` == UCUDNN, `counted`, `problem` and `assignment`; DeviceMemoryError where its
+        workspace cannot be had."""
+
+    def own_kernel(self, problem: ConvProblem) -> Any:
+        """A callable kernel(x, w, y) running the framework's own convolution (`via` == own)."""
+
+    def time_own(self, problem: ConvProblem, device: Hashable) -> OwnTiming:
+        """The framework's own convolution of `problem` timed on new operands."""
+
+    def own_candidate(self) -> str:
+        """The database's name of the framework's own convolution ('torch:2.11.0+cu130')."""
+
+    def device_guard(self, device: Hashable) -> ContextManager:
+        """Inside, `device` is the current device."""
+
+    def planning(self, device: Hashable) -> ContextManager:
+        """Inside, planning's device memory comes from the framework; on the way out what it
+        cached goes back to the device."""
+
+    def settled_memory(self, device: Hashable) -> Memory:
+        """The device's free memory and the bytes tensors hold, the framework's cache given back."""
+
+    def peak_allocated(self, device: Hashable) -> int:
+        """The most bytes the framework's tensors have held at once."""
+
+    def free_bytes(self, device: Hashable) -> int:
+        """What the framework could allocate now."""
+
+    def synchronize(self, device: Hashable) -> None:
+        """Wait for the device's work."""
 
 
 def _assigned(handle, problem: ConvProblem):
@@ -50,7 +96,7 @@ class Planner:
     (ucudnn.memory). `runs` counts kernel calls by (via, kind) and delegated layer calls by
     (framework.own, LAYER)."""
 
-    def __init__(self, settings: Settings, framework, cache=None, delegate: bool = True, total_auto: bool = False):
+    def __init__(self, settings: Settings, framework: Framework, cache=None, delegate: bool = True, total_auto: bool = False):
         self.settings, self.framework, self.delegate, self.total_auto = settings, framework, delegate, total_auto
         self._cache = cache
         self._handles: dict[Hashable, Any] = {}

@@ -1,0 +1,169 @@
+"""ucudnn.planner with no framework behind it: a 'framework' of NumPy arrays drives the Planner as
+a second integration would (its layers route each call, then run its kernels), with no torch
+installed. Kernels run through the NumPy executor (handle_doubles) and are checked against the
+float64 reference."""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from handle_doubles import NumpyHandle
+
+from ucudnn import reference
+from ucudnn.cache import Cache
+from ucudnn.config import Settings
+from ucudnn.delegation import OwnTiming
+from ucudnn.memory import Memory
+from ucudnn.planner import LAYER, UCUDNN, Framework, Planner
+from ucudnn.problem import ConvKind, ConvProblem
+
+F, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
+OWN = "numpy"
+
+
+@dataclass(frozen=True)
+class Call:
+    """A layer call as the planner sees one: hashable, on a device, a problem per kind."""
+
+    forward: ConvProblem
+    device: str = "array0"
+
+    def problem(self, kind: ConvKind) -> ConvProblem:
+        return self.forward.with_kind(kind)
+
+
+class Site:
+    def __init__(self, call: Call, kinds=(F, BD, BF)):
+        self.call, self.kinds, self.kernels, self.delegated = call, kinds, {}, None
+
+
+class ArrayKernel:
+    via = UCUDNN
+
+    def __init__(self, problem, handle, assignment):
+        self.problem, self.assignment = problem, assignment
+        self.program = handle.program(problem, assignment.configuration)
+        self.counted = (UCUDNN, problem.kind.value)
+
+    def __call__(self, x, w, y):
+        self.program(x.reshape(-1), w.reshape(-1), y.reshape(-1))
+
+
+class OwnKernel:
+    """The 'framework's own convolution': the reference, into the kernel's output."""
+
+    via = OWN
+
+    def __init__(self, problem):
+        self.problem, self.counted = problem, (OWN, problem.kind.value)
+
+    def __call__(self, x, w, y):
+        p = self.problem
+        if p.kind is F:
+            y[...] = reference.forward(p, x, w)
+        elif p.kind is BD:
+            x[...] = reference.backward_data(p, y, w)
+        else:
+            w[...] = reference.backward_filter(p, x, y)
+
+
+class NumpyArrays:
+    """A Framework of NumPy arrays on one pretend device; its own convolution 'takes' own_ms."""
+
+    own = OWN
+
+    def __init__(self, own_ms: float = math.inf):
+        self.cudnn_handles, self.own_ms, self.timed = {}, own_ms, []
+
+    def make_handle(self, settings, cache, device):
+        return NumpyHandle(settings, cache)
+
+    def kernel(self, problem, handle, assignment):
+        return ArrayKernel(problem, handle, assignment)
+
+    def own_kernel(self, problem):
+        return OwnKernel(problem)
+
+    def time_own(self, problem, device):
+        self.timed.append(problem.kind)
+        return OwnTiming(self.own_ms, 0)
+
+    def own_candidate(self):
+        return "torch:numpy"
+
+    def device_guard(self, device):
+        return contextlib.nullcontext()
+
+    def planning(self, device):
+        return contextlib.nullcontext()
+
+    def settled_memory(self, device):
+        return Memory(2**40, 0)
+
+    def peak_allocated(self, device):
+        return 0
+
+    def free_bytes(self, device):
+        return 0
+
+    def synchronize(self, device):
+        pass
+
+
+def planner(tmp_path, framework, **settings) -> Planner:
+    return Planner(Settings.load(env={}, planning="first_call", progress=False, **settings), framework,
+                   Cache(tmp_path / "bench.db"))
+
+
+def step(planner: Planner, site: Site, rng) -> dict:
+    """One layer step through the planner: F, BD and BF of the site's call on random arrays;
+    the results beside the reference's."""
+    p = site.call.forward
+    x, w, dy = (rng.standard_normal(shape).astype(np.float32) for shape in (p.x_shape, p.w_shape, p.y_shape))
+    y, dx, dw = np.empty(p.y_shape, np.float32), np.empty(p.x_shape, np.float32), np.empty(p.w_shape, np.float32)
+    if planner.route(site):
+        return {}
+    planner.run(site, F, x, w, y)
+    planner.run(site, BD, dx, w, dy)
+    planner.run(site, BF, x, dw, dy)
+    return {"F": (y, reference.forward(p, x, w)), "BD": (dx, reference.backward_data(p, dy, w)),
+            "BF": (dw, reference.backward_filter(p, x, dy))}
+
+
+def test_a_framework_of_numpy_arrays_is_one(tmp_path):
+    assert isinstance(NumpyArrays(), Framework)
+
+
+def test_a_layer_the_framework_cannot_run_fast_is_micro_batched_and_equals_the_reference(tmp_path, rng):
+    framework = NumpyArrays()
+    plans = planner(tmp_path, framework, workspace_limit="100KiB")
+    site = Site(Call(ConvProblem(F, (16, 8, 10, 10), (16, 8, 3, 3), pads=1)))
+    for kind, (got, want) in step(plans, site, rng).items():
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
+    kernels = plans.summary()["kernels"]
+    assert framework.timed == [F, BD, BF]  # its own kernels timed first, then swept
+    assert [k["via"] for k in kernels] == [UCUDNN] * 3 and all(k["parts"] > 1 for k in kernels), kernels
+    assert {kind: n for (via, kind), n in plans.runs.items() if via == UCUDNN} == {"F": 1, "BD": 1, "BF": 1}
+
+
+def test_a_layer_the_framework_runs_as_fast_within_the_limit_is_left_to_it(tmp_path, rng):
+    framework = NumpyArrays(own_ms=0.0)
+    plans = planner(tmp_path, framework)
+    site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
+    assert step(plans, site, rng) == {} and site.delegated
+    assert step(plans, site, rng) == {} and plans.runs[OWN, LAYER] == 2 and framework.timed == [F, BD, BF]
+
+
+@pytest.mark.parametrize("optimizer", ["wr", "wd"])
+def test_recorded_kernels_are_planned_before_their_first_run(tmp_path, optimizer, rng):
+    """record(): WR plans each kernel now; WD records them for one solve (finalize)."""
+    plans = planner(tmp_path, NumpyArrays(), optimizer=optimizer, workspace_limit="1MiB")
+    site = Site(Call(ConvProblem(F, (8, 4, 8, 8), (8, 4, 3, 3), pads=1)))
+    plans.record(site.call, site.kinds)
+    plans.finalize()
+    assert plans.solved() == (optimizer == "wd")
+    for kind, (got, want) in step(plans, site, rng).items():
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
