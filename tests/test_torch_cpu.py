@@ -1022,14 +1022,17 @@ def test_planning_between_iterations_runs_torch_until_the_plan_is_ready(numpy_co
 def test_planning_between_iterations_keeps_to_its_budget_and_plan_pending_finishes(numpy_context, monkeypatch):
     from ucudnn import planner
 
-    monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)  # one layer per iteration
+    monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)  # one kernel per iteration
     context = numpy_context(planning="between_iterations", delegate=False)
     model = ut.convert(nn.Sequential(*[nn.Conv2d(3 + i, 4 + i, 3, padding=1) for i in range(3)]), context=context)
     x = torch.randn(2, 3, 6, 6)
+    run_step(model, x)  # torch's own everywhere, nothing planned
+    assert context.summary()["pending"] == 3 and not context._kernels
+    run_step(model, x)  # the first layer's F: the slice is spent after one kernel
+    assert context.summary()["pending"] == 3 and len(context._kernels) == 1 and not context.runs["ucudnn", "F"]
     run_step(model, x)
-    assert context.summary()["pending"] == 3
-    run_step(model, x)
-    assert context.summary()["pending"] == 2
+    run_step(model, x)  # its BF completes the layer, which runs through ucudnn in this iteration
+    assert context.summary()["pending"] == 2 and len(context._kernels) == 3 and context.runs["ucudnn", "F"] == 1
     assert context.plan_pending() == 0
     run_step(model, x)
     assert context.runs["ucudnn", "F"] == 1 + 3

@@ -113,6 +113,7 @@ class Planner:
         # convolution until planned; planned from the start of an iteration (the first site's call) on
         self._pending: dict[tuple[Hashable, tuple[ConvKind, ...]], list[Any]] = {}
         self._lead: Any = None
+        self._slice: _Slice | None = None  # plan_pending's budget, while it runs
 
     @property
     def wd(self) -> bool:
@@ -192,10 +193,11 @@ class Planner:
             self._delegated[key] = self._planned_layer(site)
         return self._delegated[key]
 
-    def _planned_layer(self, site) -> bool:
+    def _planned_layer(self, site) -> bool | None:
         """Plan the site's layer; whether it runs the framework's own convolution. With delegation
         on, its own kernels are timed first, and where they settle the layer
-        (delegation.settled_by_own) it runs them with no sweep; else its kernels are swept."""
+        (delegation.settled_by_own) it runs them with no sweep; else its kernels are swept.
+        None: plan_pending's slice ran out between two of its kernels (the next slice goes on)."""
         call = site.call
         if self.delegate and settled_by_own([self._own_timing(call, kind) for kind in site.kinds],
                                             self.settings.workspace_limit,
@@ -204,11 +206,16 @@ class Planner:
             return True
         return self._swept(site)
 
-    def _swept(self, site) -> bool:
+    def _swept(self, site) -> bool | None:
         """Plan the site's kernels; whether its layer runs the framework's own convolution after
         all (delegation.worth_delegating, on its own timings; never with delegation off). Where
-        the layer stays, a kernel whose own kernel is faster runs that (own_kernel_faster)."""
-        kernels = [self._site_kernel(site, kind) for kind in site.kinds]
+        the layer stays, a kernel whose own kernel is faster runs that (own_kernel_faster). None
+        where plan_pending's slice ran out before one of its kernels."""
+        kernels = []
+        for kind in site.kinds:
+            if (kind, site.call) not in self._kernels and self._slice is not None and self._slice.spent():
+                return None
+            kernels.append(self._site_kernel(site, kind))
         if not self.delegate or not all(k.via == UCUDNN for k in kernels):
             return False
         ucudnn_ms = [k.assignment.configuration.time_ms for k in kernels]
@@ -223,17 +230,25 @@ class Planner:
 
     def plan_pending(self, budget_s: float | None = None) -> int:
         """Plan the layers waiting for a plan (planning='between_iterations'), oldest first, until
-        `budget_s` seconds have gone (None: all of them; at least one either way); each runs as
-        planned from its next call. Returns how many still wait. Between iterations only."""
-        started = time.perf_counter()
-        while self._pending:
-            key, sites = next(iter(self._pending.items()))
-            self._delegated[key] = self._planned_layer(sites[0])
-            del self._pending[key]
-            for site in sites:
-                site.delegated = None
-            if budget_s is not None and time.perf_counter() - started >= budget_s:
-                break
+        `budget_s` seconds have gone (None: all of them), checked between kernels: each call plans
+        something (a kernel, or a layer decided) either way, and a sweep is never cut. A layer runs as planned from its
+        next call once all its kernels are. Returns how many layers still wait. Between
+        iterations only."""
+        self._slice = None if budget_s is None else _Slice(time.perf_counter() + budget_s)
+        try:
+            while self._pending and not (self._slice and self._slice.spent()):
+                key, sites = next(iter(self._pending.items()))
+                delegated = self._planned_layer(sites[0])
+                if delegated is None:
+                    break
+                self._delegated[key] = delegated
+                del self._pending[key]
+                for site in sites:
+                    site.delegated = None
+                if self._slice:
+                    self._slice.worked = True
+        finally:
+            self._slice = None
         return len(self._pending)
 
     def _own_timing(self, call, kind: ConvKind) -> OwnTiming:
@@ -285,6 +300,8 @@ class Planner:
             if (kind, call) not in self._kernels:
                 with self.framework.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
                     self._kernels[kind, call] = self._planned(call, kind, _assigned)
+                if self._slice:
+                    self._slice.worked = True
             return self._kernels[kind, call]
 
     def _planned(self, call, kind: ConvKind, assign: Callable[[Any, ConvProblem], Any]):
@@ -383,6 +400,17 @@ class Planner:
                        parts=len(configuration.micro), workspace=kernel.assignment.workspace_size,
                        predicted_ms=configuration.time_ms)
         return out
+
+
+class _Slice:
+    """plan_pending's budget: spent once its deadline has passed and something was planned in it
+    (a kernel, or a layer decided), so that every slice makes progress."""
+
+    def __init__(self, deadline: float):
+        self.deadline, self.worked = deadline, False
+
+    def spent(self) -> bool:
+        return self.worked and time.perf_counter() >= self.deadline
 
 
 def _brief(problem: ConvProblem) -> str:
