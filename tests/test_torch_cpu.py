@@ -886,6 +886,26 @@ def test_the_sweep_decides_where_cudnns_favourite_does_not_fit(numpy_context):
         assert all(k["swept"] and k["delegated"] == delegated for k in kernels), torch_ms
 
 
+def test_a_layer_planned_over_several_slices_asks_cudnns_favourite_once(numpy_context, monkeypatch):
+    """Between iterations a layer's kernels may be swept in different slices; what was asked on
+    the way (cuDNN's favourites, torch's timings) is asked once."""
+    from fakes import favourite
+
+    from ucudnn import planner
+
+    monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)  # one kernel a slice
+    context = delegating_context(numpy_context, lambda problem: OwnTiming(1e6, 0), planning="between_iterations",
+                                 workspace_limit="1KiB")  # torch's timing under pressure; the favourite does not fit
+    asked = []
+    monkeypatch.setattr(context.framework.handle_class, "favourite",
+                        lambda self, problem: asked.append(problem.kind.value) or favourite(problem))
+    model, x = ut.convert(nn.Conv2d(3, 4, 3), context=context), torch.randn(4, 3, 6, 6)
+    for _ in range(5):
+        run_step(model, x)
+    assert context.summary()["pending"] == 0 and len(context._kernels) == 3
+    assert asked == ["F"] and [p.kind.value for p in context.framework.timed] == ["F", "BD", "BF"]
+
+
 def test_settled_by_own_rule():
     from ucudnn.delegation import settled_by_own
     from ucudnn.delegation import OwnTiming as T

@@ -102,6 +102,7 @@ class Planner:
         self._handles: dict[Hashable, Any] = {}
         self._kernels: dict[tuple[ConvKind, Hashable], Any] = {}  # (kind, call) -> its kernel
         self._own_timings: dict[tuple[ConvKind, Hashable], OwnTiming] = {}
+        self._favourites_fit: dict[tuple[ConvKind, Hashable], bool] = {}  # asked once: a layer may resume planning
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...]], bool] = {}  # what sites decided
         self._lock = threading.RLock()
         self.runs: Counter = Counter()
@@ -271,9 +272,11 @@ class Planner:
     def _favourite_fits(self, call, kind: ConvKind) -> bool:
         """Whether cuDNN's heuristic favourite for the kernel (Handle.favourite) can run within
         the per-kernel limit."""
-        with self._lock, self.framework.device_guard(call.device), self._planning(kind, call, "asking cuDNN's favourite of"):
-            favourite = self.handle(call.device).favourite(call.problem(kind))
-        return favourite.status == OK and favourite.workspace <= self.settings.workspace_limit
+        if (kind, call) not in self._favourites_fit:
+            with self._lock, self.framework.device_guard(call.device), self._planning(kind, call, "asking cuDNN's favourite of"):
+                favourite = self.handle(call.device).favourite(call.problem(kind))
+            self._favourites_fit[kind, call] = favourite.status == OK and favourite.workspace <= self.settings.workspace_limit
+        return self._favourites_fit[kind, call]
 
     @contextlib.contextmanager
     def _planning(self, kind: ConvKind, call, doing: str) -> Iterator[None]:
