@@ -20,6 +20,7 @@ The Planner decides per layer, on its first call or between iterations (settings
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections import Counter
@@ -114,7 +115,7 @@ class Planner:
         # convolution until planned; planned from the start of an iteration (the first site's call) on
         self._pending: dict[tuple[Hashable, tuple[ConvKind, ...]], list[Any]] = {}
         self._lead: Any = None
-        self._slice: _Slice | None = None  # plan_pending's budget, while it runs
+        self._slice = _Slice(math.inf)  # plan_pending's budget while it runs; outside it, none
 
     @property
     def wd(self) -> bool:
@@ -214,7 +215,7 @@ class Planner:
         where plan_pending's slice ran out before one of its kernels."""
         kernels = []
         for kind in site.kinds:
-            if (kind, site.call) not in self._kernels and self._slice is not None and self._slice.spent():
+            if (kind, site.call) not in self._kernels and self._slice.spent():
                 return None
             kernels.append(self._site_kernel(site, kind))
         if not self.delegate or not all(k.via == UCUDNN for k in kernels):
@@ -232,12 +233,12 @@ class Planner:
     def plan_pending(self, budget_s: float | None = None) -> int:
         """Plan the layers waiting for a plan (planning='between_iterations'), oldest first, until
         `budget_s` seconds have gone (None: all of them), checked between kernels: each call plans
-        something (a kernel, or a layer decided) either way, and a sweep is never cut. A layer runs as planned from its
-        next call once all its kernels are. Returns how many layers still wait. Between
-        iterations only."""
-        self._slice = None if budget_s is None else _Slice(time.perf_counter() + budget_s)
+        something (a kernel, or a layer decided) either way, and a sweep is never cut. A layer
+        runs as planned from its next call once all its kernels are. Returns how many layers still
+        wait. Between iterations only."""
+        self._slice = _Slice(math.inf if budget_s is None else time.perf_counter() + budget_s)
         try:
-            while self._pending and not (self._slice and self._slice.spent()):
+            while self._pending and not self._slice.spent():
                 key, sites = next(iter(self._pending.items()))
                 delegated = self._planned_layer(sites[0])
                 if delegated is None:
@@ -246,10 +247,9 @@ class Planner:
                 del self._pending[key]
                 for site in sites:
                     site.delegated = None
-                if self._slice:
-                    self._slice.worked = True
+                self._slice.worked = True
         finally:
-            self._slice = None
+            self._slice = _Slice(math.inf)
         return len(self._pending)
 
     def _own_timing(self, call, kind: ConvKind) -> OwnTiming:
@@ -303,8 +303,7 @@ class Planner:
             if (kind, call) not in self._kernels:
                 with self.framework.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
                     self._kernels[kind, call] = self._planned(call, kind, _assigned)
-                if self._slice:
-                    self._slice.worked = True
+                self._slice.worked = True
             return self._kernels[kind, call]
 
     def _planned(self, call, kind: ConvKind, assign: Callable[[Any, ConvProblem], Any]):
@@ -407,7 +406,8 @@ class Planner:
 
 class _Slice:
     """plan_pending's budget: spent once its deadline has passed and something was planned in it
-    (a kernel, or a layer decided), so that every slice makes progress."""
+    (a kernel, or a layer decided), so that every slice makes progress; a deadline of math.inf
+    is never spent."""
 
     def __init__(self, deadline: float):
         self.deadline, self.worked = deadline, False

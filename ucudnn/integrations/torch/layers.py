@@ -146,8 +146,9 @@ class ConvertedTranspose(Converted):
 
     def forward(self, input: Tensor, output_size: list[int] | None = None) -> Tensor:
         if output_size is not None:
-            fall_back(TorchFramework.own, "a transposed layer called with output_size= runs torch's own convolution "
-                      "(ucudnn runs the layer's own output_padding); set output_padding on the layer instead")
+            fall_back(TorchFramework.own, "a transposed layer called with output_size= runs torch's own "
+                      "convolution (ucudnn runs the layer's own output_padding); set output_padding on the layer "
+                      "instead")
             return super(Converted, self).forward(input, output_size)
         return super().forward(input)
 
