@@ -414,6 +414,7 @@ def full_sweep(args) -> dict:
         out[f"{search}_ms"] = sum(solve_wr(Kernel(p.describe(), p), tables[p.key], settings, limit).time_ms
                                   for p in problems)
         out[f"{search}_s"] = time.perf_counter() - began
+        print(f"{search}: {out}", file=sys.stderr, flush=True)  # what a cut run still shows
     out["calls"] = benchmarker.calls
     return out
 
