@@ -57,7 +57,7 @@ def verdicts(row: dict) -> dict:
     out = {"torch_loses": loses, "speedup": speedup, "over_free": row["ucudnn_ms"] / row["torch_free_ms"],
            "no_slower_ok": speedup >= 1 - spread - 0.02,
            "grads_ok": row["ucudnn_errors"]["dw"] <= max(DW_BOUND[row["precision"]], 3 * row["torch_errors"]["dw"])}
-    if "ucudnn_alike_ms" in row:  # torch took more than L beyond its tensors: ucudnn given as much
+    if "ucudnn_alike_ms" in row:  # torch's step took more workspace than L: ucudnn given as much
         out["alike_speedup"] = row["torch_pressure_ms"] / row["ucudnn_alike_ms"]
         out["alike_ok"] = out["alike_speedup"] >= 1 - spread - 0.02
     if loses:
@@ -68,7 +68,7 @@ def verdicts(row: dict) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| layer | input | precision | L | torch free | torch, L free | A/A control | ucudnn at L | "
-             "speedup | ucudnn / torch free | torch's bytes beyond its tensors: ucudnn there (speedup) | "
+             "speedup | ucudnn / torch free | torch's workspace: ucudnn given as much (speedup) | "
              "dW error ucudnn (torch) | bars |", "|" + "---|" * 13]
     for r in rows:
         if "error" in r:
@@ -87,8 +87,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def alike(row: dict) -> str:
-    """The like-for-like cell: torch's workspace beyond its tensors, and ucudnn's step given as much."""
-    beyond = f"{row.get('torch_beyond_tensors_mib', float('nan')):.0f} MiB"
+    """The like-for-like cell: the most workspace a pass of torch's step took, and ucudnn's step given as much."""
+    beyond = f"{row.get('torch_workspace_mib', float('nan')):.0f} MiB"
     if "ucudnn_alike_ms" not in row:
         return beyond
     return f"{beyond}: {row['ucudnn_alike_ms']:.2f} ({row['verdicts']['alike_speedup']:.2f}x)"

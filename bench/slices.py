@@ -82,9 +82,30 @@ def pressed(case: Case, free: int, peak: int, result: dict) -> torch.Tensor:
             torch.cuda.empty_cache()
 
 
+def phase_peaks(case: Case, module: nn.Module) -> tuple[int, int]:
+    """Bytes one step of `module` allocates at its peak in the forward and in the backward pass,
+    beyond what is held as each begins. Against a copy at zero workspace, the workspace each pass
+    took: torch's benchmark mode takes what is free at that moment, which under a blocker leaving
+    L beyond the step's peak includes the room of the tensors the step has not made yet."""
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = case.forward(module)
+    torch.cuda.synchronize()
+    forward, held = torch.cuda.max_memory_allocated() - held, torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y.backward(case.dy)
+    torch.cuda.synchronize()
+    backward = torch.cuda.max_memory_allocated() - held
+    del y
+    case.clear(module)
+    return forward, backward
+
+
 def alike(case: Case, free: int, peak: int, limit: int, cache: str, result: dict) -> torch.Tensor:
-    """ucudnn's step at `limit` per kernel (the bytes torch's step took beyond its tensors), its
-    kernels swept with memory free first, timed under a blocker placed again (returned)."""
+    """ucudnn's step at `limit` per kernel (the most workspace a pass of torch's step took), its
+    kernels swept with memory free first, timed under a blocker placed again (returned); the
+    kernels it had to plan again within less (shrinks) are counted."""
     torch.cuda.empty_cache()
     case.step(converted(case, limit, cache, delegate=False, search="full"))
     torch.cuda.empty_cache()
@@ -93,14 +114,16 @@ def alike(case: Case, free: int, peak: int, limit: int, cache: str, result: dict
     case.step(module)
     result["ucudnn_alike_ms"] = step_ms(case, module)
     result["ucudnn_alike_beyond_tensors_mib"] = (step_peak(case, module) - peak) / MiB
+    result["ucudnn_alike_shrinks"] = len(ucudnn.torch.context_of(module).summary()["shrinks"])
     return blocker
 
 
-def tensors_peak(case: Case, cache: str) -> int:
-    """Bytes a step allocates beyond what is held, with no workspace (a copy at zero workspace)."""
+def tensors_peaks(case: Case, cache: str) -> tuple[int, tuple[int, int]]:
+    """Bytes a step allocates beyond what is held with no workspace (a copy at zero workspace,
+    planned first), at its peak and in each pass (phase_peaks)."""
     module = converted(case, 0, cache)
     case.step(module)
-    return step_peak(case, module)
+    return step_peak(case, module), phase_peaks(case, module)
 
 
 def step_peak(case: Case, module: nn.Module) -> int:
@@ -139,7 +162,7 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     result["free_mib"] = free / MiB
     result["torch_free_ms"] = step_ms(case, case.module)
     result["torch_errors"] = errors(case, case.outputs(case.module))
-    peak = tensors_peak(case, cache)
+    peak, zero = tensors_peaks(case, cache)
     # every kernel swept with memory free, as `ucudnn bench` sweeps (the full search): the
     # benchmarker needs the operands' memory, which the blocker leaves no room for
     warm = converted(case, free, cache, delegate=False, search="full")
@@ -149,9 +172,10 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     blocker = pressed(case, free, peak, result)
     result["tensors_mib"] = peak / MiB
     result["torch_pressure_ms"] = step_ms(case, case.module)
-    # beyond the step's tensors at its peak: the workspace torch took, which may exceed L where the
-    # step's later tensors were not allocated yet when a kernel ran
+    # beyond the step's tensors: at the step's peak, and the most any pass took (its workspace),
+    # which may exceed L where the step's later tensors were not allocated yet when a kernel ran
     result["torch_beyond_tensors_mib"] = (step_peak(case, case.module) - peak) / MiB
+    result["torch_workspace_mib"] = max(0, *(t - z for t, z in zip(phase_peaks(case, case.module), zero))) / MiB
     result["control_pressure_ms"] = step_ms(case, copy.deepcopy(case.module))
     start = time.perf_counter()
     module = converted(case, free, cache)
@@ -162,8 +186,8 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     result["ucudnn_beyond_tensors_mib"] = (step_peak(case, module) - peak) / MiB
     outputs = case.outputs(module)
     result["plans"] = ucudnn.torch.context_of(module).summary()["kernels"]
-    torch_bytes = int(result["torch_beyond_tensors_mib"] * MiB)
-    if torch_bytes > free + MiB:  # torch took more than L: ucudnn given the same bytes, like for like
+    torch_bytes = int(result["torch_workspace_mib"] * MiB)
+    if torch_bytes > free + MiB:  # torch took more than L: ucudnn given as much, like for like
         del module, blocker
         blocker = alike(case, free, peak, torch_bytes, cache, result)
     del blocker
