@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 from fakes import BLENDS, FakeBackend
 
-from ucudnn import reference
+import reference
 from ucudnn.accumulation import Combine, buffer_type, output_elements
 from ucudnn.backends import Backends, backend_of
 from ucudnn.dispatch import OUTPUT, Plan, Step, compile_program, steps

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ucudnn import reference
+import reference
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.problem import ConvKind, ConvProblem
 

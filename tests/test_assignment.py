@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fakes import FAKE_DEVICE, FakeAllocator, FakeBenchmarker
-from ucudnn import reference
+import reference
 from ucudnn.cache import Cache
 from ucudnn.config import Settings
 from executors import dispatch

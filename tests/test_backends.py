@@ -20,7 +20,7 @@ from ucudnn.config import Settings
 from ucudnn.errors import BackendUnavailableError, ConfigError, MissingMeasurementsError
 from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
-from ucudnn import reference
+import reference
 from ucudnn.accumulation import accumulates
 from ucudnn.problem import ConvProblem
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from executors import BLENDS, FakeMemory, dispatch, fake_backends, footprint, steps_run
 from strategies import geometry
 
-from ucudnn import reference
+import reference
 from ucudnn import dispatch as dispatching
 from ucudnn.accumulation import Combine
 from ucudnn.backends import backend_of

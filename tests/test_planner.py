@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from handle_doubles import NumpyHandle
 
-from ucudnn import reference
+import reference
 from ucudnn.cache import Cache
 from ucudnn.config import Settings
 from ucudnn.delegation import OwnTiming

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from strategies import geometry
 
-from ucudnn import reference
+import reference
 from ucudnn.problem import ConvProblem
 
 

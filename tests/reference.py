@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from .problem import ConvKind, ConvProblem
+from ucudnn.problem import ConvKind, ConvProblem
 
 
 def to_logical(array: np.ndarray, layout: str) -> np.ndarray:
