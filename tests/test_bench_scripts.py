@@ -883,3 +883,18 @@ def test_each_tests_seconds_are_kept_as_it_ends_where_asked(tmp_path, monkeypatc
     conftest.pytest_runtest_logreport(report)
     conftest.pytest_runtest_logreport(types.SimpleNamespace(**{**vars(report), "nodeid": "tests/t.py::test_b"}))
     assert times.read_text().splitlines() == ["1.23\tcall\tpassed\ttests/t.py::test_a", "1.23\tcall\tpassed\ttests/t.py::test_b"]
+
+
+def test_streams_layer_pairs_sum_each_layer_the_faster_way():
+    import streams
+
+    rows = [{"layer": "Conv2d(64, 64)", "input": [32, 64, 56, 56], "count": 3, "serial_ms": 1.0, "concurrent_ms": 0.8,
+             "control_ms": 1.0},
+            {"layer": "Conv2d(512, 512)", "input": [32, 512, 7, 7], "count": 2, "serial_ms": 0.5, "concurrent_ms": 0.6,
+             "control_ms": 0.5}]
+    total = streams.selective(rows)
+    assert total["serial_ms"] == pytest.approx(4.0) and total["concurrent_ms"] == pytest.approx(3.6)
+    assert total["selective_ms"] == pytest.approx(3.4) and total["selective_speedup"] == pytest.approx(4.0 / 3.4)
+    assert total["faster_concurrent"] == 1 and total["layers"] == 2
+    table = streams.pairs_markdown(rows, total)
+    assert "| 1.25x |" in table and "| 0.83x |" in table and "(1.176x; 1 of 2 layers concurrent)" in table
