@@ -842,6 +842,9 @@ def test_streams_bars_and_table():
                               "graph_control": 1.0})
     assert ">= 1.50: met" in table and "TraceError" in table and "(1.067x, bar 1.05x: met)" in table
     assert "(1.000x, bar 1.05x: NOT met)" in table
+    first = streams.markdown([dict(row, verdicts=v, critical_first_ms=0.535)], None)
+    assert ">= 1.50: met | 0.535 (2.00x) |" in first and "| - |" in table  # the row without it shows -
+    assert all(line.count("|") == 9 for line in (table + first).splitlines() if line.startswith("|"))
     training = dict(row, step="training", batch=32, streams_ms=0.85)
     assert streams.verdicts(training)["floor"] == streams.TRAINING_BAR and streams.verdicts(training)["ok"]
 

@@ -14,15 +14,15 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
 
 
-@pytest.mark.parametrize("batch", [1, 32])
-def test_googlenet_on_four_streams_equals_one_stream(batch):
+@pytest.mark.parametrize("batch, critical_first", [(1, False), (32, False), (32, True)])
+def test_googlenet_on_four_streams_equals_one_stream(batch, critical_first):
     torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
     torch.manual_seed(0)
     model = torchvision.models.googlenet(weights=None, aux_logits=False, init_weights=True).cuda().half().eval()
     x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16)
     with torch.no_grad():
         want = model(x)
-        streamed = Streamed(model, x, streams=4)
+        streamed = Streamed(model, x, streams=4, critical_first=critical_first)
         print(table(streamed.plan))
         assert streamed.plan.streams > 1 and streamed.plan.makespan_ms < sum(
             p.end_ms - p.start_ms for p in streamed.plan.placements.values())

@@ -76,6 +76,17 @@ def test_weight_gradients_run_beside_the_backward_chain():
     assert len(bd_streams) == 1  # the chain stays on one stream: no event between its links
 
 
+def test_the_critical_stream_runs_most_of_the_critical_path():
+    assert schedule(backward(), streams=2).critical_stream == schedule(backward(), streams=2).placements["BD0"].stream
+    plan = schedule(inception(), streams=4)  # head, b2, join: b2 alone on a stream of its own
+    on = [plan.placements[n].stream for n in plan.critical_path]
+    assert plan.critical_stream == max(set(on), key=lambda s: (on.count(s), -s))
+    lone = schedule([Node("a", 1.0)], streams=4)
+    assert lone.critical_stream == 0
+    tie = schedule([Node("a", 1.0), Node("b", 1.0)], streams=2)  # two nodes, the path one of them
+    assert tie.critical_stream == tie.placements[tie.critical_path[0]].stream
+
+
 def test_stream_workspaces_are_disjoint_and_sized_to_each_streams_largest():
     nodes = backward()
     plan = schedule(nodes, streams=2)

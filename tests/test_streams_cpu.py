@@ -123,3 +123,22 @@ def test_a_model_fx_cannot_trace_is_refused_with_fxs_reason():
     block = Block()
     streamed = on_streams(block, x, 4, timer=lambda run: (run(), 1.0)[1], ops=LoggedStreams())
     assert isinstance(streamed, Streamed) and streamed.plan.streams > 1
+
+
+@pytest.mark.parametrize("critical_first", [False, True])
+def test_critical_first_gives_the_critical_paths_stream_the_high_priority(monkeypatch, critical_first):
+    """Where streams contend for the GPU, the critical path's kernels go first: the stream that
+    runs most of it is made at a high priority (CUDA streams are doubles here)."""
+    import ucudnn.integrations.torch.streams as streams
+
+    made = []
+    monkeypatch.setattr(streams, "CudaStreams", lambda count, urgent=None: made.append((count, urgent)) or LoggedStreams())
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(2, 3, 8, 8)
+    times = {name: (3.0 if name.startswith("branches_2") else 0.5) for name in {n.name for n in traced(model).graph.nodes}}
+    streamed = Streamed(model, x, streams=4, times=times, critical_first=critical_first)
+    assert made == [(streamed.plan.streams, streamed.plan.critical_stream if critical_first else None)]
+    assert streamed.times == times and "branches_2" in streamed.plan.critical_path
+    assert streamed.plan.critical_stream == streamed.plan.placements["branches_2"].stream
+    with torch.no_grad():
+        torch.testing.assert_close(streamed(x), model(x), rtol=0, atol=0)

@@ -19,6 +19,7 @@ streams, and workspaces that concurrent nodes never share.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -63,6 +64,13 @@ class Schedule:
     @property
     def streams(self) -> int:
         return len(self.order)
+
+    @property
+    def critical_stream(self) -> int:
+        """The stream that runs most of the critical path's nodes (the lowest of a tie): the one
+        to run first where streams contend for the GPU."""
+        counts = Counter(self.placements[n].stream for n in self.critical_path)
+        return min(counts, key=lambda s: (-counts[s], s), default=0)
 
 
 def checked(nodes: Iterable[Node]) -> dict[str, Node]:

@@ -91,33 +91,42 @@ def cuda_timer(run: Callable[[], Any]) -> float:
     return start.elapsed_time(end)
 
 
+HIGH_PRIORITY = -1  # torch.cuda.Stream's priority above the default 0 (lower numbers are higher)
+
+
 class CudaStreams:
     """The streams a run issues on: stream 0 the stream current when the run starts (a graph's
-    capture stream inside torch.cuda.graph), the others made once."""
+    capture stream inside torch.cuda.graph), the others made once. Stream `urgent`, where given,
+    is made at a high priority (stream 0 then too, rather than the current one):
+    where kernels of several streams wait for the GPU, its kernels are scheduled first."""
 
-    def __init__(self, count: int, device: torch.device | None = None):
+    def __init__(self, count: int, device: torch.device | None = None, urgent: int | None = None):
         self.device = device
         self.current = torch.cuda.current_stream(device)
-        self.side = [torch.cuda.Stream(device) for _ in range(count - 1)]
+        self._made = [None if i == 0 and urgent != 0 else
+                      torch.cuda.Stream(device, priority=HIGH_PRIORITY if i == urgent else 0) for i in range(count)]
+
+    def _stream(self, index: int) -> Any:
+        return self._made[index] or self.current
 
     def on(self, index: int):
-        return torch.cuda.stream(self.current if index == 0 else self.side[index - 1])
+        return torch.cuda.stream(self._stream(index))
 
     def record(self, index: int) -> Any:
         event = torch.cuda.Event()
-        event.record(self.current if index == 0 else self.side[index - 1])
+        event.record(self._stream(index))
         return event
 
     def wait(self, index: int, event: Any) -> None:
-        (self.current if index == 0 else self.side[index - 1]).wait_event(event)
+        self._stream(index).wait_event(event)
 
     def fork(self) -> None:
         self.current = torch.cuda.current_stream(self.device)
-        for stream in self.side:
+        for stream in filter(None, self._made):
             stream.wait_stream(self.current)
 
     def join(self) -> None:
-        for stream in self.side:
+        for stream in filter(None, self._made):
             self.current.wait_stream(stream)
 
 
@@ -125,17 +134,20 @@ class Streamed(nn.Module):
     """`model` run with its independent nodes on `streams` streams (see the module's docstring):
     traced, each node timed on `example` (a tuple of positional arguments, or one tensor) with
     `timer` (cuda_timer: CUDA events), and scheduled by the critical path. `ops` issues the
-    streams and events (CudaStreams by default; tests pass doubles)."""
+    streams and events (CudaStreams by default; tests pass doubles). With `critical_first`, the
+    stream that runs most of the critical path has a high priority. `times`: the
+    nodes' milliseconds, measured already (kept as `times` either way)."""
 
     def __init__(self, model: nn.Module, example: Any, streams: int, *, timer=cuda_timer, ops=None,
-                 times: Mapping[str, float] | None = None):
+                 times: Mapping[str, float] | None = None, critical_first: bool = False):
         super().__init__()
         self.graph = traced(model)
         args = example if isinstance(example, tuple) else (example,)
         with torch.no_grad():
-            measured = times if times is not None else node_times(self.graph, args, timer)
-        self.plan: Schedule = schedule(graph_nodes(self.graph, measured), streams)
-        self.ops = ops if ops is not None else CudaStreams(self.plan.streams)
+            self.times = dict(times) if times is not None else node_times(self.graph, args, timer)
+        self.plan: Schedule = schedule(graph_nodes(self.graph, self.times), streams)
+        urgent = self.plan.critical_stream if critical_first else None
+        self.ops = ops if ops is not None else CudaStreams(self.plan.streams, urgent=urgent)
         self._fx = {n.name: n for n in self.graph.graph.nodes}
         self._waits: dict[str, list[str]] = {}  # node -> the nodes whose events it waits on
         for u, v in self.plan.events:
