@@ -142,3 +142,49 @@ def test_critical_first_gives_the_critical_paths_stream_the_high_priority(monkey
     assert streamed.plan.critical_stream == streamed.plan.placements["branches_2"].stream
     with torch.no_grad():
         torch.testing.assert_close(streamed(x), model(x), rtol=0, atol=0)
+
+
+class FakeStream:
+    def __init__(self, name, priority=0):
+        self.name, self.priority, self.log = name, priority, []
+
+    def wait_stream(self, other):
+        self.log.append(("wait_stream", other.name))
+
+    def wait_event(self, event):
+        self.log.append(("wait_event", event.stream))
+
+
+@pytest.mark.parametrize("urgent", [None, 0, 2])
+def test_cuda_streams_map_indices_to_streams_and_make_only_the_urgent_one_high_priority(monkeypatch, urgent):
+    """CudaStreams on the CPU with torch.cuda's stream calls as doubles: stream 0 is the current
+    stream unless it is the urgent one; the urgent stream alone has the high priority; a run forks
+    every stream of its own from the current one and joins them all back into it."""
+    import ucudnn.integrations.torch.streams as streams
+
+    current, made = FakeStream("current"), []
+
+    def stream(device=None, priority=0):
+        made.append(FakeStream(f"s{len(made)}", priority))
+        return made[-1]
+
+    class Event:
+        def record(self, s):
+            self.stream = s.name
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "Stream", stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext(s))
+    ops = streams.CudaStreams(3, urgent=urgent)
+    assert len(made) == (3 if urgent == 0 else 2)
+    assert [s.priority for s in made].count(streams.HIGH_PRIORITY) == (0 if urgent is None else 1)
+    by_index = [ops.on(i).__enter__() for i in range(3)]
+    assert (by_index[0] is current) == (urgent != 0) and len({s.name for s in by_index}) == 3
+    if urgent is not None:
+        assert by_index[urgent].priority == streams.HIGH_PRIORITY
+    ops.fork()
+    assert all(s.log == [("wait_stream", "current")] for s in made)
+    ops.wait(1, ops.record(0))
+    assert by_index[1].log[-1] == ("wait_event", by_index[0].name)
+    ops.join()
+    assert current.log == [("wait_stream", s.name) for s in made]

@@ -107,7 +107,8 @@ class CudaStreams:
                       torch.cuda.Stream(device, priority=HIGH_PRIORITY if i == urgent else 0) for i in range(count)]
 
     def _stream(self, index: int) -> Any:
-        return self._made[index] or self.current
+        made = self._made[index]
+        return self.current if made is None else made
 
     def on(self, index: int):
         return torch.cuda.stream(self._stream(index))
@@ -122,12 +123,15 @@ class CudaStreams:
 
     def fork(self) -> None:
         self.current = torch.cuda.current_stream(self.device)
-        for stream in filter(None, self._made):
+        for stream in self._side():
             stream.wait_stream(self.current)
 
     def join(self) -> None:
-        for stream in filter(None, self._made):
+        for stream in self._side():
             self.current.wait_stream(stream)
+
+    def _side(self) -> list[Any]:
+        return [stream for stream in self._made if stream is not None]
 
 
 class Streamed(nn.Module):
