@@ -1,6 +1,7 @@
 """Stand-ins for the GPU in CPU tests: a benchmarker with a synthetic cost model and an allocator."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 
@@ -59,6 +60,19 @@ class FakeBenchmarker:
                 timed[b, backend_of(algo)] += 1
                 results.append(Measurement(algo, b, self.scale * work * (per * b + fixed), ws, OK, 3, summed))
         return results
+
+
+def slower(monkeypatch, kind, factor: float) -> None:
+    """FakeBenchmarker's candidates of `kind` `factor` times slower than its model says (a BD
+    with no fast plan within the limit, as docs/results.md's "Like for like" found one)."""
+    measure = FakeBenchmarker.measure
+
+    def slowed(self, problem, *args, **kwargs):
+        results = measure(self, problem, *args, **kwargs)
+        if problem.kind is not kind:
+            return results
+        return [m if m.time_ms is None else dataclasses.replace(m, time_ms=m.time_ms * factor) for m in results]
+    monkeypatch.setattr(FakeBenchmarker, "measure", slowed)
 
 
 def favourite(problem) -> Candidate:

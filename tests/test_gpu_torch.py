@@ -6,6 +6,7 @@ and a small CNN whose 20-step loss curve follows torch's."""
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 
 import numpy as np
@@ -197,6 +198,32 @@ def test_random_1d_3d_and_transposed_layers_match_float64(kind, case, seed, make
     ours = copy.deepcopy(theirs)
     ours.__class__, ours.ucudnn_context = ND_KINDS[kind], context
     check_every_kernel(theirs, ours, x, context, bound, what)
+
+
+@pytest.mark.parametrize("case", list(DTYPES))
+@pytest.mark.parametrize("kind", list(ND_KINDS), ids=lambda k: k.__name__)
+def test_data_gradients_run_as_forward_convolutions_match_float64(kind, case, cache_path, monkeypatch):
+    """bd_as_forward, its plan taken wherever one exists (transposition.FASTER raised): random
+    stride-1 layers of every kind, each dtype, both layouts, whose data gradient (a transposed
+    layer's forward) runs as the forward convolution of dy with the weights transposed, within
+    the dtype's bound of float64 as every other path."""
+    from ucudnn import transposition
+    from ucudnn.config import Settings
+
+    monkeypatch.setattr(transposition, "FASTER", math.inf)
+    dtype, tf32, bound = DTYPES[case]
+    torch.backends.cudnn.allow_tf32 = tf32
+    rng = np.random.default_rng(list(DTYPES).index(case) + 10 * list(ND_KINDS).index(kind))
+    theirs, x, what = random_nd_layer(rng, kind, dtype)
+    while any(s != 1 for s in theirs.stride):
+        theirs, x, what = random_nd_layer(rng, kind, dtype)
+    settings = Settings.load(workspace_limit="1MiB", planning="first_call", cache_path=cache_path, bd_as_forward=True)
+    context = ut.Context(settings, delegate=False)
+    ours = copy.deepcopy(theirs)
+    ours.__class__, ours.ucudnn_context = ND_KINDS[kind], context
+    check_every_kernel(theirs, ours, x, context, bound, what)
+    backward = [k for k in context.summary()["kernels"] if k["kind"] == "BD"]
+    assert backward and all(k.get("as_forward", "").startswith("F ") for k in backward), backward
 
 
 def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from fakes import slower
 from handle_doubles import NumpyHandle
 
 import reference
@@ -112,6 +113,12 @@ class NumpyArrays:
     def synchronize(self, device):
         pass
 
+    @staticmethod
+    def transposed_weights(w, groups):
+        k, per_group, *kernel = w.shape
+        return np.ascontiguousarray(w.reshape(groups, k // groups, per_group, *kernel).swapaxes(1, 2)
+                                    .reshape(per_group * groups, k // groups, *kernel))
+
 
 def planner(tmp_path, framework, **settings) -> Planner:
     return Planner(Settings.load(env={}, planning="first_call", progress=False, **settings), framework,
@@ -167,3 +174,58 @@ def test_recorded_kernels_are_planned_before_their_first_run(tmp_path, optimizer
     assert plans.solved() == (optimizer == "wd")
     for kind, (got, want) in step(plans, site, rng).items():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
+
+
+@pytest.mark.parametrize("factor, as_forward", [(4.0, True), (1.0, False)])
+def test_a_slow_data_gradient_runs_as_a_forward_convolution_of_dy(tmp_path, rng, monkeypatch, factor, as_forward):
+    """bd_as_forward: a stride-1 layer's BD is planned also as the F of dy with the weights'
+    K and C swapped (ucudnn.transposition); where that plan is clearly faster it runs, with BD's
+    results. Where it is not, BD's own plan runs."""
+    slower(monkeypatch, BD, factor)
+    plans = planner(tmp_path, NumpyArrays(), workspace_limit="100KiB", bd_as_forward=True)
+    site = Site(Call(ConvProblem(F, (6, 4, 9, 9), (8, 2, 3, 3), pads=1, groups=2)))
+    for kind, (got, want) in step(plans, site, rng).items():
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
+    described = {k["kind"]: k for k in plans.summary()["kernels"]}
+    assert ("as_forward" in described["BD"]) == as_forward, described["BD"]
+    if as_forward:
+        assert described["BD"]["as_forward"].startswith("F x=(6, 8, 9, 9) w=(4, 4, 3, 3)")
+        assert described["BD"]["predicted_ms"] < described["F"]["predicted_ms"] * 1.5
+    assert {kind: n for (via, kind), n in plans.runs.items() if via == UCUDNN} == {"F": 1, "BD": 1, "BF": 1}
+
+
+def test_without_the_setting_or_with_strides_the_data_gradient_stays_a_data_gradient(tmp_path, rng, monkeypatch):
+    slower(monkeypatch, BD, 4.0)
+    for settings, strides in (({}, 1), ({"bd_as_forward": True}, 2)):
+        plans = planner(tmp_path / f"s{strides}", NumpyArrays(), workspace_limit="100KiB", **settings)
+        site = Site(Call(ConvProblem(F, (6, 4, 9, 9), (8, 4, 3, 3), pads=1, strides=strides)))
+        for kind, (got, want) in step(plans, site, rng).items():
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
+        assert all("as_forward" not in k for k in plans.summary()["kernels"])
+
+
+def test_a_forward_plan_whose_workspace_cannot_be_borrowed_is_planned_again_as_the_data_gradient(tmp_path, rng,
+                                                                                                   monkeypatch):
+    from ucudnn.errors import DeviceMemoryError
+
+    class Short(NumpyArrays):
+        """Its kernels of the flipped forward convolution cannot borrow their workspace."""
+
+        def kernel(self, problem, handle, assignment):
+            kernel = super().kernel(problem, handle, assignment)
+            if problem.mode == "convolution":
+                def run(x, w, y):
+                    raise DeviceMemoryError("a convolution workspace", assignment.workspace_size)
+                kernel.program = run
+            return kernel
+
+    slower(monkeypatch, BD, 4.0)
+    plans = planner(tmp_path, Short(), workspace_limit="100KiB", bd_as_forward=True)
+    site = Site(Call(ConvProblem(F, (6, 4, 9, 9), (8, 4, 3, 3), pads=1)))
+    assert plans.route(site) is False  # planned: BD as a forward convolution
+    assert "as_forward" in {k["kind"]: k for k in plans.summary()["kernels"]}["BD"]
+    for kind, (got, want) in step(plans, site, rng).items():
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
+    summary = plans.summary()
+    assert "as_forward" not in {k["kind"]: k for k in summary["kernels"]}["BD"]
+    assert [s["kernel"].split()[0] for s in summary["shrinks"]] == ["BD"]

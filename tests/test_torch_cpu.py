@@ -1082,3 +1082,30 @@ def test_planning_between_iterations_times_nothing_in_the_first_iteration(numpy_
         assert len(context.framework.timed) == 3 and context.summary()["pending"] == 0
         assert context.runs["ucudnn", "F"] == swept and context.runs["torch", "layer"] == 2 - swept
         assert {k["swept"] for k in context.summary()["kernels"]} == {swept}
+
+
+AS_FORWARD_LAYERS = [  # stride-1 layers whose BD has a forward twin; a transposed layer's forward is its BD
+    (nn.Conv2d(4, 6, 3, padding=1, groups=2), ut.Conv2d, (8, 4, 9, 8)),
+    (nn.Conv1d(4, 4, 3, padding=2, dilation=2), ut_layers.Conv1d, (8, 4, 19)),
+    (nn.Conv3d(2, 4, (3, 1, 3), padding=(1, 0, 2)), ut_layers.Conv3d, (8, 2, 4, 5, 6)),
+    (nn.ConvTranspose2d(6, 4, 3, padding=1, bias=False), ut_layers.ConvTranspose2d, (8, 6, 5, 7)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(AS_FORWARD_LAYERS)), ids=lambda i: f"{AS_FORWARD_LAYERS[i][1].__name__}-{i}")
+@pytest.mark.parametrize("form", ["packed", "channels_last"])
+def test_a_slow_data_gradient_runs_as_a_forward_convolution_with_torchs_results(case, form, tmp_path, monkeypatch,
+                                                                                 torch_without_mkldnn):
+    """bd_as_forward with BD's plans slow: the data gradient runs as the forward convolution of dy
+    (the weights transposed in their own memory format), outputs and gradients equal torch's."""
+    from fakes import slower
+
+    from ucudnn.config import Settings
+
+    slower(monkeypatch, ConvKind.BACKWARD_DATA, 4.0)
+    settings = Settings.load(workspace_limit="64KiB", planning="first_call", bd_as_forward=True)
+    context = ut.Context(settings, framework=NumpyFramework(), cache=Cache(tmp_path / "bench.db"))
+    theirs, twin, shape = AS_FORWARD_LAYERS[case]
+    ours, _, _ = twins_step(theirs, twin, shape, form, context, case)
+    backward = [k for k in ours.ucudnn_context.summary()["kernels"] if k["kind"] == "BD"]
+    assert len(backward) == 1 and backward[0]["as_forward"].startswith("F "), backward

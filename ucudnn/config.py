@@ -118,6 +118,9 @@ class Settings:
     # ucudnn.torch: a converted layer's BF on a side stream beside its BD (each with a workspace of
     # its own), joined before the layer's backward returns; not yet measured on a GPU
     concurrent_backward: bool = False
+    # ucudnn.planner: a stride-1 layer's BD also planned as a forward convolution of dy, the faster
+    # plan kept (ucudnn.transposition); not yet measured on a GPU
+    bd_as_forward: bool = False
     verbose: bool = False
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 
@@ -195,6 +198,7 @@ _PARSERS = {
     "progress": _flag,
     "planning": lambda v, n: choice(v, PLANNINGS, n),
     "concurrent_backward": _flag,
+    "bd_as_forward": _flag,
     "verbose": _flag,
     "cache_path": lambda v, n: str(v),
 }

@@ -34,6 +34,7 @@ from .measurements import OK
 from .memory import Memory, auto_total
 from .problem import ConvKind, ConvProblem
 from .progress import Progress
+from .transposition import as_forward, faster
 
 UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
 LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
@@ -84,6 +85,10 @@ class Framework(Protocol):
 
     def synchronize(self, device: Hashable) -> None:
         """Wait for the device's work."""
+
+    def transposed_weights(self, w: Any, groups: int) -> Any:
+        """A new tensor of the weights `w` (K, C/groups, *kernel) with K and C swapped per group,
+        (C, K/groups, *kernel), stored in w's dimension order (ucudnn.transposition)."""
 
 
 def _assigned(handle, problem: ConvProblem):
@@ -302,9 +307,27 @@ class Planner:
         with self._lock, self.framework.device_guard(call.device):
             if (kind, call) not in self._kernels:
                 with self.framework.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
-                    self._kernels[kind, call] = self._planned(call, kind, _assigned)
+                    kernel = self._planned(call, kind, _assigned)
+                    if kind is ConvKind.BACKWARD_DATA and self.settings.bd_as_forward:
+                        kernel = self._as_forward(call, kernel)
+                    self._kernels[kind, call] = kernel
                 self._slice.worked = True
             return self._kernels[kind, call]
+
+    def _as_forward(self, call, backward):
+        """The call's data gradient as a forward convolution of dy (ucudnn.transposition), where
+        one exists and its plan is faster than `backward`'s, the BD kernel planned; else `backward`."""
+        problem = as_forward(call.problem(ConvKind.BACKWARD_DATA))
+        if problem is None or backward.via != UCUDNN:
+            return backward
+        handle = self.handle(call.device)
+        try:
+            forward = self.framework.kernel(problem, handle, handle.assignment(problem))
+        except UNPLANNABLE:  # no plan of the forward convolution: BD's own stands, nothing falls back
+            return backward
+        if not faster(forward.assignment.configuration.time_ms, backward.assignment.configuration.time_ms):
+            return backward
+        return _AsForward(backward.problem, forward, self.framework.transposed_weights)
 
     def _planned(self, call, kind: ConvKind, assign: Callable[[Any, ConvProblem], Any]):
         """The kernel as `assign(handle, problem)` plans it (_assigned, or a shrink after its
@@ -398,10 +421,27 @@ class Planner:
             out.update(own_ms=own.ms, own_workspace=own.workspace)
         if kernel is not None and kernel.via == UCUDNN:
             configuration = kernel.assignment.configuration
+            if isinstance(kernel, _AsForward):
+                out["as_forward"] = kernel.inner.problem.describe()
             out.update(configuration=configuration.describe(),
                        parts=len(configuration.micro), workspace=kernel.assignment.workspace_size,
                        predicted_ms=configuration.time_ms)
         return out
+
+
+class _AsForward:
+    """A data gradient run as the forward convolution `inner` (of dy, into dx, with the weights
+    transposed by `transposed(w, groups)`; ucudnn.transposition): a BD kernel to the Planner."""
+
+    via = UCUDNN
+
+    def __init__(self, problem: ConvProblem, inner, transposed: Callable[[Any, int], Any]):
+        self.problem, self.inner, self._transposed = problem, inner, transposed
+        self.assignment = inner.assignment
+        self.counted = (UCUDNN, problem.kind.value)
+
+    def __call__(self, x, w, y) -> None:  # BD: x is dx (written), y is dy
+        self.inner(y, self._transposed(w, self.problem.groups), x)
 
 
 class _Slice:

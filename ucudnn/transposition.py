@@ -1,0 +1,45 @@
+"""A data gradient (BD) computed as a forward convolution (F).
+
+For a convolution of stride 1, dx is the convolution of dy with the weights' output and input
+channels swapped (per group) and the kernel flipped, padded by dilation x (kernel - 1) - padding
+in each dimension: an F whose input is dy and whose output is dx. cuDNN flips the kernel itself
+in `convolution` mode (cross-correlation's mirror), so only the weights' K and C are swapped: a
+copy of the weights, small beside the activations. Where no fast BD fits the limit at any
+micro-batch size but the forward ones do (a 1-D convolution over 64x256x16000 at 64 MiB: BD
+10.85 ms undivided, F 2.95 ms micro-batched; docs/results.md, "Like for like: the workspace
+torch's step took"), the data gradient is planned as that F, where that is faster.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .problem import ConvKind, ConvProblem
+
+FLIPPED = {"cross_correlation": "convolution", "convolution": "cross_correlation"}
+# BD planned as F is kept where its predicted time is below this share of BD's own plan: the
+# weights' copy, which the prediction leaves out, must not eat the gain
+FASTER = 0.9
+
+
+def as_forward(problem: ConvProblem) -> ConvProblem | None:
+    """The F whose output is the dx of `problem` (a BD) and whose input is its dy; None where there
+    is none: another kind, a stride above 1, or a padding above dilation x (kernel - 1)."""
+    if problem.kind is not ConvKind.BACKWARD_DATA or any(s != 1 for s in problem.strides):
+        return None
+    kernel = problem.w_shape[2:]
+    pads = tuple(d * (k - 1) - p for d, k, p in zip(problem.dilations, kernel, problem.pads))
+    if min(pads) < 0:
+        return None
+    return replace(problem, kind=ConvKind.FORWARD, x_shape=problem.y_shape,
+                   w_shape=transposed_shape(problem.w_shape, problem.groups), pads=pads, mode=FLIPPED[problem.mode])
+
+
+def transposed_shape(w_shape: tuple[int, ...], groups: int) -> tuple[int, ...]:
+    """The weights' shape with K and C swapped per group: (K, C/g, *kernel) -> (C, K/g, *kernel)."""
+    k, per_group, *kernel = w_shape
+    return (per_group * groups, k // groups, *kernel)
+
+
+def faster(forward_ms: float, backward_ms: float) -> bool:
+    """Whether BD planned as F (`forward_ms`) is to run rather than BD's own plan."""
+    return forward_ms < FASTER * backward_ms
