@@ -92,3 +92,11 @@ def convolve(p: ConvProblem, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> np.
     if p.kind is ConvKind.BACKWARD_DATA:
         return backward_data(p, y, w)
     return backward_filter(p, x, y)
+
+
+def transposed_weights(w: np.ndarray, groups: int) -> np.ndarray:
+    """Logical weights (K, C/groups, *kernel) with K and C swapped per group: (C, K/groups, *kernel)
+    (ucudnn.transposition)."""
+    k, per_group, *kernel = w.shape
+    return np.ascontiguousarray(w.reshape(groups, k // groups, per_group, *kernel).swapaxes(1, 2)
+                                .reshape(per_group * groups, k // groups, *kernel))

@@ -113,11 +113,7 @@ class NumpyArrays:
     def synchronize(self, device):
         pass
 
-    @staticmethod
-    def transposed_weights(w, groups):
-        k, per_group, *kernel = w.shape
-        return np.ascontiguousarray(w.reshape(groups, k // groups, per_group, *kernel).swapaxes(1, 2)
-                                    .reshape(per_group * groups, k // groups, *kernel))
+    transposed_weights = staticmethod(reference.transposed_weights)
 
 
 def planner(tmp_path, framework, **settings) -> Planner:

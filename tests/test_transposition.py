@@ -13,12 +13,6 @@ from ucudnn.transposition import FASTER, as_forward, faster, transposed_shape
 BD = ConvKind.BACKWARD_DATA
 
 
-def transposed(w: np.ndarray, groups: int) -> np.ndarray:
-    k, per_group, *kernel = w.shape
-    return w.reshape(groups, k // groups, per_group, *kernel).swapaxes(1, 2).reshape(per_group * groups,
-                                                                                      k // groups, *kernel)
-
-
 @pytest.mark.parametrize("x_shape, w_shape, pads, dilations, groups, mode", [
     ((3, 4, 17), (5, 4, 3), 1, 1, 1, "cross_correlation"),
     ((2, 6, 9, 11), (4, 3, 3, 5), (0, 2), (2, 1), 2, "cross_correlation"),
@@ -31,7 +25,7 @@ def test_the_forward_convolution_of_dy_is_the_data_gradient(rng, x_shape, w_shap
     assert forward.kind is ConvKind.FORWARD and forward.x_shape == bd.y_shape and forward.y_shape == bd.x_shape
     assert forward.w_shape == transposed_shape(bd.w_shape, groups) and forward.mode != bd.mode
     dy, w = rng.standard_normal(bd.y_shape), rng.standard_normal(bd.w_shape)
-    np.testing.assert_allclose(reference.forward(forward, dy, transposed(w, groups)),
+    np.testing.assert_allclose(reference.forward(forward, dy, reference.transposed_weights(w, groups)),
                                reference.backward_data(bd, dy, w), rtol=1e-12, atol=1e-12)
 
 

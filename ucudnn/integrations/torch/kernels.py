@@ -200,8 +200,7 @@ class TorchFramework:
     def transposed_weights(w: Tensor, groups: int) -> Tensor:
         """A copy of `w` with K and C swapped per group, (C, K/groups, *kernel), its dimensions
         stored in w's order (channels-last weights stay channels-last): ucudnn.transposition."""
-        k, per_group = w.shape[:2]
-        swapped = w.unflatten(0, (groups, k // groups)).transpose(1, 2).flatten(0, 1)
+        swapped = w.unflatten(0, (groups, w.shape[0] // groups)).transpose(1, 2).flatten(0, 1)
         order = sorted(range(w.dim()), key=lambda d: -w.stride(d))  # w's dimensions, outermost first
         return torch.empty_permuted(swapped.shape, order, dtype=w.dtype, device=w.device).copy_(swapped)
 
