@@ -102,13 +102,20 @@ def phase_peaks(case: Case, module: nn.Module) -> tuple[int, int]:
     return forward, backward
 
 
+def swept(case: Case, limit: int, cache: str) -> None:
+    """Every kernel of the case's layer at `limit` swept into the database with memory free, as
+    `ucudnn bench` sweeps (the full search): the benchmarker needs the operands' memory, which a
+    blocker leaves no room for. What the sweep cached goes back to the device."""
+    case.step(converted(case, limit, cache, delegate=False, search="full"))
+    torch.cuda.empty_cache()
+
+
 def alike(case: Case, free: int, peak: int, limit: int, cache: str, result: dict) -> torch.Tensor:
     """ucudnn's step at `limit` per kernel (the most workspace a pass of torch's step took), its
     kernels swept with memory free first, timed under a blocker placed again (returned); the
     kernels it had to plan again within less (shrinks) are counted."""
     torch.cuda.empty_cache()
-    case.step(converted(case, limit, cache, delegate=False, search="full"))
-    torch.cuda.empty_cache()
+    swept(case, limit, cache)
     blocker = pressed(case, free, peak, {})
     module = converted(case, limit, cache)
     case.step(module)
@@ -163,12 +170,7 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     result["torch_free_ms"] = step_ms(case, case.module)
     result["torch_errors"] = errors(case, case.outputs(case.module))
     peak, zero = tensors_peaks(case, cache)
-    # every kernel swept with memory free, as `ucudnn bench` sweeps (the full search): the
-    # benchmarker needs the operands' memory, which the blocker leaves no room for
-    warm = converted(case, free, cache, delegate=False, search="full")
-    case.step(warm)
-    del warm
-    torch.cuda.empty_cache()
+    swept(case, free, cache)
     blocker = pressed(case, free, peak, result)
     result["tensors_mib"] = peak / MiB
     result["torch_pressure_ms"] = step_ms(case, case.module)

@@ -105,6 +105,7 @@ class CudaStreams:
         self.current = torch.cuda.current_stream(device)
         self._made = [None if i == 0 and urgent != 0 else
                       torch.cuda.Stream(device, priority=HIGH_PRIORITY if i == urgent else 0) for i in range(count)]
+        self._own = [stream for stream in self._made if stream is not None]  # forked and joined each run
 
     def _stream(self, index: int) -> Any:
         made = self._made[index]
@@ -123,15 +124,12 @@ class CudaStreams:
 
     def fork(self) -> None:
         self.current = torch.cuda.current_stream(self.device)
-        for stream in self._side():
+        for stream in self._own:
             stream.wait_stream(self.current)
 
     def join(self) -> None:
-        for stream in self._side():
+        for stream in self._own:
             self.current.wait_stream(stream)
-
-    def _side(self) -> list[Any]:
-        return [stream for stream in self._made if stream is not None]
 
 
 class Streamed(nn.Module):
