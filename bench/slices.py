@@ -143,6 +143,13 @@ def step_peak(case: Case, module: nn.Module) -> int:
     return torch.cuda.max_memory_allocated() - held
 
 
+def settled() -> tuple[int, int]:
+    """The device's free bytes once torch's cached blocks went back, and the bytes torch's tensors hold."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0], torch.cuda.memory_allocated()
+
+
 def errors(case: Case, outputs: dict) -> dict[str, float]:
     """Relative error (norm of the difference over the norm) of each output against the layer
     run in float64."""
@@ -179,15 +186,20 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     result["torch_beyond_tensors_mib"] = (step_peak(case, case.module) - peak) / MiB
     result["torch_workspace_mib"] = max(0, *(t - z for t, z in zip(phase_peaks(case, case.module), zero))) / MiB
     result["control_pressure_ms"] = step_ms(case, copy.deepcopy(case.module))
+    before = settled()
     start = time.perf_counter()
     module = converted(case, free, cache)
     case.step(module)
     torch.cuda.synchronize()
     result["ucudnn_first_step_s"] = time.perf_counter() - start
+    after = settled()
+    # what ucudnn's planned step keeps after it (graphs, handles, buffers): taken out of L
+    result["ucudnn_held_mib"] = {"device": (before[0] - after[0]) / MiB, "torch_tensors": (after[1] - before[1]) / MiB}
     result["ucudnn_ms"] = step_ms(case, module)
     result["ucudnn_beyond_tensors_mib"] = (step_peak(case, module) - peak) / MiB
     outputs = case.outputs(module)
-    result["plans"] = ucudnn.torch.context_of(module).summary()["kernels"]
+    summary = ucudnn.torch.context_of(module).summary()
+    result["plans"], result["ucudnn_shrinks"] = summary["kernels"], summary["shrinks"]
     torch_bytes = int(result["torch_workspace_mib"] * MiB)
     if torch_bytes > free + MiB:  # torch took more than L: ucudnn given as much, like for like
         del module, blocker

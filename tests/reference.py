@@ -95,8 +95,9 @@ def convolve(p: ConvProblem, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> np.
 
 
 def transposed_weights(w: np.ndarray, groups: int) -> np.ndarray:
-    """Logical weights (K, C/groups, *kernel) with K and C swapped per group: (C, K/groups, *kernel)
-    (ucudnn.transposition)."""
+    """Logical weights (K, C/groups, *kernel) with K and C swapped per group, (C, K/groups, *kernel),
+    and the kernel flipped (ucudnn.transposition)."""
     k, per_group, *kernel = w.shape
-    return np.ascontiguousarray(w.reshape(groups, k // groups, per_group, *kernel).swapaxes(1, 2)
+    swapped = w.reshape(groups, k // groups, per_group, *kernel).swapaxes(1, 2)
+    return np.ascontiguousarray(np.flip(swapped, axis=tuple(range(3, w.ndim + 1)))
                                 .reshape(per_group * groups, k // groups, *kernel))

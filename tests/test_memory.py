@@ -13,6 +13,7 @@ import pytest
 
 from fakes import FakeAllocator, FakeBenchmarker
 from test_assignment import LAYERS, make_assignments
+from ucudnn.assignment import ALLOCATION_GRANULE
 from ucudnn.cache import Cache
 from ucudnn.errors import ConfigError, DeviceMemoryError, UcudnnWarning
 from ucudnn.measurements import OK, OUT_OF_MEMORY, KernelTable, Measurement
@@ -152,24 +153,31 @@ def test_shrink_plans_from_the_measurements_at_hand_and_measures_only_where_they
 
 
 def test_shrink_plans_within_what_the_caller_can_still_have_where_that_is_at_least_half(tmp_path):
-    for n, (share, within) in enumerate([(0.9, 0.9), (0.1, 0.5), (10, 0.5), (None, 0.5)]):
+    granule = ALLOCATION_GRANULE
+    for n, (available_of, within_of) in enumerate([
+            (lambda f: f - 3 * granule, lambda f: f - 3 * granule),  # less than failed: what is free
+            (lambda f: f + granule, lambda f: f - granule),  # free, yet rounded above it: a granule below
+            (lambda f: f // 10, lambda f: f // 2),  # under half: half
+            (lambda f: None, lambda f: f // 2)]):  # nothing known: half
         assignments, _, _ = make_assignments(tmp_path / str(n), workspace_limit="64MiB")
         failed = assignments.get(LAYERS[0]).workspace_size
-        available = None if share is None else int(failed * share)
-        with pytest.warns(UcudnnWarning, match="planning again within"):  # under half, or not less: half
+        assert failed > 8 * granule  # so that every case above is over half
+        available = available_of(failed)
+        said = "" if available is None else rf"\({available / 2**20:.1f} MiB free\); "
+        with pytest.warns(UcudnnWarning, match=said + rf"planning again within {within_of(failed) / 2**20:.1f} MiB"):
             after = assignments.shrink(LAYERS[0], available=available)
-        assert assignments.shrinks == [(LAYERS[0].describe(), failed, int(failed * within))]
-        assert after.workspace_size <= failed * within
+        assert assignments.shrinks == [(LAYERS[0].describe(), failed, within_of(failed))]
+        assert after.workspace_size <= within_of(failed)
 
 
 # --- ucudnn.torch -------------------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
+from test_torch_cpu import assert_matches, run_step  # noqa: E402
 from torch import nn  # noqa: E402
+from torch_doubles import NumpyFramework  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from test_torch_cpu import assert_matches, run_step  # noqa: E402
-from torch_doubles import NumpyFramework  # noqa: E402
 from ucudnn import fallback  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
 from ucudnn.memory import Memory, auto_total  # noqa: E402

@@ -28,6 +28,12 @@ from .optimizers.configuration import Configuration
 from .problem import ConvProblem, Kernel
 from .solve import Measure, plan
 
+# The step by which device memory is handed out for large blocks: torch's caching allocator
+# rounds them up to it, and the driver maps memory in pages of it. A workspace that did not fit
+# the bytes free was rounded above them (docs/results.md, "Like for like: the workspace torch's
+# step took": 63.3 MiB failed with 64.2 MiB free).
+ALLOCATION_GRANULE = 2 * 2**20
+
 
 @dataclass(frozen=True)
 class Assignment:
@@ -162,14 +168,18 @@ class Assignments:
 
     def _smaller(self, nbytes: int, what: str, available: int | None = None) -> int:
         """The limit to plan again within after `nbytes` of workspace for `what` could not be
-        allocated: the `available` bytes where fewer than `nbytes` but at least half, else half of
-        it (each step at least halves or ends below what failed). Out of memory with no workspace
-        at all is the caller's to handle."""
+        allocated: the `available` bytes where fewer than `nbytes`; one allocation granule less
+        than `nbytes` where `available` seemed to hold it (the allocator rounded it above them);
+        at least half of `nbytes`, and half where nothing is known of what is available. Out of
+        memory with no workspace at all is the caller's to handle."""
         if nbytes == 0:
             raise DeviceMemoryError(f"a zero-byte workspace for {what}", 0, "free GPU memory")
-        limit = available if available is not None and nbytes // 2 <= available < nbytes else nbytes // 2
+        limit = nbytes // 2
+        if available is not None:
+            limit = max(limit, available if available < nbytes else nbytes - ALLOCATION_GRANULE)
         self.shrinks.append((what, nbytes, limit))
-        warnings.warn(f"ucudnn: no GPU memory for {nbytes / 2**20:.1f} MiB of workspace for {what}; "
+        free = "" if available is None else f" ({available / 2**20:.1f} MiB free)"
+        warnings.warn(f"ucudnn: no GPU memory for {nbytes / 2**20:.1f} MiB of workspace for {what}{free}; "
                       f"planning again within {limit / 2**20:.1f} MiB", UcudnnWarning, stacklevel=4)
         return limit
 

@@ -88,7 +88,8 @@ class Framework(Protocol):
 
     def transposed_weights(self, w: Any, groups: int) -> Any:
         """A new tensor of the weights `w` (K, C/groups, *kernel) with K and C swapped per group,
-        (C, K/groups, *kernel), stored in w's dimension order (ucudnn.transposition)."""
+        (C, K/groups, *kernel), and the kernel flipped, stored in w's dimension order
+        (ucudnn.transposition)."""
 
 
 def _assigned(handle, problem: ConvProblem):

@@ -2,9 +2,12 @@
 
 For a convolution of stride 1, dx is the convolution of dy with the weights' output and input
 channels swapped (per group) and the kernel flipped, padded by dilation x (kernel - 1) - padding
-in each dimension: an F whose input is dy and whose output is dx. cuDNN flips the kernel itself
-in `convolution` mode (cross-correlation's mirror), so only the weights' K and C are swapped: a
-copy of the weights, small beside the activations. Where no fast BD fits the limit at any
+in each dimension: an F whose input is dy and whose output is dx, in the layer's own mode. The
+transposed weights (K and C swapped, kernel flipped) are one copy, small beside the activations.
+Flipping them rather than cuDNN's mode keeps the F one that the layer's own forward convolution
+often is already (C = K, padding that keeps the size): measured once, and as fast (cuDNN's two
+modes ran the same engines at the same times; docs/results.md, "Like for like: the workspace
+torch's step took"). Where no fast BD fits the limit at any
 micro-batch size but the forward ones do (a 1-D convolution over 64x256x16000 at 64 MiB: BD
 10.85 ms undivided, F 2.95 ms micro-batched; docs/results.md, "Like for like: the workspace
 torch's step took"), the data gradient is planned as that F, where that is faster.
@@ -15,7 +18,6 @@ from dataclasses import replace
 
 from .problem import ConvKind, ConvProblem
 
-FLIPPED = {"cross_correlation": "convolution", "convolution": "cross_correlation"}
 # BD planned as F is kept where its predicted time is below this share of BD's own plan: the
 # weights' copy, which the prediction leaves out, must not eat the gain
 FASTER = 0.9
@@ -31,11 +33,11 @@ def as_forward(problem: ConvProblem) -> ConvProblem | None:
     if min(pads) < 0:
         return None
     return replace(problem, kind=ConvKind.FORWARD, x_shape=problem.y_shape,
-                   w_shape=transposed_shape(problem.w_shape, problem.groups), pads=pads, mode=FLIPPED[problem.mode])
+                   w_shape=transposed_shape(problem.w_shape, problem.groups), pads=pads)
 
 
 def transposed_shape(w_shape: tuple[int, ...], groups: int) -> tuple[int, ...]:
-    """The weights' shape with K and C swapped per group: (K, C/g, *kernel) -> (C, K/g, *kernel)."""
+    """The transposed weights' shape, K and C swapped per group: (K, C/g, *kernel) -> (C, K/g, *kernel)."""
     k, per_group, *kernel = w_shape
     return (per_group * groups, k // groups, *kernel)
 

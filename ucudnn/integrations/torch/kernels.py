@@ -198,9 +198,11 @@ class TorchFramework:
 
     @staticmethod
     def transposed_weights(w: Tensor, groups: int) -> Tensor:
-        """A copy of `w` with K and C swapped per group, (C, K/groups, *kernel), its dimensions
-        stored in w's order (channels-last weights stay channels-last): ucudnn.transposition."""
+        """A copy of `w` with K and C swapped per group, (C, K/groups, *kernel), and the kernel
+        flipped, its dimensions stored in w's order (channels-last weights stay channels-last):
+        ucudnn.transposition."""
         swapped = w.unflatten(0, (groups, w.shape[0] // groups)).transpose(1, 2).flatten(0, 1)
+        swapped = swapped.flip(list(range(2, w.dim())))
         order = sorted(range(w.dim()), key=lambda d: -w.stride(d))  # w's dimensions, outermost first
         return torch.empty_permuted(swapped.shape, order, dtype=w.dtype, device=w.device).copy_(swapped)
 
