@@ -76,10 +76,12 @@ def markdown(rows: list[dict], backward: dict | None) -> str:
 
 
 def graphed(run, example):
-    """`run` captured on a static copy of `example` as one CUDA graph: (replay, static output)."""
+    """`run` captured on a static copy of `example` as one CUDA graph: (replay, static output).
+    The copy is a leaf of its own (a clone's backward would run on the stream the clone ran on,
+    outside the capture), kept alive by replay."""
     import torch
 
-    static = example.clone()
+    static = example.detach().clone().requires_grad_(example.requires_grad)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -89,7 +91,10 @@ def graphed(run, example):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = run(static)
-    return graph.replay, out
+
+    def replay(static=static):  # holds the copy, and its gradient, which the graph accumulates into
+        graph.replay()
+    return replay, out
 
 
 def replay_ms(replays: dict, rounds: int = 7, repeats: int = 20) -> dict[str, float]:

@@ -253,6 +253,45 @@ def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):
         torch.testing.assert_close(concurrent, serial)
 
 
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_a_training_step_captured_by_torch_after_its_warm_up_replays_the_eager_step(cache_path, concurrent):
+    """torch.cuda.graph's documented use: warm up on the static input (three steps, by which
+    ucudnn has graphs of its own for those operands), capture, refill the input, replay. The
+    replay's output and gradients equal an eager step's on the new input."""
+    from ucudnn.config import Settings
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(64, 64, 3, padding=1, device="cuda").half().to(memory_format=torch.channels_last)
+    settings = Settings.load(workspace_limit="64MiB", planning="first_call", cache_path=cache_path,
+                             concurrent_backward=concurrent)
+    twin = ut.convert(copy.deepcopy(conv), context=ut.Context(settings, delegate=False))
+
+    def new_input():
+        return torch.randn(32, 64, 28, 28, device="cuda", dtype=torch.float16).contiguous(
+            memory_format=torch.channels_last)
+    static, dy = new_input().requires_grad_(), torch.randn(32, 64, 28, 28, device="cuda", dtype=torch.float16)
+
+    def step():
+        y = twin(static)
+        return (y, *torch.autograd.grad(y, (static, twin.weight, twin.bias), dy))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = step()
+    with torch.no_grad():
+        static.copy_(new_input())
+    graph.replay()
+    eager = step()
+    torch.cuda.synchronize()
+    for got, want in zip(replayed, eager):
+        torch.testing.assert_close(got, want)
+
+
 def test_alexnet_conv2_under_a_tight_limit(make_context):
     """A layer whose fast algorithms need far more than 1 MiB at batch 64: results stay right
     whatever mix of micro-batches ucudnn picks (printed)."""

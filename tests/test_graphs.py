@@ -147,6 +147,22 @@ def test_a_caller_that_is_capturing_gets_direct_calls_into_its_own_graph():
     assert capturer.captured == [] and graphed.direct_runs == 3
 
 
+def test_a_caller_that_warmed_up_before_capturing_gets_direct_calls_not_our_graph():
+    """torch.cuda.graph's warm-up runs the step on the operands it then captures with: by then a
+    graph of ours exists for them, and a graph cannot be launched into a capturing stream."""
+    program, capturer = Recorder(), FakeCapturer()
+    graphed = GraphedProgram(program, capturer)
+    for _ in range(3):  # warm-up: direct, capture and launch, launch
+        graphed(1, 2, 3)
+    launched = len(capturer.launched)
+    capturer.busy = True
+    graphed(1, 2, 3)
+    assert len(capturer.launched) == launched and program.runs[-1] == (1, 2, 3, 0, 0)
+    capturer.busy = False
+    graphed(1, 2, 3)
+    assert len(capturer.launched) == launched + 1  # outside the caller's capture, ours again
+
+
 @pytest.mark.parametrize("kind, alpha, beta", [("F", 1.0, 0.0), ("BD", 0.5, 1.5), ("BF", 2.0, 0.75)])
 def test_replays_compute_what_direct_dispatch_does(kind, alpha, beta):
     """BF accumulates (beta, then 1) and beta != 0 blends: a replay must run each call exactly

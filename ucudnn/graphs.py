@@ -67,10 +67,11 @@ class GraphedProgram:
         self.direct_runs = self.captures = self.replays = 0
 
     def __call__(self, x: int, w: int, y: int, workspace: int = 0, workspace_size: int = 0) -> None:
+        """Where the caller's stream is being captured, its graph takes the calls themselves (a
+        graph cannot be launched into a capturing stream): the caller that warms up on the
+        operands it captures with finds a graph of ours for them already."""
         addresses = (x, w, y, workspace, workspace_size)
-        graph = self.graphs.get(addresses)
-        if graph is None and self._second_sight(addresses):
-            graph = self._capture(addresses)
+        graph = None if self.capturer.capturing() else self._graph(addresses)
         if graph is None:
             self.direct_runs += 1
             self.direct(*addresses)
@@ -79,8 +80,16 @@ class GraphedProgram:
         self.replays += 1
         self.capturer.launch(graph)
 
+    def _graph(self, addresses: tuple) -> Any:
+        """The graph to launch for these addresses: the one kept, one captured now on their
+        second sight, or None (run directly)."""
+        graph = self.graphs.get(addresses)
+        if graph is None and self._second_sight(addresses):
+            graph = self._capture(addresses)
+        return graph
+
     def _second_sight(self, addresses: Hashable) -> bool:
-        if self.capture_failure is not None or self._churning() or self.capturer.capturing():
+        if self.capture_failure is not None or self._churning():
             return False
         if addresses in self._seen:
             del self._seen[addresses]
