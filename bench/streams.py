@@ -6,9 +6,9 @@ issue's bars):
     graph of the same model on STREAMS streams (ucudnn.integrations.torch.streams.Streamed: its
     nodes timed with CUDA events, scheduled by the critical path); graph replays timed with CUDA
     events taking turns, medians; outputs compared. Bars: >= 1.5x at B = 1 and >= 1.2x at B = 32
-    for GoogLeNet and Inception-v3; no model slower than its one-stream graph beyond 2%. Beside
-    each streams graph, the same schedule with the stream that runs most of the critical path at
-    a high priority (Streamed's critical_first), in turns with the others.
+    for GoogLeNet and Inception-v3; no model slower than its one-stream graph beyond 2%. The
+    streams graph is Streamed's default (the stream that runs most of the critical path at a high
+    priority); beside it, the same schedule with every stream at one priority, in turns.
 (b) the concurrent backward: ResNet-50 AMP channels_last B = 32 training steps with every layer
     through ucudnn (delegation off, 64 MiB), BF beside BD (settings.concurrent_backward) against
     the same copy without, and a second serial copy (the A/A control), taking turns (train_ab's
@@ -53,17 +53,17 @@ def verdicts(row: dict) -> dict:
 
 def markdown(rows: list[dict], backward: dict | None) -> str:
     lines = ["| model | batch | one stream, graph (ms) | streams, graph (ms) | predicted (ms) | speedup | bar | "
-             "critical path first (ms) |", "|---|---|---|---|---|---|---|---|"]
+             "equal priorities (ms) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['batch']} | {r['error']} | | | | | |")
             continue
         v = r["verdicts"]
-        first = (f"{r['critical_first_ms']:.3f} ({r['one_stream_ms'] / r['critical_first_ms']:.2f}x)"
-                 if "critical_first_ms" in r else "-")
+        equal = (f"{r['equal_priority_ms']:.3f} ({r['one_stream_ms'] / r['equal_priority_ms']:.2f}x)"
+                 if "equal_priority_ms" in r else "-")
         lines.append(f"| {r['model']}{' training' if r.get('step') == 'training' else ''} | {r['batch']} | {r['one_stream_ms']:.3f} | {r['streams_ms']:.3f} | "
                      f"{r['predicted_ms']:.3f} | {v['speedup']:.2f}x | >= {v['floor']:.2f}: "
-                     f"{'met' if v['ok'] else 'NOT met'} | {first} |")
+                     f"{'met' if v['ok'] else 'NOT met'} | {equal} |")
     if backward:
         lines += ["", f"Concurrent backward, ResNet-50 AMP B=32 through ucudnn: serial {backward['serial_ms']:.2f} ms, "
                   f"concurrent {backward['concurrent_ms']:.2f} ms ({backward['speedup']:.3f}x, bar {BACKWARD_BAR}x: "
@@ -78,7 +78,7 @@ def markdown(rows: list[dict], backward: dict | None) -> str:
 def graphed(run, example):
     """`run` captured on a static copy of `example` as one CUDA graph: (replay, static output).
     The copy is a leaf of its own (a clone's backward would run on the stream the clone ran on,
-    outside the capture), kept alive by replay."""
+    outside the capture); replay keeps it and `run` alive."""
     import torch
 
     static = example.detach().clone().requires_grad_(example.requires_grad)
@@ -92,8 +92,8 @@ def graphed(run, example):
     with torch.cuda.graph(graph):
         out = run(static)
 
-    def replay(static=static):  # holds the copy, and its gradient, which the graph accumulates into
-        graph.replay()
+    def replay(static=static, run=run):  # holds what the graph reads and writes: the copy and its
+        graph.replay()                     # gradient, and what `run` holds (a module, its gradients)
     return replay, out
 
 
@@ -122,10 +122,11 @@ def half_model(name: str, batch: int):
     return model, torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
 
 
-def timed_row(row: dict, one, many, plan, first) -> dict:
-    """`row` with the one-stream, streams and critical-first replays timed (taking turns), the
-    schedule's figures and its verdicts (on the streams' default, without priorities)."""
-    row.update(replay_ms({"one_stream_ms": one, "streams_ms": many, "critical_first_ms": first}),
+def timed_row(row: dict, one, many, plan, equal) -> dict:
+    """`row` with the one-stream, streams (Streamed's default: the critical path's stream first)
+    and equal-priority replays timed (taking turns), the schedule's figures and its verdicts (on
+    the default)."""
+    row.update(replay_ms({"one_stream_ms": one, "streams_ms": many, "equal_priority_ms": equal}),
                predicted_ms=plan.makespan_ms, critical_ms=plan.critical_ms, nodes=len(plan.placements),
                used_streams=plan.streams)
     row["verdicts"] = verdicts(row)
@@ -142,14 +143,14 @@ def inference_row(name: str, batch: int, streams: int) -> dict:
     row = {"model": name, "batch": batch, "streams": streams}
     with torch.no_grad():
         streamed = Streamed(model, x, streams=streams)
-        urgent = Streamed(model, x, streams=streams, times=streamed.times, critical_first=True)
+        level = Streamed(model, x, streams=streams, times=streamed.times, critical_first=False)
         one, want = graphed(model, x)
         many, got = graphed(streamed, x)
-        first, got_first = graphed(urgent, x)
-        one(), many(), first()
+        equal, got_equal = graphed(level, x)
+        one(), many(), equal()
         torch.cuda.synchronize()
-        row["max_difference"] = max(float((g.float() - want.float()).abs().max()) for g in (got, got_first))
-        return timed_row(row, one, many, streamed.plan, first)
+        row["max_difference"] = max(float((g.float() - want.float()).abs().max()) for g in (got, got_equal))
+        return timed_row(row, one, many, streamed.plan, equal)
 
 
 def training_row(name: str, batch: int, streams: int) -> dict:
@@ -162,10 +163,10 @@ def training_row(name: str, batch: int, streams: int) -> dict:
 
     model, x = half_model(name, batch)
     dy = torch.randn(batch, 1000, device="cuda", dtype=torch.float16)
-    twin, urgent_twin = copy.deepcopy(model), copy.deepcopy(model)
+    twin, level_twin = copy.deepcopy(model), copy.deepcopy(model)
     with torch.no_grad():
         streamed = Streamed(twin, x, streams=streams)
-        urgent = Streamed(urgent_twin, x, streams=streams, times=streamed.times, critical_first=True)
+        level = Streamed(level_twin, x, streams=streams, times=streamed.times, critical_first=False)
 
     def step(module):
         def run(static):
@@ -176,14 +177,14 @@ def training_row(name: str, batch: int, streams: int) -> dict:
     row = {"model": name, "batch": batch, "streams": streams, "step": "training"}
     one, _ = graphed(step(model), x)
     many, _ = graphed(step(streamed), x)
-    first, _ = graphed(step(urgent), x)
-    one(), many(), first()
+    equal, _ = graphed(step(level), x)
+    one(), many(), equal()
     torch.cuda.synchronize()
     grads = [(a.grad.float() - b.grad.float()).norm() / b.grad.float().norm()
-             for copy_ in (twin, urgent_twin) for a, b in zip(copy_.parameters(), model.parameters())
+             for copy_ in (twin, level_twin) for a, b in zip(copy_.parameters(), model.parameters())
              if b.grad is not None and b.grad.norm() > 0]
     row["worst_grad_difference"] = float(max(grads))
-    return timed_row(row, one, many, streamed.plan, first)
+    return timed_row(row, one, many, streamed.plan, equal)
 
 
 def backward_row(rounds: int = 5, iters: int = 10) -> dict:

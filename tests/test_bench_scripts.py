@@ -8,6 +8,7 @@ import contextlib
 import copy
 import importlib.util
 import json
+import math
 import os
 import sqlite3
 import sys
@@ -794,7 +795,11 @@ def test_nd_layers_bars_and_table():
     va = nd.verdicts(alike)
     assert not va["no_slower_ok"] and va["alike_speedup"] == pytest.approx(15 / 14) and va["alike_ok"]
     assert not nd.verdicts(dict(alike, ucudnn_alike_ms=16.0))["alike_ok"]
-    assert "alike_ok" not in v
+    assert "alike_ok" not in v and "kernels_ms" not in v
+    # the plans at L bound what any split within L reaches: here below 2x however it is run
+    plans = [{"via": "ucudnn", "predicted_ms": 2.7, "own_ms": math.inf}, {"via": "torch", "own_ms": 4.8}]
+    vp = nd.verdicts(dict(alike, plans=plans))
+    assert vp["kernels_ms"] == pytest.approx(7.5) and vp["reachable_speedup"] == pytest.approx(2.0)
     table = nd.markdown([dict(row, verdicts=nd.verdicts(row)), dict(fine, verdicts=v), dict(alike, verdicts=va),
                          {"layer": "c3d_conv1", "input": [16, 3, 16, 112, 112], "precision": "fp32", "error": "out of memory"}])
     assert "| **unet3d** |" in table and "| unet3d |" in table and "no_slower FAILED" in table
@@ -842,9 +847,9 @@ def test_streams_bars_and_table():
                               "graph_control": 1.0})
     assert ">= 1.50: met" in table and "TraceError" in table and "(1.067x, bar 1.05x: met)" in table
     assert "(1.000x, bar 1.05x: NOT met)" in table
-    first = streams.markdown([dict(row, verdicts=v, critical_first_ms=0.535)], None)
-    assert ">= 1.50: met | 0.535 (2.00x) |" in first and "| - |" in table  # the row without it shows -
-    assert all(line.count("|") == 9 for line in (table + first).splitlines() if line.startswith("|"))
+    equal = streams.markdown([dict(row, verdicts=v, equal_priority_ms=0.535)], None)
+    assert ">= 1.50: met | 0.535 (2.00x) |" in equal and "| - |" in table  # the row without it shows -
+    assert all(line.count("|") == 9 for line in (table + equal).splitlines() if line.startswith("|"))
     training = dict(row, step="training", batch=32, streams_ms=0.85)
     assert streams.verdicts(training)["floor"] == streams.TRAINING_BAR and streams.verdicts(training)["ok"]
 
