@@ -144,3 +144,19 @@ def test_benchmark_scratch_gives_its_memory_back(monkeypatch):
     scratch.workspace(1 << 30)
     scratch.release()
     assert freed and scratch._workspace is None and scratch._operands == {}
+
+
+def test_verbose_says_each_plan_as_it_is_made(tmp_path, capsys):
+    for optimizer, verbose in (("wr", True), ("wd", True), ("wr", False)):
+        assignments, _, _ = make_assignments(tmp_path / f"{optimizer}{verbose}", workspace_limit="256KiB",
+                                             optimizer=optimizer, verbose=verbose)
+        for p in LAYERS:
+            assignments.record(p)
+        got = [assignments.get(p) for p in LAYERS]
+        lines = capsys.readouterr().err.splitlines()
+        if not verbose:
+            assert lines == []
+            continue
+        assert sorted(lines) == sorted(f"ucudnn: {p.describe()}: {plan.configuration.describe()}, "
+                                       f"{plan.workspace_size / 2**20:.1f} MiB of workspace, "
+                                       f"{plan.configuration.time_ms:.3f} ms predicted" for p, plan in zip(LAYERS, got))

@@ -16,6 +16,7 @@ Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive 
 """
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -114,10 +115,11 @@ class Assignments:
             except MemoryError:
                 limit = self._smaller(solution.wd.total_workspace, f"the network's {len(pending)} kernels")
         self._pending, self.wd_result, self.wd_limit = {}, solution.wd, limit
+        described = {p.key: p.describe() for p in pending}
         for key, configuration in solution.configurations.items():
             segment = self.wd_result.segments[key]
-            self._assigned[key] = Assignment(configuration, segment.pointer(base) if segment.size else 0,
-                                             segment.size)
+            self._keep(key, described[key],
+                       Assignment(configuration, segment.pointer(base) if segment.size else 0, segment.size))
         self._network_solved = True
 
     def shrink(self, problem: ConvProblem, available: int | None = None) -> Assignment:
@@ -156,7 +158,15 @@ class Assignments:
                 limit = self._smaller(configuration.workspace, problem.describe())
         if self.wd:
             self._late_workspace += configuration.workspace
-        self._assigned[problem.key] = Assignment(configuration, workspace, configuration.workspace)
+        self._keep(problem.key, problem.describe(), Assignment(configuration, workspace, configuration.workspace))
+
+    def _keep(self, key: str, what: str, assignment: Assignment) -> None:
+        """`assignment` is kernel `key`'s; with settings.verbose a line on stderr says so."""
+        self._assigned[key] = assignment
+        if self.settings.verbose:
+            c = assignment.configuration
+            print(f"ucudnn: {what}: {c.describe()}, {assignment.workspace_size / 2**20:.1f} MiB of workspace, "
+                  f"{c.time_ms:.3f} ms predicted", file=sys.stderr, flush=True)
 
     def _alone_limit(self) -> int:
         """WR: the per-kernel limit. WD, a kernel that came after the network was solved: only

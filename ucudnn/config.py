@@ -116,12 +116,14 @@ class Settings:
     progress: bool = True  # a line on stderr while planning takes long (ucudnn.progress)
     planning: str = "between_iterations"  # ucudnn.torch: when a layer is planned (PLANNINGS)
     # ucudnn.torch: a converted layer's BF on a side stream beside its BD (each with a workspace of
-    # its own), joined before the layer's backward returns; not yet measured on a GPU
+    # its own), joined before the layer's backward returns; off: slower on ResNet-50 in a CUDA graph
+    # (docs/results.md, "Independent work on several streams")
     concurrent_backward: bool = False
     # ucudnn.planner: a stride-1 layer's BD also planned as a forward convolution of dy, the faster
-    # plan kept (ucudnn.transposition); not yet measured on a GPU
+    # plan kept (ucudnn.transposition); off until its planning cost is measured on cold models
+    # (docs/results.md, "Stop 44: both limits in one run")
     bd_as_forward: bool = False
-    verbose: bool = False
+    verbose: bool = False  # each kernel's plan on stderr as it is made (ucudnn.assignment)
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 
     @property
