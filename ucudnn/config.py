@@ -120,9 +120,9 @@ class Settings:
     # (docs/results.md, "Independent work on several streams")
     concurrent_backward: bool = False
     # ucudnn.planner: a stride-1 layer's BD also planned as a forward convolution of dy, the faster
-    # plan kept (ucudnn.transposition); off until its planning cost is measured on cold models
-    # (docs/results.md, "Stop 44: both limits in one run")
-    bd_as_forward: bool = False
+    # plan kept (ucudnn.transposition): faster N-d layers under pressure, and no planning time
+    # visible on cold timm models (docs/results.md, "Stop 44: both limits in one run")
+    bd_as_forward: bool = True
     verbose: bool = False  # each kernel's plan on stderr as it is made (ucudnn.assignment)
     cache_path: str | None = None  # None: as ucudnn.cache.paths.cache_path decides
 

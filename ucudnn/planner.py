@@ -323,10 +323,11 @@ class Planner:
             return backward
         handle = self.handle(call.device)
         try:
-            forward = self.framework.kernel(problem, handle, handle.assignment(problem))
+            assignment = handle.assignment(problem)
+            if not faster(assignment.configuration.time_ms, backward.assignment.configuration.time_ms):
+                return backward
+            forward = self.framework.kernel(problem, handle, assignment)
         except UNPLANNABLE:  # no plan of the forward convolution: BD's own stands, nothing falls back
-            return backward
-        if not faster(forward.assignment.configuration.time_ms, backward.assignment.configuration.time_ms):
             return backward
         return _AsForward(backward.problem, forward, self.framework.transposed_weights)
 
