@@ -191,6 +191,19 @@ def test_a_slow_data_gradient_runs_as_a_forward_convolution_of_dy(tmp_path, rng,
     assert {kind: n for (via, kind), n in plans.runs.items() if via == UCUDNN} == {"F": 1, "BD": 1, "BF": 1}
 
 
+def test_wd_keeps_the_data_gradient_its_division_planned(tmp_path, rng, monkeypatch):
+    """WD divides one total among the kernels it solved: a forward convolution planned after the
+    solve would be a kernel outside that division, so BD stays BD however slow."""
+    slower(monkeypatch, BD, 4.0)
+    plans = planner(tmp_path, NumpyArrays(), optimizer="wd", workspace_limit="100KiB")
+    site = Site(Call(ConvProblem(F, (6, 4, 9, 9), (8, 2, 3, 3), pads=1, groups=2)))
+    plans.record(site.call, site.kinds)
+    plans.finalize()
+    for kind, (got, want) in step(plans, site, rng).items():
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
+    assert all("as_forward" not in k for k in plans.summary()["kernels"])
+
+
 def test_with_the_setting_off_or_with_strides_the_data_gradient_stays_a_data_gradient(tmp_path, rng, monkeypatch):
     slower(monkeypatch, BD, 4.0)
     for settings, strides in (({"bd_as_forward": False}, 1), ({}, 2)):

@@ -119,7 +119,7 @@ class Settings:
     # its own), joined before the layer's backward returns; off: slower on ResNet-50 in a CUDA graph
     # (docs/results.md, "Independent work on several streams")
     concurrent_backward: bool = False
-    # ucudnn.planner: a stride-1 layer's BD also planned as a forward convolution of dy, the faster
+    # ucudnn.planner, WR: a stride-1 layer's BD also planned as a forward convolution of dy, the faster
     # plan kept (ucudnn.transposition): faster N-d layers under pressure, and no planning time
     # visible on cold timm models (docs/results.md, "Stop 44: both limits in one run")
     bd_as_forward: bool = True

@@ -309,7 +309,7 @@ class Planner:
             if (kind, call) not in self._kernels:
                 with self.framework.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
                     kernel = self._planned(call, kind, _assigned)
-                    if kind is ConvKind.BACKWARD_DATA and self.settings.bd_as_forward:
+                    if kind is ConvKind.BACKWARD_DATA and self.settings.bd_as_forward and not self.wd:
                         kernel = self._as_forward(call, kernel)
                     self._kernels[kind, call] = kernel
                 self._slice.worked = True
@@ -317,7 +317,9 @@ class Planner:
 
     def _as_forward(self, call, backward):
         """The call's data gradient as a forward convolution of dy (ucudnn.transposition), where
-        one exists and its plan is faster than `backward`'s, the BD kernel planned; else `backward`."""
+        one exists and its plan is faster than `backward`'s, the BD kernel planned; else `backward`.
+        WR only: WD divides its total among the kernels it solved, and a forward convolution
+        planned after the solve would be one outside that division."""
         problem = as_forward(call.problem(ConvKind.BACKWARD_DATA))
         if problem is None or backward.via != UCUDNN:
             return backward
