@@ -31,8 +31,8 @@ from .solve import Measure, plan
 
 # The step by which device memory is handed out for large blocks: torch's caching allocator
 # rounds them up to it, and the driver maps memory in pages of it. A workspace that did not fit
-# the bytes free was rounded above them (docs/results.md, "Like for like: the workspace torch's
-# step took": 63.3 MiB failed with 64.2 MiB free).
+# the bytes free was rounded above them (docs/results.md, "Stop 44: both limits in one run":
+# 63.3 MiB failed with 64.2 MiB free).
 ALLOCATION_GRANULE = 2 * 2**20
 
 

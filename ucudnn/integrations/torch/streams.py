@@ -140,8 +140,7 @@ class Streamed(nn.Module):
     default), the stream that runs most of the critical path has a high priority: inside one CUDA
     graph on an H100 it was as fast or faster in every model measured, 1.33x -> 1.54x over one
     stream for Inception-v3 at B = 8 (docs/results.md, "Independent work on several streams").
-    `times`: the
-    nodes' milliseconds, measured already (kept as `times` either way)."""
+    `times`: the nodes' milliseconds, measured already (kept as `times` either way)."""
 
     def __init__(self, model: nn.Module, example: Any, streams: int, *, timer=cuda_timer, ops=None,
                  times: Mapping[str, float] | None = None, critical_first: bool = True):
