@@ -170,6 +170,19 @@ def test_shrink_plans_within_what_the_caller_can_still_have_where_that_is_at_lea
         assert after.workspace_size <= within_of(failed)
 
 
+def test_a_granule_below_is_tried_once_then_half(tmp_path):
+    """Where what is free seemed to hold the workspace and it failed twice, what is free is not
+    what can be had: the second shrink halves rather than creep down a granule at a time (the
+    rule, Assignments._smaller, on workspaces of known size; other kernels keep their own count)."""
+    assignments, _, _ = make_assignments(tmp_path, workspace_limit="64MiB")
+    mib = 2**20
+    free = 256 * mib
+    with pytest.warns(UcudnnWarning):
+        limits = [assignments._smaller(64 * mib, "BD a", free), assignments._smaller(60 * mib, "BD a", free),
+                  assignments._smaller(64 * mib, "BD b", free)]
+    assert limits == [64 * mib - ALLOCATION_GRANULE, 30 * mib, 64 * mib - ALLOCATION_GRANULE]
+
+
 # --- ucudnn.torch -------------------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

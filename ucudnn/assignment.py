@@ -179,19 +179,27 @@ class Assignments:
     def _smaller(self, nbytes: int, what: str, available: int | None = None) -> int:
         """The limit to plan again within after `nbytes` of workspace for `what` could not be
         allocated: the `available` bytes where fewer than `nbytes`; one allocation granule less
-        than `nbytes` where `available` seemed to hold it (the allocator rounded it above them);
-        at least half of `nbytes`, and half where nothing is known of what is available. Out of
-        memory with no workspace at all is the caller's to handle."""
+        than `nbytes` where `available` seemed to hold it (the allocator rounded it above them),
+        once: where that failed too, what is free is not what can be had; at least half of
+        `nbytes`, and half where nothing is known of what is available. Out of memory with no
+        workspace at all is the caller's to handle."""
         if nbytes == 0:
             raise DeviceMemoryError(f"a zero-byte workspace for {what}", 0, "free GPU memory")
         limit = nbytes // 2
-        if available is not None:
-            limit = max(limit, available if available < nbytes else nbytes - ALLOCATION_GRANULE)
+        if available is not None and available < nbytes:
+            limit = max(limit, available)
+        elif available is not None and not self._stepped_a_granule(what):
+            limit = max(limit, nbytes - ALLOCATION_GRANULE)
         self.shrinks.append((what, nbytes, limit))
         free = "" if available is None else f" ({available / 2**20:.1f} MiB free)"
         warnings.warn(f"ucudnn: no GPU memory for {nbytes / 2**20:.1f} MiB of workspace for {what}{free}; "
                       f"planning again within {limit / 2**20:.1f} MiB", UcudnnWarning, stacklevel=4)
         return limit
+
+    def _stepped_a_granule(self, what: str) -> bool:
+        """Whether `what`'s last shrink stepped one allocation granule below what failed."""
+        last = next((s for s in reversed(self.shrinks) if s[0] == what), None)
+        return last is not None and last[2] == last[1] - ALLOCATION_GRANULE
 
     def _optimize_wr(self, problem: ConvProblem, limit: int, measure: Measure | None = None) -> Configuration:
         """Planned alone: per kernel (WR), whatever divides the network's total. Plans from the
