@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import sys
 import time
@@ -34,6 +35,7 @@ from train_step import block  # noqa: E402
 import ucudnn.torch  # noqa: E402
 from ucudnn import parse_size  # noqa: E402
 from ucudnn.config import Settings  # noqa: E402
+from ucudnn.integrations.torch import TorchFramework  # noqa: E402
 from ucudnn.integrations.torch.layers import TWINS  # noqa: E402
 from ucudnn.staging import copy_ms  # noqa: E402
 
@@ -143,13 +145,6 @@ def step_peak(case: Case, module: nn.Module) -> int:
     return torch.cuda.max_memory_allocated() - held
 
 
-def settled() -> tuple[int, int]:
-    """The device's free bytes once torch's cached blocks went back, and the bytes torch's tensors hold."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return torch.cuda.mem_get_info()[0], torch.cuda.memory_allocated()
-
-
 def errors(case: Case, outputs: dict) -> dict[str, float]:
     """Relative error (norm of the difference over the norm) of each output against the layer
     run in float64."""
@@ -186,6 +181,7 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     result["torch_beyond_tensors_mib"] = (step_peak(case, case.module) - peak) / MiB
     result["torch_workspace_mib"] = max(0, *(t - z for t, z in zip(phase_peaks(case, case.module), zero))) / MiB
     result["control_pressure_ms"] = step_ms(case, copy.deepcopy(case.module))
+    settled = functools.partial(TorchFramework().settled_memory, torch.device("cuda"))
     before = settled()
     start = time.perf_counter()
     module = converted(case, free, cache)
@@ -194,7 +190,8 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     result["ucudnn_first_step_s"] = time.perf_counter() - start
     after = settled()
     # what ucudnn's planned step keeps after it (graphs, handles, buffers): taken out of L
-    result["ucudnn_held_mib"] = {"device": (before[0] - after[0]) / MiB, "torch_tensors": (after[1] - before[1]) / MiB}
+    result["ucudnn_held_mib"] = {"device": (before.free - after.free) / MiB,
+                                 "torch_tensors": (after.allocated - before.allocated) / MiB}
     result["ucudnn_ms"] = step_ms(case, module)
     result["ucudnn_beyond_tensors_mib"] = (step_peak(case, module) - peak) / MiB
     outputs = case.outputs(module)

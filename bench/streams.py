@@ -187,22 +187,29 @@ def training_row(name: str, batch: int, streams: int) -> dict:
     return timed_row(row, one, many, streamed.plan, equal)
 
 
+def backward_variants(module):
+    """(name, copy) of `module` with every layer through ucudnn (64 MiB per kernel, delegation
+    off): serial, with BF beside BD, and a second serial copy (the A/A control)."""
+    import ucudnn.torch as ut
+    from ucudnn.config import Settings
+
+    for name, concurrent in (("serial", False), ("concurrent", True), ("control", False)):
+        settings = Settings.load(workspace_limit="64MiB", planning="first_call", concurrent_backward=concurrent)
+        yield name, ut.convert(copy.deepcopy(module), context=ut.Context(settings, delegate=False))
+
+
 def backward_row(rounds: int = 5, iters: int = 10) -> dict:
     import torch
     import torchvision
 
-    import ucudnn.torch as ut
     from train_ab import median_iteration_ms
-    from ucudnn.config import Settings
 
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None).cuda().to(memory_format=torch.channels_last)
     x = torch.randn(32, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
     target = torch.randint(0, 1000, (32,), device="cuda")
     steps, replays = {}, {}
-    for name, concurrent in (("serial", False), ("concurrent", True), ("control", False)):
-        settings = Settings.load(workspace_limit="64MiB", planning="first_call", concurrent_backward=concurrent)
-        copy_ = ut.convert(copy.deepcopy(model), context=ut.Context(settings, delegate=False))
+    for name, copy_ in backward_variants(model):
         optimizer = torch.optim.SGD(copy_.parameters(), lr=1e-3)
 
         def step(m=copy_, o=optimizer):
@@ -258,15 +265,10 @@ def layer_pair_row(layer, shape: tuple[int, ...], count: int) -> dict:
     """One converted layer's training step as one CUDA graph: serial, BF beside BD, A/A."""
     import torch
 
-    import ucudnn.torch as ut
-    from ucudnn.config import Settings
-
     x = torch.randn(shape, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     x.requires_grad_()
     replays = {}
-    for name, concurrent in (("serial", False), ("concurrent", True), ("control", False)):
-        settings = Settings.load(workspace_limit="64MiB", planning="first_call", concurrent_backward=concurrent)
-        twin = ut.convert(copy.deepcopy(layer), context=ut.Context(settings, delegate=False))
+    for name, twin in backward_variants(layer):
         dy = torch.randn_like(twin(x.detach()))
 
         def run(static, m=twin, dy=dy):
