@@ -115,7 +115,7 @@ def swept(case: Case, limit: int, cache: str) -> None:
 def alike(case: Case, free: int, peak: int, limit: int, cache: str, result: dict) -> torch.Tensor:
     """ucudnn's step at `limit` per kernel (the most workspace a pass of torch's step took), its
     kernels swept with memory free first, timed under a blocker placed again (returned); the
-    kernels it had to plan again within less (shrinks) are counted."""
+    kernels it had to plan again within less (shrinks) are listed, as ucudnn_shrinks lists them."""
     torch.cuda.empty_cache()
     swept(case, limit, cache)
     blocker = pressed(case, free, peak, {})
@@ -123,7 +123,7 @@ def alike(case: Case, free: int, peak: int, limit: int, cache: str, result: dict
     case.step(module)
     result["ucudnn_alike_ms"] = step_ms(case, module)
     result["ucudnn_alike_beyond_tensors_mib"] = (step_peak(case, module) - peak) / MiB
-    result["ucudnn_alike_shrinks"] = len(ucudnn.torch.context_of(module).summary()["shrinks"])
+    result["ucudnn_alike_shrinks"] = ucudnn.torch.context_of(module).summary()["shrinks"]
     return blocker
 
 

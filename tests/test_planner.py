@@ -17,6 +17,7 @@ import reference
 from ucudnn.cache import Cache
 from ucudnn.config import Settings
 from ucudnn.delegation import OwnTiming
+from ucudnn.errors import DeviceMemoryError
 from ucudnn.memory import Memory
 from ucudnn.planner import LAYER, UCUDNN, Framework, Planner
 from ucudnn.problem import ConvKind, ConvProblem
@@ -214,31 +215,63 @@ def test_with_the_setting_off_or_with_strides_the_data_gradient_stays_a_data_gra
         assert all("as_forward" not in k for k in plans.summary()["kernels"])
 
 
-def test_a_forward_plan_whose_workspace_cannot_be_borrowed_is_planned_again_as_the_data_gradient(tmp_path, rng,
-                                                                                                   monkeypatch):
-    from ucudnn.errors import DeviceMemoryError
+class Short(NumpyArrays):
+    """The first kernel made of each of `problems` cannot borrow its workspace (DeviceMemoryError)."""
 
+    def __init__(self, *problems):
+        super().__init__()
+        self.short = list(problems)
+
+    def kernel(self, problem, handle, assignment):
+        kernel = super().kernel(problem, handle, assignment)
+        if problem in self.short:
+            self.short.remove(problem)
+
+            def run(x, w, y):
+                raise DeviceMemoryError("a convolution workspace", assignment.workspace_size)
+            kernel.program = run
+        return kernel
+
+
+def as_forward_short(tmp_path, monkeypatch, *also_short, workspace_limit="100KiB"):
+    """A layer whose BD is planned as a forward convolution (BD's own candidates 4x slower) whose
+    kernel cannot borrow its workspace, nor can the first kernel of each of `also_short`."""
     layer = ConvProblem(F, (6, 4, 9, 9), (8, 4, 3, 3), pads=1)
-    data_gradient = as_forward(layer.with_kind(BD))
-
-    class Short(NumpyArrays):
-        """Its kernels of the data gradient's forward convolution cannot borrow their workspace."""
-
-        def kernel(self, problem, handle, assignment):
-            kernel = super().kernel(problem, handle, assignment)
-            if problem == data_gradient:
-                def run(x, w, y):
-                    raise DeviceMemoryError("a convolution workspace", assignment.workspace_size)
-                kernel.program = run
-            return kernel
-
     slower(monkeypatch, BD, 4.0)
-    plans = planner(tmp_path, Short(), workspace_limit="100KiB", bd_as_forward=True)
+    plans = planner(tmp_path, Short(as_forward(layer.with_kind(BD)), *also_short), workspace_limit=workspace_limit,
+                    bd_as_forward=True)
     site = Site(Call(layer))
     assert plans.route(site) is False  # planned: BD as a forward convolution
     assert "as_forward" in {k["kind"]: k for k in plans.summary()["kernels"]}["BD"]
+    return plans, site
+
+
+@pytest.mark.parametrize("workspace_limit", ["100KiB", "0"])
+def test_a_forward_plan_whose_workspace_cannot_be_borrowed_gives_way_to_the_data_gradients_own_kernel(
+        tmp_path, rng, monkeypatch, workspace_limit):
+    """BD's own kernel, as planned, runs instead: nothing shrinks, nothing is planned again. With
+    no workspace in BD's own plan, a shrink of it would have had nothing to shrink and fallen back
+    to the framework's own convolution."""
+    plans, site = as_forward_short(tmp_path, monkeypatch, workspace_limit=workspace_limit)
     for kind, (got, want) in step(plans, site, rng).items():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
     summary = plans.summary()
-    assert "as_forward" not in {k["kind"]: k for k in summary["kernels"]}["BD"]
-    assert [s["kernel"].split()[0] for s in summary["shrinks"]] == ["BD"]
+    described = {k["kind"]: k for k in summary["kernels"]}["BD"]
+    assert "as_forward" not in described and described["via"] == UCUDNN, described
+    assert site.kernels[BD].via == UCUDNN and site.kernels[BD].problem == site.call.problem(BD)
+    assert (described["workspace"] == 0) == (workspace_limit == "0"), described
+    assert summary["shrinks"] == []
+
+
+def test_where_the_data_gradients_own_kernel_cannot_borrow_its_workspace_either_it_shrinks(tmp_path, rng, monkeypatch):
+    """Only where BD's own kernel cannot borrow its workspace either is BD planned again within less."""
+    layer = ConvProblem(F, (6, 4, 9, 9), (8, 4, 3, 3), pads=1)
+    plans, site = as_forward_short(tmp_path, monkeypatch, layer.with_kind(BD))
+    for kind, (got, want) in step(plans, site, rng).items():
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
+    summary = plans.summary()
+    described = {k["kind"]: k for k in summary["kernels"]}["BD"]
+    assert "as_forward" not in described and described["via"] == UCUDNN, described
+    [shrink] = summary["shrinks"]
+    assert shrink["kernel"] == site.call.problem(BD).describe() and shrink["failed"] > 0
+    assert site.kernels[BD].via == UCUDNN and described["workspace"] <= shrink["failed"] // 2

@@ -15,7 +15,8 @@ The Planner decides per layer, on its first call or between iterations (settings
   the layer runs the framework's convolution where ucudnn would not speed it up
   (delegation.worth_delegating), or kernel by kernel where the framework's is faster
   (delegation.own_kernel_faster);
-- a kernel whose workspace cannot be had is planned again within less (`run`, `_shrink`).
+- a kernel whose workspace cannot be had is planned again within less (`run`, `_shrink`); a data
+  gradient run as a forward convolution goes back to its own BD kernel first.
 """
 from __future__ import annotations
 
@@ -144,14 +145,18 @@ class Planner:
                     kernel = self._shrink(site, kind, kernel)
 
     def _shrink(self, site, kind: ConvKind, failed):
-        """The kernel planned for the site after `failed` could not borrow its workspace: within
-        the bytes the device has free once the framework's cached blocks went back (cached blocks
-        in odd sizes cannot give one workspace), or half (Assignments.shrink; another site may have
-        shrunk it already), and where no plan is left, the framework's own convolution."""
+        """The kernel planned for the site after `failed` could not borrow its workspace. A data
+        gradient run as a forward convolution (_AsForward) goes back to the BD kernel it replaced,
+        as planned: nothing shrinks. Else the kernel is planned within the bytes the device has
+        free once the framework's cached blocks went back (cached blocks in odd sizes cannot give
+        one workspace), or half (Assignments.shrink, from its own plan's workspace; another site
+        may have shrunk it already), and where no plan is left, the framework's own convolution."""
         call = site.call
         with self._lock:
             kernel = self._kernels.get((kind, call))
-            if kernel is failed:
+            if kernel is failed and isinstance(failed, _AsForward):
+                kernel = self._kernels[kind, call] = failed.backward
+            elif kernel is failed:
                 available = self.framework.settled_memory(call.device).free
                 with self.framework.planning(call.device):
                     kernel = self._kernels[kind, call] = self._planned(
@@ -331,7 +336,7 @@ class Planner:
             forward = self.framework.kernel(problem, handle, assignment)
         except UNPLANNABLE:  # no plan of the forward convolution: BD's own stands, nothing falls back
             return backward
-        return _AsForward(backward.problem, forward, self.framework.transposed_weights)
+        return _AsForward(backward, forward, self.framework.transposed_weights)
 
     def _planned(self, call, kind: ConvKind, assign: Callable[[Any, ConvProblem], Any]):
         """The kernel as `assign(handle, problem)` plans it (_assigned, or a shrink after its
@@ -435,14 +440,16 @@ class Planner:
 
 class _AsForward:
     """A data gradient run as the forward convolution `inner` (of dy, into dx, with the weights
-    transposed by `transposed(w, groups)`; ucudnn.transposition): a BD kernel to the Planner."""
+    transposed by `transposed(w, groups)`; ucudnn.transposition): a BD kernel to the Planner.
+    `backward` is the BD kernel it replaced, which runs instead where `inner` cannot borrow its
+    workspace (Planner._shrink)."""
 
     via = UCUDNN
 
-    def __init__(self, problem: ConvProblem, inner, transposed: Callable[[Any, int], Any]):
-        self.problem, self.inner, self._transposed = problem, inner, transposed
+    def __init__(self, backward, inner, transposed: Callable[[Any, int], Any]):
+        self.problem, self.backward, self.inner, self._transposed = backward.problem, backward, inner, transposed
         self.assignment = inner.assignment
-        self.counted = (UCUDNN, problem.kind.value)
+        self.counted = (UCUDNN, self.problem.kind.value)
 
     def __call__(self, x, w, y) -> None:  # BD: x is dx (written), y is dy
         self.inner(y, self._transposed(w, self.problem.groups), x)
