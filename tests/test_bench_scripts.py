@@ -854,6 +854,25 @@ def test_streams_bars_and_table():
     assert streams.verdicts(training)["floor"] == streams.TRAINING_BAR and streams.verdicts(training)["ok"]
 
 
+def test_carveout_ways_sums_and_table():
+    import carveout
+
+    ways = carveout.ways([44, 66, 200], 132, [32])
+    assert ways == [("serial", None, None), ("concurrent", None, None), ("carved 44/88", 44, 88),
+                    ("carved 66/66", 66, 66), ("BF on 32", None, 32)]  # a share of all or more is no carveout
+    rows = [{"layer": "a", "count": 2, "ms": {"serial": 1.0, "concurrent": 0.8, "carved 66/66": 0.9},
+             "plans": {"BD 132": {"listed": 40, "plan": "eng1"}}},
+            {"layer": "b", "count": 1, "ms": {"serial": 1.0, "concurrent": 1.2, "carved 66/66": 0.7},
+             "plans": {"BD 66": {"listed": 18, "plan": "eng2", "error": 0.0}}}]
+    total = carveout.summed(rows)
+    assert total["ms"] == {"serial": 3.0, "concurrent": pytest.approx(2.8), "carved 66/66": pytest.approx(2.5)}
+    assert total["best_ms"] == pytest.approx(2 * 0.8 + 0.7)  # each layer its fastest way
+    assert total["speedup"]["concurrent"] == pytest.approx(3 / 2.8) and total["best_speedup"] == pytest.approx(3 / 2.3)
+    table = carveout.markdown(rows, total)
+    assert "| a | 2 | 1.000 | 0.800 | 0.900 | BD 132 40 |" in table and "each layer its fastest way 1.304x" in table
+    assert carveout.summed([]) == {"ms": {}, "best_ms": 0}
+
+
 def test_module_path_counts_modules_changes_and_reentries():
     import module_path as mp
 

@@ -87,9 +87,9 @@ class Framework(Protocol):
     def synchronize(self, device: Hashable) -> None:
         """Wait for the device's work."""
 
-    def transposed_weights(self, w: Any, groups: int) -> Any:
+    def transposed_weights(self, w: Any, groups: int, layout: str) -> Any:
         """A new tensor of the weights `w` (K, C/groups, *kernel) with K and C swapped per group,
-        (C, K/groups, *kernel), and the kernel flipped, stored in w's dimension order
+        (C, K/groups, *kernel), and the kernel flipped, stored in `layout`, the kernel's
         (ucudnn.transposition)."""
 
 
@@ -440,19 +440,19 @@ class Planner:
 
 class _AsForward:
     """A data gradient run as the forward convolution `inner` (of dy, into dx, with the weights
-    transposed by `transposed(w, groups)`; ucudnn.transposition): a BD kernel to the Planner.
+    transposed by `transposed(w, groups, layout)`; ucudnn.transposition): a BD kernel to the Planner.
     `backward` is the BD kernel it replaced, which runs instead where `inner` cannot borrow its
     workspace (Planner._shrink)."""
 
     via = UCUDNN
 
-    def __init__(self, backward, inner, transposed: Callable[[Any, int], Any]):
+    def __init__(self, backward, inner, transposed: Callable[[Any, int, str], Any]):
         self.problem, self.backward, self.inner, self._transposed = backward.problem, backward, inner, transposed
         self.assignment = inner.assignment
         self.counted = (UCUDNN, self.problem.kind.value)
 
     def __call__(self, x, w, y) -> None:  # BD: x is dx (written), y is dy
-        self.inner(y, self._transposed(w, self.problem.groups), x)
+        self.inner(y, self._transposed(w, self.problem.groups, self.problem.layout), x)
 
 
 class _Slice:

@@ -75,10 +75,12 @@ def excluded_notes(fe, problem: ConvProblem) -> list:
 
 
 class KernelGraph:
-    """One micro-batch kernel as a frontend graph: its candidates by name, plans built on demand."""
+    """One micro-batch kernel as a frontend graph: its candidates by name, plans built on demand.
+    `sm_count`: the streaming multiprocessors its engines may use (cuDNN's SM carveout, Hopper and
+    later: heuristics list only engines that keep to it); None, all of them."""
 
-    def __init__(self, fe, problem: ConvProblem, handle: int):
-        self.fe, self.problem, self.handle = fe, problem, handle
+    def __init__(self, fe, problem: ConvProblem, handle: int, sm_count: int | None = None):
+        self.fe, self.problem, self.handle, self.sm_count = fe, problem, handle, sm_count
         self.graph, self.uids = self._make()
         self.index: dict[str, int] = {}
         self.built: dict[str, int | str] = {}  # name -> workspace bytes, or why it failed
@@ -103,7 +105,7 @@ class KernelGraph:
         fe, p = self.fe, self.problem
         io, compute = _data_type(fe, p.dtype), _data_type(fe, p.compute_type)
         graph = fe.pygraph(io_data_type=io, intermediate_data_type=compute, compute_data_type=compute,
-                           handle=self.handle)
+                           handle=self.handle, **({} if self.sm_count is None else {"sm_count": self.sm_count}))
         shapes = {"x": p.x_shape, "w": p.w_shape, "y": p.y_shape}
         tensor = {role: graph.tensor(name=role, dim=list(shape), stride=strides(shape, p.layout), data_type=io)
                   for role, shape in shapes.items() if role != OUTPUT[p.kind]}

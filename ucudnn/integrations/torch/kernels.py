@@ -197,14 +197,15 @@ class TorchFramework:
         torch.cuda.synchronize(device)
 
     @staticmethod
-    def transposed_weights(w: Tensor, groups: int) -> Tensor:
+    def transposed_weights(w: Tensor, groups: int, layout: str) -> Tensor:
         """A copy of `w` with K and C swapped per group, (C, K/groups, *kernel), and the kernel
-        flipped, its dimensions stored in w's order (channels-last weights stay channels-last):
-        ucudnn.transposition."""
+        flipped, stored in `layout` (ucudnn.transposition). The layout is the kernel's, not read
+        from w's strides: where w has one channel its strides fit either layout, and the copy,
+        with K channels, fits only one."""
         swapped = w.unflatten(0, (groups, w.shape[0] // groups)).transpose(1, 2).flatten(0, 1)
         swapped = swapped.flip(list(range(2, w.dim())))
-        order = sorted(range(w.dim()), key=lambda d: -w.stride(d))  # w's dimensions, outermost first
-        return torch.empty_permuted(swapped.shape, order, dtype=w.dtype, device=w.device).copy_(swapped)
+        fmt = memory_format(layout, w.dim())
+        return torch.empty(swapped.shape, dtype=w.dtype, device=w.device, memory_format=fmt).copy_(swapped)
 
     def free_bytes(self, device: torch.device) -> int:
         """What torch could allocate now: the device's free memory and torch's cached blocks."""
