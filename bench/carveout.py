@@ -97,22 +97,23 @@ class Pairs:
             scratch = self.torch.empty(max(workspace, 1), dtype=self.torch.uint8, device="cuda")
             pointers = {role: t.data_ptr() for role, t in data.items()}
             run = lambda g=graph, n=name, p=pointers, s=scratch: g.execute(n, p, s.data_ptr())  # noqa: E731
-            ms = self.time({side: [run]})
+            ms = self.time([{side: [run]}])
             if best is None or ms < best[0]:
                 best = (ms, run, name)
         return (None if best is None else best[1]), len(graph.index), (None if best is None else best[2])
 
-    def time(self, runs: dict[int, list], rounds: int = 10, replays: int = 15) -> float:
-        """Milliseconds of one round (the runs of each stream in turn on it, the streams forked
-        from and joined into the first), as the median of `replays` replays of one CUDA graph of
+    def time(self, stages: list[dict[int, list]], rounds: int = 10, replays: int = 15) -> float:
+        """Milliseconds of one round, as the median of `replays` replays of one CUDA graph of
         `rounds` rounds: inside a graph, as in a converted model's captured step, a fork and join
-        cost no host call."""
+        cost no host call. A round runs `stages` in turn, each forked from the first stream and
+        joined into it; a stage's runs, by stream, side by side (each call runs on its handle's
+        stream: BD's on the first, BF's on the second)."""
         torch, s0 = self.torch, self.streams[0]
-        self._round(runs)  # warm-up, outside the capture
+        self._round(stages)  # warm-up, outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=s0):
             for _ in range(rounds):
-                self._round(runs)
+                self._round(stages)
         event = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
         pairs = [(event(), event()) for _ in range(replays + 2)]
         with torch.cuda.stream(s0):
@@ -123,16 +124,17 @@ class Pairs:
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) for s, e in pairs[2:]) / rounds
 
-    def _round(self, runs: dict[int, list]) -> None:
+    def _round(self, stages: list[dict[int, list]]) -> None:
         s0 = self.streams[0]
-        forked = s0.record_event()
-        for side, calls in runs.items():
-            stream = self.streams[side]
-            stream.wait_event(forked)
-            for call in calls:
-                call()
-            if side:
-                s0.wait_stream(stream)
+        for runs in stages:
+            forked = s0.record_event()
+            for side, calls in runs.items():
+                stream = self.streams[side]
+                stream.wait_event(forked)
+                for call in calls:
+                    call()
+                if side:
+                    s0.wait_stream(stream)
 
     def row(self, layer, shares: list[int], sms: int, bf_only: list[int]) -> dict:
         """The layer's pairs, each way; per plan, how many plans heuristics listed and the
@@ -166,7 +168,8 @@ class Pairs:
         for name, a, b in ways(shares, sms, bf_only):
             first, second = plans["BD", a], plans["BF", b]
             if first is not None and second is not None:
-                ms[name] = self.time({0: [first, second]} if name == SERIAL else {0: [first], 1: [second]})
+                pair = [{0: [first]}, {1: [second]}] if name == SERIAL else [{0: [first], 1: [second]}]
+                ms[name] = self.time(pair)
         return {"layer": layer.name, "problem": problem.describe(), "count": layer.count, "ms": ms, "plans": notes}
 
 

@@ -53,17 +53,17 @@ def verdicts(row: dict) -> dict:
 
 def markdown(rows: list[dict], backward: dict | None) -> str:
     lines = ["| model | batch | one stream, graph (ms) | streams, graph (ms) | predicted (ms) | speedup | bar | "
-             "equal priorities (ms) |", "|---|---|---|---|---|---|---|---|"]
+             "equal priorities (ms) | ceiling: N copies side by side |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | {r['error']} | | | | | |")
+            lines.append(f"| {r['model']} | {r['batch']} | {r['error']} | | | | | | |")
             continue
         v = r["verdicts"]
         equal = (f"{r['equal_priority_ms']:.3f} ({r['one_stream_ms'] / r['equal_priority_ms']:.2f}x)"
                  if "equal_priority_ms" in r else "-")
         lines.append(f"| {r['model']}{' training' if r.get('step') == 'training' else ''} | {r['batch']} | {r['one_stream_ms']:.3f} | {r['streams_ms']:.3f} | "
                      f"{r['predicted_ms']:.3f} | {v['speedup']:.2f}x | >= {v['floor']:.2f}: "
-                     f"{'met' if v['ok'] else 'NOT met'} | {equal} |")
+                     f"{'met' if v['ok'] else 'NOT met'} | {equal} | {ceiling(r)} |")
     if backward:
         lines += ["", f"Concurrent backward, ResNet-50 AMP B=32 through ucudnn: serial {backward['serial_ms']:.2f} ms, "
                   f"concurrent {backward['concurrent_ms']:.2f} ms ({backward['speedup']:.3f}x, bar {BACKWARD_BAR}x: "
@@ -73,6 +73,12 @@ def markdown(rows: list[dict], backward: dict | None) -> str:
                   f"({backward['graph_speedup']:.3f}x, bar {BACKWARD_BAR}x: "
                   f"{'met' if backward['graph_speedup'] >= BACKWARD_BAR else 'NOT met'}); A/A {backward['graph_control']:.3f}"]
     return "\n".join(lines) + "\n"
+
+
+def ceiling(row: dict) -> str:
+    """'2: 1.31x, 4: 1.35x': each count of independent copies run side by side, and how much
+    faster than one after another (side_by_side); '-' where none was run."""
+    return ", ".join(f"{n}: {c:.2f}x" for n, c in row.get("ceiling", {}).items()) or "-"
 
 
 def graphed(run, example):
@@ -122,18 +128,42 @@ def half_model(name: str, batch: int):
     return model, torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
 
 
-def timed_row(row: dict, one, many, plan, equal) -> dict:
+def side_by_side(runs: list, example):
+    """The runs, each on a copy of `example` and a stream of its own, forked and joined, captured
+    as one CUDA graph (graphed): the same model's independent copies give concurrency every chance
+    to overlap at these kernels' shapes, so `len(runs)` times one copy's time over theirs bounds
+    what running one copy's branches side by side can gain (`ceiling`)."""
+    import torch
+
+    streams = [torch.cuda.Stream() for _ in runs]
+    statics = [example.detach().clone() for _ in runs]
+
+    def together(_):
+        current = torch.cuda.current_stream()
+        for stream, run, static in zip(streams, runs, statics):
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):
+                run(static)
+        for stream in streams:
+            current.wait_stream(stream)
+    return graphed(together, example)[0]
+
+
+def timed_row(row: dict, one, many, plan, equal, copies: dict | None = None) -> dict:
     """`row` with the one-stream, streams (Streamed's default: the critical path's stream first)
     and equal-priority replays timed (taking turns), the schedule's figures and its verdicts (on
-    the default)."""
-    row.update(replay_ms({"one_stream_ms": one, "streams_ms": many, "equal_priority_ms": equal}),
-               predicted_ms=plan.makespan_ms, critical_ms=plan.critical_ms, nodes=len(plan.placements),
-               used_streams=plan.streams)
+    the default); `copies` (count -> replay of side_by_side), each copies' ceiling beside them."""
+    copies = copies or {}
+    replays = {"one_stream_ms": one, "streams_ms": many, "equal_priority_ms": equal,
+               **{f"copies_{n}_ms": replay for n, replay in copies.items()}}
+    row.update(replay_ms(replays), predicted_ms=plan.makespan_ms, critical_ms=plan.critical_ms,
+               nodes=len(plan.placements), used_streams=plan.streams)
+    row["ceiling"] = {n: n * row["one_stream_ms"] / row[f"copies_{n}_ms"] for n in copies}
     row["verdicts"] = verdicts(row)
     return row
 
 
-def inference_row(name: str, batch: int, streams: int) -> dict:
+def inference_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = ()) -> dict:
     import torch
 
     from ucudnn.integrations.torch.streams import Streamed
@@ -147,13 +177,14 @@ def inference_row(name: str, batch: int, streams: int) -> dict:
         one, want = graphed(model, x)
         many, got = graphed(streamed, x)
         equal, got_equal = graphed(level, x)
+        together = {n: side_by_side([model] * n, x) for n in copies}
         one(), many(), equal()
         torch.cuda.synchronize()
         row["max_difference"] = max(float((g.float() - want.float()).abs().max()) for g in (got, got_equal))
-        return timed_row(row, one, many, streamed.plan, equal)
+        return timed_row(row, one, many, streamed.plan, equal, together)
 
 
-def training_row(name: str, batch: int, streams: int) -> dict:
+def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = ()) -> dict:
     """One fp16 training step (half weights; forward and backward, no optimizer) of the model
     captured as one CUDA graph, on one stream and on `streams` streams: autograd runs each node's
     backward on the stream its forward ran on, so the backward branches run concurrently too."""
@@ -178,13 +209,14 @@ def training_row(name: str, batch: int, streams: int) -> dict:
     one, _ = graphed(step(model), x)
     many, _ = graphed(step(streamed), x)
     equal, _ = graphed(step(level), x)
+    together = {n: side_by_side([step(copy.deepcopy(model)) for _ in range(n)], x) for n in copies}
     one(), many(), equal()
     torch.cuda.synchronize()
     grads = [(a.grad.float() - b.grad.float()).norm() / b.grad.float().norm()
              for copy_ in (twin, level_twin) for a, b in zip(copy_.parameters(), model.parameters())
              if b.grad is not None and b.grad.norm() > 0]
     row["worst_grad_difference"] = float(max(grads))
-    return timed_row(row, one, many, streamed.plan, equal)
+    return timed_row(row, one, many, streamed.plan, equal, together)
 
 
 def backward_variants(module):
@@ -325,6 +357,7 @@ def main(argv=None) -> int:
     parser.add_argument("--training", default="googlenet:32", help="MODEL:BATCH,... graphed training steps")
     parser.add_argument("--no-backward", dest="backward", action="store_false")
     parser.add_argument("--layers", action="store_true", help="only (c): the concurrent backward layer by layer")
+    parser.add_argument("--copies", default="2,4", help="N,...: each row's ceiling, N independent copies side by side")
     parser.add_argument("--deadline", type=float, default=560)
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -334,13 +367,14 @@ def main(argv=None) -> int:
         total = layer_pairs(out, began + args.deadline)["total"]
         print(json.dumps(total))
         return 0
+    copies = tuple(int(n) for n in args.copies.split(",") if n)
     runs = [(inference_row, m, b) for m in args.models.split(",") for b in map(int, args.batches.split(","))]
     runs += [(training_row, m, int(b)) for m, b in (s.split(":") for s in args.training.split(",") if s)]
     for row_of, model, batch in runs:
         if time.time() - began > args.deadline:
             break
         try:
-            rows.append(row_of(model, batch, args.streams))
+            rows.append(row_of(model, batch, args.streams, copies))
         except Exception as exc:  # failures are data: the row says what went wrong
             rows.append({"model": model, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:300]})
         (out / "streams.json").write_text(json.dumps({"inference": rows}, indent=1))

@@ -847,11 +847,25 @@ def test_streams_bars_and_table():
                               "graph_control": 1.0})
     assert ">= 1.50: met" in table and "TraceError" in table and "(1.067x, bar 1.05x: met)" in table
     assert "(1.000x, bar 1.05x: NOT met)" in table
-    equal = streams.markdown([dict(row, verdicts=v, equal_priority_ms=0.535)], None)
-    assert ">= 1.50: met | 0.535 (2.00x) |" in equal and "| - |" in table  # the row without it shows -
-    assert all(line.count("|") == 9 for line in (table + equal).splitlines() if line.startswith("|"))
+    equal = streams.markdown([dict(row, verdicts=v, equal_priority_ms=0.535, ceiling={2: 1.3, 4: 1.412})], None)
+    assert ">= 1.50: met | 0.535 (2.00x) | 2: 1.30x, 4: 1.41x |" in equal and "| - | - |" in table  # none: -
+    assert all(line.count("|") == 10 for line in (table + equal).splitlines() if line.startswith("|"))
     training = dict(row, step="training", batch=32, streams_ms=0.85)
     assert streams.verdicts(training)["floor"] == streams.TRAINING_BAR and streams.verdicts(training)["ok"]
+
+
+def test_streams_ceiling_is_copies_times_one_over_the_copies_side_by_side(monkeypatch):
+    import streams
+
+    times = {"one_stream_ms": 6.0, "streams_ms": 5.0, "equal_priority_ms": 5.5, "copies_2_ms": 10.0,
+             "copies_4_ms": 20.0}
+    monkeypatch.setattr(streams, "replay_ms", lambda replays: {name: times[name] for name in replays})
+    plan = SimpleNamespace(makespan_ms=4.0, critical_ms=3.0, placements={"a": 0}, streams=4)
+    row = streams.timed_row({"model": "inception_v3", "batch": 32}, "one", "many", plan, "equal",
+                            {2: "two", 4: "four"})
+    assert row["ceiling"] == {2: pytest.approx(1.2), 4: pytest.approx(1.2)}
+    assert row["verdicts"]["speedup"] == pytest.approx(1.2) and row["verdicts"]["ok"]
+    assert streams.timed_row({"model": "alexnet", "batch": 1}, "one", "many", plan, "equal")["ceiling"] == {}
 
 
 def test_carveout_ways_sums_and_table():
