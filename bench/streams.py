@@ -64,6 +64,11 @@ def markdown(rows: list[dict], backward: dict | None) -> str:
         lines.append(f"| {r['model']}{' training' if r.get('step') == 'training' else ''} | {r['batch']} | {r['one_stream_ms']:.3f} | {r['streams_ms']:.3f} | "
                      f"{r['predicted_ms']:.3f} | {v['speedup']:.2f}x | >= {v['floor']:.2f}: "
                      f"{'met' if v['ok'] else 'NOT met'} | {equal} | {ceiling(r)} |")
+    lines += [f"\n{r['model']} training B={r['batch']}, converted with BF beside BD in every layer's backward "
+              f"({r['delegated_kernels']} of {r['kernels']} kernels delegated to torch): one stream "
+              f"{r['bf_beside_bd_ms']:.3f} ms ({r['one_stream_ms'] / r['bf_beside_bd_ms']:.3f}x), "
+              f"{r['used_streams']} streams {r['streams_bf_beside_bd_ms']:.3f} ms "
+              f"({r['one_stream_ms'] / r['streams_bf_beside_bd_ms']:.3f}x)" for r in rows if "bf_beside_bd_ms" in r]
     if backward:
         lines += ["", f"Concurrent backward, ResNet-50 AMP B=32 through ucudnn: serial {backward['serial_ms']:.2f} ms, "
                   f"concurrent {backward['concurrent_ms']:.2f} ms ({backward['speedup']:.3f}x, bar {BACKWARD_BAR}x: "
@@ -149,13 +154,14 @@ def side_by_side(runs: list, example):
     return graphed(together, example)[0]
 
 
-def timed_row(row: dict, one, many, plan, equal, copies: dict | None = None) -> dict:
+def timed_row(row: dict, one, many, plan, equal, copies: dict | None = None, more: dict | None = None) -> dict:
     """`row` with the one-stream, streams (Streamed's default: the critical path's stream first)
     and equal-priority replays timed (taking turns), the schedule's figures and its verdicts (on
-    the default); `copies` (count -> replay of side_by_side), each copies' ceiling beside them."""
+    the default); `copies` (count -> replay of side_by_side), each copies' ceiling beside them;
+    `more` (key -> replay), timed in the same turns."""
     copies = copies or {}
     replays = {"one_stream_ms": one, "streams_ms": many, "equal_priority_ms": equal,
-               **{f"copies_{n}_ms": replay for n, replay in copies.items()}}
+               **{f"copies_{n}_ms": replay for n, replay in copies.items()}, **(more or {})}
     row.update(replay_ms(replays), predicted_ms=plan.makespan_ms, critical_ms=plan.critical_ms,
                nodes=len(plan.placements), used_streams=plan.streams)
     row["ceiling"] = {n: n * row["one_stream_ms"] / row[f"copies_{n}_ms"] for n in copies}
@@ -187,7 +193,10 @@ def inference_row(name: str, batch: int, streams: int, copies: tuple[int, ...] =
 def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = ()) -> dict:
     """One fp16 training step (half weights; forward and backward, no optimizer) of the model
     captured as one CUDA graph, on one stream and on `streams` streams: autograd runs each node's
-    backward on the stream its forward ran on, so the backward branches run concurrently too."""
+    backward on the stream its forward ran on, so the backward branches run concurrently too.
+    Beside them, the model converted (delegation on: layers ucudnn would not speed up run torch's
+    own convolution) with BF beside BD in every layer's backward (concurrent_backward), on one
+    stream (`bf_beside_bd_ms`) and on the same streams (`streams_bf_beside_bd_ms`)."""
     import torch
 
     from ucudnn.integrations.torch.streams import Streamed
@@ -195,6 +204,7 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
     model, x = half_model(name, batch)
     dy = torch.randn(batch, 1000, device="cuda", dtype=torch.float16)
     twin, level_twin = copy.deepcopy(model), copy.deepcopy(model)
+    converted = [concurrent_backward(copy.deepcopy(model)) for _ in range(2)]  # as `model`: no gradients yet
     with torch.no_grad():
         streamed = Streamed(twin, x, streams=streams)
         level = Streamed(level_twin, x, streams=streams, times=streamed.times, critical_first=False)
@@ -210,13 +220,36 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
     many, _ = graphed(step(streamed), x)
     equal, _ = graphed(step(level), x)
     together = {n: side_by_side([step(copy.deepcopy(model)) for _ in range(n)], x) for n in copies}
-    one(), many(), equal()
+    with torch.no_grad():
+        split = Streamed(converted[1], x, streams=streams, times=streamed.times)
+    beside = {"bf_beside_bd_ms": graphed(step(converted[0]), x)[0],
+              "streams_bf_beside_bd_ms": graphed(step(split), x)[0]}
+    for replay in (one, many, equal, *beside.values()):
+        replay()
     torch.cuda.synchronize()
     grads = [(a.grad.float() - b.grad.float()).norm() / b.grad.float().norm()
-             for copy_ in (twin, level_twin) for a, b in zip(copy_.parameters(), model.parameters())
+             for copy_ in (twin, level_twin, *converted) for a, b in zip(copy_.parameters(), model.parameters())
              if b.grad is not None and b.grad.norm() > 0]
     row["worst_grad_difference"] = float(max(grads))
-    return timed_row(row, one, many, streamed.plan, equal, together)
+    row = timed_row(row, one, many, streamed.plan, equal, together, beside)
+    kernels = ut_context(converted[1]).summary()["kernels"]
+    row["delegated_kernels"], row["kernels"] = sum(k["delegated"] for k in kernels), len(kernels)
+    return row
+
+
+def concurrent_backward(model):
+    """`model` converted with BF beside BD in every layer's backward, delegation on (256 MiB)."""
+    import ucudnn.torch as ut
+    from ucudnn.config import Settings
+
+    settings = Settings.load(workspace_limit="256MiB", planning="first_call", concurrent_backward=True)
+    return ut.convert(model, context=ut.Context(settings))
+
+
+def ut_context(model):
+    import ucudnn.torch as ut
+
+    return ut.context_of(model)
 
 
 def backward_variants(module):

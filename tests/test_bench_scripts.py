@@ -852,6 +852,10 @@ def test_streams_bars_and_table():
     assert all(line.count("|") == 10 for line in (table + equal).splitlines() if line.startswith("|"))
     training = dict(row, step="training", batch=32, streams_ms=0.85)
     assert streams.verdicts(training)["floor"] == streams.TRAINING_BAR and streams.verdicts(training)["ok"]
+    beside = dict(training, verdicts=streams.verdicts(training), bf_beside_bd_ms=1.0, streams_bf_beside_bd_ms=0.8,
+                  used_streams=4, delegated_kernels=171, kernels=171)
+    assert ("googlenet training B=32, converted with BF beside BD in every layer's backward (171 of 171 kernels "
+            "delegated to torch): one stream 1.000 ms (1.070x), 4 streams 0.800 ms (1.337x)") in streams.markdown([beside], None)
 
 
 def test_streams_ceiling_is_copies_times_one_over_the_copies_side_by_side(monkeypatch):

@@ -275,6 +275,36 @@ def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):
         torch.testing.assert_close(concurrent, serial)
 
 
+def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(cache_path):
+    """GoogLeNet AMP channels_last B=16 converted with delegation on and concurrent_backward:
+    the layers left to torch's own convolution run their BF beside BD too (on a side stream of
+    the current one), and every gradient is torch's own model's within fp16 rounding."""
+    from ucudnn.config import Settings
+
+    torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
+    torch.manual_seed(0)
+    model = torchvision.models.googlenet(weights=None, aux_logits=False, init_weights=True).cuda()
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(16, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
+    settings = Settings.load(workspace_limit="256MiB", planning="first_call", cache_path=cache_path,
+                             concurrent_backward=True)
+    context = ut.Context(settings)
+    ours = ut.convert(copy.deepcopy(model), context=context)
+    grads = []
+    for module in (model, ours):
+        for _ in range(2):  # ours: the first plans (and decides delegation); the second runs as decided
+            xi = x.detach().clone().requires_grad_()
+            module.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = module(xi).float().square().mean()
+            loss.backward()
+        torch.cuda.synchronize()
+        grads.append([xi.grad] + [p.grad for p in module.parameters() if p.dim() == 4])
+    assert context.runs[("torch", "layer")] > 0 and context.framework._side_streams
+    for theirs, mine in zip(*grads):
+        assert relative_error(mine, theirs) <= 1e-2
+
+
 @pytest.mark.parametrize("concurrent", [False, True])
 def test_a_training_step_captured_by_torch_after_its_warm_up_replays_the_eager_step(cache_path, concurrent):
     """torch.cuda.graph's documented use: warm up on the static input (three steps, by which

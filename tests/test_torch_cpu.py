@@ -1128,3 +1128,65 @@ def test_transposed_weights_are_stored_in_the_kernels_layout_whatever_ws_strides
     assert copy_.is_contiguous(memory_format=fmt)
     assert copy_.stride() == torch.empty(copy_.shape, memory_format=fmt).stride()
     np.testing.assert_array_equal(copy_.numpy(), transposed_weights(w.numpy(), groups))
+
+
+OWN_LAYERS = {  # delegated layers: True where their backward can run BF beside BD (own_geometry)
+    "conv2d": (lambda: nn.Conv2d(3, 4, 3, stride=2, padding=1, groups=1), (4, 3, 9, 8), True),
+    "grouped-bias-dilated": (lambda: nn.Conv2d(4, 6, 3, padding=2, dilation=2, groups=2), (3, 4, 7, 7), True),
+    "conv1d": (lambda: nn.Conv1d(3, 5, 3, padding=1, bias=False), (4, 3, 11), True),
+    "conv3d": (lambda: nn.Conv3d(2, 3, (1, 3, 3), padding=(0, 1, 1)), (2, 2, 3, 5, 5), True),
+    "same": (lambda: nn.Conv2d(3, 4, 3, padding="same"), (4, 3, 6, 6), False),
+    "reflect": (lambda: nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), (4, 3, 6, 6), False),
+    "transposed": (lambda: nn.ConvTranspose2d(3, 4, 3, stride=2), (4, 3, 5, 5), False),
+    "unbatched": (lambda: nn.Conv2d(3, 4, 3), (3, 6, 6), False),
+}
+
+
+def concurrent_delegating_context(tmp_path) -> ut.Context:
+    """Every layer left to torch (its kernels timed as instant), concurrent_backward on."""
+    from ucudnn.config import Settings
+
+    settings = Settings.load(workspace_limit="64KiB", planning="first_call", concurrent_backward=True)
+    return ut.Context(settings, framework=NumpyFramework(lambda problem: OwnTiming(0.0, 0)),
+                      cache=Cache(tmp_path / "bench.db"))
+
+
+@pytest.mark.parametrize("name", list(OWN_LAYERS))
+def test_a_delegated_layers_concurrent_backward_runs_bf_beside_bd_with_torchs_results(name, tmp_path):
+    """concurrent_backward on a layer left to torch's own convolution: its backward's BF runs on
+    the side stream (operands marked there) beside BD, joined before it returns, with torch's
+    results; a layer own_geometry cannot express runs torch's own layer as it is."""
+    torch.manual_seed(0)
+    make, shape, split = OWN_LAYERS[name]
+    context = concurrent_delegating_context(tmp_path)
+    plain = make()
+    ours = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(shape)
+    for _ in range(2):
+        got = run_step(ours, x)
+    assert_matches(got, run_step(plain, x))
+    assert context.runs[("torch", "layer")] == 2
+    framework = context.framework
+    assert framework.streams == (["opened", "joined"] * 2 if split else [])
+    assert len(framework.marked) == (2 * 2 if split else 0)
+
+
+def test_a_delegated_layers_concurrent_backward_computes_in_autocasts_dtype(tmp_path):
+    """Under autocast the layer computes in autocast's dtype as torch's does, and the weights'
+    gradients come back in their own dtype."""
+    torch.manual_seed(0)
+    context = concurrent_delegating_context(tmp_path)
+    plain = nn.Conv2d(3, 4, 3, padding=1)
+    ours = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(2, 3, 6, 6)
+    results = []
+    for module in (ours, plain):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            xi = x.clone().requires_grad_()
+            y = module(xi)
+        y.float().sum().backward()
+        results.append([y, xi.grad, module.weight.grad, module.bias.grad])
+    for a, b in zip(*results):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+    assert results[0][0].dtype == torch.bfloat16 and context.framework.streams == ["opened", "joined"]

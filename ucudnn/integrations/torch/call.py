@@ -124,7 +124,7 @@ class Call:
                            dtype=self.dtype, math=self.math, layout=self.layout, deterministic=self.deterministic)
 
 
-def _compute_dtype(input: Tensor) -> tuple[torch.dtype, bool]:
+def compute_dtype(input: Tensor) -> tuple[torch.dtype, bool]:
     """What torch's conv2d computes in, and whether autocast casts to it: the autocast dtype for
     eligible inputs (whatever the weight's dtype), else the input's own."""
     cast = autocast_dtype(input.device.type)
@@ -258,7 +258,7 @@ def _weight(module: nn.Module) -> Tensor:
 def _resolve(module: nn.Module, input: Tensor, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
     """resolve()'s decision for a new signature: the Call and the kernels it runs, a fallback
     reason, or None."""
-    dtype, autocast = _compute_dtype(input)
+    dtype, autocast = compute_dtype(input)
     math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
     deterministic = deterministic_algorithms()
     shape = geometry(module)

@@ -71,7 +71,7 @@ class TorchFramework:
 
     def __init__(self):
         self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
-        self._side_streams: dict[torch.device, Any] = {}  # Context.beside's, one per device
+        self._side_streams: dict[tuple[torch.device, int], Any] = {}  # Context.beside's, by (device, stream)
 
     def runs_on(self, device: torch.device) -> bool:
         return device.type == "cuda"
@@ -156,14 +156,16 @@ class TorchFramework:
 
     @contextlib.contextmanager
     def side_stream(self, device: torch.device):
-        """Context.beside on CUDA: one side stream per device, made once. `aside(*tensors)` runs
-        its body on it after the current stream's work so far, and marks the tensors as used there
-        (record_stream), so that the caching allocator does not hand their memory out again before
-        the side stream is done; at the end the current stream waits for the side stream."""
-        side = self._side_streams.get(device)
-        if side is None:
-            side = self._side_streams[device] = torch.cuda.Stream(device)
+        """Context.beside on CUDA: one side stream per device and current stream, made once (the
+        layers of branches on several streams, as ucudnn.integrations.torch.streams runs them,
+        fork no dependencies into each other). `aside(*tensors)` runs its body on it after the
+        current stream's work so far, and marks the tensors as used there (record_stream), so that
+        the caching allocator does not hand their memory out again before the side stream is done;
+        at the end the current stream waits for the side stream."""
         current = torch.cuda.current_stream(device)
+        side = self._side_streams.get((device, current.cuda_stream))
+        if side is None:
+            side = self._side_streams[device, current.cuda_stream] = torch.cuda.Stream(device)
 
         @contextlib.contextmanager
         def aside(*tensors: Tensor):

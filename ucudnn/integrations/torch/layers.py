@@ -12,7 +12,7 @@ from torch.autograd.function import once_differentiable
 from ...config import format_size
 from ...errors import ConfigError, UcudnnWarning
 from ...problem import ConvKind
-from .call import layer_kinds, pack, resolve, sliceable, unpacked
+from .call import compute_dtype, layer_kinds, pack, resolve, sliceable, spatial_dims, unpacked
 from .context import Context, default_context
 from ...fallback import fall_back
 from ...memory import AUTO
@@ -79,6 +79,45 @@ class _Convolution(torch.autograd.Function):
         return d_input, dw, db, None, None
 
 
+class _OwnConvolution(torch.autograd.Function):
+    """torch's own convolution of a delegated layer, as torch's layer runs it (aten.convolution
+    with the layer's `geometry`), whose backward runs BF beside BD as a converted layer's does
+    (Context.beside): concurrent_backward for the layers ucudnn leaves to torch."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, geometry: tuple, context: Context) -> Tensor:
+        ctx.save_for_backward(input, weight)
+        ctx.geometry, ctx.context, ctx.has_bias = geometry, context, bias is not None
+        return torch.ops.aten.convolution(input, weight, bias, *geometry)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out: Tensor):
+        input, weight = ctx.saved_tensors
+        d_input = dw = db = None
+
+        def kernel(mask: list[bool], index: int) -> Tensor:
+            return torch.ops.aten.convolution_backward(d_out, input, weight, None, *ctx.geometry, mask)[index]
+        with ctx.context.beside(input.device) as aside:
+            if ctx.needs_input_grad[1]:
+                with aside(input, d_out):
+                    dw = kernel([False, True, False], 1)
+            if ctx.needs_input_grad[0]:
+                d_input = kernel([True, False, False], 0)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = d_out.sum((0, *range(2, d_out.dim())))
+        return d_input, dw, db, None, None
+
+
+def own_geometry(module: nn.Module, input: Tensor) -> tuple | None:
+    """aten.convolution's arguments after (input, weight, bias) for the layer's own convolution:
+    a batched call of a convolution (not transposed) with explicit zero padding; None otherwise."""
+    dims = spatial_dims(module)
+    if module.transposed or module.padding_mode != "zeros" or isinstance(module.padding, str) or input.dim() != dims + 2:
+        return None
+    return (list(module.stride), list(module.padding), list(module.dilation), False, [0] * dims, module.groups)
+
+
 def _sides(site: Site, input_side: Tensor, weight: Tensor, output_side: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(x, w, y) of the site's convolution from tensors of the layer's input and output sides:
     x is the input side, or for a transposed layer the output side."""
@@ -114,9 +153,20 @@ class Converted:
             context.record(site.call, site.kinds)
             return super().forward(input)
         if context.route(site):
-            return super().forward(input)
+            return self._delegated(input, context)
         x, weight, bias = pack(self, input, site)
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
+
+    def _delegated(self, input: Tensor, context: Context) -> Tensor:
+        """torch's own convolution of the layer; with concurrent_backward, where own_geometry
+        has its arguments, through _OwnConvolution (BF beside BD), in the dtype autocast picks."""
+        geometry = own_geometry(self, input) if context.settings.concurrent_backward else None
+        if geometry is None:
+            return super().forward(input)
+        dtype, _ = compute_dtype(input)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        with torch.autocast(input.device.type, enabled=False):
+            return _OwnConvolution.apply(input.to(dtype), self.weight.to(dtype), bias, geometry, context)
 
     def extra_repr(self) -> str:
         context = self.ucudnn_context or default_context()
