@@ -77,6 +77,13 @@ def markdown(rows: list[dict], backward: dict | None) -> str:
                   f"{backward['graph_serial_ms']:.2f} ms, concurrent {backward['graph_concurrent_ms']:.2f} ms "
                   f"({backward['graph_speedup']:.3f}x, bar {BACKWARD_BAR}x: "
                   f"{'met' if backward['graph_speedup'] >= BACKWARD_BAR else 'NOT met'}); A/A {backward['graph_control']:.3f}"]
+        if "graph_serial_delegated_ms" in backward:
+            lines += ["", "With delegation on (layers ucudnn would not speed up left to torch's kernels, BF beside BD "
+                      "there too): " + "; ".join(
+                          f"{way} serial {backward[f'{way}_serial_delegated_ms']:.2f} ms, concurrent "
+                          f"{backward[f'{way}_concurrent_delegated_ms']:.2f} ms "
+                          f"({backward[f'{way}_serial_delegated_ms'] / backward[f'{way}_concurrent_delegated_ms']:.3f}x)"
+                          for way in ("eager", "graph"))]
     return "\n".join(lines) + "\n"
 
 
@@ -252,15 +259,19 @@ def ut_context(model):
     return ut.context_of(model)
 
 
-def backward_variants(module):
+def backward_variants(module, delegated: bool = False):
     """(name, copy) of `module` with every layer through ucudnn (64 MiB per kernel, delegation
-    off): serial, with BF beside BD, and a second serial copy (the A/A control)."""
+    off): serial, with BF beside BD, and a second serial copy (the A/A control); with `delegated`,
+    also serial and with BF beside BD with delegation on (`serial_delegated`, `concurrent_delegated`:
+    the layers ucudnn would not speed up run torch's own kernels, BF beside BD all the same)."""
     import ucudnn.torch as ut
     from ucudnn.config import Settings
 
-    for name, concurrent in (("serial", False), ("concurrent", True), ("control", False)):
+    variants = [("serial", False, False), ("concurrent", True, False), ("control", False, False)]
+    variants += [("serial_delegated", False, True), ("concurrent_delegated", True, True)] if delegated else []
+    for name, concurrent, delegate in variants:
         settings = Settings.load(workspace_limit="64MiB", planning="first_call", concurrent_backward=concurrent)
-        yield name, ut.convert(copy.deepcopy(module), context=ut.Context(settings, delegate=False))
+        yield name, ut.convert(copy.deepcopy(module), context=ut.Context(settings, delegate=delegate))
 
 
 def backward_row(rounds: int = 5, iters: int = 10) -> dict:
@@ -274,7 +285,7 @@ def backward_row(rounds: int = 5, iters: int = 10) -> dict:
     x = torch.randn(32, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
     target = torch.randint(0, 1000, (32,), device="cuda")
     steps, replays = {}, {}
-    for name, copy_ in backward_variants(model):
+    for name, copy_ in backward_variants(model, delegated=True):
         optimizer = torch.optim.SGD(copy_.parameters(), lr=1e-3)
 
         def step(m=copy_, o=optimizer):
@@ -300,7 +311,10 @@ def backward_row(rounds: int = 5, iters: int = 10) -> dict:
             # forward and backward captured as one CUDA graph each: the GPU's side alone
             "graph_serial_ms": graph_ms["serial"], "graph_concurrent_ms": graph_ms["concurrent"],
             "graph_speedup": graph_ms["serial"] / graph_ms["concurrent"],
-            "graph_control": graph_ms["serial"] / graph_ms["control"]}
+            "graph_control": graph_ms["serial"] / graph_ms["control"],
+            # delegation on: the same, the layers ucudnn would not speed up left to torch's kernels
+            **{f"{way}_{name}_delegated_ms": times[f"{name}_delegated"]
+               for way, times in (("eager", ms), ("graph", graph_ms)) for name in ("serial", "concurrent")}}
 
 
 def resnet50_convolutions(batch: int) -> list[tuple[object, tuple[int, ...], int]]:

@@ -846,7 +846,13 @@ def test_streams_bars_and_table():
                               "graph_serial_ms": 70.0, "graph_concurrent_ms": 70.0, "graph_speedup": 1.0,
                               "graph_control": 1.0})
     assert ">= 1.50: met" in table and "TraceError" in table and "(1.067x, bar 1.05x: met)" in table
-    assert "(1.000x, bar 1.05x: NOT met)" in table
+    assert "(1.000x, bar 1.05x: NOT met)" in table and "With delegation on" not in table
+    delegated = {"serial_ms": 80.0, "concurrent_ms": 75.0, "speedup": 80 / 75, "control": 1.0, "graph_serial_ms": 70.0,
+                 "graph_concurrent_ms": 70.0, "graph_speedup": 1.0, "graph_control": 1.0,
+                 "eager_serial_delegated_ms": 15.0, "eager_concurrent_delegated_ms": 14.0,
+                 "graph_serial_delegated_ms": 8.0, "graph_concurrent_delegated_ms": 7.9}
+    assert ("eager serial 15.00 ms, concurrent 14.00 ms (1.071x); graph serial 8.00 ms, concurrent 7.90 ms (1.013x)"
+            in streams.markdown([], delegated))
     equal = streams.markdown([dict(row, verdicts=v, equal_priority_ms=0.535, ceiling={2: 1.3, 4: 1.412})], None)
     assert ">= 1.50: met | 0.535 (2.00x) | 2: 1.30x, 4: 1.41x |" in equal and "| - | - |" in table  # none: -
     assert all(line.count("|") == 10 for line in (table + equal).splitlines() if line.startswith("|"))

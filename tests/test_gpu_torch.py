@@ -278,7 +278,9 @@ def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):
 def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(cache_path):
     """GoogLeNet AMP channels_last B=16 converted with delegation on and concurrent_backward:
     the layers left to torch's own convolution run their BF beside BD too (on a side stream of
-    the current one), and every gradient is torch's own model's within fp16 rounding."""
+    the current one), and every gradient is torch's own model's within fp16 rounding. The loss is
+    scaled as GradScaler scales it: unscaled, the input's gradient is all fp16 subnormals, and
+    any change of kernel anywhere above it changes them entirely."""
     from ucudnn.config import Settings
 
     torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
@@ -296,7 +298,7 @@ def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(ca
             xi = x.detach().clone().requires_grad_()
             module.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=torch.float16):
-                loss = module(xi).float().square().mean()
+                loss = module(xi).float().square().mean() * 2.0**16
             loss.backward()
         torch.cuda.synchronize()
         grads.append([xi.grad] + [p.grad for p in module.parameters() if p.dim() == 4])
