@@ -53,17 +53,18 @@ def verdicts(row: dict) -> dict:
 
 def markdown(rows: list[dict], backward: dict | None) -> str:
     lines = ["| model | batch | one stream, graph (ms) | streams, graph (ms) | predicted (ms) | speedup | bar | "
-             "equal priorities (ms) | ceiling: N copies side by side |", "|---|---|---|---|---|---|---|---|---|"]
+             "equal priorities (ms) | ceiling: N copies side by side | difference from one stream |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | {r['error']} | | | | | | |")
+            lines.append(f"| {r['model']} | {r['batch']} | {r['error']} | | | | | | | |")
             continue
         v = r["verdicts"]
         equal = (f"{r['equal_priority_ms']:.3f} ({r['one_stream_ms'] / r['equal_priority_ms']:.2f}x)"
                  if "equal_priority_ms" in r else "-")
         lines.append(f"| {r['model']}{' training' if r.get('step') == 'training' else ''} | {r['batch']} | {r['one_stream_ms']:.3f} | {r['streams_ms']:.3f} | "
                      f"{r['predicted_ms']:.3f} | {v['speedup']:.2f}x | >= {v['floor']:.2f}: "
-                     f"{'met' if v['ok'] else 'NOT met'} | {equal} | {ceiling(r)} |")
+                     f"{'met' if v['ok'] else 'NOT met'} | {equal} | {ceiling(r)} | {difference(r)} |")
     lines += [f"\n{r['model']} training B={r['batch']}, converted with BF beside BD in every layer's backward "
               f"({r['delegated_kernels']} of {r['kernels']} kernels delegated to torch): one stream "
               f"{r['bf_beside_bd_ms']:.3f} ms ({r['one_stream_ms'] / r['bf_beside_bd_ms']:.3f}x), "
@@ -85,6 +86,13 @@ def markdown(rows: list[dict], backward: dict | None) -> str:
                           f"({backward[f'{way}_serial_delegated_ms'] / backward[f'{way}_concurrent_delegated_ms']:.3f}x)"
                           for way in ("eager", "graph"))]
     return "\n".join(lines) + "\n"
+
+
+def difference(row: dict) -> str:
+    """The row's worst relative difference from the one-stream run: outputs (inference) or the
+    weights' gradients (training), '-' where none was taken."""
+    value = row.get("grad_difference", row.get("output_difference"))
+    return "-" if value is None else f"{'gradients' if 'grad_difference' in row else 'outputs'} {value:.1e}"
 
 
 def ceiling(row: dict) -> str:
@@ -129,7 +137,10 @@ def replay_ms(replays: dict, rounds: int = 7, repeats: int = 20) -> dict[str, fl
 
 
 def half_model(name: str, batch: int):
-    """torchvision's `name` in fp16 on the GPU (seeded), and an fp16 input of `batch` for it."""
+    """torchvision's `name` in fp16 on the GPU (seeded), and an fp16 input of `batch` for it; no
+    dropout (its masks differ from run to run, and the runs' results are compared), and batch
+    norms whose running statistics are the input's (a fresh model's, mean 0 and variance 1, let
+    Inception-v3's activations grow past fp16's range in eval mode: its outputs were NaN)."""
     import torch
     import torchvision
 
@@ -137,7 +148,27 @@ def half_model(name: str, batch: int):
     options = {"aux_logits": False, "init_weights": True} if name in BARRED else {}
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None, **options).cuda().half()
-    return model, torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+    x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average: after one pass, that pass's statistics
+    with torch.no_grad():
+        model(x)
+    for norm in norms:
+        norm.momentum = 0.1
+    return model, x
+
+
+def relative_difference(got, want) -> float:
+    """|got - want| / |want| in float32 norms: inf where either is not finite."""
+    got, want = got.float(), want.float()
+    if not (got.isfinite().all() and want.isfinite().all()):
+        return float("inf")
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
 def side_by_side(runs: list, example):
@@ -193,7 +224,7 @@ def inference_row(name: str, batch: int, streams: int, copies: tuple[int, ...] =
         together = {n: side_by_side([model] * n, x) for n in copies}
         one(), many(), equal()
         torch.cuda.synchronize()
-        row["max_difference"] = max(float((g.float() - want.float()).abs().max()) for g in (got, got_equal))
+        row["output_difference"] = max(relative_difference(g, want) for g in (got, got_equal))
         return timed_row(row, one, many, streamed.plan, equal, together)
 
 
@@ -209,7 +240,7 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
     from ucudnn.integrations.torch.streams import Streamed
 
     model, x = half_model(name, batch)
-    dy = torch.randn(batch, 1000, device="cuda", dtype=torch.float16)
+    dy = torch.randn(batch, 1000, device="cuda", dtype=torch.float16) / batch  # as a mean loss's gradient
     twin, level_twin = copy.deepcopy(model), copy.deepcopy(model)
     converted = [concurrent_backward(copy.deepcopy(model)) for _ in range(2)]  # as `model`: no gradients yet
     with torch.no_grad():
@@ -234,10 +265,10 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
     for replay in (one, many, equal, *beside.values()):
         replay()
     torch.cuda.synchronize()
-    grads = [(a.grad.float() - b.grad.float()).norm() / b.grad.float().norm()
+    grads = [relative_difference(a.grad, b.grad)
              for copy_ in (twin, level_twin, *converted) for a, b in zip(copy_.parameters(), model.parameters())
-             if b.grad is not None and b.grad.norm() > 0]
-    row["worst_grad_difference"] = float(max(grads))
+             if b.grad is not None and b.grad.float().norm() > 0]
+    row["grad_difference"] = max(grads)
     row = timed_row(row, one, many, streamed.plan, equal, together, beside)
     kernels = ut_context(converted[1]).summary()["kernels"]
     row["delegated_kernels"], row["kernels"] = sum(k["delegated"] for k in kernels), len(kernels)

@@ -854,8 +854,10 @@ def test_streams_bars_and_table():
     assert ("eager serial 15.00 ms, concurrent 14.00 ms (1.071x); graph serial 8.00 ms, concurrent 7.90 ms (1.013x)"
             in streams.markdown([], delegated))
     equal = streams.markdown([dict(row, verdicts=v, equal_priority_ms=0.535, ceiling={2: 1.3, 4: 1.412})], None)
-    assert ">= 1.50: met | 0.535 (2.00x) | 2: 1.30x, 4: 1.41x |" in equal and "| - | - |" in table  # none: -
-    assert all(line.count("|") == 10 for line in (table + equal).splitlines() if line.startswith("|"))
+    assert ">= 1.50: met | 0.535 (2.00x) | 2: 1.30x, 4: 1.41x | - |" in equal and "| - | - | - |" in table  # none: -
+    assert all(line.count("|") == 11 for line in (table + equal).splitlines() if line.startswith("|"))
+    assert "| outputs 2.0e-03 |" in streams.markdown([dict(row, verdicts=v, output_difference=2e-3)], None)
+    assert "| gradients inf |" in streams.markdown([dict(row, verdicts=v, grad_difference=float("inf"))], None)
     training = dict(row, step="training", batch=32, streams_ms=0.85)
     assert streams.verdicts(training)["floor"] == streams.TRAINING_BAR and streams.verdicts(training)["ok"]
     beside = dict(training, verdicts=streams.verdicts(training), bf_beside_bd_ms=1.0, streams_bf_beside_bd_ms=0.8,

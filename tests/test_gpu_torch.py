@@ -297,6 +297,7 @@ def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(ca
         for _ in range(2):  # ours: the first plans (and decides delegation); the second runs as decided
             xi = x.detach().clone().requires_grad_()
             module.zero_grad(set_to_none=True)
+            torch.manual_seed(1)  # the same dropout mask in both models
             with torch.autocast("cuda", dtype=torch.float16):
                 loss = module(xi).float().square().mean() * 2.0**16
             loss.backward()
