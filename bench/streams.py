@@ -92,7 +92,12 @@ def difference(row: dict) -> str:
     """The row's worst relative difference from the one-stream run: outputs (inference) or the
     weights' gradients (training), '-' where none was taken."""
     value = row.get("grad_difference", row.get("output_difference"))
-    return "-" if value is None else f"{'gradients' if 'grad_difference' in row else 'outputs'} {value:.1e}"
+    if value is None:
+        return "-"
+    if "grad_difference" not in row:
+        return f"outputs {value:.1e}"
+    control = row.get("grad_differences", {}).get("control")
+    return f"gradients {value:.1e}" + ("" if control is None else f" (A/A {control:.1e})")
 
 
 def ceiling(row: dict) -> str:
@@ -161,6 +166,15 @@ def half_model(name: str, batch: int):
     for norm in norms:
         norm.momentum = 0.1
     return model, x
+
+
+def gradient_difference(module, reference) -> float:
+    """The weight gradients of `module` against `reference`'s, all of them as one vector
+    (relative_difference): a parameter whose gradient nearly cancels weighs what it holds."""
+    import torch
+
+    pairs = [(a.grad, b.grad) for a, b in zip(module.parameters(), reference.parameters()) if b.grad is not None]
+    return relative_difference(torch.cat([a.flatten() for a, _ in pairs]), torch.cat([b.flatten() for _, b in pairs]))
 
 
 def relative_difference(got, want) -> float:
@@ -234,14 +248,16 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
     backward on the stream its forward ran on, so the backward branches run concurrently too.
     Beside them, the model converted (delegation on: layers ucudnn would not speed up run torch's
     own convolution) with BF beside BD in every layer's backward (concurrent_backward), on one
-    stream (`bf_beside_bd_ms`) and on the same streams (`streams_bf_beside_bd_ms`)."""
+    stream (`bf_beside_bd_ms`) and on the same streams (`streams_bf_beside_bd_ms`). Each copy's
+    weight gradients against the one-stream model's (`grad_differences`), beside a second
+    one-stream copy's (`control`: what fp16 kernels that sum in no fixed order differ by)."""
     import torch
 
     from ucudnn.integrations.torch.streams import Streamed
 
     model, x = half_model(name, batch)
     dy = torch.randn(batch, 1000, device="cuda", dtype=torch.float16) / batch  # as a mean loss's gradient
-    twin, level_twin = copy.deepcopy(model), copy.deepcopy(model)
+    twin, level_twin, control = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
     converted = [concurrent_backward(copy.deepcopy(model)) for _ in range(2)]  # as `model`: no gradients yet
     with torch.no_grad():
         streamed = Streamed(twin, x, streams=streams)
@@ -255,6 +271,7 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
         return run
     row = {"model": name, "batch": batch, "streams": streams, "step": "training"}
     one, _ = graphed(step(model), x)
+    again, _ = graphed(step(control), x)
     many, _ = graphed(step(streamed), x)
     equal, _ = graphed(step(level), x)
     together = {n: side_by_side([step(copy.deepcopy(model)) for _ in range(n)], x) for n in copies}
@@ -262,13 +279,13 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
         split = Streamed(converted[1], x, streams=streams, times=streamed.times)
     beside = {"bf_beside_bd_ms": graphed(step(converted[0]), x)[0],
               "streams_bf_beside_bd_ms": graphed(step(split), x)[0]}
-    for replay in (one, many, equal, *beside.values()):
+    for replay in (one, again, many, equal, *beside.values()):
         replay()
     torch.cuda.synchronize()
-    grads = [relative_difference(a.grad, b.grad)
-             for copy_ in (twin, level_twin, *converted) for a, b in zip(copy_.parameters(), model.parameters())
-             if b.grad is not None and b.grad.float().norm() > 0]
-    row["grad_difference"] = max(grads)
+    copies_ = {"control": control, "streams": twin, "equal_priorities": level_twin, "bf_beside_bd": converted[0],
+               "streams_bf_beside_bd": converted[1]}
+    row["grad_differences"] = {k: gradient_difference(m, model) for k, m in copies_.items()}
+    row["grad_difference"] = max(v for k, v in row["grad_differences"].items() if k != "control")
     row = timed_row(row, one, many, streamed.plan, equal, together, beside)
     kernels = ut_context(converted[1]).summary()["kernels"]
     row["delegated_kernels"], row["kernels"] = sum(k["delegated"] for k in kernels), len(kernels)

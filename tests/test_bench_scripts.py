@@ -858,6 +858,8 @@ def test_streams_bars_and_table():
     assert all(line.count("|") == 11 for line in (table + equal).splitlines() if line.startswith("|"))
     assert "| outputs 2.0e-03 |" in streams.markdown([dict(row, verdicts=v, output_difference=2e-3)], None)
     assert "| gradients inf |" in streams.markdown([dict(row, verdicts=v, grad_difference=float("inf"))], None)
+    assert "| gradients 3.0e-03 (A/A 2.0e-03) |" in streams.markdown(
+        [dict(row, verdicts=v, grad_difference=3e-3, grad_differences={"control": 2e-3, "streams": 3e-3})], None)
     training = dict(row, step="training", batch=32, streams_ms=0.85)
     assert streams.verdicts(training)["floor"] == streams.TRAINING_BAR and streams.verdicts(training)["ok"]
     beside = dict(training, verdicts=streams.verdicts(training), bf_beside_bd_ms=1.0, streams_bf_beside_bd_ms=0.8,
@@ -878,6 +880,22 @@ def test_streams_ceiling_is_copies_times_one_over_the_copies_side_by_side(monkey
     assert row["ceiling"] == {2: pytest.approx(1.2), 4: pytest.approx(1.2)}
     assert row["verdicts"]["speedup"] == pytest.approx(1.2) and row["verdicts"]["ok"]
     assert streams.timed_row({"model": "alexnet", "batch": 1}, "one", "many", plan, "equal")["ceiling"] == {}
+
+
+def test_streams_differences_are_relative_norms_and_inf_where_not_finite():
+    torch = pytest.importorskip("torch")
+    import streams
+
+    want = torch.tensor([3.0, 4.0])
+    assert streams.relative_difference(torch.tensor([3.0, 4.5]), want) == pytest.approx(0.1)
+    assert streams.relative_difference(torch.tensor([float("nan"), 4.0]), want) == float("inf")
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    for module in (a, b):
+        for p in module.parameters():
+            p.grad = torch.ones_like(p)
+    b.bias.grad = torch.full_like(b.bias, 1e-6)  # a tiny gradient, wholly off (a.bias's is 1) ...
+    # ... weighs what it holds in all six: a per-parameter maximum would say 1e6
+    assert streams.gradient_difference(a, b) == pytest.approx((2 * (1 - 1e-6) ** 2 / (4 + 2e-12)) ** 0.5)
 
 
 def test_carveout_ways_sums_and_table():
