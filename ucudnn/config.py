@@ -116,8 +116,9 @@ class Settings:
     progress: bool = True  # a line on stderr while planning takes long (ucudnn.progress)
     planning: str = "between_iterations"  # ucudnn.torch: when a layer is planned (PLANNINGS)
     # ucudnn.torch: a converted layer's BF on a side stream beside its BD (each with a workspace of
-    # its own), joined before the layer's backward returns; off: slower on ResNet-50 in a CUDA graph
-    # (docs/results.md, "Independent work on several streams")
+    # its own; a delegated layer's torch kernels too), joined before the layer's backward returns;
+    # off: it pays only where kernels leave the GPU room (GoogLeNet's training step on streams) and is
+    # slower on ResNet-50 in a CUDA graph (docs/results.md, "Stop 45")
     concurrent_backward: bool = False
     # ucudnn.planner, WR: a stride-1 layer's BD also planned as a forward convolution of dy, the faster
     # plan kept (ucudnn.transposition): faster N-d layers under pressure, and no planning time
