@@ -1130,7 +1130,7 @@ def test_transposed_weights_are_stored_in_the_kernels_layout_whatever_ws_strides
     np.testing.assert_array_equal(copy_.numpy(), transposed_weights(w.numpy(), groups))
 
 
-OWN_LAYERS = {  # delegated layers: True where their backward can run BF beside BD (own_geometry)
+OWN_LAYERS = {  # delegated layers: True where their backward can run BF beside BD (_own_geometry)
     "conv2d": (lambda: nn.Conv2d(3, 4, 3, stride=2, padding=1, groups=1), (4, 3, 9, 8), True),
     "grouped-bias-dilated": (lambda: nn.Conv2d(4, 6, 3, padding=2, dilation=2, groups=2), (3, 4, 7, 7), True),
     "conv1d": (lambda: nn.Conv1d(3, 5, 3, padding=1, bias=False), (4, 3, 11), True),
@@ -1155,7 +1155,7 @@ def concurrent_delegating_context(tmp_path) -> ut.Context:
 def test_a_delegated_layers_concurrent_backward_runs_bf_beside_bd_with_torchs_results(name, tmp_path):
     """concurrent_backward on a layer left to torch's own convolution: its backward's BF runs on
     the side stream (operands marked there) beside BD, joined before it returns, with torch's
-    results; a layer own_geometry cannot express runs torch's own layer as it is."""
+    results; a layer _own_geometry cannot express runs torch's own layer as it is."""
     torch.manual_seed(0)
     make, shape, split = OWN_LAYERS[name]
     context = concurrent_delegating_context(tmp_path)

@@ -109,11 +109,12 @@ class _OwnConvolution(torch.autograd.Function):
         return d_input, dw, db, None, None
 
 
-def own_geometry(module: nn.Module, input: Tensor) -> tuple | None:
+def _own_geometry(module: nn.Module, input: Tensor) -> tuple | None:
     """aten.convolution's arguments after (input, weight, bias) for the layer's own convolution:
     a batched call of a convolution (not transposed) with explicit zero padding; None otherwise."""
     dims = spatial_dims(module)
-    if module.transposed or module.padding_mode != "zeros" or isinstance(module.padding, str) or input.dim() != dims + 2:
+    explicit = module.padding_mode == "zeros" and not isinstance(module.padding, str)
+    if module.transposed or not explicit or input.dim() != dims + 2:
         return None
     return (list(module.stride), list(module.padding), list(module.dilation), False, [0] * dims, module.groups)
 
@@ -158,9 +159,9 @@ class Converted:
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
 
     def _delegated(self, input: Tensor, context: Context) -> Tensor:
-        """torch's own convolution of the layer; with concurrent_backward, where own_geometry
+        """torch's own convolution of the layer; with concurrent_backward, where _own_geometry
         has its arguments, through _OwnConvolution (BF beside BD), in the dtype autocast picks."""
-        geometry = own_geometry(self, input) if context.settings.concurrent_backward else None
+        geometry = _own_geometry(self, input) if context.settings.concurrent_backward else None
         if geometry is None:
             return super().forward(input)
         dtype, _ = compute_dtype(input)
