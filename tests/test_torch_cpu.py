@@ -1190,3 +1190,22 @@ def test_a_delegated_layers_concurrent_backward_computes_in_autocasts_dtype(tmp_
         assert a.dtype == b.dtype
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
     assert results[0][0].dtype == torch.bfloat16 and context.framework.streams == ["opened", "joined"]
+
+
+def test_a_delegated_layer_under_no_grad_runs_torchs_own_layer_even_with_concurrent_backward(tmp_path, monkeypatch):
+    """No gradients, no backward to split: inference runs torch's layer as it is."""
+    context = concurrent_delegating_context(tmp_path)
+    plain = nn.Conv2d(3, 4, 3)
+    ours = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        for _ in range(2):
+            got = ours(x)
+    torch.testing.assert_close(got, plain(x).detach(), rtol=0, atol=0)
+    assert context.runs[("torch", "layer")] == 2
+    applied, apply = [], ut_layers._OwnConvolution.apply
+    monkeypatch.setattr(ut_layers._OwnConvolution, "apply", lambda *args: applied.append(1) or apply(*args))
+    with torch.no_grad():
+        ours(x)
+    ours(x.clone().requires_grad_())
+    assert applied == [1]  # the call that takes gradients only

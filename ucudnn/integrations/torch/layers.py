@@ -159,9 +159,11 @@ class Converted:
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
 
     def _delegated(self, input: Tensor, context: Context) -> Tensor:
-        """torch's own convolution of the layer; with concurrent_backward, where _own_geometry
-        has its arguments, through _OwnConvolution (BF beside BD), in the dtype autocast picks."""
-        geometry = _own_geometry(self, input) if context.settings.concurrent_backward else None
+        """torch's own convolution of the layer; with concurrent_backward in a step that takes
+        gradients, where _own_geometry has its arguments, through _OwnConvolution (BF beside BD),
+        in the dtype autocast picks."""
+        backward = context.settings.concurrent_backward and torch.is_grad_enabled()
+        geometry = _own_geometry(self, input) if backward else None
         if geometry is None:
             return super().forward(input)
         dtype, _ = compute_dtype(input)
