@@ -205,7 +205,7 @@ def main(argv=None) -> int:
         except Exception as exc:  # a layer that fails is a row saying why
             rows.append({"layer": layer.name, "count": layer.count, "error": f"{type(exc).__name__}: {exc}", "ms": {}})
         print(json.dumps(rows[-1]), flush=True)
-        done = [r for r in rows if r["ms"] and len(r["ms"]) == len(rows[0]["ms"])]
+        done = [r for r in rows if len(r["ms"]) == len(ways(shares, sms, bf_only))]  # every way timed
         total = summed(done)
         (out / "carveout.json").write_text(json.dumps({"sms": sms, "batch": args.batch, "rows": rows, "total": total},
                                                       indent=1))

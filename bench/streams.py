@@ -79,8 +79,8 @@ def markdown(rows: list[dict], backward: dict | None) -> str:
                   f"({backward['graph_speedup']:.3f}x, bar {BACKWARD_BAR}x: "
                   f"{'met' if backward['graph_speedup'] >= BACKWARD_BAR else 'NOT met'}); A/A {backward['graph_control']:.3f}"]
         if "graph_serial_delegated_ms" in backward:
-            lines += ["", "With delegation on (layers ucudnn would not speed up left to torch's kernels, BF beside BD "
-                      "there too): " + "; ".join(
+            lines += ["", f"With delegation on ({backward.get('delegated_kernels', '?')} of {backward.get('kernels', '?')} "
+                      "kernels left to torch's kernels, BF beside BD there too): " + "; ".join(
                           f"{way} serial {backward[f'{way}_serial_delegated_ms']:.2f} ms, concurrent "
                           f"{backward[f'{way}_concurrent_delegated_ms']:.2f} ms "
                           f"({backward[f'{way}_serial_delegated_ms'] / backward[f'{way}_concurrent_delegated_ms']:.3f}x)"
@@ -187,9 +187,10 @@ def relative_difference(got, want) -> float:
 
 def side_by_side(runs: list, example):
     """The runs, each on a copy of `example` and a stream of its own, forked and joined, captured
-    as one CUDA graph (graphed): the same model's independent copies give concurrency every chance
-    to overlap at these kernels' shapes, so `len(runs)` times one copy's time over theirs bounds
-    what running one copy's branches side by side can gain (`ceiling`)."""
+    as one CUDA graph (graphed): N independent copies of the model on N streams give concurrency
+    every chance to overlap at these kernels' shapes, so N times one copy's time over theirs
+    bounds what one copy's branches on N streams can gain (`ceiling`; a bound for as many copies
+    as streams only: four streams may beat two copies)."""
     import torch
 
     streams = [torch.cuda.Stream() for _ in runs]
@@ -250,7 +251,8 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
     own convolution) with BF beside BD in every layer's backward (concurrent_backward), on one
     stream (`bf_beside_bd_ms`) and on the same streams (`streams_bf_beside_bd_ms`). Each copy's
     weight gradients against the one-stream model's (`grad_differences`), beside a second
-    one-stream copy's (`control`: what fp16 kernels that sum in no fixed order differ by)."""
+    one-stream copy's (`control`: 0 where the one-stream graph is deterministic, so that what the
+    others differ by is theirs)."""
     import torch
 
     from ucudnn.integrations.torch.streams import Streamed
@@ -258,7 +260,7 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
     model, x = half_model(name, batch)
     dy = torch.randn(batch, 1000, device="cuda", dtype=torch.float16) / batch  # as a mean loss's gradient
     twin, level_twin, control = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
-    converted = [concurrent_backward(copy.deepcopy(model)) for _ in range(2)]  # as `model`: no gradients yet
+    converted = [converted_beside(copy.deepcopy(model)) for _ in range(2)]  # as `model`: no gradients yet
     with torch.no_grad():
         streamed = Streamed(twin, x, streams=streams)
         level = Streamed(level_twin, x, streams=streams, times=streamed.times, critical_first=False)
@@ -282,17 +284,16 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
     for replay in (one, again, many, equal, *beside.values()):
         replay()
     torch.cuda.synchronize()
-    copies_ = {"control": control, "streams": twin, "equal_priorities": level_twin, "bf_beside_bd": converted[0],
-               "streams_bf_beside_bd": converted[1]}
-    row["grad_differences"] = {k: gradient_difference(m, model) for k, m in copies_.items()}
+    variants = {"control": control, "streams": twin, "equal_priorities": level_twin, "bf_beside_bd": converted[0],
+                "streams_bf_beside_bd": converted[1]}
+    row["grad_differences"] = {k: gradient_difference(m, model) for k, m in variants.items()}
     row["grad_difference"] = max(v for k, v in row["grad_differences"].items() if k != "control")
     row = timed_row(row, one, many, streamed.plan, equal, together, beside)
-    kernels = ut_context(converted[1]).summary()["kernels"]
-    row["delegated_kernels"], row["kernels"] = sum(k["delegated"] for k in kernels), len(kernels)
+    row["delegated_kernels"], row["kernels"] = delegated_kernels(converted[1])
     return row
 
 
-def concurrent_backward(model):
+def converted_beside(model):
     """`model` converted with BF beside BD in every layer's backward, delegation on (256 MiB)."""
     import ucudnn.torch as ut
     from ucudnn.config import Settings
@@ -301,10 +302,12 @@ def concurrent_backward(model):
     return ut.convert(model, context=ut.Context(settings))
 
 
-def ut_context(model):
+def delegated_kernels(model) -> tuple[int, int]:
+    """(kernels left to torch, kernels) of a converted model."""
     import ucudnn.torch as ut
 
-    return ut.context_of(model)
+    kernels = ut.context_of(model).summary()["kernels"]
+    return sum(k["delegated"] for k in kernels), len(kernels)
 
 
 def backward_variants(module, delegated: bool = False):
@@ -332,7 +335,7 @@ def backward_row(rounds: int = 5, iters: int = 10) -> dict:
     model = torchvision.models.resnet50(weights=None).cuda().to(memory_format=torch.channels_last)
     x = torch.randn(32, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
     target = torch.randint(0, 1000, (32,), device="cuda")
-    steps, replays = {}, {}
+    steps, replays, delegated = {}, {}, (0, 0)
     for name, copy_ in backward_variants(model, delegated=True):
         optimizer = torch.optim.SGD(copy_.parameters(), lr=1e-3)
 
@@ -352,6 +355,8 @@ def backward_row(rounds: int = 5, iters: int = 10) -> dict:
             loss.backward()
             return loss
         replays[name] = graphed(forward_backward, x)[0]
+        if name == "concurrent_delegated":
+            delegated = delegated_kernels(copy_)
     ms = median_iteration_ms(steps, rounds, iters)
     graph_ms = replay_ms(replays)
     return {"serial_ms": ms["serial"], "concurrent_ms": ms["concurrent"], "control_ms": ms["control"],
@@ -362,7 +367,8 @@ def backward_row(rounds: int = 5, iters: int = 10) -> dict:
             "graph_control": graph_ms["serial"] / graph_ms["control"],
             # delegation on: the same, the layers ucudnn would not speed up left to torch's kernels
             **{f"{way}_{name}_delegated_ms": times[f"{name}_delegated"]
-               for way, times in (("eager", ms), ("graph", graph_ms)) for name in ("serial", "concurrent")}}
+               for way, times in (("eager", ms), ("graph", graph_ms)) for name in ("serial", "concurrent")},
+            "delegated_kernels": delegated[0], "kernels": delegated[1]}
 
 
 def resnet50_convolutions(batch: int) -> list[tuple[object, tuple[int, ...], int]]:

@@ -1130,7 +1130,7 @@ def test_transposed_weights_are_stored_in_the_kernels_layout_whatever_ws_strides
     np.testing.assert_array_equal(copy_.numpy(), transposed_weights(w.numpy(), groups))
 
 
-OWN_LAYERS = {  # delegated layers: True where their backward can run BF beside BD (_own_geometry)
+OWN_LAYERS = {  # delegated layers: True where their backward can run BF beside BD (_aten_arguments)
     "conv2d": (lambda: nn.Conv2d(3, 4, 3, stride=2, padding=1, groups=1), (4, 3, 9, 8), True),
     "grouped-bias-dilated": (lambda: nn.Conv2d(4, 6, 3, padding=2, dilation=2, groups=2), (3, 4, 7, 7), True),
     "conv1d": (lambda: nn.Conv1d(3, 5, 3, padding=1, bias=False), (4, 3, 11), True),
@@ -1155,7 +1155,7 @@ def concurrent_delegating_context(tmp_path) -> ut.Context:
 def test_a_delegated_layers_concurrent_backward_runs_bf_beside_bd_with_torchs_results(name, tmp_path):
     """concurrent_backward on a layer left to torch's own convolution: its backward's BF runs on
     the side stream (operands marked there) beside BD, joined before it returns, with torch's
-    results; a layer _own_geometry cannot express runs torch's own layer as it is."""
+    results; a layer _aten_arguments cannot express runs torch's own layer as it is."""
     torch.manual_seed(0)
     make, shape, split = OWN_LAYERS[name]
     context = concurrent_delegating_context(tmp_path)
@@ -1209,3 +1209,22 @@ def test_a_delegated_layer_under_no_grad_runs_torchs_own_layer_even_with_concurr
         ours(x)
     ours(x.clone().requires_grad_())
     assert applied == [1]  # the call that takes gradients only
+
+
+def test_a_delegated_layer_with_one_gradient_to_take_runs_torchs_own_layer(tmp_path):
+    """concurrent_backward overlaps two kernels: a frozen layer, or a first layer whose input takes
+    no gradient, has one, and runs torch's layer as it is."""
+    context = concurrent_delegating_context(tmp_path)
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3))
+    ours = ut.convert(copy.deepcopy(plain), context=context)
+    for model in (ours, plain):
+        model[1].weight.requires_grad_(False)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):
+        got = run_step(ours, x)  # the input takes a gradient: the first layer splits, the frozen one not
+    want = run_step(plain, x)
+    assert [g is None for g in got] == [w is None for w in want]  # the frozen weight's: none
+    assert_matches([g for g in got if g is not None], [w for w in want if w is not None])
+    assert context.framework.streams == ["opened", "joined"] * 2
+    ours(x).sum().backward()  # the input takes none: no layer splits
+    assert context.framework.streams == ["opened", "joined"] * 2

@@ -72,6 +72,7 @@ class TorchFramework:
     def __init__(self):
         self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
         self._side_streams: dict[tuple[torch.device, int], Any] = {}  # Context.beside's, by (device, stream)
+        self._made_streams: list[Any] = []  # the CuPy streams behind them, kept alive
 
     def runs_on(self, device: torch.device) -> bool:
         return device.type == "cuda"
@@ -156,16 +157,16 @@ class TorchFramework:
 
     @contextlib.contextmanager
     def side_stream(self, device: torch.device):
-        """Context.beside on CUDA: one side stream per device and current stream, made once (the
-        layers of branches on several streams, as ucudnn.integrations.torch.streams runs them,
-        fork no dependencies into each other). `aside(*tensors)` runs its body on it after the
-        current stream's work so far, and marks the tensors as used there (record_stream), so that
-        the caching allocator does not hand their memory out again before the side stream is done;
-        at the end the current stream waits for the side stream."""
+        """Context.beside on CUDA: one side stream per device and current stream, made once and
+        handed to no one else (_own_stream), so that the layers of branches on several streams
+        (ucudnn.integrations.torch.streams) fork no dependencies into each other. `aside(*tensors)`
+        runs its body on it after the current stream's work so far, and marks the tensors as used
+        there (record_stream), so that the caching allocator does not hand their memory out again
+        before the side stream is done; at the end the current stream waits for the side stream."""
         current = torch.cuda.current_stream(device)
         side = self._side_streams.get((device, current.cuda_stream))
         if side is None:
-            side = self._side_streams[device, current.cuda_stream] = torch.cuda.Stream(device)
+            side = self._side_streams[device, current.cuda_stream] = self._own_stream(device)
 
         @contextlib.contextmanager
         def aside(*tensors: Tensor):
@@ -178,6 +179,18 @@ class TorchFramework:
             yield aside
         finally:
             current.wait_stream(side)
+
+    def _own_stream(self, device: torch.device) -> Any:
+        """A new CUDA stream of the device, made by CuPy and kept alive here: torch.cuda.Stream()
+        hands out a pool of 32 streams in turn, so one could be another branch's."""
+        from ... import gpu
+
+        cupy = gpu.cupy()
+        index = torch.cuda.current_device() if device.index is None else device.index
+        with cupy.cuda.Device(index):
+            made = cupy.cuda.Stream(non_blocking=True)
+        self._made_streams.append(made)
+        return torch.cuda.ExternalStream(made.ptr, device=torch.device("cuda", index))
 
     def settled_memory(self, device: torch.device) -> Memory:
         """The device's free memory and the bytes torch's tensors hold, after torch's unused

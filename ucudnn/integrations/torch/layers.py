@@ -65,7 +65,7 @@ class _Convolution(torch.autograd.Function):
         context, site = ctx.context, ctx.site
         fmt = site.memory_format
         d_out = sliceable(d_out, fmt)
-        d_input = dw = db = None
+        d_input = dw = None
         with context.beside(input.device) as aside:  # BF on a side stream where the settings say so
             if ctx.needs_input_grad[1]:
                 dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fmt)
@@ -74,42 +74,50 @@ class _Convolution(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 d_input = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=fmt)
                 context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, d_input, weight, d_out))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = d_out.sum((0, *range(2, d_out.dim())))
-        return d_input, dw, db, None, None
+        return d_input, dw, _bias_gradient(ctx, d_out), None, None
 
 
 class _OwnConvolution(torch.autograd.Function):
     """torch's own convolution of a delegated layer, as torch's layer runs it (aten.convolution
-    with the layer's `geometry`), whose backward runs BF beside BD as a converted layer's does
+    with the layer's `arguments`), whose backward runs BF beside BD as a converted layer's does
     (Context.beside): concurrent_backward for the layers ucudnn leaves to torch."""
 
     @staticmethod
-    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, geometry: tuple, context: Context) -> Tensor:
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, arguments: tuple, context: Context) -> Tensor:
         ctx.save_for_backward(input, weight)
-        ctx.geometry, ctx.context, ctx.has_bias = geometry, context, bias is not None
-        return torch.ops.aten.convolution(input, weight, bias, *geometry)
+        ctx.arguments, ctx.context, ctx.has_bias = arguments, context, bias is not None
+        return torch.ops.aten.convolution(input, weight, bias, *arguments)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out: Tensor):
         input, weight = ctx.saved_tensors
-        d_input = dw = db = None
+        d_input = dw = None
 
         def kernel(mask: list[bool], index: int) -> Tensor:
-            return torch.ops.aten.convolution_backward(d_out, input, weight, None, *ctx.geometry, mask)[index]
+            return torch.ops.aten.convolution_backward(d_out, input, weight, None, *ctx.arguments, mask)[index]
         with ctx.context.beside(input.device) as aside:
             if ctx.needs_input_grad[1]:
                 with aside(input, d_out):
                     dw = kernel([False, True, False], 1)
             if ctx.needs_input_grad[0]:
                 d_input = kernel([True, False, False], 0)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = d_out.sum((0, *range(2, d_out.dim())))
-        return d_input, dw, db, None, None
+        if dw is not None and dw.is_cuda:  # made on the side stream, read on this one from here on
+            dw.record_stream(torch.cuda.current_stream(dw.device))
+        return d_input, dw, _bias_gradient(ctx, d_out), None, None
 
 
-def _own_geometry(module: nn.Module, input: Tensor) -> tuple | None:
+def _bias_gradient(ctx, d_out: Tensor) -> Tensor | None:
+    """dy summed over the batch and spatial dimensions, where the layer has a bias that needs it."""
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        return d_out.sum((0, *range(2, d_out.dim())))
+    return None
+
+
+AtenArguments = tuple[list[int], list[int], list[int], bool, list[int], int]  # stride, padding, ..., groups
+
+
+def _aten_arguments(module: nn.Module, input: Tensor) -> AtenArguments | None:
     """aten.convolution's arguments after (input, weight, bias) for the layer's own convolution:
     a batched call of a convolution (not transposed) with explicit zero padding; None otherwise."""
     dims = spatial_dims(module)
@@ -154,22 +162,22 @@ class Converted:
             context.record(site.call, site.kinds)
             return super().forward(input)
         if context.route(site):
-            return self._delegated(input, context)
+            return self._own_forward(input, context)
         x, weight, bias = pack(self, input, site)
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
 
-    def _delegated(self, input: Tensor, context: Context) -> Tensor:
-        """torch's own convolution of the layer; with concurrent_backward in a step that takes
-        gradients, where _own_geometry has its arguments, through _OwnConvolution (BF beside BD),
-        in the dtype autocast picks."""
-        backward = context.settings.concurrent_backward and torch.is_grad_enabled()
-        geometry = _own_geometry(self, input) if backward else None
-        if geometry is None:
+    def _own_forward(self, input: Tensor, context: Context) -> Tensor:
+        """torch's own convolution of the layer (delegated); with concurrent_backward where both
+        the input and the weight take gradients (two kernels to overlap) and _aten_arguments has
+        the call's, through _OwnConvolution (BF beside BD), in the dtype autocast picks."""
+        both = torch.is_grad_enabled() and input.requires_grad and self.weight.requires_grad
+        arguments = _aten_arguments(self, input) if context.settings.concurrent_backward and both else None
+        if arguments is None:
             return super().forward(input)
         dtype, _ = compute_dtype(input)
         bias = None if self.bias is None else self.bias.to(dtype)
         with torch.autocast(input.device.type, enabled=False):
-            return _OwnConvolution.apply(input.to(dtype), self.weight.to(dtype), bias, geometry, context)
+            return _OwnConvolution.apply(input.to(dtype), self.weight.to(dtype), bias, arguments, context)
 
     def extra_repr(self) -> str:
         context = self.ucudnn_context or default_context()
