@@ -108,21 +108,17 @@ class Pairs:
         cost no host call. A round runs `stages` in turn, each forked from the first stream and
         joined into it; a stage's runs, by stream, side by side (each call runs on its handle's
         stream: BD's on the first, BF's on the second)."""
+        from ucudnn import gpu
+
         torch, s0 = self.torch, self.streams[0]
         self._round(stages)  # warm-up, outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=s0):
             for _ in range(rounds):
                 self._round(stages)
-        event = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
-        pairs = [(event(), event()) for _ in range(replays + 2)]
         with torch.cuda.stream(s0):
-            for start, end in pairs:
-                start.record()
-                graph.replay()
-                end.record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in pairs[2:]) / rounds
+            gpu.time_calls(graph.replay, 2, s0.cuda_stream)  # warm-up replays
+            return statistics.median(gpu.time_calls(graph.replay, replays, s0.cuda_stream)) / rounds
 
     def _round(self, stages: list[dict[int, list]]) -> None:
         s0 = self.streams[0]

@@ -191,19 +191,17 @@ def side_by_side(runs: list, example):
     every chance to overlap at these kernels' shapes, so N times one copy's time over theirs
     bounds what one copy's branches on N streams can gain (`ceiling`; a bound for as many copies
     as streams only: four streams may beat two copies)."""
-    import torch
+    from ucudnn.integrations.torch.streams import CudaStreams
 
-    streams = [torch.cuda.Stream() for _ in runs]
+    streams = CudaStreams(len(runs))
     statics = [example.detach().clone() for _ in runs]
 
     def together(_):
-        current = torch.cuda.current_stream()
-        for stream, run, static in zip(streams, runs, statics):
-            stream.wait_stream(current)
-            with torch.cuda.stream(stream):
+        streams.fork()
+        for index, (run, static) in enumerate(zip(runs, statics)):
+            with streams.on(index):
                 run(static)
-        for stream in streams:
-            current.wait_stream(stream)
+        streams.join()
     return graphed(together, example)[0]
 
 
