@@ -4,7 +4,7 @@
 #                                          record-direct layers-alexnet layers-alexnet64 layers-resnet50
 #                                          layers-direct wd train shapes coldstart
 #                                          memory hostpath tables sweepprofile trainab coldphases coldmodels
-#                                          ndlayers streams carveout
+#                                          ndlayers streams carveout pressure
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -55,6 +55,8 @@ for stage in "${stages[@]}"; do
     # layers whose samples sit off the slice alignment: torch under pressure vs ucudnn.torch (SLICES_ARGS)
     # independent nodes on several streams in one CUDA graph, and the concurrent backward (STREAMS_ARGS)
     streams) run streams python3 bench/streams.py --out "$OUT" --deadline "$(budget ${STREAMS_S:-400})" ${STREAMS_ARGS:-} ;;
+    # whole models under a blocker leaving their need + L: torch vs ucudnn.torch, a fresh process per variant (PRESSURE_ARGS)
+    pressure) run pressure python3 bench/pressure.py --out "$OUT" --deadline "$(budget ${PRESSURE_S:-540})" ${PRESSURE_ARGS:-} ;;
     # BF beside BD per ResNet-50 layer, each kernel held to a share of the SMs (CARVEOUT_ARGS)
     carveout) run carveout python3 bench/carveout.py --out "$OUT" --deadline "$(budget ${CARVEOUT_S:-300})" ${CARVEOUT_ARGS:-} ;;
     # 1-D, 3-D and transposed layers: torch under pressure vs their ucudnn.torch twins (ND_ARGS)

@@ -33,8 +33,11 @@ class NumpyHandle:
     def finalize(self, total=None):
         self.assignments.finalize(total)
 
-    def shrink(self, problem, available=None):
-        return self.assignments.shrink(problem, available)
+    def shrink(self, problem, available=None, failed=None):
+        return self.assignments.shrink(problem, available, failed)
+
+    def within(self, problem, limit):
+        return self.assignments.within(problem, limit)
 
     @property
     def shrinks(self):

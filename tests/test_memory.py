@@ -1,7 +1,7 @@
 """CPU: ucudnn when GPU memory is short. Out-of-memory measurements are measured again later,
 benchmark operands that do not fit raise DeviceMemoryError, a workspace that cannot be allocated
 is planned again within less (WR kernels, WD's network, ucudnn.torch's borrowed workspaces), and
-WD's memory-aware total (total_limit="auto")."""
+limits from the memory timeline (workspace_limit="auto")."""
 from __future__ import annotations
 
 import copy
@@ -193,7 +193,7 @@ from torch_doubles import NumpyFramework  # noqa: E402
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn import fallback  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
-from ucudnn.memory import Memory, auto_total  # noqa: E402
+from ucudnn.memory import RECORDED_CALLS, Memory, quantized, workspace_limit  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 
@@ -296,55 +296,130 @@ def test_cuda_backend_turns_torchs_out_of_memory_into_device_memory_error(monkey
         TorchFramework().borrow(2**31, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("now, peak, want", [
-    (Memory(free=400, allocated=300), 450, 125),  # (400 - 150) / 2
-    (Memory(free=100, allocated=300), 200, 50),  # tensors never held more than now
-    (Memory(free=100, allocated=300), 900, 0),  # nothing left at the peak: no workspace
-])
-def test_auto_total_is_a_share_of_what_stays_free_at_the_peak(now, peak, want):
-    assert auto_total(now, peak) == want
+class Timeline(NumpyFramework):
+    """free_bytes() walks through `moments` (bytes free, one value per call, round and round), as
+    a training step's memory moves; `asked` counts the readings."""
+
+    def __init__(self, moments, **kwargs):
+        super().__init__(**kwargs)
+        self.moments, self.asked = list(moments), 0
+
+    def free_bytes(self, device):
+        self.asked += 1
+        return self.moments[(self.asked - 1) % len(self.moments)]
 
 
-class PeakFramework(NumpyFramework):
-    """settled_memory() reports 64 MiB free with tensors holding 100 MiB; torch's peak
-    statistic says they once held 104 MiB. Counts how often the memory was settled."""
-
-    def __init__(self):
-        super().__init__(memory=Memory(free=64 * MiB, allocated=100 * MiB))
-        self.settled = 0
-
-    def settled_memory(self, device):
-        self.settled += 1
-        return super().settled_memory(device)
-
-    def peak_allocated(self, device):
-        return 104 * MiB
-
-
-def test_auto_total_learns_the_first_iteration_then_solves_within_its_share(tmp_path):
+def two_layers(tmp_path, framework, **settings):
+    """Two converted layers of one shape (8 -> 8 channels) in a row, under a context of `framework`."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
-    framework = PeakFramework()
-    context = ut.Context(framework=framework, cache=Cache(tmp_path / "bench.db"), total_limit="auto")
-    ours = ut.convert(copy.deepcopy(model), context=context)
-    assert context.settings.optimizer == "wd" and context.total_auto
-    x = torch.randn(8, 3, 6, 6)
-    run_step(ours, x)  # first iteration: torch's convolutions, kernels recorded, nothing solved
-    assert framework.settled == 0 and not context.runs
-    got = run_step(ours, x)  # solved once, at the second iteration's first layer
-    assert framework.settled == 1
-    want = auto_total(Memory(64 * MiB, 100 * MiB), tensor_peak=104 * MiB)
-    assert want == 30 * MiB  # (64 - 4) / 2
-    wd = context.summary()["wd"][0]
-    assert wd["auto"] and wd["total_limit"] == want and wd["total_workspace"] <= want
-    assert_matches(got, run_step(model, x))
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+    context = ut.Context(framework=framework, cache=Cache(tmp_path / "bench.db"), **settings)
+    return model, ut.convert(copy.deepcopy(model), context=context), context
 
 
-def test_auto_total_needs_wd_and_no_sample_input(tmp_path):
-    with pytest.raises(ConfigError, match="optimizer='wd'"):
+def by_room(context) -> dict:
+    """summary()'s kernels by (kind, room)."""
+    return {(k["kind"], k["room"]): k for k in context.summary()["kernels"]}
+
+
+def test_auto_is_convert_s_default_and_a_limit_given_anywhere_is_fixed(tmp_path, monkeypatch):
+    monkeypatch.delenv("UCUDNN_WORKSPACE_LIMIT", raising=False)
+    monkeypatch.delenv("UCUDNN_TOTAL_LIMIT", raising=False)
+    assert ut.Context(framework=NumpyFramework()).auto
+    assert ut.Context(framework=NumpyFramework(), total_limit="auto").auto
+    assert ut.Context(framework=NumpyFramework(), optimizer="wd", total_limit="auto").settings.optimizer == "wr"
+    assert not ut.Context(framework=NumpyFramework(), workspace_limit="64MiB").auto
+    assert not ut.Context(framework=NumpyFramework(), optimizer="wd").auto  # the paper's WD: a total of limits
+    monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "32MiB")
+    assert not ut.Context(framework=NumpyFramework()).auto
+    monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "auto")
+    context = ut.Context(framework=NumpyFramework())
+    assert context.auto and "auto" in repr(context)
+
+
+def test_auto_limits_refuse_what_contradicts_them():
+    with pytest.raises(ConfigError, match="optimizer='wr'"):
         ut.Context(framework=NumpyFramework(), total_limit="auto", optimizer="wr")
-    with pytest.raises(ConfigError, match="drop sample_input"):
-        ut.convert(nn.Conv2d(3, 4, 3), total_limit="auto", sample_input=torch.randn(1, 3, 8, 8))
+    with pytest.raises(ConfigError, match="give one of them"):
+        ut.Context(framework=NumpyFramework(), total_limit="auto", workspace_limit="64MiB")
+
+
+def test_a_layer_runs_torch_s_convolution_while_its_moments_are_observed_then_is_planned_within_them(tmp_path):
+    """Two layers of one shape at moments with different bytes free: each kernel is planned
+    within what its own moment left (the least of RECORDED_CALLS calls, less what it writes,
+    less the margin), so the one shape gets two plans; torch's own kernels are timed with
+    only the room of their moment free."""
+    # per iteration: conv1's F, conv2's F, conv2's backward, conv1's backward
+    first = [900 * MiB, 40 * MiB, 30 * MiB, 700 * MiB]
+    second = [800 * MiB, 48 * MiB, 36 * MiB, 600 * MiB]  # the optimizer's state now takes some
+    framework = Timeline(first + second)
+    model, ours, context = two_layers(tmp_path, framework, delegate=True)
+    x = torch.randn(4, 8, 6, 6)
+    for _ in range(RECORDED_CALLS):
+        assert_matches(run_step(ours, x), run_step(model, x))
+        assert not context.runs.get(("ucudnn", "F"))  # still torch's own convolution
+    assert framework.asked == 8
+    got = run_step(ours, x)  # planned at the start of this iteration
+    assert_matches(got, run_step(model, x))
+    y_bytes, dx_bytes, dw_bytes = 4 * 8 * 36 * 4, 4 * 8 * 36 * 4, 8 * 8 * 9 * 4
+    rooms = {("F", quantized(800 * MiB - y_bytes)), ("F", quantized(40 * MiB - y_bytes)),
+             ("BD", quantized(30 * MiB - dx_bytes - dw_bytes)), ("BF", quantized(30 * MiB - dx_bytes - dw_bytes)),
+             ("BD", quantized(600 * MiB - dx_bytes - dw_bytes)), ("BF", quantized(600 * MiB - dx_bytes - dw_bytes))}
+    kernels = by_room(context)
+    assert set(kernels) == rooms
+    for (kind, room), kernel in kernels.items():
+        assert kernel["limit"] == workspace_limit(room) and kernel["workspace"] <= kernel["limit"]
+    assert sorted(framework.pressures) == sorted(room for _, room in rooms)  # torch timed at each moment
+    assert framework.asked == 8  # planned layers are observed no more
+
+
+def test_a_moment_with_no_room_plans_without_workspace_and_the_step_matches(tmp_path):
+    framework = Timeline([0])
+    model, ours, context = two_layers(tmp_path, framework, delegate=False)
+    x = torch.randn(4, 8, 6, 6)
+    for _ in range(RECORDED_CALLS + 1):
+        got = run_step(ours, x)
+    assert_matches(got, run_step(model, x))
+    assert context.runs[("ucudnn", "F")] == 2
+    assert all(k["limit"] == 0 and k["workspace"] == 0 for k in context.summary()["kernels"])
+
+
+def test_the_margin_and_grid_keep_a_limit_below_its_room():
+    for room in (0, 5 * MiB, 17 * MiB, 100 * MiB, 4 * 2**30, 37 * 2**30 + 12345):
+        limit = workspace_limit(room)
+        assert 0 <= limit <= max(0, room - room // 16 - 16 * MiB) and limit == quantized(limit)
+    assert quantized(100 * MiB) == 96 * MiB and quantized(5 * MiB + 7) == 5 * MiB
+    assert workspace_limit(4 * 2**30) >= 3 * 2**30  # a roomy moment keeps most of its bytes
+
+
+def test_under_auto_a_workspace_that_cannot_be_borrowed_shrinks_and_the_step_goes_on(tmp_path):
+    """The timeline promised 1 GiB; at run time only 20 KiB can be had: planned again within
+    less, then torch's own where nothing fits, never an error."""
+    class Promised(ScarceFramework):
+        def free_bytes(self, device):
+            return 2**30
+
+    framework = Promised(free=20 * 2**10)
+    model, ours, context = two_layers(tmp_path, framework, delegate=False)
+    x = torch.randn(16, 8, 10, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UcudnnWarning)
+        for _ in range(RECORDED_CALLS + 2):
+            got = run_step(ours, x)
+    assert_matches(got, run_step(model, x))
+    summary = context.summary()
+    assert framework.refused and summary["shrinks"]
+    assert all(k["workspace"] <= 20 * 2**10 for k in summary["kernels"] if k["via"] == "ucudnn")
+
+
+def test_transposed_weights_that_cannot_be_had_give_way_to_the_data_gradients_own_kernel(monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    w = torch.randn(8, 4, 3, 3)
+    monkeypatch.setattr(torch, "empty", no_memory)
+    with pytest.raises(DeviceMemoryError, match="transposed weights"):
+        TorchFramework.transposed_weights(w, 1, "nchw")
 
 
 def test_a_handle_that_cannot_be_created_is_tried_again_after_torch_empties_its_cache(monkeypatch):

@@ -18,7 +18,7 @@ from ucudnn.cache import Cache
 from ucudnn.config import Settings
 from ucudnn.delegation import OwnTiming
 from ucudnn.errors import DeviceMemoryError
-from ucudnn.memory import Memory
+from ucudnn.memory import Memory, quantized
 from ucudnn.planner import LAYER, UCUDNN, Framework, Planner
 from ucudnn.problem import ConvKind, ConvProblem
 from ucudnn.transposition import as_forward
@@ -41,6 +41,7 @@ class Call:
 class Site:
     def __init__(self, call: Call, kinds=(F, BD, BF)):
         self.call, self.kinds, self.kernels, self.delegated = call, kinds, {}, None
+        self.free, self.observed = {}, 0
 
 
 class ArrayKernel:
@@ -78,8 +79,10 @@ class NumpyArrays:
 
     own = OWN
 
-    def __init__(self, own_ms: float = math.inf):
+    def __init__(self, own_ms: float = math.inf, free: int = 0):
         self.cudnn_handles, self.own_ms, self.timed = {}, own_ms, []
+        self.free = free  # what free_bytes() says: set it to move through a step's moments
+        self.pressures = []  # per timing of its own kernel: the bytes left free for it (None: no blocker)
 
     def make_handle(self, settings, cache, device):
         return NumpyHandle(settings, cache)
@@ -90,9 +93,10 @@ class NumpyArrays:
     def own_kernel(self, problem):
         return OwnKernel(problem)
 
-    def time_own(self, problem, device):
+    def time_own(self, problem, device, free=None):
         self.timed.append(problem.kind)
-        return OwnTiming(self.own_ms, 0)
+        self.pressures.append(free)
+        return OwnTiming(self.own_ms, 0, self.free if free is None else free)
 
     def own_candidate(self):
         return "torch:numpy"
@@ -110,7 +114,7 @@ class NumpyArrays:
         return 0
 
     def free_bytes(self, device):
-        return 0
+        return self.free
 
     def synchronize(self, device):
         pass
@@ -277,3 +281,18 @@ def test_where_the_data_gradients_own_kernel_cannot_borrow_its_workspace_either_
     [shrink] = summary["shrinks"]
     assert shrink["kernel"] == site.call.problem(BD).describe() and shrink["failed"] > 0
     assert site.kernels[BD].via == UCUDNN and described["workspace"] <= shrink["failed"] // 2
+
+
+@pytest.mark.parametrize("own_ms, swept", [(0.1, False), (1.0, True)])
+def test_under_pressure_a_long_own_layer_is_swept_though_the_favourite_fits(tmp_path, rng, own_ms, swept):
+    """With limits from the timeline and a moment far from ROOMY_BYTES, torch's benchmark mode
+    may have settled for a slow plan: a layer whose own kernels take SWEPT_UNDER_PRESSURE_MS or
+    more is swept (then kept where ucudnn is faster); a shorter one keeps its own with no sweep."""
+    framework = NumpyArrays(own_ms=own_ms / 3, free=64 * 2**20)
+    plans = Planner(Settings.load(env={}, planning="first_call", progress=False), framework,
+                    Cache(tmp_path / "bench.db"), auto=True)
+    site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
+    step(plans, site, rng)
+    kernels = plans.summary()["kernels"]
+    assert all(k["swept"] == swept for k in kernels), kernels
+    assert framework.pressures == [quantized(64 * 2**20 - site.call.problem(k).written_bytes()) for k in (F, BD, BF)]

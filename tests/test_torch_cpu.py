@@ -675,9 +675,9 @@ def test_steady_state_calls_resolve_and_compile_once(numpy_context, monkeypatch)
         run_step(conv, x)
     assert counts == {"resolve": 1, "program": 3}  # one signature; F, BD, BF compiled once each
     assert len(context.sites) == 1 and context.runs["ucudnn", "BF"] == 3
-    twin = ut.convert(nn.Conv2d(3, 4, 3), context=context)  # an equal layer shares the site
+    twin = ut.convert(nn.Conv2d(3, 4, 3), context=context)  # an equal layer: a site of its own, the same kernels
     run_step(twin, x)
-    assert counts == {"resolve": 1, "program": 3}
+    assert counts == {"resolve": 2, "program": 3}
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "layout", "module", "padding", "deterministic"])
@@ -802,11 +802,12 @@ def test_worth_delegating_rule():
     from ucudnn.delegation import worth_delegating
     from ucudnn.delegation import OwnTiming as T
     limit = 64 * 2**20
-    assert worth_delegating([1.0, 1.0], [T(1.0, 0), T(1.02, limit)], limit, host_cost_ms=0.05)
-    assert worth_delegating([0.5], [T(1.0, 0)], limit, host_cost_ms=0.6)  # saves less than the host cost
-    assert not worth_delegating([0.5], [T(1.0, 0)], limit, host_cost_ms=0.05)  # ucudnn clearly faster
-    assert not worth_delegating([5.0], [T(1.0, limit + 1)], limit)  # torch's plan needs more than the limit
-    assert not worth_delegating([], [], limit)
+    assert worth_delegating([1.0, 1.0], [T(1.0, 0), T(1.02, limit)], [limit, limit], host_cost_ms=0.05)
+    assert worth_delegating([0.5], [T(1.0, 0)], [limit], host_cost_ms=0.6)  # saves less than the host cost
+    assert not worth_delegating([0.5], [T(1.0, 0)], [limit], host_cost_ms=0.05)  # ucudnn clearly faster
+    assert not worth_delegating([5.0], [T(1.0, limit + 1)], [limit])  # torch's plan needs more than the limit
+    assert not worth_delegating([1.0, 1.0], [T(1.0, 0), T(1.0, limit)], [limit, limit - 1])  # each kernel its own room
+    assert not worth_delegating([], [], [])
 
 
 def delegating_context(numpy_context, torch_timing, **settings):
@@ -918,11 +919,11 @@ def test_settled_by_own_rule():
         return lambda: asked.append(fit) or fit
 
     roomy, tight = ROOMY_BYTES, ROOMY_BYTES - 1
-    assert settled_by_own([T(1.0, limit, roomy), T(9.0, 0, roomy)], limit, favourites(False)) and not asked
-    assert settled_by_own([T(1.0, limit, tight)], limit, favourites(True)) and asked == [True]
-    assert not settled_by_own([T(1.0, 0, tight)], limit, favourites(False))  # cuDNN's favourite is kept out
-    assert not settled_by_own([T(1.0, limit + 1, roomy)], limit, favourites(True))  # torch's own needs more
-    assert not settled_by_own([T(float("inf"), 0, roomy)], limit, favourites(True))  # operands did not fit
+    assert settled_by_own([T(1.0, limit, roomy), T(9.0, 0, roomy)], [limit] * 2, favourites(False)) and not asked
+    assert settled_by_own([T(1.0, limit, tight)], [limit], favourites(True)) and asked == [True]
+    assert not settled_by_own([T(1.0, 0, tight)], [limit], favourites(False))  # cuDNN's favourite is kept out
+    assert not settled_by_own([T(1.0, limit + 1, roomy)], [limit], favourites(True))  # torch's own needs more
+    assert not settled_by_own([T(float("inf"), 0, roomy)], [limit], favourites(True))  # operands did not fit
     assert not settled_by_own([], limit, favourites(True))
     assert asked == [True, False]
 
@@ -990,7 +991,7 @@ def test_grad_mode_is_part_of_the_signature_and_of_what_is_timed(numpy_context):
 def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
     """Under memory pressure torch's kernel may not even be timeable: the layer stays with ucudnn
     and the training step goes on."""
-    def out_of_memory(self, problem, device):
+    def out_of_memory(self, problem, device, free):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(integration.TorchFramework, "_time_own", out_of_memory)
@@ -999,7 +1000,7 @@ def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
     timing = integration.TorchFramework().time_own(problem, torch.device("cpu"))
     assert timing.ms == float("inf") and timing.workspace == 0
     from ucudnn.delegation import worth_delegating
-    assert not worth_delegating([1.0], [timing], 2**30)
+    assert not worth_delegating([1.0], [timing], [2**30])
 
 
 def test_a_parametrized_weight_is_read_through_its_parametrization(numpy_context):

@@ -23,6 +23,7 @@ class NumpyFramework(TorchFramework):
         super().__init__()
         self.torch_timing = torch_timing
         self.timed = []
+        self.pressures = []  # per timing of torch's kernels: the bytes left free for it (None: no blocker)
         self.timed_planning = []  # per timing of torch's kernels: whether inside the planning scope
         self.memory_now = memory  # what settled_memory() reports: set it to simulate the device's state
         self._planning = 0
@@ -64,8 +65,9 @@ class NumpyFramework(TorchFramework):
     def free_bytes(self, device):
         return self.memory_now.free
 
-    def time_own(self, problem, device):
+    def time_own(self, problem, device, free=None):
         self.timed.append(problem)
+        self.pressures.append(free)
         self.timed_planning.append(self._planning > 0)
         return self.torch_timing(problem)
 

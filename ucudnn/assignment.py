@@ -122,17 +122,40 @@ class Assignments:
                        Assignment(configuration, segment.pointer(base) if segment.size else 0, segment.size))
         self._network_solved = True
 
-    def shrink(self, problem: ConvProblem, available: int | None = None) -> Assignment:
+    def shrink(self, problem: ConvProblem, available: int | None = None, failed: Assignment | None = None) -> Assignment:
         """Assign `problem` again within less than its workspace, which the caller (borrowing it
         at each call) could not allocate: within the `available` bytes the caller can still have
-        where that is less but at least half, else within half."""
-        failed = self._assigned[problem.key].workspace_size
-        limit = self._smaller(failed, problem.describe(), available)
+        where that is less but at least half, else within half. `failed`: a plan the caller keeps
+        itself (within()), planned again and returned, not kept; else the kernel's assignment."""
+        kept = failed is None
+        failed = self._assigned[problem.key] if kept else failed
+        limit = self._smaller(failed.workspace_size, problem.describe(), available)
         try:
-            self._assign_alone(problem, limit, self._tables_at_hand)
+            assignment = self._within(problem, limit, self._tables_at_hand)
         except (NoAlgorithmError, InfeasibleError):
-            self._assign_alone(problem, limit)
-        return self._assigned[problem.key]
+            assignment = self._within(problem, limit)
+        if kept:
+            self._keep(problem.key, problem.describe(), assignment)
+        else:
+            self._say(f"{problem.describe()} within {limit / 2**20:.1f} MiB", assignment)
+        return assignment
+
+    def within(self, problem: ConvProblem, limit: int) -> Assignment:
+        """WR: the kernel's plan within `limit` bytes (the cache, and this GPU for what it
+        lacks), and its workspace; the caller keeps it (a framework's kernel planned for one
+        moment of its step, ucudnn.memory), the handle does not."""
+        assignment = self._within(problem, limit)
+        self._say(f"{problem.describe()} within {limit / 2**20:.1f} MiB", assignment)
+        return assignment
+
+    def _within(self, problem: ConvProblem, limit: int, measure: Measure | None = None) -> Assignment:
+        """The kernel's WR plan within `limit` from `measure` (default _tables), and its workspace."""
+        while True:
+            configuration = self._optimize_wr(problem, limit, measure)
+            try:
+                return Assignment(configuration, self._buffer(configuration.workspace), configuration.workspace)
+            except MemoryError:
+                limit = self._smaller(configuration.workspace, problem.describe())
 
     def reset(self) -> None:
         """Forget every assignment and workspace; known kernels are assigned again on next use (WD: as
@@ -146,23 +169,19 @@ class Assignments:
         return len(self._assigned)
 
     def _assign_alone(self, problem: ConvProblem, limit: int | None = None, measure: Measure | None = None) -> None:
-        """WR: the kernel's plan within `limit` (default _alone_limit) from `measure` (default
-        _tables: the cache, and this GPU for what it lacks) and its workspace."""
-        limit = self._alone_limit() if limit is None else limit
-        while True:
-            configuration = self._optimize_wr(problem, limit, measure)
-            try:
-                workspace = self._buffer(configuration.workspace)
-                break
-            except MemoryError:
-                limit = self._smaller(configuration.workspace, problem.describe())
+        """WR: the kernel's plan within `limit` (default _alone_limit), kept as its assignment."""
+        assignment = self._within(problem, self._alone_limit() if limit is None else limit, measure)
         if self.wd:
-            self._late_workspace += configuration.workspace
-        self._keep(problem.key, problem.describe(), Assignment(configuration, workspace, configuration.workspace))
+            self._late_workspace += assignment.workspace_size
+        self._keep(problem.key, problem.describe(), assignment)
 
     def _keep(self, key: str, what: str, assignment: Assignment) -> None:
-        """`assignment` is kernel `key`'s; with settings.verbose a line on stderr says so."""
+        """`assignment` is kernel `key`'s (_say says so)."""
         self._assigned[key] = assignment
+        self._say(what, assignment)
+
+    def _say(self, what: str, assignment: Assignment) -> None:
+        """With settings.verbose, a line on stderr: `what` is planned as `assignment`."""
         if self.settings.verbose:
             c = assignment.configuration
             print(f"ucudnn: {what}: {c.describe()}, {assignment.workspace_size / 2**20:.1f} MiB of workspace, "

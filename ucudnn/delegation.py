@@ -9,10 +9,12 @@ limit allows (the reason ucudnn exists: they are not allowed to run), or where u
 are faster than the framework's by more than the host time a converted step costs. Otherwise the
 layer runs the framework's own convolution, with no cost beyond one lookup. Both sides are
 measured in this process: ucudnn's kernels by its benchmark, the framework's by timing its own
-convolution once per kernel (under the memory free then, as torch's benchmark mode sees it).
+convolution once per kernel, under the memory its moment in the step leaves free (a blocker
+allocation holds the rest while it is timed), as torch's benchmark mode meets it there.
 
 A timing is kept in the database only where the framework chose its plan with nothing out of
-reach (ROOMY_BYTES free), and read only where as much is free again: then it describes the
+reach (ROOMY_BYTES free at the kernel's moment in the step, ucudnn.memory), and read only where
+as much is free at its moment again: then it describes the
 framework's unconstrained pick (named by the framework's version, e.g. 'torch:2.11.0+cu130', a
 candidate of the database's `torch` backend, ucudnn.measurements.TORCH) on that GPU model and
 cuDNN version, not the moment. A later process then decides delegation as the first did.
@@ -49,34 +51,50 @@ class OwnTiming(NamedTuple):
     free: int = 0
 
 
-def settled_by_own(own: Sequence[OwnTiming], limit: int, favourites_fit: Callable[[], bool]) -> bool:
+# Under pressure, torch's benchmark mode may settle for a slow plan although cuDNN's favourite
+# fits what is free (wav2vec2's second layer on an H200 with 704 MiB free: a 4.65 ms data gradient
+# whose favourite fitted), so there the favourite is no evidence: a layer whose own kernels take
+# this long together is swept. A sweep costs 0.1-3 s of planning per kernel (docs/results.md,
+# "Whole models where memory is short"); shorter layers can save little and keep their own.
+SWEPT_UNDER_PRESSURE_MS = 0.5
+
+
+def settled_by_own(own: Sequence[OwnTiming], rooms: Sequence[int], favourites_fit: Callable[[], bool]) -> bool:
     """Whether a layer runs the framework's own convolution with no sweep of ucudnn's candidates:
-    each of its own kernels was timed (its operands fit) and fits the per-kernel workspace
-    `limit`, and the framework chose it with nothing out of reach: with ROOMY_BYTES free, or else
+    each of its own kernels was timed (its operands fit) and fits its workspace room (`rooms`,
+    per kernel: the per-kernel limit, or what its moment leaves free), and the framework chose it
+    with nothing out of reach: with ROOMY_BYTES free, or else
     where cuDNN's heuristic favourite of each kernel fits the limit too (`favourites_fit()`, asked
     only then: it costs a heuristics query per kernel). Then no plan is kept out by the limit,
     which is all micro-batching can let in, and torch's benchmark mode has timed what cuDNN rates
     best. Under memory pressure with a favourite that does not fit (the framework settled for a
     slow plan), the sweep decides."""
-    if not own or any(t.ms == math.inf or t.workspace > limit for t in own):
+    if not own or any(t.ms == math.inf or t.workspace > room for t, room in zip(own, rooms)):
         return False
     return all(t.free >= ROOMY_BYTES for t in own) or favourites_fit()
 
 
-def own_kernel_faster(ucudnn_ms: float, own: OwnTiming, limit: int) -> bool:
+def pressed(own: Sequence[OwnTiming]) -> bool:
+    """Whether a layer's own kernels, timed under the pressure of their moments, are long enough
+    (SWEPT_UNDER_PRESSURE_MS together) that a plan torch's benchmark mode settled for there is
+    checked by a sweep, whatever cuDNN's favourite needs."""
+    return sum(t.ms for t in own) >= SWEPT_UNDER_PRESSURE_MS and any(t.free < ROOMY_BYTES for t in own)
+
+
+def own_kernel_faster(ucudnn_ms: float, own: OwnTiming, room: int) -> bool:
     """Whether one kernel of a layer ucudnn keeps runs the framework's own convolution instead:
-    its own kernel was timed, fits the per-kernel workspace `limit` and is faster than ucudnn's
+    its own kernel was timed, fits the kernel's workspace `room` and is faster than ucudnn's
     plan (a plan the search could not find: a pruned search times cuDNN's best-ranked candidates,
     and torch's benchmark mode may find another that ranks lower)."""
-    return own.ms < ucudnn_ms and own.workspace <= limit
+    return own.ms < ucudnn_ms and own.workspace <= room
 
 
-def worth_delegating(ucudnn_ms: Sequence[float], own: Sequence[OwnTiming], limit: int,
+def worth_delegating(ucudnn_ms: Sequence[float], own: Sequence[OwnTiming], rooms: Sequence[int],
                      host_cost_ms: float = HOST_COST_MS) -> bool:
     """Whether a layer whose kernels take `ucudnn_ms` through ucudnn and `own` (time and
     workspace) through the framework runs the framework's own convolution: every own kernel fits
-    the per-kernel workspace `limit`, and ucudnn's kernels together save less than `host_cost_ms`."""
-    if not own or any(t.workspace > limit for t in own):
+    its workspace room (`rooms`, per kernel), and ucudnn's kernels together save less than `host_cost_ms`."""
+    if not own or any(t.workspace > room for t, room in zip(own, rooms)):
         return False
     saving_ms = sum(t.ms for t in own) - sum(ucudnn_ms)
     return saving_ms < host_cost_ms

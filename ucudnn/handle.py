@@ -127,11 +127,18 @@ class Handle:
         `total` bytes (default: the settings' total limit)."""
         self.assignments.finalize(total)
 
-    def shrink(self, problem: ConvProblem, available: int | None = None) -> Assignment:
+    def shrink(self, problem: ConvProblem, available: int | None = None, failed: Assignment | None = None) -> Assignment:
         """Plan `problem` again within less workspace (the bytes `available`, or half): the caller
-        could not allocate the workspace its assignment asked for (see Assignments.shrink)."""
-        self._programs = {key: run for key, run in self._programs.items() if key[0] != problem}
-        return self.assignments.shrink(problem, available)
+        could not allocate the workspace its assignment (or `failed`, a plan of within()) asked
+        for (see Assignments.shrink)."""
+        if failed is None:
+            self._programs = {key: run for key, run in self._programs.items() if key[0] != problem}
+        return self.assignments.shrink(problem, available, failed)
+
+    def within(self, problem: ConvProblem, limit: int) -> Assignment:
+        """WR: `problem`'s plan within `limit` bytes, kept by the caller rather than this handle:
+        a framework plans one kernel at several moments of its step (Assignments.within)."""
+        return self.assignments.within(problem, limit)
 
     @property
     def wd_limit(self) -> int | None:

@@ -1,40 +1,55 @@
-"""WD's memory-aware total (total_limit="auto"): a share of the memory the training step leaves free.
+"""Workspace limits from the memory timeline (workspace_limit="auto", ucudnn.torch's default).
 
-When a model nearly fills the GPU, no fixed workspace limit is right for every run. With
-`convert(model, optimizer="wd", total_limit="auto")` the first iteration runs torch's own
-convolutions while the layers record their kernels. When the second iteration starts, torch's
-unused cached blocks go back to the device and WD divides AUTO_SHARE of what stays free when
-tensors again take their peak (torch's own peak statistic, which covers the first iteration):
+In a training step the memory free changes tens of times over as activations are made and
+freed: on an H100, wav2vec2's feature extractor under a blocker had 4068 MiB free at its first
+forward convolution and 105 MiB at its last one's backward (docs/results.md, "Whole models where
+memory is short"). A fixed per-kernel limit throws away gigabytes where the heaviest kernels run
+and is still more than is free at the peak. So a layer first runs the framework's own
+convolution for RECORDED_CALLS calls while the bytes free as each of its kernels starts are
+recorded (its `room`: the least seen, less what the kernel itself writes), and each kernel is
+then planned within what its moment leaves:
 
-    available = free on the device - (tensor peak - in use now)
-    total     = AUTO_SHARE x available
+    limit = quantized(room - MARGIN_BYTES - room / MARGIN_DIVISOR)
 
-What torch still holds beyond its tensors after that is fragments, which cannot hold one large
-buffer: not counted. The other half is margin for torch's allocator. The peak is torch's since
-the process started (or since the caller last called torch.cuda.reset_peak_memory_stats()):
-conservative where something before training held more. (Peaks sampled at layer boundaries
-missed the classifier's gradients, and counting the fragments ran out of memory in torch's own
-backward under 128 MiB of headroom, on the H100.) The workspace is one buffer from torch's
-caching allocator; if it cannot be had the network is solved again within half of it
-(ucudnn.assignment).
+The margin covers what the converted call allocates around the kernel that the framework's did
+not, the allocator's rounding and blocks it cannot merge; a workspace that still cannot be had
+is planned again within less (ucudnn.planner.Planner._shrink). quantized() rounds down to a grid
+of eight steps per power of two, so that kernels at nearby moments share one plan.
+
+WD's division at such moments: with a step's kernels running one after another, each moment
+holds one kernel, so a division constrained moment by moment gives each kernel its moment's
+room, which is WR's plan at that limit. total_limit="auto" therefore plans as the timeline
+does (docs/torch.md); a persistent buffer divided among every kernel would take its bytes from
+the step's peak for the whole step.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-AUTO = "auto"  # the total_limit that asks for this
-AUTO_SHARE = 0.5
+AUTO = "auto"  # the workspace_limit (or total_limit) that asks for limits from the timeline
+RECORDED_CALLS = 2  # calls of a layer observed before it is planned: the first step has no optimizer state yet
+MARGIN_BYTES = 16 * 2**20
+MARGIN_DIVISOR = 16
+_STEPS = 8  # grid steps per power of two
 
 
 class Memory(NamedTuple):
     """One device's memory at one moment, in bytes."""
 
     free: int  # free on the device (cudaMemGetInfo): nobody holds it
-    allocated: int  # held by torch's tensors
+    allocated: int  # held by the framework's tensors
 
 
-def auto_total(now: Memory, tensor_peak: int, share: float = AUTO_SHARE) -> int:
-    """WD's total in bytes: `share` of the memory that stays free when tensors again take
-    `tensor_peak` bytes, given the memory `now` (settled: torch's unused cached blocks given back)."""
-    growth = max(0, tensor_peak - now.allocated)
-    return max(0, int(share * (now.free - growth)))
+def quantized(nbytes: int) -> int:
+    """`nbytes` rounded down to the grid: whole MiB below 8 MiB, eight steps per power of two above."""
+    mib = 2**20
+    if nbytes < _STEPS * mib:
+        return max(0, nbytes // mib * mib)
+    step = 1 << (nbytes.bit_length() - 1 - 3)  # an eighth of the power of two below nbytes
+    return nbytes // step * step
+
+
+def workspace_limit(room: int) -> int:
+    """The workspace limit of a kernel whose moment leaves `room` bytes free (its own output
+    already taken): the room less the margin, on the grid."""
+    return quantized(max(0, room - MARGIN_BYTES - room // MARGIN_DIVISOR))

@@ -2,8 +2,10 @@
 (ucudnn.integrations.torch) builds its layers on, with no framework in it.
 
 A layer call is a `site`: its `call` (hashable; `.device` and `.problem(kind)`, the ConvProblem of
-each kernel it runs), its `kinds` (F, BD, BF), the kernels planned for it (`kernels`, by kind) and
-whether it runs the framework's own convolution (`delegated`; None: not decided yet). The
+each kernel it runs), its `kinds` (F, BD, BF), the kernels planned for it (`kernels`, by kind),
+whether it runs the framework's own convolution (`delegated`; None: not decided yet) and, with
+limits from the memory timeline (`auto`, ucudnn.memory), the bytes free as each of its kernels
+started (`free`, by kind: the least seen) over the calls observed (`observed`). The
 framework's side is a `framework` object (ucudnn.integrations.torch.kernels.TorchFramework): one
 ucudnn.Handle per device, its own convolution (timed, and run where ucudnn does not), ucudnn's
 kernels over its tensors, its memory, devices and streams.
@@ -17,6 +19,11 @@ The Planner decides per layer, on its first call or between iterations (settings
   (delegation.own_kernel_faster);
 - a kernel whose workspace cannot be had is planned again within less (`run`, `_shrink`); a data
   gradient run as a forward convolution goes back to its own BD kernel first.
+
+Each kernel's workspace limit is the per-kernel setting, or with `auto` what its moment in the
+step leaves free (ucudnn.memory): a layer then runs the framework's convolution for
+RECORDED_CALLS calls while its moments are observed (`observe`), the framework's own kernel is
+timed under the same pressure, and the same shape at two moments may get two plans.
 """
 from __future__ import annotations
 
@@ -28,11 +35,12 @@ from collections import Counter
 from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, runtime_checkable
 
 from .config import Settings
-from .delegation import OwnTiming, keep_timing, own_kernel_faster, settled_by_own, stored_timing, worth_delegating
+from .delegation import (OwnTiming, keep_timing, own_kernel_faster, pressed, settled_by_own, stored_timing,
+                         worth_delegating)
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
-from .memory import Memory, auto_total
+from .memory import RECORDED_CALLS, Memory, quantized, workspace_limit
 from .problem import ConvKind, ConvProblem
 from .progress import Progress
 from .transposition import as_forward, faster
@@ -62,8 +70,9 @@ class Framework(Protocol):
     def own_kernel(self, problem: ConvProblem) -> Any:
         """A callable kernel(x, w, y) running the framework's own convolution (`via` == own)."""
 
-    def time_own(self, problem: ConvProblem, device: Hashable) -> OwnTiming:
-        """The framework's own convolution of `problem` timed on new operands."""
+    def time_own(self, problem: ConvProblem, device: Hashable, free: int | None = None) -> OwnTiming:
+        """The framework's own convolution of `problem` timed on new operands; with `free`, with
+        only that many bytes free beyond its result (the rest held while it runs)."""
 
     def own_candidate(self) -> str:
         """The database's name of the framework's own convolution ('torch:2.11.0+cu130')."""
@@ -82,7 +91,7 @@ class Framework(Protocol):
         """The most bytes the framework's tensors have held at once."""
 
     def free_bytes(self, device: Hashable) -> int:
-        """What the framework could allocate now."""
+        """What the framework could allocate now in one block, at the least."""
 
     def synchronize(self, device: Hashable) -> None:
         """Wait for the device's work."""
@@ -98,29 +107,35 @@ def _assigned(handle, problem: ConvProblem):
     return handle.assignment(problem)
 
 
-class Planner:
-    """The kernels planned for a framework's layer calls, by call and kind, on one
-    ucudnn.Handle per device; `total_auto`: WD's total is a share of the memory left free
-    (ucudnn.memory). `runs` counts kernel calls by (via, kind) and delegated layer calls by
-    (framework.own, LAYER)."""
+def _within(limit: int) -> Callable[[Any, ConvProblem], Any]:
+    """Planner._planned's first plan of a kernel at one moment: within `limit` bytes."""
+    return lambda handle, problem: handle.within(problem, limit)
 
-    def __init__(self, settings: Settings, framework: Framework, cache=None, delegate: bool = True, total_auto: bool = False):
-        self.settings, self.framework, self.delegate, self.total_auto = settings, framework, delegate, total_auto
+
+class Planner:
+    """The kernels planned for a framework's layer calls, by call, kind and limit, on one
+    ucudnn.Handle per device; `auto`: each kernel's limit from what its moment in the step
+    leaves free (ucudnn.memory), else the settings' per-kernel limit. `runs` counts kernel calls
+    by (via, kind) and delegated layer calls by (framework.own, LAYER)."""
+
+    def __init__(self, settings: Settings, framework: Framework, cache=None, delegate: bool = True, auto: bool = False):
+        self.settings, self.framework, self.delegate, self.auto = settings, framework, delegate, auto
         self._cache = cache
         self._handles: dict[Hashable, Any] = {}
-        self._kernels: dict[tuple[ConvKind, Hashable], Any] = {}  # (kind, call) -> its kernel
-        self._own_timings: dict[tuple[ConvKind, Hashable], OwnTiming] = {}
-        self._favourites_fit: dict[tuple[ConvKind, Hashable], bool] = {}  # asked once: a layer may resume planning
-        self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...]], bool] = {}  # what sites decided
+        # (kind, call, room) -> its kernel, its framework's own timing (_room: with `auto` by moment)
+        self._kernels: dict[tuple[ConvKind, Hashable, int], Any] = {}
+        self._own_timings: dict[tuple[ConvKind, Hashable, int], OwnTiming] = {}
+        self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
+        self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
         self._lock = threading.RLock()
         self.runs: Counter = Counter()
         self._delegated_run = (framework.own, LAYER)
         self.progress = Progress(self.settings.progress)
         self._planning_s: Counter = Counter()  # (kind, call) -> seconds spent planning it, own timing included
         self._unswept: set[Hashable] = set()  # delegated with no sweep (delegation.settled_by_own)
-        # planning="between_iterations": (call, kinds) -> its sites, running the framework's
-        # convolution until planned; planned from the start of an iteration (the first site's call) on
-        self._pending: dict[tuple[Hashable, tuple[ConvKind, ...]], list[Any]] = {}
+        # planning="between_iterations": the sites running the framework's convolution until
+        # planned (an ordered set); planned from the start of an iteration (the first site's call) on
+        self._pending: dict[Any, None] = {}
         self._lead: Any = None
         self._slice = _Slice(math.inf)  # plan_pending's budget while it runs; outside it, none
 
@@ -151,16 +166,17 @@ class Planner:
         free once the framework's cached blocks went back (cached blocks in odd sizes cannot give
         one workspace), or half (Assignments.shrink, from its own plan's workspace; another site
         may have shrunk it already), and where no plan is left, the framework's own convolution."""
-        call = site.call
+        call, key = site.call, (kind, site.call, self._room(site, kind))
         with self._lock:
-            kernel = self._kernels.get((kind, call))
+            kernel = self._kernels.get(key)
             if kernel is failed and isinstance(failed, _AsForward):
-                kernel = self._kernels[kind, call] = failed.backward
+                kernel = self._kernels[key] = failed.backward
             elif kernel is failed:
                 available = self.framework.settled_memory(call.device).free
+                plan = failed.assignment if self.auto else None
                 with self.framework.planning(call.device):
-                    kernel = self._kernels[kind, call] = self._planned(
-                        call, kind, lambda handle, problem: handle.shrink(problem, available))
+                    kernel = self._kernels[key] = self._planned(
+                        call, kind, lambda handle, problem: handle.shrink(problem, available, plan))
             site.kernels[kind] = kernel
             return kernel
 
@@ -175,8 +191,11 @@ class Planner:
         if delegated is None:
             self._lead = self._lead or site
             delegated = self._decide(site)
-            if (site.call, site.kinds) not in self._pending:
+            if site not in self._pending:
                 site.delegated = delegated
+            elif self.auto:
+                site.observed += 1
+                self.observe(site, site.kinds[:1])
         elif self.progress.open:
             self.progress.idle(self._planned_so_far)
         if delegated:
@@ -194,28 +213,61 @@ class Planner:
         deferred = self.settings.planning == "between_iterations"
         if not deferred and not self.delegate:
             return False
-        key = (site.call, site.kinds)
-        if key in self._pending:
-            if all(s is not site for s in self._pending[key]):
-                self._pending[key].append(site)
+        if site in self._pending:
             return True
+        if deferred and site.observed < self._observations:
+            self._pending[site] = None
+            return True
+        key = self._layer_key(site)
         if key not in self._delegated:
             if deferred:
-                self._pending[key] = [site]
+                self._pending[site] = None
                 return True
             self._delegated[key] = self._planned_layer(site)
         return self._delegated[key]
+
+    def observing(self, site) -> bool:
+        """Whether the site's moments are observed: with `auto`, while it runs the framework's
+        own convolution waiting for its plan (the layer then calls observe() as its backward starts)."""
+        return site.delegated is None and self.auto and site in self._pending
+
+    def observe(self, site, kinds: tuple[ConvKind, ...]) -> None:
+        """The site's `kinds` start now: each one's room is what the framework could allocate
+        less what those kernels write (their outputs, made before they run), the least seen kept."""
+        call = site.call
+        room = self.framework.free_bytes(call.device) - sum(call.problem(k).written_bytes() for k in kinds)
+        for kind in kinds:
+            site.free[kind] = min(site.free.get(kind, room), room)
+
+    @property
+    def _observations(self) -> int:
+        """Calls of a layer observed before it is planned: RECORDED_CALLS with `auto`, else none."""
+        return RECORDED_CALLS if self.auto else 0
+
+    def _room(self, site, kind: ConvKind) -> int:
+        """The bytes the kernel's own workspace may take: the per-kernel limit, or with `auto`
+        what its moment leaves free beside its output (on ucudnn.memory's grid; unobserved: now)."""
+        if not self.auto:
+            return self.settings.workspace_limit
+        free = site.free.get(kind)
+        if free is None:
+            free = self.framework.free_bytes(site.call.device) - site.call.problem(kind).written_bytes()
+        return quantized(free)
+
+    def _layer_key(self, site) -> tuple:
+        """What a layer's decision depends on: its call, kernels and their rooms."""
+        return site.call, site.kinds, tuple(self._room(site, kind) for kind in site.kinds)
 
     def _planned_layer(self, site) -> bool | None:
         """Plan the site's layer; whether it runs the framework's own convolution. With delegation
         on, its own kernels are timed first, and where they settle the layer
         (delegation.settled_by_own) it runs them with no sweep; else its kernels are swept.
         None: plan_pending's slice ran out between two of its kernels (the next slice goes on)."""
-        call = site.call
-        if self.delegate and settled_by_own([self._own_timing(call, kind) for kind in site.kinds],
-                                            self.settings.workspace_limit,
-                                            lambda: all(self._favourite_fits(call, kind) for kind in site.kinds)):
-            self._unswept.add(call)
+        rooms = [self._room(site, kind) for kind in site.kinds]
+        own = [self._own_timing(site, kind) for kind in site.kinds] if self.delegate else []
+        if self.delegate and not (self.auto and pressed(own)) and settled_by_own(
+                own, rooms, lambda: all(self._favourite(site.call, kind) <= room for kind, room in zip(site.kinds, rooms))):
+            self._unswept.add(site.call)
             return True
         return self._swept(site)
 
@@ -226,68 +278,74 @@ class Planner:
         where plan_pending's slice ran out before one of its kernels."""
         kernels = []
         for kind in site.kinds:
-            if (kind, site.call) not in self._kernels and self._slice.spent():
+            if (kind, site.call, self._room(site, kind)) not in self._kernels and self._slice.spent():
                 return None
             kernels.append(self._site_kernel(site, kind))
         if not self.delegate or not all(k.via == UCUDNN for k in kernels):
             return False
         ucudnn_ms = [k.assignment.configuration.time_ms for k in kernels]
-        own = [self._own_timing(site.call, kind) for kind in site.kinds]
-        limit = self.settings.workspace_limit
-        if worth_delegating(ucudnn_ms, own, limit):
+        own = [self._own_timing(site, kind) for kind in site.kinds]
+        rooms = [self._room(site, kind) for kind in site.kinds]
+        if worth_delegating(ucudnn_ms, own, rooms):
             return True
-        for kind, kernel, ms, timing in zip(site.kinds, kernels, ucudnn_ms, own):
-            if own_kernel_faster(ms, timing, limit):
-                self._kernels[kind, site.call] = site.kernels[kind] = self.framework.own_kernel(kernel.problem)
+        for kind, kernel, ms, timing, room in zip(site.kinds, kernels, ucudnn_ms, own, rooms):
+            if own_kernel_faster(ms, timing, room):
+                own_kernel = self.framework.own_kernel(kernel.problem)
+                self._kernels[kind, site.call, room] = site.kernels[kind] = own_kernel
         return False
 
     def plan_pending(self, budget_s: float | None = None) -> int:
         """Plan the layers waiting for a plan (planning='between_iterations'), oldest first, until
         `budget_s` seconds have gone (None: all of them), checked between kernels: each call plans
-        something (a kernel, or a layer decided) either way, and a sweep is never cut. A layer
-        runs as planned from its next call once all its kernels are. Returns how many layers still
-        wait. Between iterations only."""
+        something (a kernel, or a layer decided) either way, and a sweep is never cut. With `auto`
+        only layers observed RECORDED_CALLS times are planned. A layer runs as planned from its
+        next call once all its kernels are. Returns how many layers still wait. Between
+        iterations only."""
         self._slice = _Slice(math.inf if budget_s is None else time.perf_counter() + budget_s)
         try:
-            while self._pending and not self._slice.spent():
-                key, sites = next(iter(self._pending.items()))
-                delegated = self._planned_layer(sites[0])
+            for site in [s for s in self._pending if s.observed >= self._observations]:
+                if self._slice.spent():
+                    break
+                key = self._layer_key(site)
+                delegated = self._delegated[key] if key in self._delegated else self._planned_layer(site)
                 if delegated is None:
                     break
                 self._delegated[key] = delegated
-                del self._pending[key]
-                for site in sites:
-                    site.delegated = None
+                del self._pending[site]
+                site.delegated = None
                 self._slice.worked = True
         finally:
             self._slice = _Slice(math.inf)
         return len(self._pending)
 
-    def _own_timing(self, call, kind: ConvKind) -> OwnTiming:
+    def _own_timing(self, site, kind: ConvKind) -> OwnTiming:
         """The framework's own kernel as the database keeps it (delegation.stored_timing), else
-        timed now and kept."""
-        if (kind, call) not in self._own_timings:
+        timed now and kept; with `auto` under the pressure of its moment (the bytes its room
+        leaves free), as it runs there."""
+        call, room = site.call, self._room(site, kind)
+        if (kind, call, room) not in self._own_timings:
             problem, assignments = call.problem(kind), self.handle(call.device).assignments
-            candidate = self.framework.own_candidate()
+            candidate, free = self.framework.own_candidate(), room if self.auto else None
             with self._lock, self.framework.device_guard(call.device):
-                timing = stored_timing(assignments, problem, self.framework.free_bytes(call.device), candidate)
+                timing = stored_timing(assignments, problem, self.framework.free_bytes(call.device) if free is None else free,
+                                       candidate)
                 if timing is None:
                     # in the planning scope: its operands (~190 MiB for AlexNet's conv2) go back to the
                     # device afterwards rather than staying cached in odd sizes in the pool the step runs in
                     with self.framework.planning(call.device), self._planning(kind, call, f"timing {self.framework.own}'s own"):
-                        timing = self.framework.time_own(problem, call.device)
+                        timing = self.framework.time_own(problem, call.device, free)
                         keep_timing(assignments, problem, timing, candidate)
-                self._own_timings[kind, call] = timing
-        return self._own_timings[kind, call]
+                self._own_timings[kind, call, room] = timing
+        return self._own_timings[kind, call, room]
 
-    def _favourite_fits(self, call, kind: ConvKind) -> bool:
-        """Whether cuDNN's heuristic favourite for the kernel (Handle.favourite) can run within
-        the per-kernel limit."""
-        if (kind, call) not in self._favourites_fit:
+    def _favourite(self, call, kind: ConvKind) -> float:
+        """The workspace of cuDNN's heuristic favourite for the kernel (Handle.favourite);
+        infinite where it cannot run."""
+        if (kind, call) not in self._favourites:
             with self._lock, self.framework.device_guard(call.device), self._planning(kind, call, "asking cuDNN's favourite of"):
                 favourite = self.handle(call.device).favourite(call.problem(kind))
-            self._favourites_fit[kind, call] = favourite.status == OK and favourite.workspace <= self.settings.workspace_limit
-        return self._favourites_fit[kind, call]
+            self._favourites[kind, call] = favourite.workspace if favourite.status == OK else math.inf
+        return self._favourites[kind, call]
 
     @contextlib.contextmanager
     def _planning(self, kind: ConvKind, call, doing: str) -> Iterator[None]:
@@ -306,21 +364,25 @@ class Planner:
                 f"convolution ({len(self._unswept)} with no sweep)")
 
     def _site_kernel(self, site, kind: ConvKind):
-        kernel = site.kernels[kind] = self._kernels.get((kind, site.call)) or self._kernel(site.call, kind)
+        room = self._room(site, kind)
+        kernel = site.kernels[kind] = self._kernels.get((kind, site.call, room)) or self._kernel(site.call, kind, room)
         return kernel
 
-    def _kernel(self, call, kind: ConvKind):
+    def _kernel(self, call, kind: ConvKind, room: int):
+        """The call's kernel for a workspace `room` (_room), made once: the handle's assignment,
+        or with `auto` a plan within the room less the margin (ucudnn.memory.workspace_limit)."""
+        key, limit = (kind, call, room), workspace_limit(room) if self.auto else None
         with self._lock, self.framework.device_guard(call.device):
-            if (kind, call) not in self._kernels:
+            if key not in self._kernels:
                 with self.framework.planning(call.device), self._planning(kind, call, "timing ucudnn's candidates of"):
-                    kernel = self._planned(call, kind, _assigned)
+                    kernel = self._planned(call, kind, _assigned if limit is None else _within(limit))
                     if kind is ConvKind.BACKWARD_DATA and self.settings.bd_as_forward and not self.wd:
-                        kernel = self._as_forward(call, kernel)
-                    self._kernels[kind, call] = kernel
+                        kernel = self._as_forward(call, kernel, limit)
+                    self._kernels[key] = kernel
                 self._slice.worked = True
-            return self._kernels[kind, call]
+            return self._kernels[key]
 
-    def _as_forward(self, call, backward):
+    def _as_forward(self, call, backward, limit: int | None):
         """The call's data gradient as a forward convolution of dy (ucudnn.transposition), where
         one exists and its plan is faster than `backward`'s, the BD kernel planned; else `backward`.
         WR only: WD divides its total among the kernels it solved, and a forward convolution
@@ -330,7 +392,7 @@ class Planner:
             return backward
         handle = self.handle(call.device)
         try:
-            assignment = handle.assignment(problem)
+            assignment = handle.assignment(problem) if limit is None else handle.within(problem, limit)
             if not faster(assignment.configuration.time_ms, backward.assignment.configuration.time_ms):
                 return backward
             forward = self.framework.kernel(problem, handle, assignment)
@@ -367,19 +429,15 @@ class Planner:
             if self.wd:
                 with self.framework.device_guard(call.device):
                     self.handle(call.device).query(call.problem(kind))
-            else:
-                self._kernel(call, kind)
+            elif not self.auto:  # with `auto`, a kernel's limit is known once its moments are
+                self._kernel(call, kind, self.settings.workspace_limit)
 
     def finalize(self) -> None:
-        """WD: solve every recorded kernel as one network now (total_auto: within a share of the
-        memory left free, see ucudnn.memory)."""
+        """WD: solve every recorded kernel as one network now."""
         with self._lock:
             for device, handle in self._handles.items():
                 with self.framework.device_guard(device), self.framework.planning(device):
-                    handle.finalize(self._auto_total(device) if self.total_auto else None)
-
-    def _auto_total(self, device: Hashable) -> int:
-        return auto_total(self.framework.settled_memory(device), self.framework.peak_allocated(device))
+                    handle.finalize()
 
     def reset(self) -> None:
         """Forget every assignment: kernels are planned again on next use (WD: as one network).
@@ -392,6 +450,7 @@ class Planner:
             self._delegated.clear()
             self._unswept.clear()
             self._pending.clear()
+            self._own_timings.clear()
             self._lead = None
 
     def solved(self) -> bool:
@@ -403,15 +462,15 @@ class Planner:
         framework's own (delegated, `swept` False where no sweep was needed), and the seconds its
         planning took; calls and (WD) the solve: what benchmarks report."""
         s = self.settings
-        delegated = {call for (call, _), yes in self._delegated.items() if yes}
+        delegated = {call for (call, _, _), yes in self._delegated.items() if yes}
         keys = dict.fromkeys([*self._kernels, *self._own_timings])
         out = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
-                   workspace_limit=s.workspace_limit, delegate=self.delegate,
+                   workspace_limit="auto" if self.auto else s.workspace_limit, delegate=self.delegate,
                    planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
-                   kernels=[self._describe(kind, call, call in delegated) for kind, call in keys],
+                   kernels=[self._describe(kind, call, room, call in delegated) for kind, call, room in keys],
                    runs={f"{via}:{kind}": n for (via, kind), n in self.runs.items()})
         if self.wd:
-            out["wd"] = [dict(total_limit=h.wd_limit, total_workspace=r.total_workspace, auto=self.total_auto,
+            out["wd"] = [dict(total_limit=h.wd_limit, total_workspace=r.total_workspace,
                               variables=r.variables, solve_seconds=r.solve_seconds, solver=r.solver)
                          for h in self._handles.values() if (r := h.wd_result) is not None]
         out["cudnn_handles"] = dict(self.framework.cudnn_handles)  # device -> whose handle: the framework's, or why not
@@ -419,13 +478,16 @@ class Planner:
                           for h in self._handles.values() for what, failed, limit in h.shrinks]
         return out
 
-    def _describe(self, kind: ConvKind, call, delegated: bool) -> dict:
-        """One kernel for summary(): how it runs, its configuration and, where timed, the
-        framework's own kernel (`delegated`: its layer runs that; no kernel: nor was it swept)."""
-        kernel, own = self._kernels.get((kind, call)), self._own_timings.get((kind, call))
+    def _describe(self, kind: ConvKind, call, room: int, delegated: bool) -> dict:
+        """One kernel at one room (_room) for summary(): how it runs, its configuration and,
+        where timed, the framework's own kernel (`delegated`: its layer runs that; no kernel: nor
+        was it swept); with `auto` the room and ucudnn's limit within it."""
+        kernel, own = self._kernels.get((kind, call, room)), self._own_timings.get((kind, call, room))
         out = dict(kind=kind.value, kernel=call.problem(kind).describe(),
                    via=self.framework.own if delegated or kernel is None else kernel.via, delegated=delegated,
                    swept=kernel is not None, planning_s=self._planning_s[kind, call])
+        if self.auto:
+            out.update(room=room, limit=workspace_limit(room))
         if own is not None:
             out.update(own_ms=own.ms, own_workspace=own.workspace)
         if kernel is not None and kernel.via == UCUDNN:

@@ -148,6 +148,11 @@ class ConvProblem:
         """Bytes of x, w and y together."""
         return sum(int(np.prod(shape)) for shape in (self.x_shape, self.w_shape, self.y_shape)) * self.itemsize
 
+    def written_bytes(self) -> int:
+        """Bytes of the operand the kernel writes: y for F, x (dx) for BD, w (dw) for BF."""
+        written = {ConvKind.FORWARD: self.y_shape, ConvKind.BACKWARD_DATA: self.x_shape}.get(self.kind, self.w_shape)
+        return int(np.prod(written)) * self.itemsize
+
     def shape_key(self) -> str:
         """Everything that changes a measurement except the batch size: measurements of
         micro-batch b are shared by every kernel with this shape key."""

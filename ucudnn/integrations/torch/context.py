@@ -4,6 +4,7 @@ learning of the network, and the side stream of a concurrent backward."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import Counter
 from typing import Any, Callable, Iterator
 
@@ -13,7 +14,7 @@ from torch import nn
 from ...config import Settings, choice, format_size
 from ...errors import ConfigError
 from ...memory import AUTO
-from ...optimizers import DIVIDING, OPTIMIZERS
+from ...optimizers import DIVIDING, OPTIMIZERS, PER_KERNEL
 from ...planner import Planner
 from .kernels import TorchFramework
 from .sites import Sites
@@ -27,20 +28,22 @@ class Context(Planner):
     Planner's), the sites of layer calls (sites.py) and, for WD, the recording of the network's
     kernels before the one solve.
 
-    Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults)."""
+    Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults; the
+    limits' default is AUTO, see _auto)."""
 
     def __init__(self, settings: Settings | None = None, *, framework=None, cache=None, workspace_limit=None,
                  optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None,
                  planning=None, delegate: bool = True):
-        total_auto = total_limit == AUTO  # WD's total: a share of the memory left free (ucudnn.memory)
-        if total_auto:
-            optimizer, total_limit = _dividing(optimizer), None
         keywords = dict(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy, total_limit=total_limit,
                         cache_path=cache_path, execution=execution, planning=planning)
         if settings is not None and any(v is not None for v in keywords.values()):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
+        auto = settings is None and _auto(workspace_limit, total_limit, optimizer)
+        if auto:  # limits from the memory timeline, planned per kernel (ucudnn.memory says why WD's is the same)
+            keywords.update(workspace_limit=None, total_limit=None, optimizer=PER_KERNEL.name)
+            settings = Settings.load({k: v for k, v in os.environ.items() if k not in _LIMIT_VARIABLES}, **keywords)
         # WR layers that ucudnn would not speed up run torch's own convolution (ucudnn.delegation)
-        super().__init__(settings or Settings.load(**keywords), framework or TorchFramework(), cache, delegate, total_auto)
+        super().__init__(settings or Settings.load(**keywords), framework or TorchFramework(), cache, delegate, auto)
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._recording = False
         # WD without a sample input: the first pass runs through torch while recording (see learn_call()).
@@ -53,7 +56,7 @@ class Context(Planner):
         return self
 
     def __reduce__(self):
-        return (_rebuild_context, (self.settings, self.delegate, self.total_auto))
+        return (_rebuild_context, (self.settings, self.delegate, self.auto))
 
     def beside(self, device: torch.device) -> contextlib.AbstractContextManager[Callable[..., Any]]:
         """For a layer's backward: inside, `with aside(*tensors):` runs its kernels on a side
@@ -105,25 +108,43 @@ class Context(Planner):
         """Planner.summary(), and the layer calls that went to torch entirely, by reason."""
         return {**super().summary(), "fallbacks": dict(self.fallbacks)}
 
+    @property
+    def limit_name(self) -> str:
+        """The per-kernel limit in words: 'auto' (from the memory timeline) or a size."""
+        return AUTO if self.auto else format_size(self.settings.workspace_limit)
+
     def __repr__(self) -> str:
         s = self.settings
-        limit = format_size(s.workspace_limit)
-        return f"ucudnn.torch.Context(optimizer={s.optimizer!r}, workspace_limit={limit}, policy={s.policy!r})"
+        return f"ucudnn.torch.Context(optimizer={s.optimizer!r}, workspace_limit={self.limit_name}, policy={s.policy!r})"
 
 
-def _dividing(optimizer: str | None) -> str:
-    """The optimizer total_limit='auto' plans with: one that divides a total (WD), named or not."""
-    if optimizer is None:
-        return DIVIDING.name
-    if not OPTIMIZERS[choice(optimizer, tuple(OPTIMIZERS), "optimizer")].divides:
-        raise ConfigError(f"total_limit='auto' sizes WD's total, but optimizer={optimizer!r}; "
-                          f"use optimizer={DIVIDING.name!r} or drop total_limit")
-    return optimizer
+_LIMIT_VARIABLES = ("UCUDNN_WORKSPACE_LIMIT", "UCUDNN_TOTAL_LIMIT")
 
 
-def _rebuild_context(settings: Settings, delegate: bool = True, total_auto: bool = False) -> Context:
+def _auto(workspace_limit, total_limit, optimizer) -> bool:
+    """Whether the limits come from the memory timeline (ucudnn.memory): asked for by AUTO as
+    either limit (total_limit=AUTO with optimizer WD or unnamed), or by default, where no limit,
+    no optimizer dividing a total, and no UCUDNN_* limit (other than AUTO) is given."""
+    if workspace_limit == AUTO or total_limit == AUTO:
+        named = optimizer if optimizer is not None else os.environ.get("UCUDNN_OPTIMIZER")
+        if total_limit == AUTO and named is not None and not OPTIMIZERS[choice(named, tuple(OPTIMIZERS), "optimizer")].divides:
+            raise ConfigError(f"total_limit='auto' is WD's total from the memory timeline, but optimizer={named!r}; "
+                              f"use workspace_limit='auto' (the default) or optimizer={DIVIDING.name!r}")
+        if AUTO in (workspace_limit, total_limit) and {workspace_limit, total_limit} - {AUTO, None}:
+            raise ConfigError(f"workspace_limit={workspace_limit!r} and total_limit={total_limit!r}: "
+                              "'auto' plans every kernel from the memory timeline; give one of them")
+        return True
+    if workspace_limit is not None or total_limit is not None:
+        return False
+    named = optimizer if optimizer is not None else os.environ.get("UCUDNN_OPTIMIZER", PER_KERNEL.name)
+    if OPTIMIZERS[choice(named, tuple(OPTIMIZERS), "optimizer")].divides:
+        return False
+    return all(os.environ.get(v, AUTO).strip().lower() == AUTO for v in _LIMIT_VARIABLES)
+
+
+def _rebuild_context(settings: Settings, delegate: bool = True, auto: bool = False) -> Context:
     context = Context(settings, delegate=delegate)
-    context.total_auto = total_auto
+    context.auto = auto
     return context
 
 

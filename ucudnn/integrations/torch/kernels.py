@@ -220,31 +220,45 @@ class TorchFramework:
         swapped = w.unflatten(0, (groups, w.shape[0] // groups)).transpose(1, 2).flatten(0, 1)
         swapped = swapped.flip(list(range(2, w.dim())))
         fmt = memory_format(layout, w.dim())
-        return torch.empty(swapped.shape, dtype=w.dtype, device=w.device, memory_format=fmt).copy_(swapped)
+        try:
+            return torch.empty(swapped.shape, dtype=w.dtype, device=w.device, memory_format=fmt).copy_(swapped)
+        except torch.cuda.OutOfMemoryError:  # the planner runs the data gradient's own kernel instead
+            raise DeviceMemoryError("the transposed weights of a data gradient", w.nbytes) from None
 
     def free_bytes(self, device: torch.device) -> int:
-        """What torch could allocate now: the device's free memory and torch's cached blocks."""
-        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        """What torch could allocate now in one block, at the least: the device's free memory and
+        torch's cached blocks, less the free parts of blocks in use (inactive splits: a large
+        allocation cannot take them; torch gives the other cached blocks back to the device and
+        allocates afresh). Host counters and one cudaMemGetInfo: no device sync."""
+        stats = torch.cuda.memory_stats(device)
+        cached = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
+        return torch.cuda.mem_get_info(device)[0] + cached - stats["inactive_split_bytes.all.current"]
 
-    def time_own(self, problem: ConvProblem, device: torch.device) -> OwnTiming:
+    def time_own(self, problem: ConvProblem, device: torch.device, free: int | None = None) -> OwnTiming:
         """Time torch's own convolution of `problem` on new operands, on the current stream:
         warmed up first (torch's benchmark mode picks its plan on the first call, under the memory
-        free now), then timed with CUDA events; its workspace is what it allocates beyond its
+        free then), then timed with CUDA events; its workspace is what it allocates beyond its
         result, read from the caching allocator's running total (peak statistics stay untouched).
-        Where the memory free cannot hold the operands, torch's kernel is taken as forever slow
-        (the layer is not delegated) rather than failing the training step."""
+        With `free`, a blocker holds all but `free` bytes beyond the result while it runs: torch
+        meets the pressure of the kernel's moment in the step (ucudnn.memory). Where the memory
+        free cannot hold the operands, torch's kernel is taken as forever slow (the layer is not
+        delegated) rather than failing the training step."""
         try:
-            return self._time_own(problem, device)
+            return self._time_own(problem, device, free)
         except torch.cuda.OutOfMemoryError:
             return OwnTiming(float("inf"), 0)
 
-    def _time_own(self, problem: ConvProblem, device: torch.device) -> OwnTiming:
+    def _time_own(self, problem: ConvProblem, device: torch.device, free: int | None) -> OwnTiming:
         dtype = getattr(torch, problem.dtype)
         fmt = memory_format(problem.layout, len(problem.x_shape))
         x, w, y = (torch.randn(shape, dtype=dtype, device=device).contiguous(memory_format=fmt)
                    for shape in (problem.x_shape, problem.w_shape, problem.y_shape))
         convolve = torch_convolution(problem)
-        free = self.free_bytes(device)
+        blocker = None
+        if free is not None:
+            blocker = torch.empty(max(0, self.free_bytes(device) - free - problem.written_bytes()), dtype=torch.uint8,
+                                  device=device)
+        free = self.free_bytes(device) - problem.written_bytes()
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
             convolve(x, w, y)
             torch.cuda.synchronize(device)
@@ -254,6 +268,7 @@ class TorchFramework:
             first = _event_times(lambda: convolve(x, w, y), 1)[0]
             repeats = max(1, min(TORCH_REPEATS, int(TORCH_TIMING_BUDGET_MS / max(first, 1e-3))))
             ms = statistics.median(_event_times(lambda: convolve(x, w, y), repeats))
+        del blocker
         return OwnTiming(ms, workspace, free)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -9,13 +10,11 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ...config import format_size
 from ...errors import ConfigError, UcudnnWarning
 from ...problem import ConvKind
 from .call import compute_dtype, layer_kinds, pack, resolve, sliceable, spatial_dims, unpacked
 from .context import Context, default_context
 from ...fallback import fall_back
-from ...memory import AUTO
 from .kernels import TorchFramework
 from .sites import Site
 
@@ -162,7 +161,10 @@ class Converted:
             context.record(site.call, site.kinds)
             return super().forward(input)
         if context.route(site):
-            return self._own_forward(input, context)
+            out = self._own_forward(input, context)
+            if out.requires_grad and context.observing(site):  # its backward's moment (ucudnn.memory)
+                out.register_hook(functools.partial(_backward_starts, context, site))
+            return out
         x, weight, bias = pack(self, input, site)
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
 
@@ -181,8 +183,12 @@ class Converted:
 
     def extra_repr(self) -> str:
         context = self.ucudnn_context or default_context()
-        s = context.settings
-        return f"{super().extra_repr()}, ucudnn={s.optimizer}@{format_size(s.workspace_limit)}"
+        return f"{super().extra_repr()}, ucudnn={context.settings.optimizer}@{context.limit_name}"
+
+
+def _backward_starts(context: Context, site: Site, grad: Tensor) -> None:
+    """A hook on a delegated layer's output, whose gradient is ready: the layer's backward kernels start."""
+    context.observe(site, site.kinds[1:])
 
 
 class Conv2d(Converted, nn.Conv2d):
@@ -244,10 +250,12 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     ucudnn.torch.Conv2d, ...) in place, and return `model`.
 
     Layers keep their identity, parameters, hooks and state_dict (only their class changes), so
-    an optimizer made before still works. Settings: `workspace_limit` per kernel (WR) such as
-    "64MiB", `optimizer` "wr" or "wd", `policy` "powerOfTwo" | "all" | "undivided",
-    `total_limit` for WD (default: workspace_limit x kernels; "auto": a share of the memory the
-    first iteration leaves free, see ucudnn.memory), `cache_path` for the benchmark
+    an optimizer made before still works. Settings: `workspace_limit` per kernel (WR): "auto"
+    (the default: each kernel within what its moment in the training step leaves free, observed
+    over a layer's first calls, see ucudnn.memory) or a size such as "64MiB"; `optimizer` "wr" or
+    "wd", `policy` "powerOfTwo" | "all" | "undivided", `total_limit` for WD (default:
+    workspace_limit x kernels; "auto": as workspace_limit="auto", which is WD's division when
+    kernels run one at a time, see ucudnn.memory), `cache_path` for the benchmark
     database, `execution` "graph" (calls replayed as CUDA graphs once a layer's buffers repeat)
     or "direct", `planning` "between_iterations" (the default: every layer runs torch's own
     convolution until planned, nothing timed in the first iteration; about a second of planning,
@@ -263,9 +271,6 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     if context is not None and (any(v is not None for v in settings) or not delegate):
         raise ConfigError("pass either context= or settings (workspace_limit, optimizer, delegate, ...) "
                           "to convert(), not both")
-    if total_limit == AUTO and sample_input is not None:
-        raise ConfigError("total_limit='auto' sizes WD's workspace from the memory free after the first "
-                          "training iteration, which the layers learn from: drop sample_input")
     context = context or Context(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy,
                                  total_limit=total_limit, cache_path=cache_path, execution=execution,
                                  planning=planning, delegate=delegate)

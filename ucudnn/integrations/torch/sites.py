@@ -6,8 +6,9 @@ shape and memory format), the planned kernels and whether the layer is delegated
 found once per signature and kept in a Site, so a steady-state call only builds a small tuple,
 looks it up, and runs its kernels (or torch's layer).
 
-A signature holds everything that decision reads, so a site is a pure function of its signature
-(and the Context holding it): layers with equal signatures share one site.
+A signature holds everything that decision reads and the layer itself: a layer's kernels run at
+moments of the step of their own, which the Planner may plan for (ucudnn.memory), so each layer
+has sites of its own; layers of one shape share their kernels' plans through the Planner.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def signature(module: nn.Conv2d, input: Tensor) -> tuple:
     if weight is None:  # a parametrized weight (torch.nn.utils.parametrize) is a property
         weight = module.weight
     device = input.device
-    return (input.shape, input.stride(), input.dtype, device, input.requires_grad, weight.shape, weight.stride(),
+    return (id(module), input.shape, input.stride(), input.dtype, device, input.requires_grad, weight.shape, weight.stride(),
             weight.dtype, weight.device, weight.requires_grad, module.padding, module.stride, module.dilation,
             module.groups, module.padding_mode, module.in_channels, module.out_channels,
             torch.is_grad_enabled(), autocast_dtype("cuda" if input.is_cuda else device.type), _cudnn_allow_tf32(),
@@ -55,9 +56,11 @@ _deterministic = torch._C._get_deterministic_algorithms
 class Site:
     """A Call ucudnn runs, with what each of its calls needs: the kernels it runs (`kinds`), the
     dtype, the output's shape and memory format, its planned kernels by kind (filled by the
-    Context on first run), and whether the Context delegates it to torch (None: not decided yet)."""
+    Context on first run), whether the Context delegates it to torch (None: not decided yet), and
+    the bytes free as each kernel started (`free`, by kind) over the calls `observed`
+    (ucudnn.planner.Planner.observe)."""
 
-    __slots__ = ("call", "kinds", "dtype", "out_shape", "memory_format", "kernels", "delegated")
+    __slots__ = ("call", "kinds", "dtype", "out_shape", "memory_format", "kernels", "delegated", "free", "observed")
 
     def __init__(self, call: Any, kinds: tuple = ()):
         self.call, self.kinds = call, kinds
@@ -66,6 +69,8 @@ class Site:
         self.memory_format = call.memory_format
         self.kernels: dict = {}
         self.delegated: bool | None = None
+        self.free: dict = {}
+        self.observed = 0
 
 
 class Sites:

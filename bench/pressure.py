@@ -1,0 +1,377 @@
+"""Whole models where memory is short: torch against ucudnn.torch, each variant a fresh process.
+
+For each model (torchvision, torchaudio and timm models nobody here wrote; training steps with
+SGD and, for AMP, a gradient scaler):
+1. `need`: a process converts the model with every convolution through ucudnn at zero workspace,
+   plans it, then takes torch's peak allocated bytes over three steps, plus what the process
+   came to hold outside torch's allocator (CUDA context growth, cuDNN and its kernels' code,
+   CuPy, graphs): what the model needs.
+2. Each variant in a fresh process: a blocker first, leaving `need` + L free (none for `free`),
+   then the model, so that torch's benchmark mode meets the pressure too; --iters steps, each
+   timed on the host after a device sync (the first steps' planning included), the steady time
+   the median of the last 8 by CUDA events. Variants: `free` (torch, no blocker), `torch`,
+   `control` (torch again: the A/A control), `ucudnn` (`convert(model)`, its defaults) and `wd`
+   (`convert(model, optimizer="wd", total_limit="auto")`).
+3. ucudnn's variants then take one more step's gradients through ucudnn and through torch's own
+   layers (the classes put back) on the same weights and batch, and compare them; `--explain`
+   prints per kernel the room its moment left, ucudnn's limit and plan, and torch's kernel
+   timed under that pressure.
+
+    PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,fcn_resnet50,...]
+        [--limits 64MiB,512MiB] [--iters 20] [--variants free,torch,control,ucudnn,wd] [--explain]
+
+Writes OUT/pressure.json (every process's result) and OUT/pressure.md (the table) after each model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 2**20
+STEADY = 8  # the last iterations whose median is the steady time
+PHASE = ["start"]  # what a child process was doing, for its error
+# torch's caching allocator with expandable segments, as the pressure figures were taken: without,
+# blocks split at the peak leave torch's own step out of memory under a 64 MiB headroom
+ALLOC_CONF = "expandable_segments:True"
+UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
+TORCH_VARIANTS = ("free", "torch", "control")
+
+# name -> (builder, batch, precision, input shape per sample, channels_last, loss)
+MODELS = {
+    "fcn_resnet50": ("torchvision.models.segmentation:fcn_resnet50", 8, "amp", (3, 512, 512), True),
+    "wav2vec2": ("torchaudio.models:wav2vec2_base", 16, "fp32", (128000,), False),
+    "r3d_18": ("torchvision.models.video:r3d_18", 8, "amp", (3, 16, 112, 112), False),
+    "fpn_resnet50": ("torchvision.models.detection.backbone_utils:resnet_fpn_backbone", 4, "amp", (3, 640, 640), True),
+    "efficientnet_b0": ("timm:efficientnet_b0", 64, "amp", (3, 224, 224), True),
+    "densenet121": ("torchvision.models:densenet121", 32, "fp32", (3, 224, 224), False),
+    "resnet50": ("timm:resnet50", 32, "amp", (3, 224, 224), True),
+}
+
+
+# --- one process ----------------------------------------------------------------------------------
+
+def build(name: str, device):
+    """The model (training mode, no pretrained weights) and a batch of its input."""
+    import importlib
+
+    import torch
+
+    where, batch, precision, sample, channels_last = MODELS[name]
+    module, builder = where.split(":")
+    make = None if module == "timm" else getattr(importlib.import_module(module), builder)
+    if name == "fcn_resnet50":
+        model = make(weights=None, weights_backbone=None, aux_loss=False)
+    elif name == "fpn_resnet50":
+        model = make(backbone_name="resnet50", weights=None, trainable_layers=5)
+    elif name == "wav2vec2":
+        model = make().feature_extractor
+    elif module == "timm":
+        model = importlib.import_module("timm").create_model(builder, pretrained=False)
+    else:
+        model = make(weights=None)
+    model = model.to(device).train()
+    torch.manual_seed(0)
+    x = torch.randn(batch, *sample, device=device)
+    if channels_last:
+        model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    return model, x, precision == "amp"
+
+
+def loss_of(out):
+    """A scalar from whatever the model returns: the mean square of every floating output."""
+    import torch
+
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return sum(loss_of(o) for o in out if not torch.is_tensor(o) or o.is_floating_point())
+    return out.float().pow(2).mean()
+
+
+def forward(model, x, name: str):
+    return model(x, None)[0] if name == "wav2vec2" else model(x)
+
+
+def trainer(model, x, name: str, amp: bool):
+    import torch
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = loss_of(forward(model, x, name))
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return step
+
+
+def gradients(model, x, name: str, amp: bool):
+    """One step's parameter gradients as one float64 vector (loss scaled by 1024 under AMP, as a
+    gradient scaler would, so that fp16 gradients do not vanish), with the random generators
+    seeded first, so that dropout draws the same masks each time."""
+    import torch
+
+    torch.manual_seed(1)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+        loss = loss_of(forward(model, x, name)) * (1024.0 if amp else 1.0)
+    loss.backward()
+    grads = [p.grad.detach().double().flatten().cpu() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return torch.cat(grads)  # on the host: a second pass under the blocker has no room for it
+
+
+def as_torch(model):
+    """Put torch's own layer classes back on a converted model (undone by as_ucudnn)."""
+    from ucudnn.integrations.torch.layers import TWINS
+
+    back = {twin: own for own, twin in TWINS.items()}
+    swapped = [(m, type(m)) for m in model.modules() if type(m) in back]
+    for m, cls in swapped:
+        m.__class__ = back[cls]
+    return swapped
+
+
+def blocker(device, leave: int):
+    """A tensor holding all but `leave` bytes of what is free now."""
+    import torch
+
+    torch.cuda.synchronize()
+    free = torch.cuda.mem_get_info(device)[0]
+    if free <= leave:
+        raise ValueError(f"{free / MiB:.0f} MiB free, cannot leave {leave / MiB:.0f} MiB")
+    return torch.empty((free - leave) // (2 * MiB) * 2 * MiB, dtype=torch.uint8, device=device)
+
+
+def outside(device) -> int:
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free - torch.cuda.memory_reserved(device)
+
+
+def run_need(args) -> dict:
+    """The model's tensors' peak with every convolution at zero workspace, planned, and what the
+    process holds outside torch's allocator beyond its start."""
+    import torch
+
+    import ucudnn.torch as ut
+
+    device = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    torch.empty(1, device=device)
+    start_outside = outside(device)
+    model, x, amp = build(args.model, device)
+    ut.convert(model, workspace_limit=0, delegate=False, cache_path=args.cache)
+    step = trainer(model, x, args.model, amp)
+    step()
+    ut.context_of(model).plan_pending()
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    peak, held = torch.cuda.max_memory_allocated(device), outside(device) - start_outside
+    return dict(peak_mib=peak / MiB, outside_mib=held / MiB, need=peak + held)
+
+
+def run_variant(args) -> dict:
+    import torch
+
+    device = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    torch.empty(1, device=device)
+    held = None if args.variant == "free" else blocker(device, args.need + args.limit)
+    PHASE[0] = "build"
+    model, x, amp = build(args.model, device)
+    result = dict(blocker_mib=0 if held is None else held.numel() / MiB)
+    if args.variant in UCUDNN_VARIANTS:
+        import ucudnn.torch as ut
+
+        ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS[args.variant])
+    step = trainer(model, x, args.model, amp)
+    host, events = [], []
+    for i in range(args.iters):
+        PHASE[0] = f"iteration {i + 1}"
+        began = time.perf_counter()
+        pair = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        pair[0].record()
+        step()
+        pair[1].record()
+        torch.cuda.synchronize()
+        host.append(time.perf_counter() - began)
+        events.append(pair)
+    ms = [a.elapsed_time(b) for a, b in events]
+    result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
+                  peak_mib=torch.cuda.max_memory_allocated(device) / MiB,
+                  retries=torch.cuda.memory_stats(device)["num_alloc_retries"])
+    PHASE[0] = "gradient check"
+    if args.variant in UCUDNN_VARIANTS or args.variant == "control":
+        try:
+            result.update(gradient_check(model, x, args, amp))
+        except torch.cuda.OutOfMemoryError as exc:  # the check's extra pass, not the training step
+            result["gradient_error"] = str(exc).splitlines()[0][:200]
+    if args.variant in UCUDNN_VARIANTS:
+        import ucudnn.torch as ut
+
+        summary = ut.context_of(model).summary()
+        result.update(kernels=summary["kernels"], shrinks=summary["shrinks"], runs=summary["runs"],
+                      planning_s=summary["planning_s"], pending=summary["pending"], outside_mib=outside(device) / MiB)
+    return result
+
+
+def gradient_check(model, x, args, amp: bool) -> dict:
+    """The relative difference of one step's gradients through the model as it runs and through
+    torch's own layers (same weights, same batch); for `control`, torch's against itself."""
+    import torch
+
+    mine = gradients(model, x, args.model, amp)
+    swapped = as_torch(model)
+    try:
+        theirs = gradients(model, x, args.model, amp)
+    finally:
+        for m, cls in swapped:
+            m.__class__ = cls
+    return dict(gradient_rel=(torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs)).item())
+
+
+# --- the parent ----------------------------------------------------------------------------------
+
+def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 300, cache: str = "") -> dict:
+    """One fresh process; its result, or what went wrong (out of memory included)."""
+    out = Path(args.out) / f"pressure-{args.model_now}-{variant}-{limit // MiB}.json"
+    out.unlink(missing_ok=True)
+    command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
+               "--need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    began = time.perf_counter()
+    try:
+        done = subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return dict(variant=variant, limit_mib=limit / MiB, error=f"timed out after {timeout:.0f} s")
+    row = json.loads(out.read_text()) if out.exists() else {}
+    if done.returncode or not row:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        row["error"] = row.get("error") or " | ".join(tail) or f"exit {done.returncode}"
+    return dict(row, variant=variant, limit_mib=limit / MiB, wall_s=time.perf_counter() - began)
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table: per model and L, steady ms of each variant and ucudnn's ratios."""
+    lines = ["| model | L | torch free | torch | control (A/A) | ucudnn | wd auto | torch / ucudnn | "
+             "torch / free | first 20 s: torch, ucudnn | grad rel (ucudnn, A/A) |", "|" + "---|" * 11]
+    by = {(r["model"], r["limit_mib"], r["variant"]): r for r in rows}
+
+    def ms(r):
+        return "-" if r is None else r.get("error", "")[:60] if "error" in r else f"{r['steady_ms']:.1f}"
+    for model in dict.fromkeys(r["model"] for r in rows):
+        free = by.get((model, 0.0, "free"))
+        for limit in sorted({r["limit_mib"] for r in rows if r["model"] == model and r["limit_mib"]}):
+            t, c, u, w = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd"))
+            ok = lambda r: r is not None and "error" not in r  # noqa: E731
+            ratio = f"{t['steady_ms'] / u['steady_ms']:.2f}x" if ok(t) and ok(u) else "-"
+            loss = f"{t['steady_ms'] / free['steady_ms']:.2f}x" if ok(t) and ok(free) else "-"
+            first = f"{t['first_s']:.1f}, {u['first_s']:.1f}" if ok(t) and ok(u) else "-"
+            grads = f"{u['gradient_rel']:.1e}, {c['gradient_rel']:.1e}" if ok(u) and ok(c) else "-"
+            lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
+                         f"{ratio} | {loss} | {first} | {grads} |")
+    return "\n".join(lines)
+
+
+def explain(row: dict) -> str:
+    """Per kernel of a ucudnn variant: the room its moment left, ucudnn's limit and plan, torch's kernel."""
+    lines = ["| kind | kernel | room MiB | limit MiB | ucudnn plan | workspace MiB | predicted ms | torch ms | "
+             "torch workspace MiB | runs |", "|" + "---|" * 10]
+    for k in row.get("kernels", []):
+        mib = lambda v: "-" if v is None else f"{v / MiB:.0f}"  # noqa: E731
+        lines.append(f"| {k['kind']} | {k['kernel'][:60]} | {mib(k.get('room'))} | {mib(k.get('limit'))} | "
+                     f"{k.get('configuration', k['via'])} | {mib(k.get('workspace'))} | "
+                     f"{k.get('predicted_ms', float('nan')):.3f} | {k.get('own_ms', float('nan')):.3f} | "
+                     f"{mib(k.get('own_workspace'))} | {'torch' if k['delegated'] else k['via']} |")
+    return "\n".join(lines)
+
+
+def parent(args) -> None:
+    rows, out = [], Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.perf_counter() + args.deadline
+    variants = args.variants.split(",")
+    for model in args.models.split(","):
+        args.model_now = model
+        if time.perf_counter() > deadline:
+            rows.append(dict(model=model, variant="need", limit_mib=0, error="deadline"))
+            continue
+        Path(args.cache).unlink(missing_ok=True)  # every model's ucudnn plans from a cold database
+        need = child(args, "need", cache=args.cache + ".need")
+        rows.append(dict(need, model=model))
+        print(f"{model}: need {need}", flush=True)
+        if "error" in need:
+            continue
+        plan = [("free", 0)] if "free" in variants else []
+        for limit in args.limits:
+            plan += [(v, limit) for v in variants if v != "free" and not (v == "control" and limit != args.limits[0])
+                     and not (v == "wd" and limit != args.limits[0])]
+        for variant, limit in plan:
+            if time.perf_counter() > deadline:
+                break
+            row = dict(child(args, variant, limit, need["need"]), model=model)
+            rows.append(row)
+            brief = row.get("error") or f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s"
+            print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
+            if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
+                print(explain(row), flush=True)
+        (out / "pressure.json").write_text(json.dumps(rows, indent=1))
+        (out / "pressure.md").write_text(table([r for r in rows if r["variant"] != "need"]) + "\n")
+    print(table([r for r in rows if r["variant"] != "need"]))
+
+
+def main(argv=None) -> None:
+    from ucudnn.config import parse_size
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="out")
+    p.add_argument("--models", default="wav2vec2,fcn_resnet50,r3d_18,fpn_resnet50,efficientnet_b0,densenet121")
+    p.add_argument("--limits", default="64MiB,512MiB")
+    p.add_argument("--variants", default="free,torch,control,ucudnn,wd")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--cache", default="/tmp/pressure-cache.db")
+    p.add_argument("--deadline", type=float, default=3000)
+    p.add_argument("--explain", action="store_true", help="print each ucudnn variant's kernels")
+    p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--need", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        args.variant = args.child
+        try:
+            result = run_need(args) if args.child == "need" else run_variant(args)
+        except Exception as exc:  # out of memory and the like are results here, with where they happened
+            import traceback
+
+            frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)]
+            result = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", at=" < ".join(frames[::-1][:8]),
+                          phase=PHASE[0])
+        Path(args.result).write_text(json.dumps(result))
+        return
+    args.limits = [parse_size(v) for v in args.limits.split(",")]
+    parent(args)
+
+
+if __name__ == "__main__":
+    main()
