@@ -215,8 +215,9 @@ def run_variant(args) -> dict:
         events.append(pair)
     ms = [a.elapsed_time(b) for a, b in events]
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
-                  peak_mib=torch.cuda.max_memory_allocated(device) / MiB,
-                  retries=torch.cuda.memory_stats(device)["num_alloc_retries"])
+                  peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside(device) / MiB,
+                  retries=torch.cuda.memory_stats(device)["num_alloc_retries"],
+                  convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
     PHASE[0] = "gradient check"
     if args.variant in UCUDNN_VARIANTS or args.variant == "control":
         try:
@@ -225,10 +226,12 @@ def run_variant(args) -> dict:
             result["gradient_error"] = str(exc).splitlines()[0][:200]
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
+        from ucudnn.integrations.torch.layers import Converted
 
         summary = ut.context_of(model).summary()
         result.update(kernels=summary["kernels"], shrinks=summary["shrinks"], runs=summary["runs"],
-                      planning_s=summary["planning_s"], pending=summary["pending"], outside_mib=outside(device) / MiB)
+                      planning_s=summary["planning_s"], pending=summary["pending"],
+                      converted=sum(isinstance(m, Converted) for m in model.modules()))
     return result
 
 
