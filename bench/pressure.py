@@ -132,13 +132,12 @@ def gradients(model, x, name: str, amp: bool):
 
 
 def as_torch(model):
-    """Put torch's own layer classes back on a converted model (undone by as_ucudnn)."""
-    from ucudnn.integrations.torch.layers import TWINS
+    """Put torch's own layer classes back on a converted model; the (layer, converted class) pairs."""
+    from ucudnn.integrations.torch.layers import Converted
 
-    back = {twin: own for own, twin in TWINS.items()}
-    swapped = [(m, type(m)) for m in model.modules() if type(m) in back]
+    swapped = [(m, type(m)) for m in model.modules() if isinstance(m, Converted)]
     for m, cls in swapped:
-        m.__class__ = back[cls]
+        m.__class__ = cls.torch_class
     return swapped
 
 
@@ -307,6 +306,39 @@ def explain(row: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(row: dict, path: str, title: str) -> None:
+    """A ucudnn variant's kernels in planning order: the room each one's moment left, ucudnn's
+    limit, the workspace of the plan that runs (ucudnn's, or torch's where the layer is
+    delegated), and beneath, torch's time at that moment against ucudnn's predicted time."""
+    from matplotlib.figure import Figure
+
+    kernels = row["kernels"]
+    x = range(len(kernels))
+    figure = Figure(figsize=(max(8, len(kernels) * 0.35), 6.5))
+    memory, times = figure.subplots(2, 1, sharex=True)
+    mib = lambda key: [(k.get(key) or 0) / MiB for k in kernels]  # noqa: E731
+    runs = [k["own_workspace"] / MiB if k["delegated"] or k["via"] != "ucudnn" else (k.get("workspace") or 0) / MiB
+            for k in kernels]
+    memory.bar(x, mib("room"), color="#cfe2f3", label="room: free at its moment, beside its output")
+    memory.plot(x, mib("limit"), "k_", markersize=10, label="ucudnn's limit (room less the margin)")
+    memory.bar(x, runs, width=0.4, color=["#999999" if k["delegated"] else "#1f77b4" for k in kernels],
+               label="workspace of the plan that runs (grey: torch's own, delegated)")
+    memory.set_yscale("symlog", linthresh=1)
+    memory.set_ylabel("MiB")
+    memory.legend(fontsize=7, loc="upper right")
+    memory.set_title(title, fontsize=9)
+    times.plot(x, [k.get("own_ms", float("nan")) for k in kernels], "o", color="#999999",
+               label="torch's kernel at that moment")
+    times.plot(x, [k.get("predicted_ms", float("nan")) for k in kernels], "x", color="#1f77b4",
+               label="ucudnn's plan (predicted)")
+    times.set_ylabel("ms")
+    times.legend(fontsize=7)
+    times.set_xticks(list(x), [k["kind"] for k in kernels],
+                     fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 def parent(args) -> None:
     rows, out = [], Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -354,6 +386,8 @@ def main(argv=None) -> None:
     p.add_argument("--deadline", type=float, default=3000)
     p.add_argument("--explain", action="store_true", help="print each ucudnn variant's kernels")
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
+    p.add_argument("--plot", nargs=2, metavar=("RESULT_JSON", "PNG"),
+                   help="draw a ucudnn variant's result (a pressure-*.json) as a timeline, and stop")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
@@ -371,6 +405,10 @@ def main(argv=None) -> None:
             result = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", at=" < ".join(frames[::-1][:8]),
                           phase=PHASE[0])
         Path(args.result).write_text(json.dumps(result))
+        return
+    if args.plot:
+        row = json.loads(Path(args.plot[0]).read_text())
+        plot(row, args.plot[1], f"{Path(args.plot[0]).stem}: {row['steady_ms']:.1f} ms a step")
         return
     args.limits = [parse_size(v) for v in args.limits.split(",")]
     parent(args)

@@ -18,7 +18,7 @@ from ucudnn.cache import Cache
 from ucudnn.config import Settings
 from ucudnn.delegation import OwnTiming
 from ucudnn.errors import DeviceMemoryError
-from ucudnn.memory import Memory, quantized
+from ucudnn.memory import RECORDED_CALLS, Memory, quantized
 from ucudnn.planner import LAYER, UCUDNN, Framework, Planner
 from ucudnn.problem import ConvKind, ConvProblem
 from ucudnn.transposition import as_forward
@@ -296,3 +296,19 @@ def test_under_pressure_a_long_own_layer_is_swept_though_the_favourite_fits(tmp_
     kernels = plans.summary()["kernels"]
     assert all(k["swept"] == swept for k in kernels), kernels
     assert framework.pressures == [quantized(64 * 2**20 - site.call.problem(k).written_bytes()) for k in (F, BD, BF)]
+
+
+def test_a_site_s_moments_are_frozen_after_recorded_calls_while_it_waits(tmp_path, monkeypatch, rng):
+    """A layer still waiting for its plan after RECORDED_CALLS calls observes no more: a plan
+    spread over several slices is made for the rooms it started with."""
+    framework = NumpyArrays(free=64 * 2**20)
+    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    monkeypatch.setattr(plans, "plan_pending", lambda budget_s=None: len(plans._pending))
+    site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
+    seen = []
+    for call in range(RECORDED_CALLS + 2):
+        framework.free = (64 - call) * 2**20
+        assert plans.route(site)  # torch's own, waiting
+        seen.append(plans.observing(site))
+    assert seen == [True] * RECORDED_CALLS + [False] * 2
+    assert site.free[F] == (64 - RECORDED_CALLS + 1) * 2**20 - site.call.problem(F).written_bytes()

@@ -122,8 +122,9 @@ def test_convert_takes_a_bare_conv_and_keeps_hooks():
 
 
 def test_convert_leaves_subclasses_alone_and_says_so():
-    class Standardized(nn.Conv2d):
-        pass
+    class Standardized(nn.Conv2d):  # changes forward: ucudnn would not run what it computes
+        def _conv_forward(self, input, weight, bias):
+            return super()._conv_forward(input, weight - weight.mean(), bias)
 
     model = nn.Sequential(Standardized(2, 2, 1), nn.Conv2d(2, 2, 1))
     with pytest.warns(UcudnnWarning, match="Standardized"):
@@ -438,8 +439,9 @@ def test_a_transposed_layer_given_output_size_runs_torchs_own_with_a_warning(num
 
 
 def test_convert_turns_every_kind_of_convolution_layer_into_its_twin_and_leaves_subclasses(numpy_context):
-    class Standardized(nn.Conv3d):  # a subclass may change forward: left alone, with a warning
-        pass
+    class Standardized(nn.Conv3d):  # a subclass that changes forward: left alone, with a warning
+        def forward(self, input):
+            return super().forward(input)
 
     kinds = [nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d]
     model = nn.Sequential(*(kind(2, 2, 1) for kind in kinds), Standardized(2, 2, 1))
@@ -448,6 +450,29 @@ def test_convert_turns_every_kind_of_convolution_layer_into_its_twin_and_leaves_
         ut.convert(model, context=context)
     assert [type(m) for m in model] == [ut_layers.TWINS[kind] for kind in kinds] + [Standardized]
     assert all(m.ucudnn_context is context for m in model[:-1])
+    assert all(type(m).torch_class is kind for m, kind in zip(model, kinds))
+
+
+def test_a_subclass_that_keeps_torchs_forward_is_converted_and_matches_torch(numpy_context):
+    """torchvision's video models build their layers from nn.Conv3d subclasses that only add a
+    constructor and a static method (Conv3DSimple): converted, their own members kept."""
+    class Simple(nn.Conv3d):
+        def __init__(self, channels):
+            super().__init__(channels, channels, 3, padding=1, bias=False)
+
+        @staticmethod
+        def stride_of(stride):
+            return stride, stride, stride
+
+    torch.manual_seed(0)
+    theirs = nn.Sequential(Simple(4), nn.ReLU(), Simple(4))
+    ours = ut.convert(copy.deepcopy(theirs), context=numpy_context())
+    assert all(isinstance(m, Simple) and isinstance(m, ut_layers.Converted) for m in ours[::2])
+    assert type(ours[0]) is type(ours[2]) and type(ours[0]).torch_class is Simple and ours[0].stride_of(2) == (2, 2, 2)
+    assert ut_layers.twin_of(Simple) is type(ours[0])  # made once
+    x = torch.randn(2, 4, 5, 6, 6)
+    assert_matches(run_step(ours, x), run_step(theirs, x))
+    assert ours[0].ucudnn_context.runs["ucudnn", "F"] == 2
 
 
 @pytest.mark.parametrize("concurrent", [False, True])

@@ -5,7 +5,7 @@ A layer call is a `site`: its `call` (hashable; `.device` and `.problem(kind)`, 
 each kernel it runs), its `kinds` (F, BD, BF), the kernels planned for it (`kernels`, by kind),
 whether it runs the framework's own convolution (`delegated`; None: not decided yet) and, with
 limits from the memory timeline (`auto`, ucudnn.memory), the bytes free as each of its kernels
-started (`free`, by kind: the least seen) over the calls observed (`observed`). The
+started (`free`, by kind: the least seen) and the calls it made waiting for its plan (`observed`). The
 framework's side is a `framework` object (ucudnn.integrations.torch.kernels.TorchFramework): one
 ucudnn.Handle per device, its own convolution (timed, and run where ucudnn does not), ucudnn's
 kernels over its tensors, its memory, devices and streams.
@@ -194,8 +194,9 @@ class Planner:
             if site not in self._pending:
                 site.delegated = delegated
             elif self.auto:
-                site.observed += 1
-                self.observe(site, site.kinds[:1])
+                site.observed += 1  # calls waiting; the first RECORDED_CALLS are observed (observing)
+                if site.observed <= RECORDED_CALLS:
+                    self.observe(site, site.kinds[:1])
         elif self.progress.open:
             self.progress.idle(self._planned_so_far)
         if delegated:
@@ -227,9 +228,11 @@ class Planner:
         return self._delegated[key]
 
     def observing(self, site) -> bool:
-        """Whether the site's moments are observed: with `auto`, while it runs the framework's
-        own convolution waiting for its plan (the layer then calls observe() as its backward starts)."""
-        return site.delegated is None and self.auto and site in self._pending
+        """Whether this call's moments are observed: with `auto`, in the first RECORDED_CALLS calls
+        of a site that runs the framework's own convolution waiting for its plan (the layer then
+        calls observe() as its backward starts). Later calls change no room, so that a layer
+        whose planning spans several slices is planned for the moments it started with."""
+        return site.delegated is None and self.auto and site in self._pending and site.observed <= RECORDED_CALLS
 
     def observe(self, site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds` start now: each one's room is what the framework could allocate

@@ -138,9 +138,10 @@ class Converted:
     """What a converted layer adds to torch's layer (the class after it in the MRO: nn.Conv1d,
     nn.Conv2d or nn.Conv3d): its convolutions run micro-batched through ucudnn; same constructor,
     parameters and state_dict. Its `ucudnn_context` (set by convert(); else default_context()) holds the
-    settings and plans."""
+    settings and plans; `torch_class` is the torch class it converts (twin_of)."""
 
     ucudnn_context: Context | None = None
+    torch_class: type = nn.Module
 
     def forward(self, input: Tensor) -> Tensor:
         # Eager calls skip compiler.disable's wrapper (0.2-0.3 us a call on a desktop CPU, which a
@@ -237,9 +238,30 @@ _eager_forward = _compiler_disable(Converted._forward)
 # Every torch layer ucudnn runs, and its converted twin: what convert() turns them into, in place
 TWINS: dict[type, type] = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d, nn.ConvTranspose1d: ConvTranspose1d,
                            nn.ConvTranspose2d: ConvTranspose2d, nn.ConvTranspose3d: ConvTranspose3d}
+for _torch_class, _twin in TWINS.items():
+    _twin.torch_class = _torch_class
 
 
 # --- converting models -----------------------------------------------------------------------------
+
+_SUBCLASS_TWINS: dict[type, type] = {}  # a subclass of a TWINS layer that keeps torch's forward -> its twin
+
+
+def twin_of(cls: type) -> type | None:
+    """The converted class of a torch layer class: its TWINS entry; for a subclass (torchvision's
+    Conv3DSimple) that keeps its base's forward and _conv_forward, a twin made once that runs
+    before the subclass in the MRO (its own methods and attributes stay); None for a subclass
+    that changes forward (weight standardization, dynamic padding): ucudnn would not run what it
+    computes."""
+    if cls in TWINS:
+        return TWINS[cls]
+    base = next((b for b in cls.__mro__ if b in TWINS), None)
+    if base is None or any(getattr(cls, name) is not getattr(base, name) for name in ("forward", "_conv_forward")):
+        return None
+    if cls not in _SUBCLASS_TWINS:
+        _SUBCLASS_TWINS[cls] = type(cls.__name__, (TWINS[base], cls), {"__module__": cls.__module__, "torch_class": cls})
+    return _SUBCLASS_TWINS[cls]
+
 
 def convert(model: nn.Module, workspace_limit: int | str | None = None, optimizer: str | None = None,
             policy: str | None = None, total_limit: int | str | None = None, *, sample_input: Any = None,
@@ -276,16 +298,17 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
                                  planning=planning, delegate=delegate)
     skipped = set()
     for module in model.modules():
-        if type(module) in TWINS:
-            module.__class__ = TWINS[type(module)]
-        elif isinstance(module, tuple(TWINS)) and not isinstance(module, Converted):
-            skipped.add(type(module).__qualname__)
-            continue
+        if isinstance(module, tuple(TWINS)) and not isinstance(module, Converted):
+            twin = twin_of(type(module))
+            if twin is None:
+                skipped.add(type(module).__qualname__)
+                continue
+            module.__class__ = twin
         if isinstance(module, Converted):
             module.ucudnn_context = context
     if skipped:
-        warnings.warn(f"ucudnn.torch.convert left subclasses of {', '.join(c.__name__ for c in TWINS)} "
-                      f"unconverted: {', '.join(sorted(skipped))}", UcudnnWarning, stacklevel=2)
+        warnings.warn(f"ucudnn.torch.convert left subclasses of {', '.join(c.__name__ for c in TWINS)} that "
+                      f"change forward unconverted: {', '.join(sorted(skipped))}", UcudnnWarning, stacklevel=2)
     if sample_input is not None:
         with network(model):
             model(*(sample_input if isinstance(sample_input, tuple) else (sample_input,)))

@@ -56,9 +56,10 @@ _deterministic = torch._C._get_deterministic_algorithms
 class Site:
     """A Call ucudnn runs, with what each of its calls needs: the kernels it runs (`kinds`), the
     dtype, the output's shape and memory format, its planned kernels by kind (filled by the
-    Context on first run), whether the Context delegates it to torch (None: not decided yet), and
-    the bytes free as each kernel started (`free`, by kind) over the calls `observed`
-    (ucudnn.planner.Planner.observe)."""
+    Context on first run), whether the Context delegates it to torch (None: not decided yet), the
+    bytes free as each kernel started (`free`, by kind: the least seen) and the calls it made
+    waiting for its plan (`observed`; the first ucudnn.memory.RECORDED_CALLS are observed,
+    ucudnn.planner.Planner.observe)."""
 
     __slots__ = ("call", "kinds", "dtype", "out_shape", "memory_format", "kernels", "delegated", "free", "observed")
 
