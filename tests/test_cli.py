@@ -108,10 +108,26 @@ def test_a_total_workspace_means_wd_even_zero_or_from_the_environment(db):
                  env_extra={"UCUDNN_TOTAL_LIMIT": "100MiB"})
     assert result.returncode == 0, result.stderr
     assert (json.loads(result.stdout)["optimizer"], json.loads(result.stdout)["limit"]) == ("wd", 100 * MIB)
-    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--optimizer", "wr",
-                 env_extra={"UCUDNN_TOTAL_LIMIT": "100MiB"})
-    assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert "is the WD optimizer's limit, but optimizer='wr'" in result.stderr
+
+
+@pytest.mark.parametrize("flags, planned", [(("--workspace", "1MiB"), ("wr", MIB)),
+                                            (("--optimizer", "wr"), ("wr", 64 * MIB)),
+                                            (("--optimizer", "wd"), ("wd", 120 * MIB))])
+def test_a_flag_wins_over_the_environment_it_contradicts(db, flags, planned):
+    """UCUDNN_TOTAL_LIMIT (WD's total) beside --workspace planned WD at the variable's total, the
+    flag ignored; beside --optimizer wr it failed in the API's words. The flag wins."""
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--json", *flags,
+                 env_extra={"UCUDNN_TOTAL_LIMIT": "120MiB"})
+    assert result.returncode == 0, result.stderr
+    assert (json.loads(result.stdout)["optimizer"], json.loads(result.stdout)["limit"]) == planned
+
+
+def test_variables_that_contradict_each_other_are_named(db):
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet",
+                 env_extra={"UCUDNN_TOTAL_LIMIT": "120MiB", "UCUDNN_OPTIMIZER": "wr"})
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert ("UCUDNN_TOTAL_LIMIT='120MiB' is the WD optimizer's limit, but UCUDNN_OPTIMIZER='wr' plans each kernel "
+            "alone" in result.stderr)
 
 
 @pytest.mark.parametrize("name, message", [("plan.txt", "extension .txt is not a plot format; end it in .png"),
@@ -129,22 +145,21 @@ def test_the_division_bar_counts_each_distinct_kernel_once():
     """WD divides one workspace among distinct kernels: repeated ones share theirs, so the bar's
     height is the plan's workspace, within the total."""
     pytest.importorskip("matplotlib")
-    from ucudnn.plots import _pyplot, draw_division
+    from matplotlib.figure import Figure
+
+    from ucudnn.plots import draw_division
     from test_report import report
 
     kernels = get_network("resnet50").problems(32)
     assert any(k.count > 1 for k in kernels)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
     plan = report(kernels, tables, total_limit="200MiB")
-    figure, ax = _pyplot().subplots()
-    try:
-        draw_division(ax, plan)
-        heights = {}
-        for patch in ax.patches:
-            x = round(patch.get_x() + patch.get_width() / 2)
-            heights[x] = heights.get(x, 0) + patch.get_height()
-    finally:
-        _pyplot().close(figure)
+    ax = Figure().subplots()
+    draw_division(ax, plan)
+    heights = {}
+    for patch in ax.patches:
+        x = round(patch.get_x() + patch.get_width() / 2)
+        heights[x] = heights.get(x, 0) + patch.get_height()
     assert heights[1] == pytest.approx(plan.workspace / MIB, rel=1e-3) and heights[1] <= 200
 
 
@@ -159,18 +174,17 @@ def test_optimize_plots_wr_and_wd(db, tmp_path):
 def test_division_bar_is_labelled_cudnn_undivided():
     """The left bar of the WD division is the cuDNN-undivided reference at the per-kernel limit."""
     pytest.importorskip("matplotlib")
-    from ucudnn.plots import _pyplot, draw_division
+    from matplotlib.figure import Figure
+
+    from ucudnn.plots import draw_division
     from test_report import report
 
     kernels = get_network("alexnet").problems(32)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
     plan = report(kernels, tables, total_limit="150MiB", optimizer="wd")
-    figure, ax = _pyplot().subplots()
-    try:
-        draw_division(ax, plan)
-        labels = [label.get_text() for label in ax.get_xticklabels()]
-    finally:
-        _pyplot().close(figure)
+    ax = Figure().subplots()
+    draw_division(ax, plan)
+    labels = [label.get_text() for label in ax.get_xticklabels()]
     assert labels == [f"cuDNN undivided\n{plan.kernel_limit / MIB:.1f} MiB each", "WD\n150 MiB total"]
 
 
@@ -593,8 +607,9 @@ def test_failed_import_and_merge_leave_no_file(capsys, damaged, tmp_path):
 
 
 def test_named_folders_must_exist_for_every_written_file(capsys, db, tmp_path):
-    missing = tmp_path / "missing"
-    for argv in (("cache", "import", str(tmp_path / "x.json"), "--cache", str(missing / "x.db")),
+    missing, export = tmp_path / "missing", tmp_path / "x.json"
+    export.write_text("{}")
+    for argv in (("cache", "import", str(export), "--cache", str(missing / "x.db")),
                  ("cache", "merge", db, "--into", str(missing / "x.db")),
                  ("cache", "export", str(missing / "x.json"), "--cache", db)):
         status, _, err = inline(capsys, *argv)
@@ -724,11 +739,13 @@ def test_verify_names_the_damaged_shard_of_a_folder(capsys, shards, damaged):
 
 @pytest.mark.parametrize("argv, message", [
     (("cache", "prune"), "is a shard folder; name one database file to prune, e.g. --cache {shards}/node1.db"),
-    (("cache", "import", "x.json"), "is a folder; give a file name such as {shards}/benchmarks.db"),
+    (("cache", "import", "{export}"), "is a folder; give a file name such as {shards}/benchmarks.db"),
 ])
-def test_writing_commands_name_one_file_of_a_shard_folder(capsys, shards, argv, message):
+def test_writing_commands_name_one_file_of_a_shard_folder(capsys, shards, tmp_path, argv, message):
+    export = tmp_path / "x.json"
+    export.write_text("{}")
     before = {path.name: path.read_bytes() for path in shards.iterdir()}
-    status, _, err = inline(capsys, *argv, "--cache", str(shards))
+    status, _, err = inline(capsys, *(arg.format(export=export) for arg in argv), "--cache", str(shards))
     assert status == 2 and one_line_naming(err, message.format(shards=shards))
     assert {path.name: path.read_bytes() for path in shards.iterdir()} == before
 
@@ -936,3 +953,148 @@ def test_optimize_takes_the_search_and_plans_alike_from_a_full_recording(capsys,
     assert plans["pruned"] == plans["full"]
     status, _, err = inline(capsys, "optimize", "--offline", "--net", "alexnet", "--search", "quick", "--cache", db)
     assert status == 2 and "quick" in err and "pruned, full" in err
+
+
+# ---- what a new user meets: names, flags, paths and versions
+
+
+def _network_file(tmp_path: Path, *layers: dict) -> Path:
+    path = tmp_path / "net.json"
+    path.write_text(json.dumps({"name": "twice", "layers": list(layers)}))
+    return path
+
+
+@pytest.mark.parametrize("argv", [("nets", "{net}"), ("optimize", "--offline", "--net", "{net}"),
+                                  ("optimize", "--offline", "--net", "{net}", "--optimizer", "wd")])
+def test_a_layer_name_with_two_shapes_is_refused_at_load_for_every_optimizer(capsys, db, tmp_path, argv):
+    """Two layers named `a` of different shapes planned WR with both kernels under the second's
+    plan (exit 0); WD refused them. Now loading the file refuses them, in WD's words."""
+    net = _network_file(tmp_path, {**BAD_LAYER, "name": "a"}, {**BAD_LAYER, "name": "a", "input_size": 64})
+    status, out, err = inline(capsys, *(arg.format(net=net) for arg in argv), *(("--cache", db) if "optimize" in argv
+                                                                               else ()))
+    assert status == 2 and out == ""
+    assert one_line_naming(err, f"network file {net}", "layer names ['a'] occur more than once; give every layer "
+                           "its own name, or one layer a count for identical occurrences"), err
+
+
+def test_a_layer_name_twice_with_one_shape_is_one_layer_counted(capsys, tmp_path):
+    net = _network_file(tmp_path, {**BAD_LAYER, "name": "a"}, {**BAD_LAYER, "name": "a"})
+    status, out, _ = inline(capsys, "nets", str(net), "--json")
+    assert status == 0 and [(layer["name"], layer["count"]) for layer in json.loads(out)["layers"]] == [("a", 2)]
+
+
+def test_the_version_and_an_unknown_flag(capsys):
+    import ucudnn
+
+    status, out, _ = inline(capsys, "--version")
+    assert status == 0 and out == f"ucudnn {ucudnn.__version__}\n"
+    for argv, prog in ((("--bogus",), "ucudnn"), (("--bogus", "nets"), "ucudnn"), (("cache", "--bogus"), "ucudnn"),
+                       (("nets", "--bogus"), "ucudnn")):
+        status, _, err = inline(capsys, *argv)
+        assert status == 2 and one_line_naming(err, f"{prog}: error: unrecognized arguments: --bogus"), (argv, err)
+    for argv, missing in (((), "COMMAND (see ucudnn --help)"), (("cache",), "ACTION (see ucudnn cache --help)")):
+        status, _, err = inline(capsys, *argv)
+        assert status == 2 and one_line_naming(err, f"the following arguments are required: {missing}"), err
+
+
+def test_an_empty_cache_path_is_refused(capsys, db, exported, tmp_path):
+    """`--cache ''` meant the default database in the home folder: an import wrote there."""
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(exported))
+    for argv in (("cache", "import", str(export)), ("optimize", "--offline", "--net", "alexnet"), ("cache", "list")):
+        status, out, err = inline(capsys, *argv, "--cache", "")
+        assert status == 2 and out == ""
+        assert one_line_naming(err, "argument --cache: an empty path names no database"), (argv, err)
+
+
+def test_cache_export_to_standard_output(db, tmp_path):
+    """`-` is standard output, as for other tools: the export alone is printed there (it was a
+    file named `-`)."""
+    result = subprocess.run([sys.executable, "-m", "ucudnn", "cache", "export", "-", "--cache", db],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    ok("cache", "export", str(tmp_path / "file.json"), "--cache", db)
+    assert json.loads(result.stdout) == json.loads((tmp_path / "file.json").read_text())
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file.json"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be made")
+def test_a_plot_path_that_cannot_be_written_is_refused_before_planning(capsys, tmp_path):
+    """/proc lets root pass its permission check but makes no file there: the plan was made, then
+    the plot failed. The file is tried first; the cache named does not exist, so nothing was read."""
+    status, out, err = inline(capsys, "optimize", "--net", "alexnet", "--cache", str(tmp_path / "none.db"),
+                              "--plot", "/proc/x.png")
+    assert status == 2 and out == "" and one_line_naming(err, "argument --plot: cannot write /proc/x.png"), err
+
+
+@pytest.mark.parametrize("version", [99])
+def test_import_of_a_newer_export_says_export_in_one_line(capsys, exported, copy_of_db, tmp_path, version):
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({**exported, "schema_version": version}))
+    status, out, err = inline(capsys, "cache", "import", str(newer), "--cache", str(copy_of_db))
+    assert status == 2 and out == ""
+    assert one_line_naming(err, f"export {newer} has schema version {version}, newer than this ucudnn reads"), err
+    assert "benchmark database" not in err and "UCUDNN_CACHE" not in err
+
+
+def test_import_of_a_missing_file_is_one_line_without_errno(capsys, copy_of_db, tmp_path):
+    status, out, err = inline(capsys, "cache", "import", str(tmp_path / "none.json"), "--cache", str(copy_of_db))
+    assert status == 2 and out == "" and "Errno" not in err
+    assert one_line_naming(err, f"export {tmp_path / 'none.json'} does not exist; check the path"), err
+
+
+def test_verbose_prints_the_plans_of_optimize_too(db):
+    """UCUDNN_VERBOSE said each plan of the handle only: `ucudnn optimize` printed nothing more."""
+    quiet = run("optimize", "--offline", "--net", "alexnet", "--cache", db)
+    verbose = run("optimize", "--offline", "--net", "alexnet", "--cache", db, env_extra={"UCUDNN_VERBOSE": "1"})
+    assert quiet.returncode == verbose.returncode == 0 and quiet.stderr == ""
+    assert verbose.stdout == quiet.stdout
+    lines = verbose.stderr.splitlines()
+    assert len(lines) == 15 and all(re.fullmatch(r"ucudnn: conv\d/(F|BD|BF): .+, [\d.]+ MiB of workspace, "
+                                                 r"[\d.]+ ms predicted", line) for line in lines), lines
+
+
+@pytest.mark.parametrize("action, folders", [("import", False), ("prune", False), ("list", True), ("export", True)])
+def test_cache_help_claims_shard_folders_only_where_they_are_taken(capsys, action, folders):
+    out = " ".join(inline(capsys, "cache", action, "--help")[1].split())  # unwrapped
+    assert ("not a folder of shards" not in out) is folders and ("or a folder of shards" in out) is folders
+
+
+def test_no_message_points_at_the_docs_folder_which_a_wheel_lacks():
+    """A hint names `ucudnn COMMAND --help` (or a command), not docs/*.md: an installed wheel has
+    no docs/. Docstrings and comments may cite the docs."""
+    import ast
+
+    found = []
+    for path in (REPO / "ucudnn").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        found += [f"{path.relative_to(REPO)}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                  and re.search(r"docs/\w+\.md", node.value)]
+    assert found == []
+
+
+def test_a_network_file_that_is_no_object_points_at_the_help(capsys, tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text("[]")
+    status, _, err = inline(capsys, "nets", str(path))
+    assert status == 2 and one_line_naming(err, "`ucudnn nets --help` describes it"), err
+
+
+def test_an_error_about_the_database_names_the_variable_that_chose_it(tmp_path):
+    """Errors of settings read from UCUDNN_* variables name the variable; a database path from
+    UCUDNN_CACHE was named as if passed with --cache."""
+    missing = tmp_path / "none" / "x.db"
+    for argv in (("optimize", "--offline", "--net", "alexnet"), ("cache", "import", str(tmp_path / "e.json"))):
+        (tmp_path / "e.json").write_text("{}")
+        result = run(*argv, env_extra={"UCUDNN_CACHE": str(missing)})
+        assert result.returncode == 2 and one_line_naming(result.stderr, str(missing), f"(UCUDNN_CACHE={missing})"), argv
+    result = run("optimize", "--offline", "--net", "alexnet", "--cache", str(missing),
+                 env_extra={"UCUDNN_CACHE": str(missing)})
+    assert result.returncode == 2 and "UCUDNN_CACHE" not in result.stderr  # the flag named it
+    result = run("optimize", "--offline", "--net", "alexnet", env_extra={"UCUDNN_WORKSPACE_LIMIT": "lots"})
+    assert result.returncode == 2 and one_line_naming(result.stderr, "UCUDNN_WORKSPACE_LIMIT='lots' is not a size")

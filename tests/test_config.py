@@ -1,6 +1,8 @@
 """Settings: size strings, batch-size policies, and the kwargs > UCUDNN_* env > defaults precedence."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -219,13 +221,32 @@ def test_a_total_limit_means_wd(env, kwargs):
     assert Settings.load(env=env, **kwargs).optimizer == "wd"
 
 
-@pytest.mark.parametrize("env, kwargs", [
-    ({"UCUDNN_TOTAL_LIMIT": "1GiB"}, {"optimizer": "wr"}),
-    ({"UCUDNN_OPTIMIZER": "wr"}, {"total_limit": "0"}),
+@pytest.mark.parametrize("env, kwargs, message", [
+    ({}, {"total_limit": "0", "optimizer": "wr"}, "total_limit='0' is the WD optimizer's limit, but optimizer='wr'"),
+    ({"UCUDNN_TOTAL_LIMIT": "1GiB", "UCUDNN_OPTIMIZER": "WR"}, {},
+     "UCUDNN_TOTAL_LIMIT='1GiB' is the WD optimizer's limit, but UCUDNN_OPTIMIZER='WR' plans each kernel alone"),
 ])
-def test_a_total_limit_with_wr_is_an_error(env, kwargs):
-    with pytest.raises(ConfigError, match="is the WD optimizer's limit, but optimizer='wr'; drop the total"):
+def test_a_total_limit_with_wr_is_an_error_naming_where_each_was_set(env, kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         Settings.load(env=env, **kwargs)
+
+
+@pytest.mark.parametrize("env, kwargs, expected", [
+    # a per-kernel limit or optimizer given: a total from the environment would contradict it
+    ({"UCUDNN_TOTAL_LIMIT": "120MiB"}, {"workspace_limit": "1MiB"}, ("wr", MiB, None)),
+    ({"UCUDNN_TOTAL_LIMIT": "120MiB"}, {"optimizer": "wr"}, ("wr", 64 * MiB, None)),
+    ({"UCUDNN_TOTAL_LIMIT": "120MiB", "UCUDNN_OPTIMIZER": "wd"}, {"workspace_limit": "1MiB"}, ("wd", MiB, None)),
+    # a total given: a per-kernel optimizer from the environment would contradict it
+    ({"UCUDNN_OPTIMIZER": "wr"}, {"total_limit": "0"}, ("wd", 64 * MiB, 0)),
+    # no contradiction: the variable stays
+    ({"UCUDNN_TOTAL_LIMIT": "120MiB"}, {"optimizer": "wd"}, ("wd", 64 * MiB, 120 * MiB)),
+    ({"UCUDNN_TOTAL_LIMIT": "120MiB"}, {"policy": "all"}, ("wd", 64 * MiB, 120 * MiB)),
+])
+def test_an_argument_wins_over_a_variable_that_contradicts_it(env, kwargs, expected):
+    """`ucudnn optimize --workspace 1MiB` with UCUDNN_TOTAL_LIMIT set planned WD at the variable's
+    total, ignoring the flag: an argument wins over the variables, its own and those it contradicts."""
+    s = Settings.load(env=env, **kwargs)
+    assert (s.optimizer, s.workspace_limit, s.total_limit) == expected
 
 
 def test_none_kwarg_means_not_given():

@@ -79,3 +79,27 @@ def test_the_wd_md_example_prints_what_the_page_shows():
     with contextlib.redirect_stdout(printed):
         exec(compile(code, "docs/wd.md", "exec"), {})
     assert printed.getvalue() == shown
+
+
+def test_cli_md_names_every_builtin_network_and_how_many_record_py_records():
+    """The page listed five built-in networks where `ucudnn nets` lists eight."""
+    from ucudnn.nets import list_networks
+
+    names = [network.name for network in list_networks()]
+    page = (REPO / "docs" / "cli.md").read_text()
+    builtin = page.split("**A built-in network**")[1].split("**A network file**")[0]
+    assert [name for name in names if f"`{name}`" not in builtin] == []
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    assert f"`DEFAULT_SPECS`: the {words[len(names)]} built-in networks" in page
+    recorded = re.search(r"NETS = \((.*?)\)", (REPO / "bench" / "record.py").read_text(), re.S).group(1)
+    assert [name for name in names if f'"{name}:' not in recorded] == []
+
+
+def test_cli_md_describes_every_field_of_a_network_file():
+    from dataclasses import fields
+
+    from ucudnn.nets import ConvLayer
+
+    section = (REPO / "docs" / "cli.md").read_text().split("**A network file**")[1].split("```")[0]
+    assert [f.name for f in fields(ConvLayer) if f"`{f.name}`" not in section] == []
+    assert "`[depth, height, width]`" in section and "`[length]`" in section

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,20 @@ def test_a_transposed_layer_has_the_kernels_of_the_convolution_it_transposes():
         ConvLayer("bad", 1, 1, 3, 8, stride=2, output_padding=1)
     with pytest.raises(ConfigError, match="must be below stride"):
         ConvLayer("bad", 1, 1, 3, 8, stride=1, dilation=2, output_padding=1, transposed=True)
+
+
+def test_one_name_for_two_shapes_is_refused_in_the_words_wd_refuses_kernels_in():
+    """Layers of one name share their kernels' names, and so one plan: a network refuses them as
+    it is made, for every optimizer, with the rule WD checks its kernels by (problem.check_unique_names)."""
+    from ucudnn.optimizers.wd import optimize_wd
+
+    first, second = ConvLayer("a", 3, 8, 3, 32), ConvLayer("a", 3, 8, 3, 64)
+    with pytest.raises(ConfigError) as layers:
+        Network("twice", (first, second))
+    assert str(layers.value) == ("layer names ['a'] occur more than once; give every layer its own name, or one "
+                                 "layer a count for identical occurrences")
+    kernels = [k for layer in (first, second) for k in Network("one", (layer,)).problems(8)]
+    with pytest.raises(ConfigError) as wd:
+        optimize_wd(kernels, {}, (8,), 2**20)
+    assert str(wd.value) == str(layers.value).replace("layer", "kernel").replace("['a']", "['a/BD', 'a/BF', 'a/F']")
+    assert Network("once", (first, first)).layers == (replace(first, count=2),)

@@ -2,7 +2,10 @@
 figure, one colour per thing named, and a default kernel whose Pareto front has something to show."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import synthetic
@@ -15,25 +18,26 @@ from ucudnn.nets import get_network
 from test_report import report as reported
 
 pytest.importorskip("matplotlib")
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 shipped = pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
 MIB = 2**20
 
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """What `ucudnn optimize --plot` draws: the figure, and the kernel row and front it shows."""
+    """What `ucudnn optimize --plot` draws: the figure (not saved), and the kernel row and front it shows."""
     found = {}
     real = plots.plot_report
 
     def capture(report, row, front, path, title):
-        found.update(report=report, row=row, front=front)
-        real(report, row, front, path, title)
+        found.update(report=report, row=row, front=front, figure=real(report, row, front, None, title))
+        return found["figure"]
 
     monkeypatch.setattr("ucudnn.cli.commands.plot_report", capture)
-    monkeypatch.setattr(plots, "_save", lambda figure, path: found.update(figure=figure))
-    yield found
-    if "figure" in found:
-        plots._pyplot().close(found["figure"])
+    return found
 
 
 def plan(tmp_path, *args: str) -> None:
@@ -55,7 +59,7 @@ def test_every_panel_legend_and_title_fits_the_figure(capsys, tmp_path, drawn, a
     squash the panels beside it nor run off the figure."""
     plan(tmp_path, *args)
     figure = drawn["figure"]
-    renderer = figure.canvas.get_renderer()
+    renderer = FigureCanvasAgg(figure).get_renderer()  # the figure is pyplot's no more: no canvas of its own
     figure.draw(renderer)
     whole = figure.bbox
     for ax in figure.axes:
@@ -74,16 +78,13 @@ def test_a_stack_of_many_parts_has_a_legend_of_distinct_colours(draw):
     kernels = get_network("resnet50").problems(32)
     tables = {k.problem.key: synthetic.table(k.problem) for k in kernels}
     report = reported(kernels, tables, total_limit="200MiB")
-    figure, ax = plots._pyplot().subplots()
-    try:
-        draw(ax, report)
-        legend = ax.get_legend()
-        assert legend is not None
-        colours = [tuple(handle.get_facecolor()) for handle in legend.legend_handles]
-        assert len(set(colours)) == len(colours) <= 10
-        assert legend.get_texts()[-1].get_text().endswith("others")
-    finally:
-        plots._pyplot().close(figure)
+    ax = Figure().subplots()
+    draw(ax, report)
+    legend = ax.get_legend()
+    assert legend is not None
+    colours = [tuple(handle.get_facecolor()) for handle in legend.legend_handles]
+    assert len(set(colours)) == len(colours) <= 10
+    assert legend.get_texts()[-1].get_text().endswith("others")
 
 
 @shipped
@@ -99,6 +100,29 @@ def test_the_default_kernel_is_the_one_the_plan_speeds_up_most(capsys, tmp_path,
 
 
 def test_plots_without_matplotlib_say_how_to_install_it_from_the_clone(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import matplotlib.figure raises ImportError
     with pytest.raises(ConfigError, match=r"plots need matplotlib: pip install '\.\[plot\]' in a clone of the ucudnn"):
-        plots._pyplot()
+        plots.check_plot_path("plan.png")
+
+
+def test_plotting_leaves_pyplot_and_the_backend_alone_and_returns_the_figure(tmp_path):
+    """A notebook's backend is its user's: plots draw on a Figure of their own (not through
+    pyplot, whose switch to Agg changed it), return it, and save it only where asked."""
+    script = f"""
+import sys
+import matplotlib
+matplotlib.use("svg")
+from matplotlib.figure import Figure
+from test_wd import MiB, Measured, _table, wd
+from ucudnn import plots
+result = wd([Measured("small", _table(MiB), 4), Measured("big", _table(MiB, scale=10), 4)], (1, 2, 4), 6 * MiB)
+assert isinstance(plots.plot_division(result, title="test"), Figure)
+assert isinstance(plots.plot_division(result, {str(tmp_path / "d.png")!r}, "test"), Figure)
+print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["svg", "False"]
+    assert [path.name for path in tmp_path.iterdir()] == ["d.png"]  # saved where asked, and only there
+    assert (tmp_path / "d.png").read_bytes().startswith(b"\x89PNG")

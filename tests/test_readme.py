@@ -53,3 +53,25 @@ def test_readme_layout_table_matches_the_tree():
     tree = {f"ucudnn/{p.name}" for p in package.iterdir()
             if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}
     assert named == tree, f"in the table only: {sorted(named - tree)}; in the tree only: {sorted(tree - named)}"
+
+
+def _variables_read() -> set[str]:
+    """Every UCUDNN_* variable ucudnn reads: one per setting (ucudnn.config.Settings; the cache's is
+    UCUDNN_CACHE) and those the code names as string literals (UCUDNN_BENCH_DEVICES, ...)."""
+    import re
+    from dataclasses import fields
+
+    from ucudnn.config import Settings
+
+    settings = {f"UCUDNN_{f.name.upper()}" for f in fields(Settings) if f.name != "cache_path"}
+    named = {name for path in (ROOT / "ucudnn").rglob("*.py")
+             for name in re.findall(r"""["'](UCUDNN_[A-Z_]+)["']""", path.read_text())}
+    return settings | named
+
+
+def test_readme_lists_every_variable_ucudnn_reads():
+    """The list lacked UCUDNN_SEARCH and UCUDNN_CUDNN_LIBRARY (and four settings of ucudnn.torch)."""
+    section = (ROOT / "README.md").read_text().split("Settings come from")[1].split("\n## ")[0]
+    variables = _variables_read()
+    assert {"UCUDNN_SEARCH", "UCUDNN_CUDNN_LIBRARY", "UCUDNN_CACHE", "UCUDNN_BENCH_DEVICES"} <= variables
+    assert sorted(v for v in variables if f"`{v}`" not in section) == []

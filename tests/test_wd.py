@@ -291,3 +291,35 @@ def test_recorded_resnet50_solve_is_fast():
           f"wall {min(walls):.3f} s (best of 3)")
     assert len(kernels) == 69 and result.variables >= len(kernels)
     assert min(walls) <= 0.5, (walls, result.variables)
+
+
+@pytest.mark.parametrize("solver", available_solvers())
+def test_the_ilp_path_warns_of_nothing_pulp_4_removes(monkeypatch, solver):
+    """PuLP 3.3 warns (DeprecationWarning) of each call 4.0 removes (PULP_CBC_CMD, LpVariable(...),
+    ...): the ILP path, solver included, runs with every warning an error, as PuLP's migration
+    guide checks, and makes no such call even where a filter of its own would silence it (WD
+    silenced PULP_CBC_CMD's)."""
+    import warnings
+
+    deprecated, warn = [], warnings.warn
+
+    def recorded(message, category=None, *args, **kwargs):
+        if isinstance(category, type) and issubclass(category, DeprecationWarning):
+            deprecated.append(str(message))
+        return warn(message, category, *args, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn", recorded)
+    kernels = [Measured("small", _table(MiB), 4), Measured("big", _table(MiB, scale=10), 4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = wd(kernels, (1, 2, 4), 6 * MiB, solver=solver)
+    assert result.total_workspace <= 6 * MiB and deprecated == []
+
+
+def test_cbc_runs_through_coin_cmd_which_pulp_4_keeps():
+    """PULP_CBC_CMD (PuLP's bundled CBC, deprecated in 3.3, gone in 4.0) was ucudnn's fallback
+    where no cbc is on the PATH, its warning silenced; CBC now always runs through COIN_CMD."""
+    import pulp
+
+    solver = make_solver("cbc")
+    assert type(solver) is pulp.COIN_CMD and solver.available()

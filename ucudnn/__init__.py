@@ -1,4 +1,6 @@
 """ucudnn: micro-batched cuDNN convolutions that run fast algorithms under tight workspace limits."""
+__version__ = "0.1.0"  # the one place of the version: pyproject.toml reads it (tool.setuptools.dynamic)
+
 from .config import Settings, batch_sizes, format_size, parse_size
 from .device import Provenance
 from .handle import Handle
@@ -18,4 +20,3 @@ __all__ = [
     "InfeasibleError", "LibraryNotFoundError", "MissingMeasurementsError", "NoAlgorithmError",
     "UnsupportedProblemError", "UcudnnWarning",
 ]
-__version__ = "0.1.0"

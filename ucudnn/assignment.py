@@ -16,7 +16,6 @@ Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive 
 """
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -24,6 +23,7 @@ from typing import Any, Callable
 from .benchmark import Benchmarker, ensure_tables
 from .config import Settings
 from .errors import DeviceMemoryError, InfeasibleError, NoAlgorithmError, UcudnnWarning
+from .log import say_plan
 from .optimizers import PER_KERNEL
 from .optimizers.configuration import Configuration
 from .problem import ConvProblem, Kernel
@@ -181,11 +181,9 @@ class Assignments:
         self._say(what, assignment)
 
     def _say(self, what: str, assignment: Assignment) -> None:
-        """With settings.verbose, a line on stderr: `what` is planned as `assignment`."""
+        """With settings.verbose, the `ucudnn` logger says `what` is planned as `assignment`."""
         if self.settings.verbose:
-            c = assignment.configuration
-            print(f"ucudnn: {what}: {c.describe()}, {assignment.workspace_size / 2**20:.1f} MiB of workspace, "
-                  f"{c.time_ms:.3f} ms predicted", file=sys.stderr, flush=True)
+            say_plan(what, assignment.configuration, assignment.workspace_size)
 
     def _alone_limit(self) -> int:
         """WR: the per-kernel limit. WD, a kernel that came after the network was solved: only

@@ -166,7 +166,10 @@ class Settings:
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
-        """Keyword arguments win over UCUDNN_* variables, which win over the defaults."""
+        """Keyword arguments win over UCUDNN_* variables, which win over the defaults. An argument
+        also wins over a variable that contradicts it (_contradicted): `workspace_limit` or a
+        per-kernel `optimizer` given drops a total from UCUDNN_TOTAL_LIMIT, a `total_limit` given
+        drops a per-kernel UCUDNN_OPTIMIZER."""
         env = os.environ if env is None else env
         names = {f.name for f in fields(cls)}
         unknown = set(overrides) - names
@@ -174,19 +177,34 @@ class Settings:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}")
         # each value with the name an error should show: the variable the user set, or the argument
         variables = {f"UCUDNN_{name.upper()}": name for name in names} | {CACHE_VARIABLE: "cache_path"}
-        raw = {name: (env[variable], variable) for variable, name in variables.items() if variable in env}
-        raw.update({k: (v, k) for k, v in overrides.items() if v is not None})
-        settings = replace(cls(), **{k: _PARSERS[k](value, label) for k, (value, label) in raw.items()})
-        return _with_total_meaning_wd(settings, "optimizer" in raw)
+        from_env = {name: (env[variable], variable) for variable, name in variables.items() if variable in env}
+        given = {k: (v, k) for k, v in overrides.items() if v is not None}
+        parsed = {k: _PARSERS[k](value, label) for k, (value, label) in (from_env | given).items()}
+        for name in [name for name in from_env if name not in given and _contradicted(name, parsed, given)]:
+            del from_env[name], parsed[name]
+        return _with_total_meaning_wd(replace(cls(), **parsed), from_env | given)
 
 
-def _with_total_meaning_wd(settings: Settings, optimizer_given: bool) -> Settings:
-    """A total workspace limit is WD's: given one, the optimizer is WD, and an explicit WR is an error."""
+def _contradicted(name: str, parsed: Mapping, given: Mapping) -> bool:
+    """Whether the arguments `given` contradict setting `name`'s value from its variable: a total
+    limit is WD's, so the per-kernel limit (WR's) or a per-kernel optimizer given contradicts one;
+    a total given contradicts a per-kernel optimizer."""
+    per_kernel = not REGISTRY[parsed.get("optimizer", PER_KERNEL.name)].divides
+    if name == "total_limit":
+        return "workspace_limit" in given or ("optimizer" in given and per_kernel)
+    return name == "optimizer" and "total_limit" in given and per_kernel
+
+
+def _with_total_meaning_wd(settings: Settings, labels: Mapping[str, tuple]) -> Settings:
+    """A total workspace limit is WD's: given one, the optimizer is WD, and a per-kernel one named
+    too is an error that names both where they were set (argument or variable)."""
     if settings.total_limit is None or settings.optimizing.divides:
         return settings
-    if optimizer_given:
-        raise ConfigError(f"total_limit={settings.total_limit} is the WD optimizer's limit, "
-                          f"but optimizer={settings.optimizer!r}; drop the total or use optimizer={DIVIDING.name!r}")
+    if "optimizer" in labels:
+        (total, total_label), (optimizer, optimizer_label) = labels["total_limit"], labels["optimizer"]
+        raise ConfigError(f"{total_label}={total!r} is the WD optimizer's limit, but {optimizer_label}="
+                          f"{optimizer!r} plans each kernel alone; drop one of them, or use "
+                          f"{optimizer_label}={DIVIDING.name!r}")
     return replace(settings, optimizer=DIVIDING.name)
 
 

@@ -1,9 +1,15 @@
 """The paper's figures from a report: a kernel's desirable configurations (Fig. 8), per-layer times
-(Fig. 10) and WD's division of the workspace (Fig. 14). Needs matplotlib; draws off-screen."""
+(Fig. 10) and WD's division of the workspace (Fig. 14). Needs matplotlib. Each plot is drawn on a
+matplotlib Figure of its own, never through pyplot (whose backend and current figure are the
+user's, in a notebook say), returned, and saved where a path is given."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from .config import format_size
 from .errors import ConfigError, install_extra
@@ -17,20 +23,18 @@ STACKED_COLUMNS = 3  # of the legend below a stacked bar: layer names run to 25 
 OTHERS = "others"  # the part of a stacked bar that sums the smaller ones: "12 others"
 
 
-def _pyplot():
+def _figure(**options) -> Figure:
+    """A new matplotlib Figure, outside pyplot; ConfigError saying how to install matplotlib."""
     try:
-        import matplotlib
+        from matplotlib.figure import Figure
     except ImportError:
         raise ConfigError(f"plots need matplotlib: {install_extra('plot')}") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(layout="constrained", **options)
 
 
 def check_plot_path(path: str | Path) -> None:
     """A ConfigError, before any planning, for a file name whose extension matplotlib cannot write."""
-    _pyplot()
+    _figure()
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = FigureCanvasBase.get_supported_filetypes()
@@ -41,13 +45,19 @@ def check_plot_path(path: str | Path) -> None:
                           f"{', '.join(sorted(formats))}")
 
 
-def _save(figure, path: str | Path) -> None:
+def _titled(title: str, what: str) -> str:
+    return f"{title}: {what}" if title else what
+
+
+def _saved(figure: Figure, path: str | Path | None) -> Figure:
+    """`figure`, written to `path` first unless that is None."""
+    if path is None:
+        return figure
     try:
         figure.savefig(path, dpi=120)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; choose a writable path") from None
-    finally:
-        _pyplot().close(figure)
+    return figure
 
 
 def draw_front(points_ax, parts_ax, legend_ax, row: KernelReport, front: list[Configuration], limit: int) -> None:
@@ -161,13 +171,14 @@ def draw_division(ax, report: Report) -> None:
     ax.set_title("workspace division")
 
 
-def plot_report(report: Report, row: KernelReport, front: list[Configuration], path: str | Path, title: str) -> None:
-    """One PNG: `row`'s Pareto front (`front`: its desirable set) with its candidates named below
-    it, per-layer times and, for WD, the workspace division."""
-    plt = _pyplot()
+def plot_report(report: Report, row: KernelReport, front: list[Configuration], path: str | Path | None = None,
+                title: str = "") -> Figure:
+    """One figure, saved to `path` (its extension the format) unless None: `row`'s Pareto front
+    (`front`: its desirable set) with its candidates named below it, per-layer times and, for WD,
+    the workspace division."""
     candidates = len({m.algo for c in front for m in c.micro})
     legend_inches = 0.4 + 0.2 * -(-candidates // LEGEND_COLUMNS)  # the title, then a line per row
-    figure = plt.figure(figsize=(14, 9 + legend_inches), layout="constrained")
+    figure = _figure(figsize=(14, 9 + legend_inches))
     grid = figure.add_gridspec(3, 2, height_ratios=(4.5, legend_inches, 4.5))
     draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, :]),
                row, front, report.limit)
@@ -177,15 +188,15 @@ def plot_report(report: Report, row: KernelReport, front: list[Configuration], p
     else:
         draw_layer_times(figure.add_subplot(grid[2, :]), report)
     figure.suptitle(title)
-    _save(figure, path)
+    return _saved(figure, path)
 
 
-def plot_division(result, path: str | Path, title: str) -> None:
-    """Fig. 14 from a WDResult: each kernel's segment of the network's workspace buffer, as a bar
-    from its offset to its end, labelled with its configuration."""
-    plt = _pyplot()
+def plot_division(result, path: str | Path | None = None, title: str = "") -> Figure:
+    """Fig. 14 from a WDResult, saved to `path` unless None: each kernel's segment of the
+    network's workspace buffer, as a bar from its offset to its end, labelled with its configuration."""
     names = list(result.segments)
-    figure, ax = plt.subplots(figsize=(12, 1.5 + 0.3 * len(names)), layout="constrained")
+    figure = _figure(figsize=(12, 1.5 + 0.3 * len(names)))
+    ax = figure.subplots()
     segments = [result.segments[n] for n in names]
     ax.barh(range(len(names)), [s.size / MIB for s in segments], left=[s.offset / MIB for s in segments],
             color=[f"C{i % 10}" for i in range(len(names))])
@@ -196,16 +207,17 @@ def plot_division(result, path: str | Path, title: str) -> None:
     ax.invert_yaxis()
     ax.set(xlabel="offset in the workspace buffer (MiB)",
            xlim=(0, max(result.total_workspace / MIB, 1e-3) * 1.25),
-           title=f"{title}: {format_size(result.total_workspace)} in {len(names)} segments")
-    _save(figure, path)
+           title=_titled(title, f"{format_size(result.total_workspace)} in {len(names)} segments"))
+    return _saved(figure, path)
 
 
-def plot_schedule(plan, path: str | Path, title: str) -> None:
-    """A stream schedule (ucudnn.schedule.Schedule) as a Gantt chart: a row per stream, a bar per
-    node from its predicted start to its end, the critical path's nodes outlined."""
-    plt = _pyplot()
+def plot_schedule(plan, path: str | Path | None = None, title: str = "") -> Figure:
+    """A stream schedule (ucudnn.schedule.Schedule) as a Gantt chart, saved to `path` unless None:
+    a row per stream, a bar per node from its predicted start to its end, the critical path's
+    nodes outlined."""
     critical = set(plan.critical_path)
-    figure, ax = plt.subplots(figsize=(12, 1.5 + 0.5 * plan.streams), layout="constrained")
+    figure = _figure(figsize=(12, 1.5 + 0.5 * plan.streams))
+    ax = figure.subplots()
     for stream, names in plan.order.items():
         for i, name in enumerate(names):
             p = plan.placements[name]
@@ -214,6 +226,6 @@ def plot_schedule(plan, path: str | Path, title: str) -> None:
             ax.annotate(name, ((p.start_ms + p.end_ms) / 2, stream), ha="center", va="center", fontsize="x-small")
     ax.set_yticks(list(plan.order), [f"stream {s}" for s in plan.order])
     ax.invert_yaxis()
-    ax.set(xlabel="predicted time (ms)", title=f"{title}: {plan.makespan_ms:.3f} ms on {plan.streams} streams "
-           f"(critical path {plan.critical_ms:.3f} ms, outlined)")
-    _save(figure, path)
+    ax.set(xlabel="predicted time (ms)", title=_titled(title, f"{plan.makespan_ms:.3f} ms on {plan.streams} "
+                                                       f"streams (critical path {plan.critical_ms:.3f} ms, outlined)"))
+    return _saved(figure, path)

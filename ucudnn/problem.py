@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from enum import Enum
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -235,3 +235,13 @@ class Kernel:
     def layer(self) -> str:
         """The layer's name: the kernel's up to its kind ("conv2")."""
         return self.name.rsplit("/", 1)[0]
+
+
+def check_unique_names(names: Iterable[str], what: str) -> None:
+    """ConfigError naming the `what`s (kernels, layers) whose name occurs more than once: each
+    thing a plan is made for is known by its name, and identical occurrences are one, counted."""
+    names = list(names)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{what} names {twice} occur more than once; give every {what} its own "
+                          f"name, or one {what} a count for identical occurrences")

@@ -1,14 +1,16 @@
-"""One line on stderr while planning takes long: what is planned so far, the seconds, what is
-being timed. Quiet for the first AFTER_S seconds of a stretch of planning (most plans come from a
-database in milliseconds); on a terminal the line updates in place, elsewhere (a log file) it is
-written again at most every LOG_EVERY_S seconds. A stretch ends, with a closing line, at the first
-call that needs no planning once IDLE_S have passed since the last planning step.
+"""One line while planning takes long, said through the `ucudnn` logger (ucudnn.log): what is
+planned so far, the seconds, what is being timed. Quiet for the first AFTER_S seconds of a
+stretch of planning (most plans come from a database in milliseconds); on a terminal the line
+updates in place, elsewhere (a log file) it is written again at most every LOG_EVERY_S seconds.
+A stretch ends, with a closing line, at the first call that needs no planning once IDLE_S have
+passed since the last planning step.
 """
 from __future__ import annotations
 
-import sys
 import time
-from typing import Callable, TextIO
+from typing import Callable
+
+from .log import redraws, say
 
 AFTER_S = 2.0  # planning shorter than this shows nothing
 IDLE_S = 0.5  # no planning for this long, and a call that needs none: the stretch is over
@@ -19,17 +21,12 @@ TTY_EVERY_S = 0.1  # a terminal: the line is redrawn at most this often
 class Progress:
     """Shows planning as it goes (see the module's docstring); `enabled` False shows nothing."""
 
-    def __init__(self, enabled: bool = True, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.enabled, self._stream, self.clock = enabled, stream, clock
+    def __init__(self, enabled: bool = True, clock: Callable[[], float] = time.monotonic):
+        self.enabled, self.clock = enabled, clock
         self._started: float | None = None  # this stretch's start
         self._last_step = self._last_shown = 0.0
         self._shown = False
         self.open = False  # whether a stretch of planning is going on (a plain flag: calls check it)
-
-    @property
-    def stream(self) -> TextIO:
-        return self._stream or sys.stderr
 
     def step(self, doing: str, status: str) -> None:
         """A planning step begins: `doing` (what is timed), `status` (what is done so far)."""
@@ -40,9 +37,9 @@ class Progress:
         elapsed = now - self._started
         if not self.enabled or elapsed < AFTER_S:
             return
-        if now - self._last_shown < (TTY_EVERY_S if self._tty() else LOG_EVERY_S) and self._shown:
+        if now - self._last_shown < (TTY_EVERY_S if redraws() else LOG_EVERY_S) and self._shown:
             return
-        self._write(f"ucudnn: planning, {elapsed:.0f} s: {status}; {doing}", end="")
+        say(f"planning, {elapsed:.0f} s: {status}; {doing}", redrawn=True)
         self._last_shown, self._shown = now, True
 
     def finished(self) -> None:
@@ -55,16 +52,5 @@ class Progress:
         if self._started is None or self.clock() - self._last_step < IDLE_S:
             return
         if self._shown:
-            self._write(f"ucudnn: planned in {self._last_step - self._started:.1f} s: {summary()}", end="\n")
+            say(f"planned in {self._last_step - self._started:.1f} s: {summary()}")
         self._started, self._shown, self.open = None, False, False
-
-    def _tty(self) -> bool:
-        isatty = getattr(self.stream, "isatty", None)
-        return bool(isatty and isatty())
-
-    def _write(self, line: str, end: str) -> None:
-        if self._tty():
-            self.stream.write("\r\x1b[2K" + line + end)
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()

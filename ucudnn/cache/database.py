@@ -13,7 +13,7 @@ import uuid
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TextIO, TypeVar
 
 import sqlite_utils
 
@@ -301,13 +301,17 @@ class BenchmarkDatabase:
 
     # --- interchange ---
 
-    def export_json(self, path: str | os.PathLike) -> int:
-        """Write every kernel and measurement, provenance included, to a JSON file; returns the
-        number of measurements. `import_json` reads it back."""
+    def export_json(self, path: str | os.PathLike | TextIO) -> int:
+        """Write every kernel and measurement, provenance included, to a JSON file (or a text
+        stream); returns the number of measurements. `import_json` reads it back."""
         kernels, measurements = self._dump()
         document = {"format": EXPORT_FORMAT, "schema_version": schema.SCHEMA_VERSION,
                     "kernels": kernels, "measurements": measurements}
-        Path(path).write_text(json.dumps(document, indent=1))
+        text = json.dumps(document, indent=1)
+        if hasattr(path, "write"):
+            path.write(text + "\n")
+        else:
+            Path(path).write_text(text)
         return len(measurements)
 
     def import_json(self, path: str | os.PathLike) -> int:

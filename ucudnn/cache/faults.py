@@ -27,7 +27,7 @@ def named(path: Path, error: sqlite3.Error) -> Exception:
 _ADVICE = (
     (("permission",), "make the file writable, or set UCUDNN_CACHE to a writable path"),
     (("locked",), "another process held the file locked too long; if the filesystem's locking is "
-                  "unreliable, use per-host shards (docs/cache.md)"),
+                  "unreliable, use per-host shards (--cache FOLDER: `ucudnn bench --help`)"),
     (("unable to open", "no such file", "not a directory", "file exists"),
      "make sure the path exists (or can be created) and is accessible, or set UCUDNN_CACHE to another path"),
     (("",), "the file may be damaged: move it away (ucudnn makes a new one) or set UCUDNN_CACHE to another path"),

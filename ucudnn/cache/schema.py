@@ -74,6 +74,7 @@ class NewerSchemaError(CacheError):
     """The file was written by a newer ucudnn: this one cannot read it safely."""
 
     def __init__(self, path: Path, found: int):
+        self.path, self.found = path, found
         super().__init__(
             f"benchmark database {path} has schema version {found}, but this ucudnn supports "
             f"versions up to {SCHEMA_VERSION}: upgrade ucudnn ({UPGRADE}), or point "

@@ -14,13 +14,16 @@ import sys
 import warnings
 from typing import Sequence
 
+from .. import __version__
 from ..backends import CHOICES as BACKEND_CHOICES
+from ..cache.paths import CACHE_VARIABLE
 from ..config import OPTIMIZERS, POLICIES
 from ..device import EXECUTIONS, TIMING_PRESETS
 from ..errors import UcudnnError, UcudnnWarning, install_extra
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from ..search import SEARCHES
-from .arguments import batch_size, byte_size, database_file, device_list, output_file, plot_file, setting
+from .arguments import (batch_size, byte_size, cache_file, database_file, device_list, export_file, existing_file,
+                        plot_file, setting)
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize
 
@@ -51,7 +54,8 @@ def _parent(*options: tuple[tuple, dict]) -> argparse.ArgumentParser:
 
 _NETWORK = _parent(
     (("--net",), dict(required=True, metavar="NAME|FILE.json",
-                      help="a built-in network (see `ucudnn nets`), a network file, or a torchvision model")),
+                      help="a built-in network (see `ucudnn nets`), a network file (`ucudnn nets --help` describes "
+                           "one), or a torchvision model")),
     (("--batch",), dict(type=batch_size, help=(
         "mini-batch size (default: the network's, which the shipped recording covers: see `ucudnn nets`; "
         "256 for a network file or torchvision model that names none)"))),
@@ -72,25 +76,52 @@ _POLICY = _parent(
         "(cuDNN's legacy API) or all (default: $UCUDNN_BACKEND, else all where the frontend is "
         "installed, and all that a database holds offline)"))),
 )
-_CACHE = _parent((("--cache",), dict(metavar="PATH", help=(
+_CACHE = _parent((("--cache",), dict(metavar="PATH", type=cache_file, help=(
     "benchmark database, or a folder of shards: measuring uses this host's shard, reading every shard "
     "(default: $UCUDNN_CACHE, else your cache file where ucudnn measures or writes, "
     "and the measurements shipped in cache/ where it only reads)"))))
+# the cache of the actions that write into one database file, which a folder of shards is not
+_CACHE_FILE = _parent((("--cache",), dict(metavar="FILE.db", type=cache_file, help=(
+    "the benchmark database file to write into, not a folder of shards "
+    "(default: $UCUDNN_CACHE, else your cache file)"))))
 _JSON = _parent((("--json",), dict(action="store_true", help="print one JSON document instead of text")))
 
 
-def _command(commands, name: str, help: str, example: str, run, parents=()) -> argparse.ArgumentParser:
-    command = commands.add_parser(name, help=help, description=help, parents=list(parents),
+NETWORK_FILE = """
+
+A network file NAME.json (`ucudnn nets alexnet --json` writes one) is a JSON object:
+  {"name": ..., "description": ..., "default_batch": 256, "layers": [LAYER, ...]}
+where "description" and "default_batch" (the --batch of commands given none) are optional, and
+each LAYER is an object with
+  "name", "in_channels", "out_channels", "kernel", "input_size" (of the layer's input) and optionally
+  "stride" (1), "pad" (0), "dilation" (1), "groups" (1), "count" (1: how many layers have this shape),
+  "transposed" (false: true for a ConvTranspose layer) and "output_padding" (0, transposed layers).
+A size is an integer, or a list of 1, 2 or 3: [length], [height, width] or [depth, height, width]
+(the longest list says the layer's dimensions; 2-D where all are integers). Layers of one name
+have one shape: a second shape needs a name of its own."""
+
+
+def _command(commands, name: str, help: str, example: str, run, parents=(),
+             description: str = "") -> argparse.ArgumentParser:
+    command = commands.add_parser(name, help=help, description=help + description, parents=list(parents),
                                   epilog=f"example:\n  {example}", formatter_class=_FORMATTER)
     command.set_defaults(run=run)
     return command
+
+
+def _requires(parser: argparse.ArgumentParser, what: str):
+    """The run of a command given none of its `what` (COMMAND, ACTION): a usage error. Checked
+    after parsing, not by argparse, so that an unknown option before it is named first."""
+    return lambda args: parser.error(f"the following arguments are required: {what}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ucudnn", description="Micro-batched cuDNN convolutions: benchmark, plan, inspect.",
                      epilog="example:\n  ucudnn optimize --net alexnet --batch 256 --workspace 64MiB",
                      formatter_class=_FORMATTER)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.set_defaults(run=_requires(parser, "COMMAND"))
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = _command(commands, "bench", "measure every kernel (F, BD, BF) of a network into the cache: every "
                  "candidate at every micro-batch size (a full search)",
@@ -128,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = _command(commands, "cache", "inspect and maintain benchmark databases",
                      "ucudnn cache show --net alexnet --kernel conv2/F", None)
-    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cache.set_defaults(run=_requires(cache, "ACTION"))
+    actions = cache.add_subparsers(dest="action", metavar="ACTION")
     _command(actions, "list", "the GPUs and kernels a database holds", "ucudnn cache list --cache h100.db",
              cache_list, [_CACHE, _JSON])
     p = _command(actions, "show", "every measurement of one kernel", "ucudnn cache show --net alexnet "
@@ -140,17 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--into", type=database_file, metavar="PATH", help="target database (default: your cache file)")
     p = _command(actions, "export", "write a database as JSON", "ucudnn cache export h100.json --cache h100.db",
                  cache_export, [_CACHE])
-    p.add_argument("file", type=output_file, metavar="FILE.json")
+    p.add_argument("file", type=export_file, metavar="FILE.json", help="the JSON file to write; - for standard output")
     p = _command(actions, "import", "add a JSON export to a database", "ucudnn cache import h100.json --cache my.db",
-                 cache_import, [_CACHE])
-    p.add_argument("file", metavar="FILE.json")
+                 cache_import, [_CACHE_FILE])
+    p.add_argument("file", type=existing_file("export"), metavar="FILE.json",
+                   help="a file `ucudnn cache export` wrote")
     _command(actions, "prune", "keep only the measurements plans can use (a smaller file, the same plans)",
-             "ucudnn cache prune --cache shared.db", cache_prune, [_CACHE])
+             "ucudnn cache prune --cache shared.db", cache_prune, [_CACHE_FILE])
     _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
              "--cache h100.db", cache_verify, [_CACHE])
 
     p = _command(commands, "nets", "list the built-in networks, or one network's conv layers",
-                 "ucudnn nets resnet50", nets, [_JSON])
+                 "ucudnn nets resnet50", nets, [_JSON], description=NETWORK_FILE)
     p.add_argument("name", nargs="?", metavar="NAME|FILE.json", help="a network to show")
     return parser
 
@@ -178,7 +211,7 @@ def _run(args) -> int:
         sys.stdout.flush()  # short output is written here, not at exit where a broken pipe can't be caught
         return status
     except UcudnnError as exc:
-        print(f"ucudnn: error: {exc}", file=sys.stderr)
+        print(f"ucudnn: error: {_with_origin(str(exc), args)}", file=sys.stderr)
     except BrokenPipeError:
         # The reader went away (`ucudnn ... | head`): stop quietly, as the Python docs' "Note on
         # SIGPIPE" advises: point stdout at devnull so the flush at exit cannot fail again, and exit
@@ -187,5 +220,14 @@ def _run(args) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as exc:  # a file ucudnn was told to read or write
-        print(f"ucudnn: error: {exc}; check the path and its permissions", file=sys.stderr)
+        print(f"ucudnn: error: {_with_origin(str(exc), args)}; check the path and its permissions", file=sys.stderr)
     return 2
+
+
+def _with_origin(message: str, args) -> str:
+    """`message`, naming UCUDNN_CACHE where the database path it speaks of came from it (no
+    --cache given): the settings' variables are named where they are read (config.Settings.load)."""
+    path = os.environ.get(CACHE_VARIABLE)
+    if path and getattr(args, "cache", None) is None and path in message:
+        return f"{message} ({CACHE_VARIABLE}={path})"
+    return message

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from ..cache.paths import default_path
@@ -43,18 +42,62 @@ def device_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+STDOUT = "-"  # the file name of standard output
+
+
 def output_file(text: str, example: str = "out.json") -> Path:
-    """A file to write: its folder exists and is writable; a folder is refused, suggesting
-    `example` in it."""
+    """A file to write: its folder exists and the file can be written there (tried: permissions
+    do not say it of root, nor of /proc); a folder is refused, suggesting `example` in it."""
     path = Path(text)
     folder = path.parent
+    if not text:
+        raise argparse.ArgumentTypeError(f"an empty path names no file; give one such as {example}")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name such as {path / example}")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {text}: folder {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied; choose a writable path")
+    try:
+        _try_writing(path)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {(exc.strerror or str(exc)).lower()}; "
+                                         "choose a writable path") from None
     return path
+
+
+def _try_writing(path: Path) -> None:
+    """Open `path` for writing as the command will, changing nothing: an existing file is opened
+    to append (nothing is written), a new one is made and removed again."""
+    if path.exists():
+        with open(path, "a"):
+            return
+    with open(path, "x"):
+        pass
+    path.unlink()
+
+
+def export_file(text: str) -> Path | str:
+    """The file `cache export` writes: STDOUT, or a file to write."""
+    return text if text == STDOUT else output_file(text)
+
+
+def cache_file(text: str) -> str:
+    """--cache: any path but an empty one (which would mean the default silently)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no database; give a file (e.g. benchmarks.db), "
+                                         "or leave --cache out for the default")
+    return text
+
+
+def existing_file(what: str):
+    """The type of an argument that names a file to read, called `what` in messages."""
+    def existing(text: str) -> Path:
+        path = Path(text)
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{what} {text} is a folder; name a file")
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"{what} {text} does not exist; check the path")
+        return path
+    return existing
 
 
 def database_file(text: str) -> Path:

@@ -1,18 +1,19 @@
 """`ucudnn cache ...`: list, show, merge, export, import, prune and verify benchmark databases."""
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from ..cache.database import merge, read_export, writing
 from ..cache.paths import cache_path
-from ..cache.schema import ForeignFileError
+from ..cache.schema import UPGRADE, ForeignFileError, NewerSchemaError
 from ..config import format_size
 from ..coverage import describe_by_backend, recordings, recordings_by_backend
 from ..errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
 from ..nets import find_kernel
 from ..sources import devices_in, open_database, shards_in
-from .arguments import target
+from .arguments import STDOUT, target
 from .commands import kernels_of, request_of
 from .output import device_json, dims, ms, print_json, table
 
@@ -92,16 +93,22 @@ def cache_merge(args) -> int:
 
 
 def cache_export(args) -> int:
+    """The export on standard output (`-`) is all that is printed there."""
     path = cache_path(args.cache, readonly=True)
     with open_database(path) as database:
-        count = database.export_json(args.file)
-    print(f"exported {count} measurements from {path} to {args.file}")
+        count = database.export_json(sys.stdout if args.file == STDOUT else args.file)
+    if args.file != STDOUT:
+        print(f"exported {count} measurements from {path} to {args.file}")
     return 0
 
 
 def cache_import(args) -> int:
     path = target(cache_path(args.cache))
-    rows = read_export(args.file)
+    try:
+        rows = read_export(args.file)
+    except NewerSchemaError as exc:  # said of a database; this is an export
+        raise CacheError(f"export {args.file} has schema version {exc.found}, newer than this ucudnn reads: "
+                         f"upgrade ucudnn ({UPGRADE}), or export the database again with this one") from None
     with writing(path) as database:
         count = database.add_rows(*rows)
     print(f"imported {count} measurements from {args.file} into {path}")

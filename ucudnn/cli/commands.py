@@ -10,6 +10,7 @@ from ..cache.paths import cache_path
 from ..config import Settings, format_size
 from ..coverage import Request, explain_missing
 from ..errors import ConfigError, GpuUnavailableError
+from ..log import say_plan
 from ..nets import Network, find_kernel, get_network, list_networks, torchvision
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
@@ -117,6 +118,9 @@ def optimize(args) -> int:
                        explain=lambda exc, database, device: explain_missing(exc, database, device, network, request))
     tables, device, path = found.tables, found.device, found.path
     report = make_report(plan(kernels, settings, measured_in(tables)), settings)
+    if settings.verbose:  # as the handle says each plan (README: UCUDNN_VERBOSE)
+        for row in report.rows:
+            say_plan(row.kernel.name, row.configuration, row.configuration.workspace)
     if args.plot:
         _plot(args, network, report, tables, settings)
     if args.json:
@@ -137,7 +141,7 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
     front = desirable_set(tables[problem.key], problem.batch, settings.sizes(problem.batch),
                           report.limit, slices_of(problem))
     plot_report(report, row, front, args.plot,
-              f"{network.name}, batch {args.batch}, {report.optimizer.upper()} at {format_size(report.limit)}")
+                f"{network.name}, batch {args.batch}, {report.optimizer.upper()} at {format_size(report.limit)}")
 
 
 def nets(args) -> int:

@@ -3,22 +3,23 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from dataclasses import asdict
 from typing import Sequence
 
 from ..config import format_size
 from ..device import Provenance
+from ..log import say
 from ..nets import Network
 from ..report import Report
 
 
 class ProgressBar:
-    """One line on stderr: kernels done, time left and the kernel being measured."""
+    """One line through the `ucudnn` logger (ucudnn.log: stderr, updated in place on a terminal):
+    kernels done, time left and the kernel being measured."""
 
-    def __init__(self, names: dict[str, str], stream=sys.stderr, width: int = 24):
-        self.names, self.stream, self.width = names, stream, width
+    def __init__(self, names: dict[str, str], width: int = 24):
+        self.names, self.width = names, width
         self.start = time.monotonic()
 
     def __call__(self, done: int, total: int, problem) -> None:
@@ -26,12 +27,7 @@ class ProgressBar:
         left = f"{elapsed / done * (total - done):.0f} s left" if done else "time left unknown"
         current = "done" if done == total else self.names.get(problem.key, problem.describe())
         bar = "#" * (self.width * done // max(total, 1))
-        line = f"[{bar:<{self.width}}] {done}/{total} kernels, {left}, {current}"
-        if self.stream.isatty():  # redraw in place
-            self.stream.write(f"\r{line}\x1b[K" + ("\n" if done == total else ""))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        say(f"[{bar:<{self.width}}] {done}/{total} kernels, {left}, {current}", redrawn=done < total)
 
 
 _NUMBER = re.compile(r"[\d.]+x?( [A-Za-z]+)?")

@@ -5,10 +5,9 @@ two-GPU model splits conv2, conv4 and conv5 into 2 groups. ResNets follow torchv
 the 3x3 conv, 1x1 downsample convs), DenseNet-40 TensorFlow's benchmark model (16-channel stem,
 transitions keep the channel count), GoogLeNet Caffe's bvlc_googlenet (5x5 branches).
 
-Each 2-D network's default batch is one the shipped recording covers (bench/record.py's
-DEFAULT_SPECS), so `ucudnn optimize --net NAME` plans without a GPU; tests/test_cli.py checks it.
-C3D, the 3-D U-Net and wav2vec's encoder (1-D and 3-D) are not recorded yet: planning them needs
-`ucudnn bench` on a GPU first.
+Each network's default batch (C3D, the 3-D U-Net and wav2vec's 1-D encoder too) is one the
+shipped recording covers (bench/record.py's DEFAULT_SPECS), so `ucudnn optimize --net NAME` plans
+without a GPU; tests/test_cli.py checks it.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 from ..config import INT64_MAX
 from ..errors import ConfigError
-from ..problem import ConvKind, ConvProblem, Kernel, transposed_size
+from ..problem import ConvKind, ConvProblem, Kernel, check_unique_names, transposed_size
 
 Sizes = tuple[int, ...]  # one per spatial dimension
 _SIZES = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1, "output_padding": 0}  # each one's smallest value
@@ -178,6 +178,9 @@ class Network:
         object.__setattr__(self, "layers", merge_identical(self.layers))
         if not self.layers:
             raise ConfigError(f"network {self.name!r} has no convolution layers")
+        # layers of one name and one shape are one layer, counted (merge_identical); of one name
+        # and two shapes, their kernels would share one name, and so one plan
+        check_unique_names((layer.name for layer in self.layers), "layer")
 
     @property
     def conv_layers(self) -> int:
@@ -197,6 +200,7 @@ class Network:
     @classmethod
     def from_json(cls, d: dict) -> "Network":
         if not isinstance(d, dict) or not isinstance(d.get("layers"), list):
-            raise ConfigError('a network file is a JSON object {"name": ..., "layers": [...]}; see docs/cli.md')
+            raise ConfigError('a network file is a JSON object {"name": ..., "layers": [...]}; '
+                              '`ucudnn nets --help` describes it, `ucudnn nets alexnet --json` writes one')
         return cls(str(d.get("name", "custom")), tuple(ConvLayer.from_json(x) for x in d["layers"]),
                    str(d.get("description", "")), d.get("default_batch", DEFAULT_BATCH))

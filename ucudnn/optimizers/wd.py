@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -22,22 +21,26 @@ import pulp
 
 from ..errors import ConfigError, InfeasibleError, NoAlgorithmError, UcudnnError
 from ..measurements import KernelTable
-from ..problem import Kernel
+from ..problem import Kernel, check_unique_names
 from ..staging import slices_of
 from ..workspace import ALIGNMENT, Segment, align_up, divide
 from .configuration import Configuration
 from .pareto import desirable_sets
 
+try:
+    from pulp.apis.coin_api import pulp_cbc_path as BUNDLED_CBC  # PuLP < 4.0 bundles a CBC binary
+except ImportError:
+    BUNDLED_CBC = None
+
 
 def _cbc() -> pulp.LpSolver:
-    """CBC on the PATH (pip install pulp[cbc]) or else the one PuLP bundles, which PuLP 3.3
-    deprecates in favour of the former."""
+    """CBC through COIN_CMD, the interface every PuLP has (4.0 removes PULP_CBC_CMD, deprecated in
+    3.3): a `cbc` on the PATH (a system package such as coinor-cbc; `pulp[cbc]`'s cbcbox in an
+    activated environment), else the binary PuLP 3.x bundles (pyproject.toml requires PuLP < 4)."""
     installed = pulp.COIN_CMD(msg=False, gapRel=0)
-    if installed.available():
+    if installed.available() or BUNDLED_CBC is None:
         return installed
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return pulp.PULP_CBC_CMD(msg=False, gapRel=0)
+    return pulp.COIN_CMD(msg=False, gapRel=0, path=BUNDLED_CBC)
 
 
 SOLVERS: dict[str, Callable[[], pulp.LpSolver]] = {
@@ -114,11 +117,7 @@ def optimize_wd(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable],
 
 
 def _check(kernels: Sequence[Kernel]) -> None:
-    names = [k.name for k in kernels]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"kernel names {twice} occur more than once; give every kernel its own "
-                          "name, or one kernel a count for identical occurrences")
+    check_unique_names((k.name for k in kernels), "kernel")
     for k in kernels:
         if isinstance(k.count, bool) or not isinstance(k.count, int) or k.count < 1:
             raise ConfigError(f"kernel {k.name!r} has count={k.count!r}; it must be a positive integer")

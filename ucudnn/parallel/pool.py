@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import signal
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from ..cache.memo import Cache, resolve_path
 from ..cache.paths import shard_path
 from ..device import Provenance
 from ..errors import ConfigError
+from ..log import LOGGER
 from ..problem import ConvProblem
 from .devices import (DEVICES_VARIABLE, Factory, backend_setting, check_devices, check_one_model, cuda_probe,
                       default_factory)
@@ -53,8 +53,8 @@ def remove_if_empty(folder: Path) -> None:
     try:
         folder.rmdir()
     except OSError:  # shards left by an interrupted merge: docs/parallel.md says how to merge them
-        print(f"ucudnn: shards left in {folder}; merge them with `ucudnn cache merge {folder}/*.db "
-              f"--into TARGET`", file=sys.stderr)
+        LOGGER.warning(f"shards left in {folder}; merge them with `ucudnn cache merge {folder}/*.db "
+                       f"--into TARGET`")
 
 
 # ---- within a node: one worker process per GPU

@@ -1,0 +1,72 @@
+"""What a packager reads: the license, the type marker and the version in the wheel, the range of
+each dependency, and the versions CI pins (.ci/constraints.txt)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import ucudnn
+
+REPO = Path(__file__).resolve().parents[1]
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+requirements = pytest.importorskip("packaging.requirements")
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_the_license_file_is_the_one_pyproject_declares_and_ships():
+    text = (REPO / "LICENSE").read_text()
+    assert text.startswith("BSD 3-Clause License") and "Copyright (c) 2026, the ucudnn authors" in text
+    assert PROJECT["project"]["license"] == "BSD-3-Clause" and PROJECT["project"]["license-files"] == ["LICENSE"]
+
+
+def test_the_package_says_it_is_typed():
+    assert (REPO / "ucudnn" / "py.typed").is_file()
+    assert "py.typed" in PROJECT["tool"]["setuptools"]["package-data"]["ucudnn"]
+
+
+def test_the_version_is_written_in_one_place():
+    """pyproject.toml read 0.1.0 beside ucudnn.__version__: now it reads ucudnn.__version__."""
+    assert "version" not in PROJECT["project"] and "version" in PROJECT["project"]["dynamic"]
+    assert PROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "ucudnn.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", ucudnn.__version__)
+    assert f"## {ucudnn.__version__}" in (REPO / "CHANGELOG.md").read_text()
+
+
+def _direct() -> list:
+    """pyproject.toml's dependencies, its test extra, and the torch of README's test command."""
+    project = PROJECT["project"]
+    return [requirements.Requirement(text) for text in
+            (*project["dependencies"], *project["optional-dependencies"]["test"], "torch>=2.1")]
+
+
+def _pins() -> dict[str, str]:
+    lines = (REPO / ".ci" / "constraints.txt").read_text().splitlines()
+    pins = [line.split("==") for line in lines if line.strip() and not line.startswith("#")]
+    return {_name(name): version for name, version in pins}
+
+
+def _name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_ci_pins_every_direct_dependency_within_pyprojects_range():
+    """CI installed whatever resolved that day: a release elsewhere could turn it red, or leave it
+    green while users break. Each direct dependency is pinned, inside the range users get."""
+    pins = _pins()
+    for requirement in _direct():
+        assert _name(requirement.name) in pins, f"pin {requirement.name} in .ci/constraints.txt"
+        assert requirement.specifier.contains(pins[_name(requirement.name)]), (requirement, pins[requirement.name])
+    assert pins["torch"] == "2.13.0"  # README's command installs torch==2.13.0
+
+
+def test_pulp_is_capped_below_4_which_removes_what_wd_used():
+    (pulp,) = [r for r in _direct() if _name(r.name) == "pulp"]
+    assert pulp.specifier.contains("3.3.2") and not pulp.specifier.contains("4.0.0")
+
+
+def test_ci_and_readme_install_with_the_constraints():
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "-c .ci/constraints.txt" in ci
+    assert "-c .ci/constraints.txt" in (REPO / "README.md").read_text()
