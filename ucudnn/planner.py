@@ -465,12 +465,13 @@ class Planner:
         framework's own (delegated, `swept` False where no sweep was needed), and the seconds its
         planning took; calls and (WD) the solve: what benchmarks report."""
         s = self.settings
-        delegated = {call for (call, _, _), yes in self._delegated.items() if yes}
+        delegated = {(kind, call, room) for (call, kinds, rooms), yes in self._delegated.items() if yes
+                     for kind, room in zip(kinds, rooms)}
         keys = dict.fromkeys([*self._kernels, *self._own_timings])
         out = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
                    workspace_limit="auto" if self.auto else s.workspace_limit, delegate=self.delegate,
                    planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
-                   kernels=[self._describe(kind, call, room, call in delegated) for kind, call, room in keys],
+                   kernels=[self._describe(kind, call, room, (kind, call, room) in delegated) for kind, call, room in keys],
                    runs={f"{via}:{kind}": n for (via, kind), n in self.runs.items()})
         if self.wd:
             out["wd"] = [dict(total_limit=h.wd_limit, total_workspace=r.total_workspace,
