@@ -1,6 +1,6 @@
 """Faults of a shared benchmark database, injected on CPU: writers killed (SIGKILL) in the middle
-of a batch, merges racing a writer, a full filesystem. Each test counts what it injected and
-prints it (pytest -s shows the counts)."""
+of a batch, merges racing a writer, a full filesystem, a network filesystem, and the ranks of a
+distributed job. Each test counts what it injected and prints it (pytest -s shows the counts)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,12 +11,14 @@ import os
 import random
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
@@ -24,9 +26,9 @@ from fakes import checksums
 from test_cli import inline, one_line_naming
 
 from ucudnn import ConvProblem, Measurement, Provenance, errors
-from ucudnn.cache import BenchmarkDatabase, Cache, merge
+from ucudnn.cache import BenchmarkDatabase, Cache, cache_path, default_path, merge, shard_path
 from ucudnn.cache import database as database_module
-from ucudnn.errors import UcudnnWarning
+from ucudnn.errors import ConfigError, UcudnnWarning
 from ucudnn.sources import device_with_most, open_database
 
 REPO = Path(__file__).resolve().parents[1]
@@ -431,3 +433,99 @@ def test_a_full_filesystem_is_one_line_and_loses_nothing(small_filesystem, tmp_p
     filler.unlink()
     assert set(batches_in(target)) == set(range(5)) and BenchmarkDatabase(target).verify() == []
     print(f"\nfull filesystem: {faults + 2} faults, 0 rows lost, 0 tracebacks, 0 false 'damaged'")
+
+
+# --- network filesystems and ranks ---
+
+
+@pytest.fixture
+def default_on(tmp_path, monkeypatch):
+    """The default database under `tmp_path`, on a filesystem of the type given (the probe faked),
+    outside any distributed job."""
+    from ucudnn.cache import filesystems, paths
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for variable in ("UCUDNN_CACHE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(paths, "_said", set())
+    return lambda kind: monkeypatch.setattr(filesystems, "filesystem_type", lambda path: kind)
+
+
+def test_the_default_database_on_a_network_filesystem_is_a_shard_per_process(default_on, tmp_path, monkeypatch,
+                                                                               capsys):
+    folder, source = tmp_path / "ucudnn" / "shards", tmp_path / "source.db"
+    record(source, range(2, 3))
+    with BenchmarkDatabase(source) as db:
+        db.export_json(tmp_path / "export.json")
+    default_on("ext4")
+    assert cache_path() == default_path() == tmp_path / "ucudnn" / "benchmarks.db"
+    default_on("nfs4")
+    with pytest.warns(UcudnnWarning, match=r"network filesystem \(nfs4\).*each process writes its own shard") as said:
+        host = Cache()
+        host.record(kernel(0), GPU, batch(0))
+        status, _, err = inline(capsys, "cache", "import", str(tmp_path / "export.json"))  # where Cache writes
+        assert status == 0, err
+        monkeypatch.setenv("RANK", "3")
+        monkeypatch.setenv("WORLD_SIZE", "8")
+        rank = Cache()
+        rank.record(kernel(1), GPU, batch(1))
+    assert len(said) == 1 and str(folder) in str(said[0].message)
+    host.close()
+    rank.close()
+    assert (host.path, rank.path) == (shard_path(folder), folder / f"{socket.gethostname()}-rank3.db")
+    assert not default_path().exists()
+    status, out, err = inline(capsys, "cache", "list", "--cache", str(folder))  # reads merge the shards
+    assert status == 0 and "3 kernels" in out, err
+    assert set(batches_in(shard_path(folder))) == {0, 2}
+
+
+def test_filesystem_type_is_the_deepest_mount_holding_the_path(tmp_path, monkeypatch):
+    from ucudnn.cache import filesystems
+
+    (tmp_path / "home" / "a b").mkdir(parents=True)
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"overlay / overlay rw 0 0\nserver:/home {tmp_path}/home nfs4 rw 0 0\n"
+                      f"mds@o2ib:/fs {tmp_path}/home/a\\040b lustre rw,flock 0 0\n")
+    monkeypatch.setattr(filesystems, "MOUNTS", mounts)
+    assert filesystems.filesystem_type(tmp_path / "home" / "x" / "benchmarks.db") == "nfs4"  # not made yet
+    assert filesystems.filesystem_type(tmp_path / "home" / "a b" / "ucudnn") == "lustre"
+    assert filesystems.filesystem_type(tmp_path) == "overlay"
+    assert {"nfs4", "lustre"} <= filesystems.NETWORK_FILESYSTEMS and "overlay" not in filesystems.NETWORK_FILESYSTEMS
+    monkeypatch.setattr(filesystems, "MOUNTS", tmp_path / "none")
+    assert filesystems.filesystem_type(tmp_path) == ""
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, (0, 1, 0, False)),
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, (3, 8, 1, True)),
+    ({"RANK": "2"}, (2, 3, 0, True)),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, (0, 1, 0, False)),
+])
+def test_the_rank_is_read_as_torchrun_sets_it(env, expected, tmp_path):
+    from ucudnn.cache.paths import own_shard
+    from ucudnn.ranks import current_rank
+
+    place = current_rank(env)
+    assert (place.rank, place.world_size, place.local_rank, place.distributed) == expected
+    named = f"-rank{place.rank}.db" if place.distributed else f"{socket.gethostname()}.db"
+    assert own_shard(tmp_path, env).name.endswith(named)
+
+
+def test_the_rank_of_a_running_process_group_comes_first(monkeypatch):
+    from ucudnn.ranks import current_rank
+
+    group = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 5,
+                            get_world_size=lambda: 6)
+    monkeypatch.setitem(sys.modules, "torch.distributed", group)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert (current_rank().rank, current_rank().world_size, current_rank().local_rank) == (5, 6, 1)
+
+
+@pytest.mark.parametrize("env, message", [({"RANK": "x"}, "RANK='x' is not a rank"),
+                                          ({"RANK": "8", "WORLD_SIZE": "8"}, "RANK=8 is not below WORLD_SIZE=8"),
+                                          ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1' is not a rank")])
+def test_a_bad_rank_variable_is_named(env, message):
+    from ucudnn.ranks import current_rank
+
+    with pytest.raises(ConfigError, match=message):
+        current_rank(env)
