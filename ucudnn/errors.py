@@ -121,6 +121,32 @@ class ReadOnlyDatabaseError(CacheError):
         )
 
 
+class InterruptedWriteError(ReadOnlyDatabaseError):
+    """A benchmark database holds the journal of a write its process was killed in: SQLite must roll
+    it back before anyone reads the file, and this process cannot write the file or its folder."""
+
+    def __init__(self, path, reason: object):
+        self.path = path
+        CacheError.__init__(
+            self, f"benchmark database {path} holds the journal of a write that was interrupted ({path}-journal), "
+            f"which must be rolled back before the file can be read, and this process cannot write the file "
+            f"or its folder ({reason}): run any ucudnn command on it once as a user who can write both (e.g. "
+            f"`ucudnn cache verify --cache {path}`), or point UCUDNN_CACHE (or --cache) at another file"
+        )
+
+
+class DatabaseFullError(CacheError):
+    """A benchmark database cannot grow: the filesystem it is on is full. What the file held is intact
+    (the write that did not fit was rolled back)."""
+
+    def __init__(self, path, reason: object):
+        self.path = path
+        super().__init__(
+            f"benchmark database {path} cannot grow: its filesystem is full ({reason}); what the file held "
+            f"is intact: free space there, or point UCUDNN_CACHE (or --cache) at a file on another filesystem"
+        )
+
+
 class UcudnnWarning(UserWarning):
     """Something went wrong that ucudnn can work around (e.g. an unusable benchmark database):
     it carries on, possibly slower, and says so once."""

@@ -6,6 +6,10 @@ past it, the operation is retried after a jittered backoff until the caller's ti
 processes that collided do not collide again in lock step. Writes are short transactions that
 take the write lock up front (BEGIN IMMEDIATE), which rules out the deadlock of two readers
 both upgrading to writers.
+
+A process killed in a write leaves its journal beside the file (`journal`): the next connection
+that reads the file rolls it back first, restoring what was committed. A read-only connection
+cannot, and SQLite refuses it the file until a writable one has (`interrupted`).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ T = TypeVar("T")
 BUSY_SLICE_S = 1.0  # how long SQLite's own busy handler waits before a retry of ours
 BACKOFF_FIRST_S = 0.005
 BACKOFF_MAX_S = 0.5
+SQLITE_READONLY_ROLLBACK = 776  # sqlite3.SQLITE_READONLY_ROLLBACK from Python 3.11 on
 
 
 def connect(path: Path, *, timeout_s: float, readonly: bool, create: bool = False) -> sqlite3.Connection:
@@ -28,6 +33,22 @@ def connect(path: Path, *, timeout_s: float, readonly: bool, create: bool = Fals
     uri = f"{path.absolute().as_uri()}?mode={'ro' if readonly else 'rwc' if create else 'rw'}"
     return sqlite3.connect(uri, uri=True, timeout=min(timeout_s, BUSY_SLICE_S),
                            isolation_level=None, check_same_thread=False)
+
+
+def journal(path: Path) -> Path:
+    """The rollback journal of the database file `path`, present while a write is under way or was
+    interrupted."""
+    return path.with_name(path.name + "-journal")
+
+
+def interrupted(error: sqlite3.Error, path: Path) -> bool:
+    """Whether `error` is SQLite refusing a read-only connection the file `path` because the
+    journal of an interrupted write is there to roll back (SQLITE_READONLY_ROLLBACK; Python 3.10
+    has no error codes: a read-only error with a journal beside the file)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code == SQLITE_READONLY_ROLLBACK
+    return "readonly" in str(error).lower() and journal(path).exists()
 
 
 def is_busy(error: sqlite3.Error) -> bool:
@@ -62,3 +83,14 @@ def in_write_transaction(conn: sqlite3.Connection, action: Callable[[], T]) -> T
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def in_read_transaction(conn: sqlite3.Connection, action: Callable[[], T]) -> T:
+    """`action()` inside BEGIN ... COMMIT: every query of it reads one snapshot of the file (the
+    shared lock is held throughout, so no write commits in between)."""
+    conn.execute("BEGIN")
+    try:
+        return action()
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")

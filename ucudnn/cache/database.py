@@ -5,7 +5,6 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 import sqlite3
 import tempfile
 import threading
@@ -19,12 +18,13 @@ import sqlite_utils
 
 from ..backends import split_id
 from ..device import Provenance
-from ..errors import CacheError, DamagedDatabaseError, UcudnnWarning
+from ..errors import CacheError, DamagedDatabaseError, InterruptedWriteError, UcudnnWarning
 from ..measurements import KernelTable, Measurement, ShapeTable
 from ..problem import ConvProblem
 from . import rows, schema
-from .connection import BUSY_SLICE_S, connect, in_write_transaction, retrying
-from .faults import named
+from .connection import (BUSY_SLICE_S, connect, in_read_transaction, in_write_transaction, interrupted, journal,
+                         retrying)
+from .faults import is_full, named
 from .paths import default_path, recorded_path, recorded_paths, shard_path
 
 __all__ = ["BenchmarkDatabase", "merge", "shard_path", "default_path", "recorded_path", "recorded_paths"]
@@ -78,10 +78,6 @@ def _chunks(rows: list, size: int = ROWS_PER_TRANSACTION) -> Iterable[list]:
     return (rows[i:i + size] for i in range(0, len(rows), size))
 
 
-def _journal(path: Path) -> Path:
-    return path.with_name(path.name + "-journal")
-
-
 @functools.cache
 def _new_database() -> bytes:
     """The bytes of a new, empty benchmark database of the current schema (made once, in a
@@ -94,6 +90,47 @@ def _new_database() -> bytes:
         finally:
             conn.close()
         return path.read_bytes()
+
+
+def _named(path: Path, action: Callable[[], T]) -> T:
+    """`action()`, its SQLite and file faults named for the file `path` (faults.named)."""
+    try:
+        return action()
+    except (sqlite3.Error, OSError) as error:
+        found = named(path, error)
+        if found is error:
+            raise
+        raise found from error
+
+
+def _roll_back(file: Path, shown: Path, timeout_s: float) -> None:
+    """Roll back the journal of an interrupted write beside `file` through a brief writable
+    connection, as the next writer's would: the file is left as its last commit made it.
+    InterruptedWriteError (naming `shown`) where this process cannot write the file or its folder."""
+    conn = connect(file, timeout_s=timeout_s, readonly=False)  # SQLite opens a write-protected file read-only
+    try:
+        conn.execute("PRAGMA schema_version")  # the first read of a connection rolls a journal back
+    except sqlite3.OperationalError as error:
+        if "readonly" in str(error).lower():  # SQLite's read-only errors, SQLITE_READONLY_ROLLBACK's among them
+            raise InterruptedWriteError(shown, error) from None
+        raise
+    finally:
+        conn.close()
+
+
+def _past_journal(file: Path, shown: Path, timeout_s: float, action: Callable[[], T]) -> T:
+    """`action()`, a read of `file`, retried while the file is locked (connection.retrying); where
+    SQLite refuses a read-only connection the file until the journal of an interrupted write is
+    rolled back, rolled back first (`_roll_back`)."""
+    def attempt() -> T:
+        try:
+            return action()
+        except sqlite3.OperationalError as error:
+            if not interrupted(error, file):
+                raise
+        _roll_back(file, shown, timeout_s)
+        return action()
+    return retrying(attempt, timeout_s)
 
 
 def _scratch(path: Path) -> Path:
@@ -136,7 +173,7 @@ class BenchmarkDatabase:
 
     def __init__(self, path: str | os.PathLike, *, timeout_s: float = 60.0, readonly: bool = False,
                  check: bool = False, shown_as: str | os.PathLike | None = None):
-        file = Path(path)
+        file = self._file = Path(path)
         self.path, self.timeout_s, self.readonly = Path(shown_as or path), timeout_s, readonly
         self._lock = threading.RLock()
         self._warned = False
@@ -163,14 +200,15 @@ class BenchmarkDatabase:
             self._write(lambda: schema.migrate(self._db))
 
     def _named_faults(self, action: Callable[[], T]) -> T:
-        try:
-            return action()
-        except sqlite3.Error as error:
-            raise named(self.path, error) from error
+        return _named(self.path, action)
 
     def _read(self, action: Callable[[], T]) -> T:
         with self._lock:
-            return self._named_faults(lambda: retrying(action, self.timeout_s))
+            return self._named_faults(lambda: _past_journal(self._file, self.path, self.timeout_s, action))
+
+    def _read_one_snapshot(self, action: Callable[[], T]) -> T:
+        """`_read` with every query of `action` in one read transaction: one state of the file."""
+        return self._read(lambda: in_read_transaction(self._conn, action))
 
     def _write(self, action: Callable[[], T]) -> T:
         with self._lock:
@@ -289,15 +327,13 @@ class BenchmarkDatabase:
         return [(ConvProblem.from_dict(json.loads(problem)), n) for problem, n in self._grouped(sql, params)]
 
     def _dump(self) -> tuple[list[dict], list[dict]]:
-        """Every kernel and measurement row that keeps the rules, as dicts."""
-        def read(sql: str, columns: Iterable[str]) -> list[dict]:
-            found = self._read(lambda: self._conn.execute(sql).fetchall())
-            return [dict(zip(columns, row)) for row in self._valid(found)]
-        kernels = read(f"SELECT shape_key, problem, {rows.KERNEL_VALID} FROM kernels ORDER BY shape_key",
-                       schema.KERNEL_COLUMNS)
+        """Every kernel and measurement row that keeps the rules, as dicts, of one state of the file."""
         columns = ", ".join(schema.MEASUREMENT_COLUMNS)
-        return kernels, read(f"SELECT {columns}, {rows.VALID} FROM measurements ORDER BY {', '.join(schema.KEY)}",
-                             schema.MEASUREMENT_COLUMNS)
+        kernels, measurements = self._read_one_snapshot(lambda: [self._conn.execute(sql).fetchall() for sql in (
+            f"SELECT shape_key, problem, {rows.KERNEL_VALID} FROM kernels ORDER BY shape_key",
+            f"SELECT {columns}, {rows.VALID} FROM measurements ORDER BY {', '.join(schema.KEY)}")])
+        return ([dict(zip(schema.KERNEL_COLUMNS, row)) for row in self._valid(kernels)],
+                [dict(zip(schema.MEASUREMENT_COLUMNS, row)) for row in self._valid(measurements)])
 
     # --- interchange ---
 
@@ -364,13 +400,13 @@ class BenchmarkDatabase:
                          if row[0] != "ok"]
             return integrity + rows.problems(self._conn)
         try:
-            return self._read(check)
+            return self._read_one_snapshot(check)
         except DamagedDatabaseError as error:  # damaged beyond what the checks can read
             return [f"integrity: {error.reason}"]
 
     def bad_rows(self) -> list[str]:
         """The rules rows of the file break (ucudnn.cache.rows.problems); [] if none."""
-        return self._read(lambda: rows.problems(self._conn))
+        return self._read_one_snapshot(lambda: rows.problems(self._conn))
 
 
 def _not_an_export(path: str | os.PathLike, error: Exception) -> CacheError:
@@ -457,39 +493,53 @@ def writing(path: str | os.PathLike, **options) -> Iterator[BenchmarkDatabase]:
             yield database
     except BaseException:
         if not existed:
-            for leftover in (path, path.with_name(path.name + "-journal")):
+            for leftover in (path, journal(path)):
                 leftover.unlink(missing_ok=True)
         raise
 
 
-def _open_shard(shard: Path, scratch: Path) -> BenchmarkDatabase:
-    """`shard` opened and checked without writing it: read-only as it is, or where reading it
-    needs a write (a journal beside it, of an interrupted write to roll back; an older schema to
-    migrate) from a copy in the folder `scratch`, made once."""
-    if not _journal(shard).exists():
-        with contextlib.suppress(schema.OlderSchemaError):
-            return BenchmarkDatabase(shard, readonly=True, check=True)
-    copy = scratch / shard.name
-    if not copy.exists():
-        scratch.mkdir(parents=True)
-        for source, target in ((shard, copy), (_journal(shard), _journal(copy))):
-            if source.exists():
-                shutil.copyfile(source, target)
-    return BenchmarkDatabase(copy, check=True, shown_as=shard)
+def _snapshot(shard: Path, copy: Path, timeout_s: float = 60.0) -> None:
+    """`shard` copied whole into the new file `copy` by SQLite's backup API, in one read
+    transaction (which the backup uses, so it never waits for a lock itself): what was committed
+    when it began, never part of a write under way. A journal of an interrupted write is rolled back
+    first (`_past_journal`); nothing else of the shard is written. ForeignFileError or
+    NewerSchemaError (naming the shard) where ucudnn must not read it."""
+    def take() -> None:
+        schema.identify(sqlite_utils.Database(source, execute_plugins=False), shard)  # takes the read lock
+        source.backup(target)
+
+    def copy_whole() -> None:
+        try:
+            _past_journal(shard, shard, timeout_s, lambda: in_read_transaction(source, take))
+        except (sqlite3.Error, OSError) as error:
+            if is_full(error):  # reading the shard writes nothing that grows: the copy's folder is full
+                raise named(copy, error) from error
+            raise
+
+    def opened(file: Path, **options) -> contextlib.closing:
+        return contextlib.closing(_named(file, lambda: connect(file, timeout_s=timeout_s, **options)))
+
+    with opened(shard, readonly=True) as source, opened(copy, readonly=False, create=True) as target:
+        _named(shard, copy_whole)
 
 
 def merge(shards: Iterable[str | os.PathLike], target: str | os.PathLike, *, skip_bad: bool = False) -> int:
     """Add every measurement of the shard files to `target` (created if absent), newest
     measurement winning, so the result is what one writer of all of them would have written.
     Returns the number of measurements read from the shards. The target itself is skipped if
-    listed among the shards. No shard is written (`_open_shard`), and every shard is checked
-    before the target is touched, so a damaged, unreadable or foreign shard, or one with a row
-    that breaks the rules (ucudnn.cache.rows), changes nothing; with `skip_bad`, such rows are
-    left out with one warning per shard instead."""
+    listed among the shards. Each shard is read once, whole, in one snapshot (`_snapshot`), so
+    a shard being written merges as of one commit, and what is done after is on copies (an
+    older schema is migrated in its copy); every shard is checked before the target is touched,
+    so a damaged, unreadable or foreign shard, or one with a row that breaks the rules
+    (ucudnn.cache.rows), changes nothing; with `skip_bad`, such rows are left out with one
+    warning per shard instead."""
     target = Path(target)
     sources = [Path(shard) for shard in shards if Path(shard).resolve() != target.resolve()]
     with tempfile.TemporaryDirectory(prefix="ucudnn-merge-") as scratch:
-        opened = lambda i: _open_shard(sources[i], Path(scratch) / str(i))  # noqa: E731
+        copies = [Path(scratch) / f"{i}.db" for i in range(len(sources))]
+        for shard, copy in zip(sources, copies):
+            _snapshot(shard, copy)
+        opened = lambda i: BenchmarkDatabase(copies[i], check=True, shown_as=sources[i])  # noqa: E731
         for i in range(len(sources)):
             with opened(i) as source:
                 if not skip_bad:

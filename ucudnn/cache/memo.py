@@ -23,7 +23,7 @@ from ..optimizers.configuration import Configuration
 from ..problem import ConvProblem
 from .database import BenchmarkDatabase
 from .faults import describe
-from .paths import cache_path, shard_path
+from .paths import cache_path, own_shard
 from .schema import NewerSchemaError
 
 T = TypeVar("T")
@@ -43,9 +43,9 @@ class CacheStats:
 
 
 def resolve_path(path: str | os.PathLike | None) -> Path:
-    """The file `cache_path` picks; a directory means this host's shard in it."""
+    """The file `cache_path` picks; a directory means this process's shard in it (`own_shard`)."""
     chosen = cache_path(path)
-    return shard_path(chosen) if chosen.is_dir() else chosen
+    return own_shard(chosen) if chosen.is_dir() else chosen
 
 
 class Cache:

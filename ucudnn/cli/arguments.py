@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cache.paths import default_path
+from ..cache.paths import default_path, default_shard_folder, own_shard
 from ..config import INT64_MAX, choice, parse_size
 from ..errors import CacheError, ConfigError
 from ..parallel.devices import parse_devices
@@ -115,9 +115,12 @@ def plot_file(text: str) -> Path:
 
 def target(path) -> Path:
     """A database a command writes into, checked as any output file is (its folder must exist);
-    only ucudnn's own default folder is made."""
+    only ucudnn's own default folder is made, and its shard folder (the default on a network
+    filesystem, paths.default_location) means this process's shard in it."""
     if Path(path) == default_path():
         return Path(path)
+    if Path(path) == default_shard_folder():
+        return own_shard(path)
     try:
         return database_file(str(path))
     except argparse.ArgumentTypeError as exc:
