@@ -1,8 +1,9 @@
 """The `ucudnn` logger: what the library says as it works (the progress line of long planning,
 each plan with the verbose setting), as "ucudnn: ..." lines on stderr at level INFO.
 
-Under torch.distributed only rank 0 says it: a process whose RANK variable (which torchrun and
-torch.distributed's launchers set) is other than 0 writes nothing. Change either through the
+Under torch.distributed only rank 0 says it: a process whose rank (ucudnn.ranks: the process
+group's, else the RANK variable that torchrun and torch.distributed's launchers set) is other than 0
+writes nothing. Change either through the
 logging module: `logging.getLogger("ucudnn").setLevel(logging.WARNING)` silences the library;
 removing HANDLER from it (and setting its `propagate` back on) sends its records, from every
 rank, to your own handlers instead.
@@ -10,9 +11,11 @@ rank, to your own handlers instead.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING, TextIO
+
+from .errors import ConfigError
+from .ranks import current_rank
 
 if TYPE_CHECKING:
     from .optimizers.configuration import Configuration
@@ -22,8 +25,12 @@ REDRAWN = "ucudnn_redrawn"  # a record's attribute (logging's `extra`): on a ter
 
 
 def is_rank_zero(record: logging.LogRecord | None = None) -> bool:
-    """Whether this process is torch.distributed's rank 0, or none of its ranks (no RANK set)."""
-    return os.environ.get("RANK", "0").strip() in ("0", "")
+    """Whether this process is its job's rank 0 (ucudnn.ranks), or in no job; a rank the
+    environment misstates counts as 0 here (the library's other reads of it raise)."""
+    try:
+        return current_rank().rank == 0
+    except ConfigError:
+        return True
 
 
 def _is_terminal(stream: TextIO) -> bool:
