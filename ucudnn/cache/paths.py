@@ -58,7 +58,7 @@ def default_location() -> Path:
         warnings.warn(f"ucudnn: the default benchmark database's folder {path.parent} is on a network filesystem "
                       f"({kind}), whose file locks SQLite cannot trust across nodes: each process writes its own "
                       f"shard in {folder} instead of sharing {path.name}, and reading commands given --cache "
-                      f"{folder} merge them; set {CACHE_VARIABLE} to choose (docs/cache.md)", UcudnnWarning, stacklevel=3)
+                      f"{folder} merge them; set {CACHE_VARIABLE} to choose (`ucudnn cache --help`)", UcudnnWarning, stacklevel=3)
     return folder
 
 
