@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ...problem import ConvKind, ConvProblem, default_math, lift_1d, output_size, transposed_size
 from ...staging import is_aligned
-from .sites import Site, autocast_dtype, signature
+from .sites import Site, autocast_dtype
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 INDEX_LIMIT = 2**31 - 1  # cuDNN's legacy API describes tensors with 32-bit ints
@@ -196,11 +196,12 @@ def _transpose_reason(module: nn.Module) -> str | None:
     return None
 
 
-def resolve(module: nn.Module, input: Tensor, context) -> Site | str | None:
-    """The Site of this call when ucudnn runs it; a reason string when ucudnn cannot; None when
-    torch should handle it because the call is invalid (torch raises the error users expect).
-    Decided once per signature (see sites.py): a steady-state call reads the key and looks it up."""
-    return context.sites.get(signature(module, input), _resolve, module, input, context)
+def resolve(module: nn.Module, input: Tensor, context, key: tuple) -> Site | str | None:
+    """The Site of this call, whose signature is `key` (sites.signature), when ucudnn runs it; a
+    reason string when ucudnn cannot; None when torch should handle it because the call is
+    invalid (torch raises the error users expect). Decided once per signature (see sites.py): a
+    steady-state call looks the key up."""
+    return context.sites.get(key, _resolve, module, input, context)
 
 
 def pack(module: nn.Module, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -11,12 +11,13 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ...errors import ConfigError, UcudnnWarning
+from ...planner import LAYER
 from ...problem import ConvKind
 from .call import compute_dtype, layer_kinds, pack, resolve, sliceable, spatial_dims, unpacked
 from .context import Context, default_context
 from ...fallback import fall_back
 from .kernels import TorchFramework
-from .sites import Site
+from .sites import Site, Steady, signature
 
 BF = ConvKind.BACKWARD_FILTER
 
@@ -141,17 +142,23 @@ class Converted:
     settings and plans."""
 
     ucudnn_context: Context | None = None
+    _ucudnn_steady: Steady | None = None  # the last call, where it ran torch's layer with nothing to decide
 
     def forward(self, input: Tensor) -> Tensor:
         # Eager calls skip compiler.disable's wrapper (0.2-0.3 us a call on a desktop CPU, which a
         # delegated layer would pay on top of torch's own); traced ones graph-break into the wrapped twin.
         if _is_compiling():
             return _eager_forward(self, input)
+        steady = self._ucudnn_steady  # a layer left to torch runs torch's layer at once (sites.Steady)
+        if steady is not None and steady.holds(self, input):
+            steady.runs[steady.counted] += 1
+            return super().forward(input)
         return self._forward(input)
 
     def _forward(self, input: Tensor) -> Tensor:
         context = self.ucudnn_context or default_context()
-        site = resolve(self, input, context)
+        key = signature(self, input)
+        site = resolve(self, input, context, key)
         if isinstance(site, str):
             context.fallbacks[site] += 1
             fall_back(TorchFramework.own, site)
@@ -161,12 +168,27 @@ class Converted:
             context.record(site.call, site.kinds)
             return super().forward(input)
         if context.route(site):
+            if site.steady and "weight" in self._parameters and not context.settings.concurrent_backward:
+                self._ucudnn_steady = Steady(self, input, site, context.runs, (context.framework.own, LAYER))
             out = self._own_forward(input, context)
             if out.requires_grad and context.observing(site):  # its backward's moment (ucudnn.memory)
                 out.register_hook(functools.partial(_backward_starts, context, site))
             return out
         x, weight, bias = pack(self, input, site)
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> nn.Module:
+        """nn.Module._apply (to(), cuda(), half(), channels_last, ...) may change the weight's
+        dtype, device or strides: the layer's next call is examined afresh (sites.Steady)."""
+        self._ucudnn_steady = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        """What pickling and copy.deepcopy keep: the module's state without its last call's site
+        (plans and handles, which belong to the running process and its Context)."""
+        state = super().__getstate__()
+        state.pop("_ucudnn_steady", None)
+        return state
 
     def _own_forward(self, input: Tensor, context: Context) -> Tensor:
         """torch's own convolution of the layer (delegated); with concurrent_backward where both
