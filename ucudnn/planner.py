@@ -212,6 +212,22 @@ class Planner:
         and a reset of the sites take the flag back."""
         return site.delegated is True and not self.progress.open and not (site is self._lead and self._pending)
 
+    def settle(self, site) -> bool:
+        """Decide the site's layer now, whatever settings.planning says: True where it runs the
+        framework's own convolution. A decided layer keeps its decision; else it is planned as
+        on its first call with planning 'first_call' (with `auto`, within the moments observed so
+        far, else what is free now). What a traced graph holds: it is decided once, when traced."""
+        if site.delegated is None:
+            if self.wd or not self.delegate:
+                site.delegated = False
+            else:
+                key = self._layer_key(site)
+                if key not in self._delegated:
+                    self._delegated[key] = self._planned_layer(site)
+                site.delegated = self._delegated[key]
+            self._pending.pop(site, None)
+        return site.delegated
+
     def _decide(self, site) -> bool:
         """Whether the site's layer runs the framework's own convolution, decided on its first call:
         - WD: never (one workspace divided among ucudnn's kernels);

@@ -204,11 +204,14 @@ def resolve(module: nn.Module, input: Tensor, context, key: tuple) -> Site | str
     return context.sites.get(key, _resolve, module, input, context)
 
 
-def pack(module: nn.Module, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:
-    """x, weight and bias cast to the site's dtype and packed in its layout, in the dimensions
-    cuDNN runs (lifts): a no-op for packed tensors of that dtype, a copy otherwise (as in torch)."""
-    dtype, fmt, bias = site.dtype, site.memory_format, module.bias
-    return (sliceable(_padded(module, input).to(dtype), fmt),
+def pack(module: nn.Module, input: Tensor, dtype: torch.dtype,
+         fmt: torch.memory_format) -> tuple[Tensor, Tensor, Tensor | None]:
+    """x, weight and bias cast to `dtype` (a site's) and packed in `fmt` (its layout's memory
+    format), in the dimensions cuDNN runs (lifts): a no-op for packed tensors of that dtype, a
+    copy otherwise (as in torch). Torch operations only, which a traced graph records; x starts
+    where torch put it (a view may start off the slice alignment: aligned())."""
+    bias = module.bias
+    return (_padded(module, input).to(dtype).contiguous(memory_format=fmt),
             _weight(module).to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype))
 
 
@@ -223,7 +226,11 @@ def unpacked(module: nn.Module, input: Tensor, y: Tensor) -> Tensor:
 def sliceable(tensor: Tensor, fmt: torch.memory_format) -> Tensor:
     """`tensor` packed in `fmt` and starting on the slice alignment, as micro-batched calls need
     (ucudnn.staging): a no-op for tensors torch allocated, a copy of a view that starts elsewhere."""
-    packed = tensor.contiguous(memory_format=fmt)
+    return aligned(tensor.contiguous(memory_format=fmt), fmt)
+
+
+def aligned(packed: Tensor, fmt: torch.memory_format) -> Tensor:
+    """`packed` (packed in `fmt`), or a copy of it where it starts off the slice alignment."""
     return packed if is_aligned(packed.data_ptr()) else packed.clone(memory_format=fmt)
 
 
