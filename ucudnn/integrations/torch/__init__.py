@@ -28,10 +28,11 @@ if not hasattr(torch.library, "custom_op"):  # pragma: no cover - depends on the
 
 from .context import Context, default_context  # noqa: F401  (the package's own use and tests)
 from .kernels import TorchFramework  # noqa: F401  (the package's own use and tests)
+from .distributed import rank_zero_first
 from .layers import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, context_of, convert,
                      network)
 
 # the public face (ucudnn.torch); TorchFramework and default_context stay importable from here for
 # the package's own use and tests
 __all__ = ["Context", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-           "context_of", "convert", "network"]
+           "context_of", "convert", "network", "rank_zero_first"]
