@@ -8,6 +8,9 @@ ucudnn adds around cuDNN's own calls. Assignments come from the CPU tests' fake 
 Prints microseconds per forward (no grad) and per F+BD+BF step for an NCHW fp32 layer and an
 autocast fp16 channels_last one, beside torch's own layer on the same (tiny) CPU tensors, whose
 times include its CPU convolutions; then (with --profile N) cProfile's top N of ucudnn's steps.
+Last, a delegated layer (torch's own kernels timed as instant, so the layer runs torch's
+convolution) against torch's own layer on a 1x1x1x1 input, forward with and without gradients:
+what a converted layer that ucudnn leaves to torch adds per call.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import itertools
 import pstats
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 import torch
@@ -25,6 +29,8 @@ from torch import nn
 import ucudnn.torch as ut
 from torch_doubles import NumpyFramework, NumpyHandle
 from ucudnn.cache import Cache
+from ucudnn.delegation import OwnTiming
+from ucudnn.progress import IDLE_S
 from ucudnn.graphs import GraphedProgram
 from ucudnn.integrations.torch.kernels import TorchFramework
 
@@ -105,7 +111,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        context = ut.Context(framework=NullFramework(), cache=Cache(Path(tmp) / "bench.db"), workspace_limit="64MiB")
+        # planned on a layer's first call: between iterations, a training call's site would wait for
+        # the first site, here the no_grad call's of the first case, which is not called again
+        context = ut.Context(framework=NullFramework(), cache=Cache(Path(tmp) / "bench.db"), workspace_limit="64MiB",
+                             planning="first_call")
         for (name, (channels_last, amp)), which in itertools.product(CASES.items(), ("ucudnn", "torch")):
             conv = layer(context if which == "ucudnn" else None, channels_last)
             x = torch.randn(2, 8, 4, 4)
@@ -120,7 +129,36 @@ def main(argv=None) -> None:
                 profile = cProfile.Profile()
                 profile.runcall(lambda: [step() for _ in range(args.calls)])
                 pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
-        assert not context.fallbacks, context.fallbacks
+        assert not context.fallbacks and set(context.runs) == {("ucudnn", kind) for kind in ("F", "BD", "BF")}, context.runs
+        delegated_overhead(Path(tmp), args.calls)
+
+
+def delegated_overhead(tmp: Path, calls: int, rounds: int = 5, layers: int = 16) -> None:
+    """A stack of `layers` converted layers that run torch's own convolution against the same
+    stack of torch's layers, per layer call: best of `rounds` interleaved rounds, so that both
+    meet the same state of the machine. A stack, not one layer in a loop: in a model other code
+    runs between two layer calls, and a lone layer timed in a loop flatters the one with the
+    least Python around it (caches stay warm)."""
+    instant = NullFramework(lambda problem: OwnTiming(0.0, 0))
+    context = ut.Context(framework=instant, cache=Cache(tmp / "delegated.db"), workspace_limit="64MiB",
+                         planning="first_call")
+    torch.manual_seed(0)
+    theirs = nn.Sequential(*[nn.Conv2d(1, 1, 1) for _ in range(layers)])
+    ours = ut.convert(nn.Sequential(*[nn.Conv2d(1, 1, 1) for _ in range(layers)]), context=context)
+    x = torch.randn(1, 1, 1, 1)
+    for grad in (False, True):
+        xi = x.clone().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            ours(xi)
+            time.sleep(IDLE_S)  # the planning stretch ends: from the next call on the layers are steady
+            runs = {name: (lambda model=model: model(xi)) for name, model in (("torch", theirs), ("delegated", ours))}
+            best = dict.fromkeys(runs, float("inf"))
+            for _ in range(rounds):
+                for name, run in runs.items():  # many short blocks: the least disturbed one counts
+                    best[name] = min(best[name], min(timeit.repeat(run, number=50, repeat=calls // 50)) / 50 / layers * 1e6)
+        print(f"delegated 1x1 layers, {'grad   ' if grad else 'no grad'}: per layer call torch {best['torch']:5.2f} us, "
+              f"converted {best['delegated']:5.2f} us, difference {best['delegated'] - best['torch']:5.2f} us")
+    assert set(context.runs) == {("torch", "layer")}, context.runs
 
 
 if __name__ == "__main__":

@@ -548,7 +548,8 @@ def test_autocast_computes_in_the_autocast_dtype(numpy_context):
     assert all("float16" in k["kernel"] for k in kernels)
 
 
-def test_compile_graph_breaks_and_keeps_results(numpy_context):
+def test_compile_keeps_results(numpy_context):
+    """Traced graphs in detail: tests/test_torch_traced.py."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3))
     context = numpy_context()

@@ -3,7 +3,8 @@
 
 A layer call is a `site`: its `call` (hashable; `.device` and `.problem(kind)`, the ConvProblem of
 each kernel it runs), its `kinds` (F, BD, BF), the kernels planned for it (`kernels`, by kind),
-whether it runs the framework's own convolution (`delegated`; None: not decided yet) and, with
+whether it runs the framework's own convolution (`delegated`; None: not decided yet), whether its
+calls may skip route() (`steady`, set by route: see Planner.steady) and, with
 limits from the memory timeline (`auto`, ucudnn.memory), the bytes free as each of its kernels
 started (`free`, by kind: the least seen) and the calls it made waiting for its plan (`observed`). The
 framework's side is a `framework` object (ucudnn.integrations.torch.kernels.TorchFramework): one
@@ -201,7 +202,32 @@ class Planner:
             self.progress.idle(self._planned_so_far)
         if delegated:
             self.runs[self._delegated_run] += 1
+        site.steady = self.steady(site)
         return delegated
+
+    def steady(self, site) -> bool:
+        """Whether the site's calls may skip route() while their signature holds: decided as
+        delegated, where route() has nothing else to do (no stretch of planning to close, and not
+        the first site, whose calls start planning, while layers wait for a plan). A layer then
+        runs the framework's own convolution at once, counting the call in `runs` itself; _wait
+        and a reset of the sites take the flag back."""
+        return site.delegated is True and not self.progress.open and not (site is self._lead and self._pending)
+
+    def settle(self, site) -> bool:
+        """Decide the site's layer now, whatever settings.planning says: True where it runs the
+        framework's own convolution. A decided layer keeps its decision; else it is planned as
+        on its first call with planning 'first_call' (with `auto`, within the moments observed so
+        far, else what is free now). What a traced graph holds: it is decided once, when traced."""
+        if site.delegated is None:
+            if self.wd or not self.delegate:
+                site.delegated = False
+            else:
+                key = self._layer_key(site)
+                if key not in self._delegated:
+                    self._delegated[key] = self._planned_layer(site)
+                site.delegated = self._delegated[key]
+            self._pending.pop(site, None)
+        return site.delegated
 
     def _decide(self, site) -> bool:
         """Whether the site's layer runs the framework's own convolution, decided on its first call:
@@ -217,15 +243,20 @@ class Planner:
         if site in self._pending:
             return True
         if deferred and site.observed < self._observations:
-            self._pending[site] = None
+            self._wait(site)
             return True
         key = self._layer_key(site)
         if key not in self._delegated:
             if deferred:
-                self._pending[site] = None
+                self._wait(site)
                 return True
             self._delegated[key] = self._planned_layer(site)
         return self._delegated[key]
+
+    def _wait(self, site) -> None:
+        """Queue the site for plan_pending(); the first site's calls route again, to start it."""
+        self._pending[site] = None
+        self._lead.steady = False
 
     def observing(self, site) -> bool:
         """Whether this call's moments are observed: with `auto`, in the first RECORDED_CALLS calls

@@ -16,19 +16,23 @@ convolution, which costs less host time (see delegation.py). See docs/torch.md.
 """
 from __future__ import annotations
 
-try:
-    import torch  # noqa: F401  (what this package needs first)
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    from ...errors import install_extra
+from ...errors import install_extra
 
+try:
+    import torch  # what this package needs first
+except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"ucudnn.torch needs PyTorch: {install_extra('torch')}") from exc
+if not hasattr(torch.library, "custom_op"):  # pragma: no cover - depends on the environment
+    raise ImportError(f"ucudnn.torch needs torch>=2.4 (torch.library.custom_op, for compiled and exported "
+                      f"graphs); this is torch {torch.__version__}: {install_extra('torch')}")
 
 from .context import Context, default_context  # noqa: F401  (the package's own use and tests)
 from .kernels import TorchFramework  # noqa: F401  (the package's own use and tests)
+from .distributed import rank_zero_first
 from .layers import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, context_of, convert,
                      network)
 
 # the public face (ucudnn.torch); TorchFramework and default_context stay importable from here for
 # the package's own use and tests
 __all__ = ["Context", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-           "context_of", "convert", "network"]
+           "context_of", "convert", "network", "rank_zero_first"]

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ...problem import ConvKind, ConvProblem, default_math, lift_1d, output_size, transposed_size
 from ...staging import is_aligned
-from .sites import Site, autocast_dtype, signature
+from .sites import Site, autocast_dtype
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 INDEX_LIMIT = 2**31 - 1  # cuDNN's legacy API describes tensors with 32-bit ints
@@ -196,18 +196,22 @@ def _transpose_reason(module: nn.Module) -> str | None:
     return None
 
 
-def resolve(module: nn.Module, input: Tensor, context) -> Site | str | None:
-    """The Site of this call when ucudnn runs it; a reason string when ucudnn cannot; None when
-    torch should handle it because the call is invalid (torch raises the error users expect).
-    Decided once per signature (see sites.py): a steady-state call reads the key and looks it up."""
-    return context.sites.get(signature(module, input), _resolve, module, input, context)
+def resolve(module: nn.Module, input: Tensor, context, key: tuple) -> Site | str | None:
+    """The Site of this call, whose signature is `key` (sites.signature), when ucudnn runs it; a
+    reason string when ucudnn cannot; None when torch should handle it because the call is
+    invalid (torch raises the error users expect). Decided once per signature (see sites.py): a
+    steady-state call looks the key up."""
+    return context.sites.get(key, _resolve, module, input, context)
 
 
-def pack(module: nn.Module, input: Tensor, site: Site) -> tuple[Tensor, Tensor, Tensor | None]:
-    """x, weight and bias cast to the site's dtype and packed in its layout, in the dimensions
-    cuDNN runs (lifts): a no-op for packed tensors of that dtype, a copy otherwise (as in torch)."""
-    dtype, fmt, bias = site.dtype, site.memory_format, module.bias
-    return (sliceable(_padded(module, input).to(dtype), fmt),
+def pack(module: nn.Module, input: Tensor, dtype: torch.dtype,
+         fmt: torch.memory_format) -> tuple[Tensor, Tensor, Tensor | None]:
+    """x, weight and bias cast to `dtype` (a site's) and packed in `fmt` (its layout's memory
+    format), in the dimensions cuDNN runs (lifts): a no-op for packed tensors of that dtype, a
+    copy otherwise (as in torch). Torch operations only, which a traced graph records; x starts
+    where torch put it (a view may start off the slice alignment: aligned())."""
+    bias = module.bias
+    return (_padded(module, input).to(dtype).contiguous(memory_format=fmt),
             _weight(module).to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype))
 
 
@@ -222,7 +226,11 @@ def unpacked(module: nn.Module, input: Tensor, y: Tensor) -> Tensor:
 def sliceable(tensor: Tensor, fmt: torch.memory_format) -> Tensor:
     """`tensor` packed in `fmt` and starting on the slice alignment, as micro-batched calls need
     (ucudnn.staging): a no-op for tensors torch allocated, a copy of a view that starts elsewhere."""
-    packed = tensor.contiguous(memory_format=fmt)
+    return aligned(tensor.contiguous(memory_format=fmt), fmt)
+
+
+def aligned(packed: Tensor, fmt: torch.memory_format) -> Tensor:
+    """`packed` (packed in `fmt`), or a copy of it where it starts off the slice alignment."""
     return packed if is_aligned(packed.data_ptr()) else packed.clone(memory_format=fmt)
 
 

@@ -91,6 +91,7 @@ class Context(Planner):
         the network, known kernels included, is solved once)."""
         if self.wd and self.solved():
             self.reset()  # learning again: solve the known kernels and the new ones together
+        self.sites.reroute()  # every layer's calls record, steady ones too
         self._learn_first_pass, self._recording = False, True
         try:
             yield self

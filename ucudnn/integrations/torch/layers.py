@@ -11,69 +11,35 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ...errors import ConfigError, UcudnnWarning
-from ...problem import ConvKind
-from .call import compute_dtype, layer_kinds, pack, resolve, sliceable, spatial_dims, unpacked
+from ...planner import LAYER
+from . import convolution, traced
+from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
 from ...fallback import fall_back
 from .kernels import TorchFramework
-from .sites import Site
+from .sites import Site, Steady, signature
 
-BF = ConvKind.BACKWARD_FILTER
-
-
-def _compiler_disable(fn: Callable) -> Callable:
-    """torch.compile graph-breaks at `fn` and runs it eagerly: dynamo cannot trace ctypes calls."""
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    if disable is None:  # torch < 2.1
-        from torch._dynamo import disable
-    return disable(fn)
-
-
-def _compiler_probe() -> Callable[[], bool]:
-    """torch's is_compiling(): True while dynamo traces (it folds the call), a flag read in eager mode."""
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    if is_compiling is None:  # torch < 2.3
-        from torch._dynamo import is_compiling
-    return is_compiling
-
-
-_is_compiling = _compiler_probe()
+_is_compiling = torch.compiler.is_compiling  # True while torch.compile or torch.export traces
 
 
 class _Convolution(torch.autograd.Function):
-    """out = layer(input, w) + b with its kernels through ucudnn; the operands are packed and cast.
-    A convolution's forward is F, its input's gradient BD; a transposed one runs the convolution
-    it transposes backwards: its forward is BD, its input's gradient F (layer_kinds). Either way
-    BF gives the weight's gradient, and the convolution's x is one side of the layer (the input,
-    or a transposed layer's output) and its y the other (_sides)."""
+    """out = layer(input, w) + b with its kernels through ucudnn (convolution.py) on operands
+    pack() made, the input aligned for slicing and kept for the backward."""
 
     @staticmethod
     def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, context: Context, site: Site) -> Tensor:
-        out = torch.empty(site.out_shape, dtype=input.dtype, device=input.device, memory_format=site.memory_format)
-        context.run(site, layer_kinds(site.call.transposed)[0], *_sides(site, input, weight, out))
-        if bias is not None:
-            out.add_(bias.view(1, -1, *[1] * (out.dim() - 2)))
+        input = aligned(input, site.memory_format)
         ctx.save_for_backward(input, weight)
         ctx.context, ctx.site, ctx.has_bias = context, site, bias is not None
-        return out
+        return convolution.forward(context, site, input, weight, bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out: Tensor):
         input, weight = ctx.saved_tensors
-        context, site = ctx.context, ctx.site
-        fmt = site.memory_format
-        d_out = sliceable(d_out, fmt)
-        d_input = dw = None
-        with context.beside(input.device) as aside:  # BF on a side stream where the settings say so
-            if ctx.needs_input_grad[1]:
-                dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device, memory_format=fmt)
-                with aside(input, dw, d_out):
-                    context.run(site, BF, *_sides(site, input, dw, d_out))
-            if ctx.needs_input_grad[0]:
-                d_input = torch.empty(input.shape, dtype=input.dtype, device=input.device, memory_format=fmt)
-                context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, d_input, weight, d_out))
-        return d_input, dw, _bias_gradient(ctx, d_out), None, None
+        d_input, dw = convolution.backward(ctx.context, ctx.site, input, weight, d_out, ctx.needs_input_grad[0],
+                                           ctx.needs_input_grad[1])
+        return d_input, dw, convolution.bias_gradient(ctx, d_out), None, None
 
 
 class _OwnConvolution(torch.autograd.Function):
@@ -103,14 +69,7 @@ class _OwnConvolution(torch.autograd.Function):
                 d_input = kernel([True, False, False], 0)
         if dw is not None and dw.is_cuda:  # made on the side stream, read on this one from here on
             dw.record_stream(torch.cuda.current_stream(dw.device))
-        return d_input, dw, _bias_gradient(ctx, d_out), None, None
-
-
-def _bias_gradient(ctx, d_out: Tensor) -> Tensor | None:
-    """dy summed over the batch and spatial dimensions, where the layer has a bias that needs it."""
-    if ctx.has_bias and ctx.needs_input_grad[2]:
-        return d_out.sum((0, *range(2, d_out.dim())))
-    return None
+        return d_input, dw, convolution.bias_gradient(ctx, d_out), None, None
 
 
 AtenArguments = tuple[list[int], list[int], list[int], bool, list[int], int]  # stride, padding, ..., groups
@@ -126,14 +85,6 @@ def _aten_arguments(module: nn.Module, input: Tensor) -> AtenArguments | None:
     return (list(module.stride), list(module.padding), list(module.dilation), False, [0] * dims, module.groups)
 
 
-def _sides(site: Site, input_side: Tensor, weight: Tensor, output_side: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(x, w, y) of the site's convolution from tensors of the layer's input and output sides:
-    x is the input side, or for a transposed layer the output side."""
-    if site.call.transposed:
-        return output_side, weight, input_side
-    return input_side, weight, output_side
-
-
 class Converted:
     """What a converted layer adds to torch's layer (the class after it in the MRO: nn.Conv1d,
     nn.Conv2d or nn.Conv3d): its convolutions run micro-batched through ucudnn; same constructor,
@@ -142,17 +93,21 @@ class Converted:
 
     ucudnn_context: Context | None = None
     torch_class: type = nn.Module
+    _ucudnn_steady: Steady | None = None  # the last call, where it ran torch's layer with nothing to decide
 
     def forward(self, input: Tensor) -> Tensor:
-        # Eager calls skip compiler.disable's wrapper (0.2-0.3 us a call on a desktop CPU, which a
-        # delegated layer would pay on top of torch's own); traced ones graph-break into the wrapped twin.
-        if _is_compiling():
-            return _eager_forward(self, input)
+        if _is_compiling():  # a traced graph holds torch's layer or ucudnn's op (traced.py)
+            decided = traced.decision(self, input)
+            return super().forward(input) if decided is None else traced.run(self, input, decided)
+        steady = self._ucudnn_steady  # a layer left to torch runs torch's layer at once (sites.Steady)
+        if steady is not None and steady.holds(self, input):
+            steady.runs[steady.counted] += 1
+            return super().forward(input)
         return self._forward(input)
 
     def _forward(self, input: Tensor) -> Tensor:
         context = self.ucudnn_context or default_context()
-        site = resolve(self, input, context)
+        site = resolve(self, input, context, signature(self, input))
         if isinstance(site, str):
             context.fallbacks[site] += 1
             fall_back(TorchFramework.own, site)
@@ -162,12 +117,27 @@ class Converted:
             context.record(site.call, site.kinds)
             return super().forward(input)
         if context.route(site):
+            if site.steady and "weight" in self._parameters and not context.settings.concurrent_backward:
+                self._ucudnn_steady = Steady(self, input, site, context.runs, (context.framework.own, LAYER))
             out = self._own_forward(input, context)
             if out.requires_grad and context.observing(site):  # its backward's moment (ucudnn.memory)
                 out.register_hook(functools.partial(_backward_starts, context, site))
             return out
-        x, weight, bias = pack(self, input, site)
+        x, weight, bias = pack(self, input, site.dtype, site.memory_format)
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> nn.Module:
+        """nn.Module._apply (to(), cuda(), half(), channels_last, ...) may change the weight's
+        dtype, device or strides: the layer's next call is examined afresh (sites.Steady)."""
+        self._ucudnn_steady = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        """What pickling and copy.deepcopy keep: the module's state without its last call's site
+        (plans and handles, which belong to the running process and its Context)."""
+        state = super().__getstate__()
+        state.pop("_ucudnn_steady", None)
+        return state
 
     def _own_forward(self, input: Tensor, context: Context) -> Tensor:
         """torch's own convolution of the layer (delegated); with concurrent_backward where both
@@ -232,8 +202,6 @@ class ConvTranspose2d(ConvertedTranspose, nn.ConvTranspose2d):
 class ConvTranspose3d(ConvertedTranspose, nn.ConvTranspose3d):
     """torch.nn.ConvTranspose3d through ucudnn (ConvertedTranspose)."""
 
-
-_eager_forward = _compiler_disable(Converted._forward)
 
 # Every torch layer ucudnn runs, and its converted twin: what convert() turns them into, in place
 TWINS: dict[type, type] = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d, nn.ConvTranspose1d: ConvTranspose1d,

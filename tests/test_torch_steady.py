@@ -1,0 +1,166 @@
+"""CPU: a converted layer left to torch's own convolution (delegated) whose calls hold steady runs
+torch's layer at once: no signature lookup, no resolve, no Planner (ucudnn.integrations.torch.sites.Steady,
+ucudnn.planner.Planner.steady); whatever it was decided on changes, its next call is examined afresh."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import ucudnn.torch as ut  # noqa: E402
+from torch_doubles import NumpyFramework  # noqa: E402
+from ucudnn import progress  # noqa: E402
+from ucudnn.cache import Cache  # noqa: E402
+from ucudnn.delegation import OwnTiming  # noqa: E402
+from ucudnn.integrations.torch import call as calls, layers  # noqa: E402
+
+LAYER = ("torch", "layer")
+
+
+@pytest.fixture(autouse=True)
+def prompt_progress(monkeypatch):
+    """A stretch of planning ends at the first call that plans nothing (no half-second wait)."""
+    monkeypatch.setattr(progress, "IDLE_S", 0.0)
+
+
+def delegating(tmp_path, name: str = "bench.db", **settings) -> ut.Context:
+    """A context whose layers are all left to torch: torch's kernels 'take' no time."""
+    settings.setdefault("workspace_limit", "64KiB")
+    settings.setdefault("planning", "first_call")
+    return ut.Context(framework=NumpyFramework(lambda problem: OwnTiming(0.0, 0)), cache=Cache(tmp_path / name),
+                      **settings)
+
+
+def step(model, x):
+    xi = x.clone().requires_grad_()
+    y = model(xi)
+    y.sum().backward()
+    grads = [xi.grad] + [p.grad for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return [y.detach()] + grads
+
+
+def count_examinations(monkeypatch, context) -> dict:
+    """Counters of what a steady call skips: resolve's slow path, the sites' lookup, the Planner's route."""
+    counts = {"resolve": 0, "lookup": 0, "route": 0}
+
+    def counting(name, wrapped):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return wrapped(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(calls, "_resolve", counting("resolve", calls._resolve))
+    monkeypatch.setattr(context.sites, "get", counting("lookup", context.sites.get))
+    monkeypatch.setattr(context, "route", counting("route", context.route))
+    return counts
+
+
+def two_layers() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3))
+
+
+def test_a_steady_delegated_call_skips_resolve_the_lookup_and_the_planner(tmp_path, monkeypatch):
+    context = delegating(tmp_path)
+    plain = two_layers()
+    model = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):  # planned and delegated; then the planning stretch closes
+        step(model, x)
+    counts = count_examinations(monkeypatch, context)
+    for _ in range(3):
+        got = step(model, x)
+    assert counts == {"resolve": 0, "lookup": 0, "route": 0}
+    assert dict(context.runs) == {LAYER: 2 * 5}  # every call counted, steady ones too
+    for a, b in zip(got, step(plain, x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # torch's own layer
+
+
+def _replace_weight(model, context, tmp_path, stack):
+    model[0].weight = nn.Parameter(model[0].weight.detach() * 1)
+
+
+def _another_context(model, context, tmp_path, stack):
+    model[0].ucudnn_context = delegating(tmp_path, "other.db")
+
+
+CHANGES = {  # name -> change(model, context, tmp_path, stack); the input of the calls after it where it changes
+    "shape": lambda model, context, tmp_path, stack: torch.randn(3, 3, 9, 8),
+    "grad mode": lambda model, context, tmp_path, stack: stack.enter_context(torch.no_grad()),
+    "autocast": lambda model, context, tmp_path, stack: stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16)),
+    "channels_last": lambda model, context, tmp_path, stack: model.to(memory_format=torch.channels_last),
+    "weight replaced": _replace_weight,
+    "frozen weight": lambda model, context, tmp_path, stack: model[0].weight.requires_grad_(False),
+    "padding": lambda model, context, tmp_path, stack: setattr(model[0], "padding", (2, 2)),
+    "reset": lambda model, context, tmp_path, stack: context.reset(),
+    "context": _another_context,
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_whatever_a_steady_layer_was_decided_on_changes_its_next_call_is_examined(change, tmp_path, monkeypatch):
+    """After the change the first layer's call goes through the Planner again (and resolves where
+    its signature changed); decided again, it is steady again."""
+    context = delegating(tmp_path)
+    model = ut.convert(two_layers(), context=context)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):
+        model(x)
+    counts = count_examinations(monkeypatch, context)
+    examined_layers, forward = [], layers.Converted._forward
+    monkeypatch.setattr(layers.Converted, "_forward", lambda self, input: examined_layers.append(self) or forward(self, input))
+    with contextlib.ExitStack() as stack:
+        changed = CHANGES[change](model, context, tmp_path, stack)
+        x = changed if change == "shape" else x
+        model(x)
+        examined = dict(counts)
+        assert model[0] in examined_layers  # its call was examined, not taken as steady
+        for _ in range(2):
+            model(x)
+        counts.update(dict.fromkeys(counts, 0))
+        model(x)
+    if change == "context":  # the layer's calls go to its new context's Planner and count there
+        other = model[0].ucudnn_context
+        assert other is not context and other.runs[LAYER] == 4 and model[0]._ucudnn_steady.owner is other
+        assert examined["route"] == 0  # the second layer stays steady
+        return
+    resolved = change != "weight replaced"  # the same signature: looked up, not resolved
+    assert examined["route"] >= 1 and (examined["resolve"] >= 1) == resolved, examined
+    assert counts == {"resolve": 0, "lookup": 0, "route": 0}
+
+
+def test_the_first_site_plans_what_waits_though_it_is_steady(tmp_path):
+    """The first site's calls start planning between iterations: while layers wait for a plan
+    (here a new batch size), its calls go through the Planner, which plans them."""
+    context = delegating(tmp_path, planning="between_iterations")
+    model = ut.convert(two_layers(), context=context)
+    x, other = torch.randn(2, 3, 8, 8), torch.randn(5, 3, 8, 8)
+    for _ in range(3):
+        step(model, x)
+    assert context.summary()["pending"] == 0 and model[0]._ucudnn_steady.site.steady
+    step(model, other)  # two new sites, queued, run by torch meanwhile
+    assert context.summary()["pending"] == 2 and not model[0]._ucudnn_steady.site.steady
+    step(model, x)  # the first site's call plans them
+    assert context.summary()["pending"] == 0
+
+
+@pytest.mark.parametrize("copied", ["deepcopy", "pickle"])
+def test_copies_of_a_steady_model_leave_its_steady_calls_behind(copied, tmp_path):
+    """A layer's Steady belongs to its process and context: copies leave it behind."""
+    context = delegating(tmp_path)
+    model = ut.convert(two_layers(), context=context)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):
+        model(x)
+    assert model[0]._ucudnn_steady is not None
+    twin = copy.deepcopy(model) if copied == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert twin[0]._ucudnn_steady is None
+    if copied == "deepcopy":  # the same context, counted there
+        twin(x)
+        assert context.runs[LAYER] == 2 * 3
