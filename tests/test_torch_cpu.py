@@ -1255,3 +1255,20 @@ def test_a_delegated_layer_with_one_gradient_to_take_runs_torchs_own_layer(tmp_p
     assert context.framework.streams == ["opened", "joined"] * 2
     ours(x).sum().backward()  # the input takes none: no layer splits
     assert context.framework.streams == ["opened", "joined"] * 2
+
+
+@pytest.mark.parametrize("limit", ["64KiB", "auto"])
+def test_training_after_a_validation_pass_is_planned_in_training_iterations(numpy_context, limit):
+    """A validation pass (no grad) before training, as PyTorch Lightning's sanity check runs: the
+    training layers' first site takes the lead, so they are planned at the start of the next
+    training iterations, not only at the next validation pass."""
+    torch.manual_seed(0)
+    theirs = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+    ours = ut.convert(copy.deepcopy(theirs), context=numpy_context(planning=None, workspace_limit=limit, delegate=False))
+    x = torch.randn(4, 3, 6, 6)
+    with torch.no_grad():
+        ours(x)
+    for _ in range(4):
+        got = run_step(ours, x)
+    assert_matches(got, run_step(theirs, x))
+    assert ours[0].ucudnn_context.runs["ucudnn", "BF"] > 0

@@ -184,13 +184,14 @@ class Planner:
     def route(self, site) -> bool:
         """Route a call of the site's layer: True where it runs the framework's own convolution.
         Its first call plans it (the decision, and the sweep where one is needed), or with planning
-        'between_iterations' queues it; the first site's call starts an iteration, and layers
-        waiting for a plan get PLANNING_SLICE_S of planning there."""
+        'between_iterations' queues it; the lead site's call (_leads) starts an iteration, and
+        layers waiting for a plan get PLANNING_SLICE_S of planning there."""
         if site is self._lead and self._pending:
             self.plan_pending(PLANNING_SLICE_S)
         delegated = site.delegated
         if delegated is None:
-            self._lead = self._lead or site
+            if self._leads(site):
+                self._lead = site
             delegated = self._decide(site)
             if site not in self._pending:
                 site.delegated = delegated
@@ -204,6 +205,13 @@ class Planner:
             self.runs[self._delegated_run] += 1
         site.steady = self.steady(site)
         return delegated
+
+    def _leads(self, site) -> bool:
+        """Whether a new site's calls start iterations from now on: the first site, or the first
+        with backward kernels where the lead has none (a validation pass run before training,
+        as PyTorch Lightning's sanity check does, would else start planning only at the next one)."""
+        lead = self._lead
+        return lead is None or (len(lead.kinds) == 1 and len(site.kinds) > 1)
 
     def steady(self, site) -> bool:
         """Whether the site's calls may skip route() while their signature holds: decided as
