@@ -2,7 +2,7 @@
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new vstorch
 #                                          record-direct layers-alexnet layers-alexnet64 layers-resnet50
-#                                          layers-direct wd train shapes coldstart
+#                                          layers-direct wd paper train shapes coldstart
 #                                          memory hostpath tables sweepprofile trainab coldphases coldmodels
 #                                          ndlayers streams carveout pressure
 #                                          (default: env tests)
@@ -74,6 +74,12 @@ for stage in "${stages[@]}"; do
     # recording (VS_TORCH_ARGS: e.g. --net torchvision:alexnet --dtype float16 --layout nhwc)
     vstorch) run vstorch python3 bench/vs_torch.py --out "$OUT" --cache "$(ls cache/*.db | tail -n 1)" ${VS_TORCH_ARGS:-} ;;
     wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
+    # the paper's figures executed here (`ucudnn paper FIG --execute`) into $OUT/paper/figFIG-executed.*, one
+    # run a figure (PAPER_FIGURES: which), measuring only what a copy of the shipped recording lacks
+    paper) [ -f /tmp/paper-cache.db ] || cp "$(ls cache/*.db | tail -n 1)" /tmp/paper-cache.db
+           for figure in ${PAPER_FIGURES:-1 8 9 10 11 12 13 14}; do
+             run "paper-$figure" python3 -m ucudnn paper "$figure" --execute --out "$OUT/paper" --cache /tmp/paper-cache.db
+           done ;;
     # torch vs ucudnn.torch with memory free and under pressure; ucudnn's variants start from a copy
     # of the shipped recording (see seed_train)
     train) seed_train; run train python3 bench/train_step.py --out "$OUT" --cache /tmp/train-cache.db --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ${TRAIN_ARGS:-} ;;

@@ -628,7 +628,7 @@ def test_bench_needs_a_gpu(capsys):
 
 @pytest.mark.parametrize("command", [(), ("bench",), ("optimize",), ("cache",), ("cache", "list"),
                                      ("cache", "show"), ("cache", "merge"), ("cache", "export"),
-                                     ("cache", "import"), ("cache", "verify"), ("nets",)])
+                                     ("cache", "import"), ("cache", "verify"), ("paper",), ("nets",)])
 def test_every_command_has_help_with_an_example(capsys, command):
     status, out, _ = inline(capsys, *command, "--help")
     assert status == 0 and "example:\n  ucudnn " in out

@@ -1,5 +1,6 @@
 """The paper's figures from a report: a kernel's desirable configurations (Fig. 8), per-layer times
-(Fig. 10) and WD's division of the workspace (Fig. 14). Needs matplotlib. Each plot is drawn on a
+(Fig. 10) and WD's division of the workspace (Fig. 14); and the drawings of ucudnn.paper: panels of
+stacked bars and named configurations as rows of micro-batches (Fig. 9). Needs matplotlib. Each plot is drawn on a
 matplotlib Figure of its own, never through pyplot (whose backend and current figure are the
 user's, in a notebook say), returned, and saved where a path is given."""
 from __future__ import annotations
@@ -20,7 +21,8 @@ MIB = 2**20
 LEGEND_COLUMNS = 2  # of candidate names, which run to 50 characters: two columns fit the figure's width
 STACKED_PARTS = 10  # parts a stacked bar shows apart (the rest as one): one colour each
 STACKED_COLUMNS = 3  # of the legend below a stacked bar: layer names run to 25 characters
-OTHERS = "others"  # the part of a stacked bar that sums the smaller ones: "12 others"
+OTHERS = "others"
+ROTATED_BARS = 10  # a panel of more bars than this names them vertically  # the part of a stacked bar that sums the smaller ones: "12 others"
 
 
 def _figure(**options) -> Figure:
@@ -85,18 +87,21 @@ def draw_front(points_ax, parts_ax, legend_ax, row: KernelReport, front: list[Co
                      title="candidates (colours of the micro-batches)", title_fontsize="small")
 
 
-def _draw_parts(ax, front: list[Configuration]) -> list:
-    """Configuration y as a row of boxes, one per micro-batch, one colour per candidate (one
-    collection per candidate: fronts have hundreds of boxes); the collections, to name in a legend."""
+def _draw_parts(ax, front: list[Configuration], width=lambda m: m.batch, sizes: bool = False) -> list:
+    """Configuration y as a row of boxes, one per micro-batch, `width(micro)` wide (its samples),
+    one colour per candidate (one collection per candidate: fronts have hundreds of boxes), with
+    `sizes` each box labelled with its samples; the collections, to name in a legend."""
     from matplotlib.collections import PolyCollection
 
     boxes: dict[str, list] = {}
     for y, configuration in enumerate(front):
         left = 0
         for m in configuration.micro:
-            boxes.setdefault(m.algo, []).append(
-                [(left, y - 0.4), (left + m.batch, y - 0.4), (left + m.batch, y + 0.4), (left, y + 0.4)])
-            left += m.batch
+            right = left + width(m)
+            boxes.setdefault(m.algo, []).append([(left, y - 0.4), (right, y - 0.4), (right, y + 0.4), (left, y + 0.4)])
+            if sizes:
+                ax.annotate(str(m.batch), ((left + right) / 2, y), ha="center", va="center", fontsize="x-small")
+            left = right
     # thin edges: a configuration of 256 one-sample boxes stays its colour, not the edges' white
     colours = _colours(len(boxes))
     collections = [ax.add_collection(PolyCollection(polygons, facecolor=colour, edgecolor="white",
@@ -176,8 +181,7 @@ def plot_report(report: Report, row: KernelReport, front: list[Configuration], p
     """One figure, saved to `path` (its extension the format) unless None: `row`'s Pareto front
     (`front`: its desirable set) with its candidates named below it, per-layer times and, for WD,
     the workspace division."""
-    candidates = len({m.algo for c in front for m in c.micro})
-    legend_inches = 0.4 + 0.2 * -(-candidates // LEGEND_COLUMNS)  # the title, then a line per row
+    legend_inches = _legend_inches(front)
     figure = _figure(figsize=(14, 9 + legend_inches))
     grid = figure.add_gridspec(3, 2, height_ratios=(4.5, legend_inches, 4.5))
     draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, :]),
@@ -187,6 +191,60 @@ def plot_report(report: Report, row: KernelReport, front: list[Configuration], p
         draw_division(figure.add_subplot(grid[2, 1]), report)
     else:
         draw_layer_times(figure.add_subplot(grid[2, :]), report)
+    figure.suptitle(title)
+    return _saved(figure, path)
+
+
+def _legend_inches(configurations: list[Configuration]) -> float:
+    """The height of a legend of the candidates of `configurations`: its title, then a line per row."""
+    candidates = len({m.algo for c in configurations for m in c.micro})
+    return 0.4 + 0.2 * -(-candidates // LEGEND_COLUMNS)
+
+
+def plot_front(row: KernelReport, front: list[Configuration], limit: int, path: str | Path | None = None,
+               title: str = "") -> Figure:
+    """Fig. 8 alone, saved to `path` unless None: `row`'s desirable configurations `front` within
+    `limit` bytes, its plan starred, each one's micro-batches, the candidates named below."""
+    legend_inches, height = _legend_inches(front), max(4.5, 0.16 * len(front))  # a readable label per configuration
+    figure = _figure(figsize=(14, height + legend_inches))
+    grid = figure.add_gridspec(2, 2, height_ratios=(height, legend_inches))
+    draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, :]),
+               row, front, limit)
+    figure.suptitle(title)
+    return _saved(figure, path)
+
+
+def plot_configurations(configurations: dict[str, Configuration], path: str | Path | None = None,
+                        title: str = "") -> Figure:
+    """Fig. 9, saved to `path` unless None: a row per named configuration, a box per micro-batch
+    as wide as its measured time and labelled with its samples, coloured by candidate."""
+    legend_inches = _legend_inches(list(configurations.values()))
+    figure = _figure(figsize=(12, 1.5 + 0.6 * len(configurations) + legend_inches))
+    grid = figure.add_gridspec(2, 1, height_ratios=(1 + 0.6 * len(configurations), legend_inches))
+    ax, legend_ax = figure.add_subplot(grid[0]), figure.add_subplot(grid[1])
+    candidates = _draw_parts(ax, list(configurations.values()), width=lambda m: m.time_ms, sizes=True)
+    ax.set_yticks(range(len(configurations)), list(configurations))
+    ax.invert_yaxis()
+    ax.set(xlabel="time (ms): each micro-batch as measured, labelled with its samples", title=title)
+    legend_ax.axis("off")
+    legend_ax.legend(handles=candidates, loc="upper center", ncol=LEGEND_COLUMNS, fontsize="small",
+                     title="candidates", title_fontsize="small")
+    return _saved(figure, path)
+
+
+def plot_stacked(panels: dict[str, dict[str, dict[str, float]]], unit: str, path: str | Path | None = None,
+                 title: str = "") -> Figure:
+    """Panels of stacked bars, one above another (Figs. 1 and 10 to 14), saved to `path` unless
+    None: in each panel a bar per entry, stacked by its parts (every bar of a panel has the same
+    parts), as the per-layer times of `ucudnn optimize --plot` are."""
+    widest = max(len(bars) for bars in panels.values())
+    figure = _figure(figsize=(max(8.0, 1.0 + 0.8 * widest), 0.5 + 5.0 * len(panels)))
+    for ax, (name, bars) in zip(figure.subplots(len(panels), 1, squeeze=False)[:, 0], panels.items()):
+        _stacked(ax, bars, unit)
+        ax.set_title(name)
+        if len(bars) > ROTATED_BARS:  # names run down from the bars; the legend moves inside the panel
+            ax.tick_params(axis="x", labelrotation=90)
+            ax.legend(fontsize="small", ncol=STACKED_COLUMNS, loc="upper right")
     figure.suptitle(title)
     return _saved(figure, path)
 

@@ -1,4 +1,4 @@
-"""The `ucudnn` command: bench, optimize, cache and nets, a thin layer over the library.
+"""The `ucudnn` command: bench, optimize, cache, paper and nets, a thin layer over the library.
 
 Every command parses its flags, calls the library and prints text or, with --json, one JSON
 document. Errors ucudnn raises on purpose print one line and exit with status 2; its warnings
@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import warnings
+from pathlib import Path
 from typing import Sequence
 
 from .. import __version__
@@ -20,12 +21,13 @@ from ..cache.paths import CACHE_VARIABLE
 from ..config import OPTIMIZERS, POLICIES
 from ..device import EXECUTIONS, TIMING_PRESETS
 from ..errors import UcudnnError, UcudnnWarning, install_extra
+from ..paper import FIGURES
 from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from ..search import SEARCHES
 from .arguments import (batch_size, byte_size, cache_file, database_file, device_list, export_file, existing_file,
                         plot_file, setting)
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
-from .commands import bench, nets, optimize
+from .commands import bench, nets, optimize, paper
 
 SEARCH_NAMES = tuple(SEARCHES)
 
@@ -99,6 +101,15 @@ each LAYER is an object with
 A size is an integer, or a list of 1, 2 or 3: [length], [height, width] or [depth, height, width]
 (the longest list says the layer's dimensions; 2-D where all are integers). Layers of one name
 have one shape: a second shape needs a name of its own."""
+
+
+PAPER = """
+
+Times are predicted (each configuration's micro-batches' measured times, summed) from the
+recording in --cache, by default the H100 measurements shipped with ucudnn; --execute measures
+what --cache lacks on this GPU and runs every configuration instead (give it a copy of the
+shipped recording to measure only the rest). Each figure plans with cuDNN's legacy algorithms
+alone (the paper's API) and with the graph-API engines too (ucudnn's default)."""
 
 
 def _command(commands, name: str, help: str, example: str, run, parents=(),
@@ -181,6 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
              "ucudnn cache prune --cache shared.db", cache_prune, [_CACHE_FILE])
     _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
              "--cache h100.db", cache_verify, [_CACHE])
+
+    p = _command(commands, "paper", "the paper's evaluation figure by figure: each figure's numbers now beside "
+                 "the paper's, as a Markdown page and a PNG", "ucudnn paper 10 --out docs/paper", paper, [_CACHE],
+                 description=PAPER)
+    p.add_argument("figure", choices=(*FIGURES, "all"), metavar="FIG", help=(
+        f"a figure of the paper's section IV ({', '.join(FIGURES)}), or all of them and the index README.md"))
+    p.add_argument("--out", type=Path, default=Path("docs/paper"), metavar="FOLDER", help=(
+        "where to write figFIG.md and figFIG.png (made where missing; default docs/paper)"))
+    p.add_argument("--execute", action="store_true", help=(
+        "measure on this GPU what the cache lacks and run every configuration, as the paper did, into "
+        "figFIG-executed.md and .png (default: predicted from recorded measurements, no GPU needed)"))
 
     p = _command(commands, "nets", "list the built-in networks, or one network's conv layers",
                  "ucudnn nets resnet50", nets, [_JSON], description=NETWORK_FILE)

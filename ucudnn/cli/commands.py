@@ -1,4 +1,5 @@
-"""The commands that plan and measure (bench, optimize) and the one that shows networks (nets)."""
+"""The commands that plan and measure (bench, optimize), the paper's figures (paper) and the one
+that shows networks (nets)."""
 from __future__ import annotations
 
 import textwrap
@@ -14,6 +15,7 @@ from ..log import say_plan
 from ..nets import Network, find_kernel, get_network, list_networks, torchvision
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
+from ..paper import CANDIDATES, FIGURES, Executed, Predicted, write_figures
 from ..parallel import bench_devices, bench_on_devices, bench_with_mpi
 from ..report import Report, make_report
 from ..solve import measured_in, plan
@@ -142,6 +144,18 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
                           report.limit, slices_of(problem))
     plot_report(report, row, front, args.plot,
                 f"{network.name}, batch {args.batch}, {report.optimizer.upper()} at {format_size(report.limit)}")
+
+
+def paper(args) -> int:
+    settings = Settings.load(cache_path=args.cache)
+    numbers = list(FIGURES) if args.figure == "all" else [args.figure]
+    with (Executed if args.execute else Predicted)(settings) as evidence:
+        results, paths = write_figures(numbers, evidence, args.out)
+        print(f"{evidence.describe()}; {evidence.timing()}\n")
+    print(table(("figure", "what", "paper (P100-SXM2)", *(f"now: {c}" for c in CANDIDATES)),
+                [(f"Fig. {n}", h.what, h.paper, *h.now) for n, result in results.items() for h in result.headlines]))
+    print("\nwrote " + ", ".join(map(str, paths)))
+    return 0
 
 
 def nets(args) -> int:
