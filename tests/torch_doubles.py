@@ -59,9 +59,6 @@ class NumpyFramework(TorchFramework):
     def settled_memory(self, device):
         return self.memory_now
 
-    def peak_allocated(self, device):
-        return self.memory_now.allocated
-
     def free_bytes(self, device):
         return self.memory_now.free
 

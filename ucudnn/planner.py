@@ -88,9 +88,6 @@ class Framework(Protocol):
     def settled_memory(self, device: Hashable) -> Memory:
         """The device's free memory and the bytes tensors hold, the framework's cache given back."""
 
-    def peak_allocated(self, device: Hashable) -> int:
-        """The most bytes the framework's tensors have held at once."""
-
     def free_bytes(self, device: Hashable) -> int:
         """What the framework could allocate now in one block, at the least."""
 
@@ -288,13 +285,14 @@ class Planner:
 
     def _room(self, site, kind: ConvKind) -> int:
         """The bytes the kernel's own workspace may take: the per-kernel limit, or with `auto`
-        what its moment leaves free beside its output (on ucudnn.memory's grid; unobserved: now)."""
+        what its moment leaves free beside its output (on ucudnn.memory's grid). A kernel planned
+        unobserved (planning 'first_call', a traced graph) takes what is free when first asked,
+        kept as its moment, so that its plan, timing and decision are made for one room."""
         if not self.auto:
             return self.settings.workspace_limit
-        free = site.free.get(kind)
-        if free is None:
-            free = self.framework.free_bytes(site.call.device) - site.call.problem(kind).written_bytes()
-        return quantized(free)
+        if kind not in site.free:
+            site.free[kind] = self.framework.free_bytes(site.call.device) - site.call.problem(kind).written_bytes()
+        return quantized(site.free[kind])
 
     def _layer_key(self, site) -> tuple:
         """What a layer's decision depends on: its call, kernels and their rooms."""

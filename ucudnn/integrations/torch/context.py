@@ -128,7 +128,7 @@ def _auto(workspace_limit, total_limit, optimizer) -> bool:
     no optimizer dividing a total, and no UCUDNN_* limit (other than AUTO) is given."""
     if workspace_limit == AUTO or total_limit == AUTO:
         named = optimizer if optimizer is not None else os.environ.get("UCUDNN_OPTIMIZER")
-        if total_limit == AUTO and named is not None and not OPTIMIZERS[choice(named, tuple(OPTIMIZERS), "optimizer")].divides:
+        if total_limit == AUTO and named is not None and not _divides(named):
             raise ConfigError(f"total_limit='auto' is WD's total from the memory timeline, but optimizer={named!r}; "
                               f"use workspace_limit='auto' (the default) or optimizer={DIVIDING.name!r}")
         if AUTO in (workspace_limit, total_limit) and {workspace_limit, total_limit} - {AUTO, None}:
@@ -138,9 +138,14 @@ def _auto(workspace_limit, total_limit, optimizer) -> bool:
     if workspace_limit is not None or total_limit is not None:
         return False
     named = optimizer if optimizer is not None else os.environ.get("UCUDNN_OPTIMIZER", PER_KERNEL.name)
-    if OPTIMIZERS[choice(named, tuple(OPTIMIZERS), "optimizer")].divides:
+    if _divides(named):
         return False
     return all(os.environ.get(v, AUTO).strip().lower() == AUTO for v in _LIMIT_VARIABLES)
+
+
+def _divides(optimizer: str) -> bool:
+    """Whether the optimizer named `optimizer` (in any case) divides a total: WD."""
+    return OPTIMIZERS[choice(optimizer, tuple(OPTIMIZERS), "optimizer")].divides
 
 
 def _rebuild_context(settings: Settings, delegate: bool = True, auto: bool = False) -> Context:

@@ -200,11 +200,6 @@ class TorchFramework:
         free, _ = torch.cuda.mem_get_info(device)
         return Memory(free, torch.cuda.memory_allocated(device))
 
-    def peak_allocated(self, device: torch.device) -> int:
-        """The most bytes torch's tensors have held at once, since the process started or the
-        caller last reset torch's peak statistics (a counter read: no device call)."""
-        return torch.cuda.max_memory_allocated(device)
-
     def operand(self, tensor: Tensor) -> Any:
         return tensor.data_ptr()
 
