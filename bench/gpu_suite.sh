@@ -3,7 +3,7 @@
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new vstorch
 #                                          record-direct layers-alexnet layers-alexnet64 layers-resnet50
 #                                          layers-direct wd paper train shapes coldstart
-#                                          memory hostpath tables sweepprofile trainab coldphases coldmodels
+#                                          memory hostpath zerocost zerocost-ddp tables sweepprofile trainab coldphases coldmodels
 #                                          ndlayers streams carveout pressure
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
@@ -13,8 +13,9 @@ set -u
 # DEADLINE the whole run (seconds), so the archive is always written.
 FINAL=${OUT:-out}; OUT="$FINAL/results"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 UCUDNN_RESULTS_DIR="$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+if ls .whl/*.whl >/dev/null 2>&1; then  # once per machine: suites started side by side (one a GPU) share it
+  [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; }
   export PYTHONPATH="$PWD:/tmp/site"
 else
   export PYTHONPATH="$PWD"
@@ -90,6 +91,11 @@ for stage in "${stages[@]}"; do
     # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)
     shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget ${SHAPES_S:-170})" ;;
     memory) seed_train; run memory python3 bench/memory_overhead.py --out "$OUT" --cache /tmp/train-cache.db ${MEMORY_ARGS:-} ;;
+    # where ucudnn cannot gain: compiled, exported, host us per call (ZERO_ARGS); and under DistributedDataParallel
+    # on every GPU of the machine (torchrun)
+    zerocost) run zerocost python3 bench/zero_cost.py --out "$OUT" ${ZERO_ARGS:-} ;;
+    zerocost-ddp) run zerocost-ddp torchrun --standalone --nproc_per_node "$(python3 -c "import torch; print(torch.cuda.device_count())")" bench/zero_cost.py \
+                    --out "$OUT" --sections ddp ;;
     hostpath) run hostpath python3 bench/host_path.py --out "$OUT" --deadline "$(budget 240)" ${HOSTPATH_ARGS:-} ;;
     # AlexNet: optimize from an empty cache, then fresh processes to their first iteration (ucudnn, torch alone)
     coldstart) run coldstart python3 bench/cold_start.py --out "$OUT" --deadline "$(budget 200)" ;;

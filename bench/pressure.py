@@ -217,6 +217,10 @@ def run_variant(args) -> dict:
                   peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside(device) / MiB,
                   retries=torch.cuda.memory_stats(device)["num_alloc_retries"],
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
+    result["reserved_mib"] = torch.cuda.memory_reserved(device) / MiB
+    if args.profile:
+        PHASE[0] = "profile"
+        result["profile"] = top_kernels(step)
     PHASE[0] = "gradient check"
     if args.variant in UCUDNN_VARIANTS or args.variant == "control":
         try:
@@ -232,6 +236,21 @@ def run_variant(args) -> dict:
                       planning_s=summary["planning_s"], pending=summary["pending"],
                       converted=sum(isinstance(m, Converted) for m in model.modules()))
     return result
+
+
+def top_kernels(step, steps: int = 3, top: int = 15) -> list:
+    """The GPU kernels taking the most time over `steps` steps under torch.profiler:
+    (name, ms per step, launches per step)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    rows = sorted((e for e in prof.key_averages() if e.device_type.name == "CUDA" or e.self_device_time_total),
+                  key=lambda e: -e.self_device_time_total)
+    return [(e.key[:90], e.self_device_time_total / 1e3 / steps, e.count / steps) for e in rows[:top]]
 
 
 def gradient_check(model, x, args, amp: bool) -> dict:
@@ -256,7 +275,8 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
     out = Path(args.out) / f"pressure-{args.model_now}-{variant}-{limit // MiB}.json"
     out.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
-               "--need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)]
+               "--need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
+               ] + (["--profile"] if args.profile else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1", UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf,
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     began = time.perf_counter()
@@ -368,6 +388,8 @@ def parent(args) -> None:
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
             if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
                 print(explain(row), flush=True)
+            for name, ms, n in row.get("profile", []):
+                print(f"    {ms:8.2f} ms {n:5.0f}x  {name}", flush=True)
         (out / "pressure.json").write_text(json.dumps(rows, indent=1))
         (out / "pressure.md").write_text(table([r for r in rows if r["variant"] != "need"]) + "\n")
     print(table([r for r in rows if r["variant"] != "need"]))
@@ -385,6 +407,7 @@ def main(argv=None) -> None:
     p.add_argument("--cache", default="/tmp/pressure-cache.db")
     p.add_argument("--deadline", type=float, default=3000)
     p.add_argument("--explain", action="store_true", help="print each ucudnn variant's kernels")
+    p.add_argument("--profile", action="store_true", help="each variant's top GPU kernels over 3 steps")
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
     p.add_argument("--plot", nargs=2, metavar=("RESULT_JSON", "PNG"),
                    help="draw a ucudnn variant's result (a pressure-*.json) as a timeline, and stop")

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Several gpu_suite.sh runs side by side, one GPU each, on a machine with several GPUs:
+#   bash bench/side_by_side.sh "ENV=... stage ..." "ENV=... stage ..." ...
+# The Nth argument runs on GPU N-1 (CUDA_VISIBLE_DEVICES), into $OUT/gN-1/ (its results.tgz and
+# suite.log), each with DEADLINE (default 570 s). Wheels are installed once, first.
+set -u
+FINAL=${OUT:-out}
+OUT=/tmp/side-by-side-env bash "$(dirname "$0")/gpu_suite.sh" env > /dev/null 2>&1
+gpu=0
+for job in "$@"; do
+  mkdir -p "$FINAL/g$gpu"
+  (export CUDA_VISIBLE_DEVICES=$gpu OUT="$FINAL/g$gpu" DEADLINE=${DEADLINE:-570}
+   eval "set -- $job"; settings=()
+   while [ $# -gt 0 ] && [[ $1 == *=* ]]; do settings+=("$1"); shift; done  # VAR=value words, then stages
+   env "${settings[@]}" bash "$(dirname "$0")/gpu_suite.sh" "$@" > "$FINAL/g$gpu/suite.log" 2>&1) &
+  gpu=$((gpu + 1))
+done
+wait
+tail -n 40 "$FINAL"/g*/suite.log
