@@ -17,8 +17,8 @@ SGD and, for AMP, a gradient scaler):
    prints per kernel the room its moment left, ucudnn's limit and plan, and torch's kernel
    timed under that pressure.
 
-    PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,fcn_resnet50,...]
-        [--limits 64MiB,512MiB] [--iters 20] [--variants free,torch,control,ucudnn,wd] [--explain]
+    PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,fcn_resnet50,r3d_18:128MiB+512MiB,...]
+        [--limits 64MiB,512MiB] [--iters 20] [--need MODEL=BYTES,...] [--profile] [--variants free,torch,control,ucudnn,wd] [--explain]
 
 Writes OUT/pressure.json (every process's result) and OUT/pressure.md (the table) after each model.
 """
@@ -171,7 +171,9 @@ def run_need(args) -> dict:
     torch.empty(1, device=device)
     start_outside = outside(device)
     model, x, amp = build(args.model, device)
-    ut.convert(model, workspace_limit=0, delegate=False, cache_path=args.cache)
+    # undivided: at zero workspace micro-batching changes no tensor, and a sweep of one size is the
+    # cheapest (every size of efficientnet_b0's 243 kernels took over 300 s)
+    ut.convert(model, workspace_limit=0, delegate=False, policy="undivided", cache_path=args.cache)
     step = trainer(model, x, args.model, amp)
     step()
     ut.context_of(model).plan_pending()
@@ -275,7 +277,7 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
     out = Path(args.out) / f"pressure-{args.model_now}-{variant}-{limit // MiB}.json"
     out.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
-               "--need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
+               "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
                ] + (["--profile"] if args.profile else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1", UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf,
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -360,25 +362,30 @@ def plot(row: dict, path: str, title: str) -> None:
 
 
 def parent(args) -> None:
+    from ucudnn.config import parse_size
+
     rows, out = [], Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.deadline
     variants = args.variants.split(",")
-    for model in args.models.split(","):
+    for entry in args.models.split(","):
+        model, _, own = entry.partition(":")  # MODEL:L+L... sets that model's limits
+        limits = [parse_size(v) for v in own.split("+")] if own else args.limits
         args.model_now = model
         if time.perf_counter() > deadline:
             rows.append(dict(model=model, variant="need", limit_mib=0, error="deadline"))
             continue
         Path(args.cache).unlink(missing_ok=True)  # every model's ucudnn plans from a cold database
-        need = child(args, "need", cache=args.cache + ".need")
+        need = dict(need=args.need_of[model], given=True, variant="need", limit_mib=0.0) if model in args.need_of else \
+            child(args, "need", cache=args.cache + ".need")
         rows.append(dict(need, model=model))
         print(f"{model}: need {need}", flush=True)
         if "error" in need:
             continue
         plan = [("free", 0)] if "free" in variants else []
-        for limit in args.limits:
-            plan += [(v, limit) for v in variants if v != "free" and not (v == "control" and limit != args.limits[0])
-                     and not (v == "wd" and limit != args.limits[0])]
+        for limit in limits:
+            plan += [(v, limit) for v in variants if v != "free" and not (v == "control" and limit != limits[0])
+                     and not (v == "wd" and limit != limits[0])]
         for variant, limit in plan:
             if time.perf_counter() > deadline:
                 break
@@ -407,6 +414,8 @@ def main(argv=None) -> None:
     p.add_argument("--cache", default="/tmp/pressure-cache.db")
     p.add_argument("--deadline", type=float, default=3000)
     p.add_argument("--explain", action="store_true", help="print each ucudnn variant's kernels")
+    p.add_argument("--need", dest="need_of", default="",
+                   help="MODEL=BYTES,...: a need measured before (a `need` row), not measured again")
     p.add_argument("--profile", action="store_true", help="each variant's top GPU kernels over 3 steps")
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
     p.add_argument("--plot", nargs=2, metavar=("RESULT_JSON", "PNG"),
@@ -414,7 +423,7 @@ def main(argv=None) -> None:
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--need", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--child-need", dest="need", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -434,6 +443,7 @@ def main(argv=None) -> None:
         plot(row, args.plot[1], f"{Path(args.plot[0]).stem}: {row['steady_ms']:.1f} ms a step")
         return
     args.limits = [parse_size(v) for v in args.limits.split(",")]
+    args.need_of = {m: int(b) for m, _, b in (e.partition("=") for e in args.need_of.split(",") if e)}
     parent(args)
 
 

@@ -97,6 +97,8 @@ class Converted:
 
     def forward(self, input: Tensor) -> Tensor:
         if _is_compiling():  # a traced graph holds torch's layer or ucudnn's op (traced.py)
+            if torch.compiler.is_dynamo_compiling() and not traced.sizes_known(input):
+                return traced.eager(self, input)
             decided = traced.decision(self, input)
             return super().forward(input) if decided is None else traced.run(self, input, decided)
         steady = self._ucudnn_steady  # a layer left to torch runs torch's layer at once (sites.Steady)

@@ -13,16 +13,18 @@ aot_autograd), or symbolically (dynamo, which torch.compile and a strict torch.e
 hands the input's metadata over as constants to _decided_on_stand_in, which it calls once as
 plain Python (torch._dynamo.assume_constant_result) and whose answer it keeps as a constant. So
 the answer holds for the shapes, dtypes, grad mode and autocast the graph was traced for (dynamo
-recompiles when they change); where dynamo traces sizes as symbols (dynamic shapes) it cannot
-hand them over, and graph-breaks at the layer, which then runs eagerly.
+recompiles when they change); where dynamo traces sizes as symbols (dynamic shapes) there are no
+constants to hand over: the graph breaks at the layer (eager), which then runs eagerly.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ...fallback import fall_back
@@ -37,14 +39,28 @@ Decision = tuple[int, torch.dtype, torch.memory_format]  # ucudnn runs it: the s
 
 def decision(module: nn.Module, input: Tensor) -> Optional[Decision]:
     """How a traced call of `module` on `input` runs: None for torch's own layer, else ucudnn's op
-    on the site its Decision names."""
+    on the site its Decision names. Under dynamo, for an input of constant sizes (sizes_known)."""
     if torch.compiler.is_dynamo_compiling():
         # dynamo guards its graph on grad mode, autocast and torch's deterministic mode, and on
-        # cuDNN's flags where read as here: a change retraces, and the answer is asked again
+        # cuDNN's flags where read as here: a change retraces, and the answer is asked again. The
+        # layer goes by its id: before torch 2.13 dynamo hands no module over as a constant
         cudnn = torch.backends.cudnn
-        return _decided_on_stand_in(module, tuple(input.shape), input.stride(), input.dtype, input.device,
+        return _decided_on_stand_in(id(module), tuple(input.shape), input.stride(), input.dtype, input.device,
                                     input.requires_grad, cudnn.allow_tf32, cudnn.deterministic)
     return _decided(module, input)
+
+
+def sizes_known(input: Tensor) -> bool:
+    """Whether a traced input's sizes and strides are constants, not symbols (dynamic shapes: one
+    graph for many sizes, where no one plan holds): every one's parity is known."""
+    return all(statically_known_true(n % 2 == 0) or statically_known_true(n % 2 == 1)
+               for n in (*input.shape, *input.stride()))
+
+
+@torch.compiler.disable  # a graph break: the layer runs eagerly, planned for the sizes it meets
+def eager(module: nn.Module, input: Tensor) -> Tensor:
+    """The layer's eager call, for an input whose sizes dynamo traces as symbols (sizes_known)."""
+    return module(input)
 
 
 def run(module: nn.Module, input: Tensor, decided: Decision) -> Tensor:
@@ -55,16 +71,12 @@ def run(module: nn.Module, input: Tensor, decided: Decision) -> Tensor:
 
 
 @torch._dynamo.assume_constant_result
-def _decided_on_stand_in(module: nn.Module, shape: tuple, stride: tuple, dtype: torch.dtype, device: torch.device,
+def _decided_on_stand_in(layer: int, shape: tuple, stride: tuple, dtype: torch.dtype, device: torch.device,
                          requires_grad: bool, *guarded: bool) -> Optional[Decision]:
-    """_decided, called by dynamo with a traced input's metadata: on a fake tensor of it
-    (`guarded`: global flags handed over for dynamo to guard on, read again where they are used)."""
-    return _on_stand_in(module, shape, stride, dtype, device, requires_grad)
-
-
-@torch.compiler.disable  # where dynamo cannot call it as a constant (symbolic sizes), it runs eagerly, not traced
-def _on_stand_in(module: nn.Module, shape: tuple, stride: tuple, dtype: torch.dtype, device: torch.device,
-                 requires_grad: bool) -> Optional[Decision]:
+    """_decided, called by dynamo with a traced layer's id and its input's metadata: on a fake
+    tensor of it (`guarded`: global flags handed over for dynamo to guard on, read again where they
+    are used). Dynamo calls it while tracing the layer, which is alive then: its id is its address."""
+    module = ctypes.cast(layer, ctypes.py_object).value
     with FakeTensorMode():
         stand_in = torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
     return _decided(module, stand_in)
