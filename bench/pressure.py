@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -309,7 +310,8 @@ def table(rows: list[dict]) -> str:
             ratio = f"{t['steady_ms'] / u['steady_ms']:.2f}x" if ok(t) and ok(u) else "-"
             loss = f"{t['steady_ms'] / free['steady_ms']:.2f}x" if ok(t) and ok(free) else "-"
             first = f"{t['first_s']:.1f}, {u['first_s']:.1f}" if ok(t) and ok(u) else "-"
-            grads = f"{u['gradient_rel']:.1e}, {c['gradient_rel']:.1e}" if ok(u) and ok(c) else "-"
+            grads = (f"{u.get('gradient_rel', math.nan):.1e}, {c.get('gradient_rel', math.nan):.1e}"
+                     if ok(u) and ok(c) else "-")
             lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
                          f"{ratio} | {loss} | {first} | {grads} |")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ is planned again within less (WR kernels, WD's network, ucudnn.torch's borrowed 
 limits from the memory timeline (workspace_limit="auto")."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
 import warnings
@@ -442,3 +443,21 @@ def test_a_handle_that_cannot_be_created_is_tried_again_after_torch_empties_its_
     monkeypatch.setattr(TorchFramework, "stream", lambda self, device: 0)
     assert TorchFramework().make_handle(Settings.load(env={}), None, torch.device("cpu")) == "handle"
     assert len(made) == 2 and emptied == [True]
+
+
+def test_torch_gets_its_cached_blocks_back_as_the_outermost_planning_scope_ends(monkeypatch):
+    """Nested planning scopes (a slice around its kernels) give torch's cache back to the device
+    once, as the outermost ends: not after every kernel, whose blocker would be remapped each time."""
+    from ucudnn import gpu
+
+    emptied = []
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(using_allocator=lambda allocate: contextlib.nullcontext()))
+    monkeypatch.setattr(gpu, "cupy", lambda: fake)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    framework, device = TorchFramework(), torch.device("cpu")
+    with framework.planning(device):
+        for _ in range(3):
+            with framework.planning(device):
+                pass
+        assert emptied == []
+    assert emptied == [True]

@@ -83,6 +83,7 @@ class NumpyArrays:
         self.cudnn_handles, self.own_ms, self.timed = {}, own_ms, []
         self.free = free  # what free_bytes() says: set it to move through a step's moments
         self.pressures = []  # per timing of its own kernel: the bytes left free for it (None: no blocker)
+        self.scopes, self.depths = [], []  # planning scopes open; how many were open at each timing
 
     def make_handle(self, settings, cache, device):
         return NumpyHandle(settings, cache)
@@ -95,6 +96,7 @@ class NumpyArrays:
 
     def time_own(self, problem, device, free=None):
         self.timed.append(problem.kind)
+        self.depths.append(len(self.scopes))
         self.pressures.append(free)
         return OwnTiming(self.own_ms, 0, self.free if free is None else free)
 
@@ -104,8 +106,13 @@ class NumpyArrays:
     def device_guard(self, device):
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
     def planning(self, device):
-        return contextlib.nullcontext()
+        self.scopes.append(device)  # scopes open now
+        try:
+            yield
+        finally:
+            self.scopes.pop()
 
     def settled_memory(self, device):
         return Memory(2**40, 0)
@@ -309,3 +316,19 @@ def test_a_site_s_moments_are_frozen_after_recorded_calls_while_it_waits(tmp_pat
         seen.append(plans.observing(site))
     assert seen == [True] * RECORDED_CALLS + [False] * 2
     assert site.free[F] == (64 - RECORDED_CALLS + 1) * 2**20 - site.call.problem(F).written_bytes()
+
+
+def test_a_slice_of_planning_holds_one_planning_scope_around_its_kernels(tmp_path, monkeypatch, rng):
+    """plan_pending opens the framework's planning scope once for its slice, so that what a
+    kernel's planning cached (torch: a blocker's gigabytes) is not given back and taken again
+    kernel by kernel; the kernels' own scopes nest inside it."""
+    framework = NumpyArrays(own_ms=0.0, free=64 * 2**20)
+    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    sites = [Site(Call(ConvProblem(F, (4, c, 8, 8), (4, c, 3, 3)))) for c in (3, 5)]
+    for _ in range(RECORDED_CALLS):
+        for site in sites:
+            assert plans.route(site)  # torch's own while it waits: F observed ...
+            plans.observe(site, site.kinds[1:])  # ... and its backward as it starts
+    plans.plan_pending()
+    assert len(framework.timed) == 6 and all(depth == 2 for depth in framework.depths), framework.depths
+    assert framework.scopes == []

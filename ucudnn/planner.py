@@ -82,8 +82,8 @@ class Framework(Protocol):
         """Inside, `device` is the current device."""
 
     def planning(self, device: Hashable) -> ContextManager:
-        """Inside, planning's device memory comes from the framework; on the way out what it
-        cached goes back to the device."""
+        """Inside, planning's device memory comes from the framework; on the way out of the
+        outermost such scope what it cached goes back to the device."""
 
     def settled_memory(self, device: Hashable) -> Memory:
         """The device's free memory and the bytes tensors hold, the framework's cache given back."""
@@ -342,10 +342,15 @@ class Planner:
         next call once all its kernels are. Returns how many layers still wait. Between
         iterations only."""
         self._slice = _Slice(math.inf if budget_s is None else time.perf_counter() + budget_s)
+        scopes = contextlib.ExitStack()  # one planning scope a device for the slice (Framework.planning)
+        devices: set = set()
         try:
             for site in [s for s in self._pending if s.observed >= self._observations]:
                 if self._slice.spent():
                     break
+                if site.call.device not in devices:
+                    devices.add(site.call.device)
+                    scopes.enter_context(self.framework.planning(site.call.device))
                 key = self._layer_key(site)
                 delegated = self._delegated[key] if key in self._delegated else self._planned_layer(site)
                 if delegated is None:
@@ -356,6 +361,7 @@ class Planner:
                 self._slice.worked = True
         finally:
             self._slice = _Slice(math.inf)
+            scopes.close()
         return len(self._pending)
 
     def _own_timing(self, site, kind: ConvKind) -> OwnTiming:

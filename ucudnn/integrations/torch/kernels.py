@@ -73,6 +73,7 @@ class TorchFramework:
         self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
         self._side_streams: dict[tuple[torch.device, int], Any] = {}  # Context.beside's, by (device, stream)
         self._made_streams: list[Any] = []  # the CuPy streams behind them, kept alive
+        self._planning_depth = 0  # planning scopes open (_planning_scope)
 
     def runs_on(self, device: torch.device) -> bool:
         return device.type == "cuda"
@@ -153,7 +154,24 @@ class TorchFramework:
             return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), block.nbytes, block,
                                                                    block.device.index), 0)
 
-        return _planning_scope(cupy.cuda.using_allocator(allocate))
+        return self._planning_scope(cupy.cuda.using_allocator(allocate))
+
+    @contextlib.contextmanager
+    def _planning_scope(self, allocator_scope):
+        """CuPy allocating from torch inside; on the way out of the outermost scope torch's unused
+        cached blocks go back to the device: the operands and workspaces of the benchmark, and of
+        timing torch's own kernels for delegation, would otherwise stay cached in odd sizes and
+        fragment the pool the step runs in. Once per scope, not per kernel (Planner.plan_pending
+        opens one around its slice): with expandable segments, giving back and taking again the
+        gigabytes a blocker holds (time_own) remaps them page by page, tens of ms a kernel."""
+        self._planning_depth += 1
+        try:
+            with allocator_scope:
+                yield
+        finally:
+            self._planning_depth -= 1
+            if not self._planning_depth:
+                torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def side_stream(self, device: torch.device):
@@ -265,17 +283,6 @@ class TorchFramework:
             ms = statistics.median(_event_times(lambda: convolve(x, w, y), repeats))
         del blocker
         return OwnTiming(ms, workspace, free)
-
-
-@contextlib.contextmanager
-def _planning_scope(allocator_scope):
-    """CuPy allocating from torch inside; on the way out torch's unused cached blocks go back to
-    the device: the operands and workspaces of the benchmark, and of timing torch's own kernels
-    for delegation, would otherwise stay cached in odd sizes and fragment the pool the step runs
-    in. First iterations only: planning happens once per kernel."""
-    with allocator_scope:
-        yield
-    torch.cuda.empty_cache()
 
 
 class UcudnnKernel:
