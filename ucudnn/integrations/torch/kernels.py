@@ -161,9 +161,10 @@ class TorchFramework:
         """CuPy allocating from torch inside; on the way out of the outermost scope torch's unused
         cached blocks go back to the device: the operands and workspaces of the benchmark, and of
         timing torch's own kernels for delegation, would otherwise stay cached in odd sizes and
-        fragment the pool the step runs in. Once per scope, not per kernel (Planner.plan_pending
-        opens one around its slice): with expandable segments, giving back and taking again the
-        gigabytes a blocker holds (time_own) remaps them page by page, tens of ms a kernel."""
+        fragment the pool the step runs in. Once per outermost scope, not per kernel
+        (Planner.plan_pending opens one around its slice), so that each kernel's blocker
+        (time_own) reuses the last one's cached block rather than being mapped afresh: timing
+        torch's kernels went from 57-69 to 47-50 ms a kernel (docs/results.md, "Six models")."""
         self._planning_depth += 1
         try:
             with allocator_scope:
