@@ -18,7 +18,7 @@ SGD and, for AMP, a gradient scaler):
    timed under that pressure.
 
     PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,fcn_resnet50,r3d_18:128MiB+512MiB,...]
-        [--limits 64MiB,512MiB] [--iters 20] [--need MODEL=BYTES,...] [--profile] [--variants free,torch,control,ucudnn,wd] [--explain]
+        [--limits 64MiB,512MiB] [--iters 20] [--need MODEL=BYTES,...] [--profile] [--profile-planning N] [--variants free,torch,control,ucudnn,wd] [--explain]
 
 Writes OUT/pressure.json (every process's result) and OUT/pressure.md (the table) after each model.
 """
@@ -205,6 +205,9 @@ def run_variant(args) -> dict:
         ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS[args.variant])
     step = trainer(model, x, args.model, amp)
     host, events = [], []
+    if args.profile_planning and args.variant in UCUDNN_VARIANTS:  # its first iterations, where it plans
+        PHASE[0] = "planning profile"
+        result["planning_host_s"], result["planning_profile"] = planning_profile(step, args.profile_planning)
     for i in range(args.iters):
         PHASE[0] = f"iteration {i + 1}"
         began = time.perf_counter()
@@ -241,19 +244,42 @@ def run_variant(args) -> dict:
     return result
 
 
-def top_kernels(step, steps: int = 3, top: int = 15) -> list:
-    """The GPU kernels taking the most time over `steps` steps under torch.profiler:
-    (name, ms per step, launches per step)."""
+def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
+    """Over `steps` steps under torch.profiler: the GPU kernels taking the most time (name, ms
+    per step, launches per step), and the convolution ops by input shapes taking the most GPU
+    time (which layer runs a slow kernel)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    rows = sorted((e for e in prof.key_averages() if e.device_type.name == "CUDA" or e.self_device_time_total),
-                  key=lambda e: -e.self_device_time_total)
-    return [(e.key[:90], e.self_device_time_total / 1e3 / steps, e.count / steps) for e in rows[:top]]
+    kernels = sorted((e for e in prof.key_averages() if e.device_type.name == "CUDA"),
+                     key=lambda e: -e.self_device_time_total)
+    ops = sorted((e for e in prof.key_averages(group_by_input_shape=True) if "convolution" in e.key),
+                 key=lambda e: -e.device_time_total)
+    return dict(kernels=[(e.key[:90], e.self_device_time_total / 1e3 / steps, e.count / steps) for e in kernels[:top]],
+                convolutions=[(f"{e.key} {e.input_shapes}"[:160], e.device_time_total / 1e3 / steps, e.count / steps)
+                              for e in ops[:top]])
+
+
+def planning_profile(step, iterations: int, top: int = 30) -> tuple[list, str]:
+    """`iterations` steps under cProfile (the ones a ucudnn variant plans in): the top functions
+    by cumulative time, as text, and their host seconds."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    host = []
+    for _ in range(iterations):
+        began = time.perf_counter()
+        profiler.runcall(step)
+        host.append(time.perf_counter() - began)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
+    return host, out.getvalue()[-12000:]
 
 
 def gradient_check(model, x, args, amp: bool) -> dict:
@@ -279,7 +305,7 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
     out.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
                "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
-               ] + (["--profile"] if args.profile else [])
+               ] + (["--profile"] if args.profile else []) + ["--profile-planning", str(args.profile_planning)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf,
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     began = time.perf_counter()
@@ -397,8 +423,10 @@ def parent(args) -> None:
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
             if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
                 print(explain(row), flush=True)
-            for name, ms, n in row.get("profile", []):
+            for name, ms, n in [*row.get("profile", {}).get("kernels", []), *row.get("profile", {}).get("convolutions", [])]:
                 print(f"    {ms:8.2f} ms {n:5.0f}x  {name}", flush=True)
+            if "planning_profile" in row:
+                print(row["planning_profile"], flush=True)
         (out / "pressure.json").write_text(json.dumps(rows, indent=1))
         (out / "pressure.md").write_text(table([r for r in rows if r["variant"] != "need"]) + "\n")
     print(table([r for r in rows if r["variant"] != "need"]))
@@ -418,7 +446,9 @@ def main(argv=None) -> None:
     p.add_argument("--explain", action="store_true", help="print each ucudnn variant's kernels")
     p.add_argument("--need", dest="need_of", default="",
                    help="MODEL=BYTES,...: a need measured before (a `need` row), not measured again")
-    p.add_argument("--profile", action="store_true", help="each variant's top GPU kernels over 3 steps")
+    p.add_argument("--profile", action="store_true", help="each variant's top GPU kernels and convolutions over 3 steps")
+    p.add_argument("--profile-planning", type=int, default=0, metavar="N",
+                   help="ucudnn's variants: their first N iterations under cProfile (before the timed ones)")
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
     p.add_argument("--plot", nargs=2, metavar=("RESULT_JSON", "PNG"),
                    help="draw a ucudnn variant's result (a pressure-*.json) as a timeline, and stop")
