@@ -28,8 +28,8 @@ class Parts:
         self.table, self.limit, self.slices = table, limit, slices
         self._best: dict[tuple[tuple[str, ...], int], MicroConfig | None] = {}
 
-    def at(self, first_sample: int, batch: int) -> MicroConfig | None:
-        staged = self.slices.staged(first_sample)
+    def of(self, staged: tuple[str, ...], batch: int) -> MicroConfig | None:
+        """The part of `batch` samples whose slices `staged` (Slices.staged of its first sample) are staged."""
         if (staged, batch) not in self._best:
             self._best[staged, batch] = self._fastest(staged, batch)
         return self._best[staged, batch]
@@ -52,8 +52,9 @@ def optimize_wr(table: KernelTable, batch: int, sizes: Iterable[int], limit: int
     rest: list[float | None] = [None] * batch + [0.0]  # rest[s]: the fastest way to run samples s..batch
     first: list[MicroConfig | None] = [None] * (batch + 1)
     for start in range(batch - 1, -1, -1):
+        staged = slices.staged(start)
         for b in usable:
-            part = parts.at(start, b) if start + b <= batch and rest[start + b] is not None else None
+            part = parts.of(staged, b) if start + b <= batch and rest[start + b] is not None else None
             if part is not None and (rest[start] is None or rest[start + b] + part.time_ms < rest[start]):
                 rest[start], first[start] = rest[start + b] + part.time_ms, part
     if rest[0] is None:
