@@ -174,3 +174,12 @@ def test_a_handle_of_its_own_is_not_set_before_each_run(lent_streams, monkeypatc
     assert lent_streams == [] and program.runs == [(1, 2, 3, 4, 5)]
     handle.close()
     assert destroyed == ["ours"]
+
+
+def test_a_device_that_is_not_cuda_is_refused_before_torch_is_asked(process):
+    """torch aborts the process when asked for its cuDNN handle with no CUDA device (a CUDA build
+    of torch on a machine without a GPU): a device other than CUDA is refused first."""
+    warmed, opened = [], []
+    lent = torch_cudnn_handle("cpu", warm=warmed.append, load=lambda path: opened.append(path))
+    assert lent.handle is None and "cpu is not a CUDA device" in lent.source
+    assert warmed == [] and opened == []

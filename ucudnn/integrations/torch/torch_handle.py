@@ -57,6 +57,8 @@ def torch_cudnn_handle(device, warm: Callable[[object], None] = _tiny_convolutio
                        load: Callable[[str], ctypes.CDLL] = ctypes.CDLL) -> Lent:
     """torch's cuDNN handle of `device` (the current one) for this thread, or why not (see above).
     `warm(device)` runs torch's own convolution there; `load` opens a library."""
+    if not str(device).startswith("cuda"):  # torch aborts the process asked for a handle with no CUDA device
+        return _own(f"{device} is not a CUDA device")
     if threading.current_thread() is not threading.main_thread():
         return _own("asked for outside the main thread; torch's handles belong to threads")
     copies = library.copies_loaded()
