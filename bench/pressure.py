@@ -15,7 +15,8 @@ SGD and, for AMP, a gradient scaler):
 3. ucudnn's variants then take one more step's gradients through ucudnn and through torch's own
    layers (the classes put back) on the same weights and batch, and compare them; `--explain`
    prints per kernel the room its moment left, ucudnn's limit and plan, and torch's kernel
-   timed under that pressure.
+   timed under that pressure and as it ran in the step (its layer's observed calls: the backward
+   kernels together).
 
     PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,fcn_resnet50,r3d_18:128MiB+512MiB,...]
         [--limits 64MiB,512MiB] [--iters 20] [--need MODEL=BYTES,...] [--profile] [--profile-planning N] [--variants free,torch,control,ucudnn,wd] [--explain]
@@ -346,12 +347,13 @@ def table(rows: list[dict]) -> str:
 def explain(row: dict) -> str:
     """Per kernel of a ucudnn variant: the room its moment left, ucudnn's limit and plan, torch's kernel."""
     lines = ["| kind | kernel | room MiB | limit MiB | ucudnn plan | workspace MiB | predicted ms | torch ms | "
-             "torch workspace MiB | runs |", "|" + "---|" * 10]
+             "torch in the step ms | torch workspace MiB | runs |", "|" + "---|" * 11]
     for k in row.get("kernels", []):
         mib = lambda v: "-" if v is None else f"{v / MiB:.0f}"  # noqa: E731
         lines.append(f"| {k['kind']} | {k['kernel'][:60]} | {mib(k.get('room'))} | {mib(k.get('limit'))} | "
                      f"{k.get('configuration', k['via'])} | {mib(k.get('workspace'))} | "
                      f"{k.get('predicted_ms', float('nan')):.3f} | {k.get('own_ms', float('nan')):.3f} | "
+                     f"{k.get('in_step_ms', float('nan')):.3f} | "
                      f"{mib(k.get('own_workspace'))} | {'torch' if k['delegated'] else k['via']} |")
     return "\n".join(lines)
 

@@ -189,7 +189,7 @@ def test_a_granule_below_is_tried_once_then_half(tmp_path):
 torch = pytest.importorskip("torch")
 from test_torch_cpu import assert_matches, run_step  # noqa: E402
 from torch import nn  # noqa: E402
-from torch_doubles import NumpyFramework  # noqa: E402
+from torch_doubles import Clocked, NumpyFramework  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn import fallback  # noqa: E402
@@ -372,6 +372,38 @@ def test_a_layer_runs_torch_s_convolution_while_its_moments_are_observed_then_is
         assert kernel["limit"] == workspace_limit(room) and kernel["workspace"] <= kernel["limit"]
     assert sorted(framework.pressures) == sorted(room for _, room in rooms)  # torch timed at each moment
     assert framework.asked == 8  # planned layers are observed no more
+
+
+def test_each_layer_s_own_kernels_are_timed_in_the_step_while_observed(tmp_path):
+    """A converted layer marks its forward and (its input taking a gradient) its backward as they
+    run in its observed calls: every kernel reports its time in the step."""
+    class ClockedTimeline(Timeline, Clocked):
+        pass
+
+    framework = ClockedTimeline([900 * MiB, 40 * MiB, 30 * MiB, 700 * MiB])
+    model, ours, context = two_layers(tmp_path, framework, delegate=True)
+    x = torch.randn(4, 8, 6, 6)
+    for _ in range(RECORDED_CALLS + 1):
+        assert_matches(run_step(ours, x), run_step(model, x))
+    kernels = context.summary()["kernels"]
+    assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
+    assert all(k["in_step_ms"] > 0 for k in kernels), kernels
+    assert framework.timed == []  # seen in the step, quick: delegated with none timed apart
+
+
+def test_a_layer_whose_backward_is_not_seen_whole_has_its_own_kernels_timed_apart(tmp_path):
+    """The first layer's input takes no gradient: no mark ends its backward, so its kernels are
+    timed on operands of their own; the second layer's are decided as seen in the step."""
+    class ClockedTimeline(Timeline, Clocked):
+        pass
+
+    framework = ClockedTimeline([900 * MiB, 40 * MiB, 30 * MiB, 700 * MiB])
+    model, ours, context = two_layers(tmp_path, framework, delegate=True)
+    x = torch.randn(4, 8, 6, 6)  # no gradient
+    for _ in range(RECORDED_CALLS + 1):
+        ours(x).sum().backward()
+    assert {p.kind.value for p in framework.timed} == {"F", "BF"}  # the first layer's (it has no BD)
+    assert len(framework.timed) == 2
 
 
 def test_a_moment_with_no_room_plans_without_workspace_and_the_step_matches(tmp_path):

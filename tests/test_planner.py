@@ -84,6 +84,7 @@ class NumpyArrays:
         self.free = free  # what free_bytes() says: set it to move through a step's moments
         self.pressures = []  # per timing of its own kernel: the bytes left free for it (None: no blocker)
         self.scopes, self.depths = [], []  # planning scopes open; how many were open at each timing
+        self.now = None  # what mark() reads, in ms (None: no marks; torch's kernels are timed, own_ms)
 
     def make_handle(self, settings, cache, device):
         return NumpyHandle(settings, cache)
@@ -122,6 +123,13 @@ class NumpyArrays:
 
     def synchronize(self, device):
         pass
+
+    def mark(self, device):  # the pretend device's clock: tests set and move `now`
+        return self.now
+
+    @staticmethod
+    def elapsed_ms(start, end):
+        return end - start
 
     @staticmethod
     def transposed_weights(w, groups, layout):  # logical arrays: no layout to keep
@@ -332,3 +340,37 @@ def test_a_slice_of_planning_holds_one_planning_scope_around_its_kernels(tmp_pat
     plans.plan_pending()
     assert len(framework.timed) == 6 and all(depth == 2 for depth in framework.depths), framework.depths
     assert framework.scopes == []
+
+
+def test_a_layer_s_own_kernels_are_reported_as_they_ran_in_its_observed_calls(tmp_path, rng):
+    """While a layer waits for its plan, the time from each of its kernel groups' start to its end
+    (the forward kernel; the backward kernels together) is marked in each observed call; the
+    least per group is reported on each of its kinds, beside the timing on operands of its own."""
+    framework = NumpyArrays(own_ms=0.0, free=64 * 2**20)
+    framework.now = 0.0
+    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
+    for forward_ms, backward_ms in ((3.0, 9.0), (2.0, 11.0)):
+        assert plans.route(site)  # its forward starts ...
+        framework.now += forward_ms
+        plans.observed_end(site, site.kinds[:1])  # ... and ends
+        plans.observe(site, site.kinds[1:])
+        framework.now += backward_ms
+        plans.observed_end(site, site.kinds[1:])
+    plans.plan_pending()
+    got = {k["kind"]: k["in_step_ms"] for k in plans.summary()["kernels"]}
+    assert got == {"F": 2.0, "BD": 9.0, "BF": 9.0}
+
+
+def test_a_window_missing_a_mark_is_no_window():
+    """No mark while a CUDA graph is captured (None): that call's window is left out."""
+    from ucudnn.delegation import InStep
+
+    in_step = InStep()
+    in_step.start((F,), 1.0)
+    in_step.end((F,), None)
+    in_step.start((F,), None)
+    in_step.end((F,), 5.0)
+    in_step.start((F,), 2.0)
+    in_step.end((F,), 2.5)
+    assert in_step.ms(lambda a, b: b - a) == {(F,): 0.5}

@@ -8,9 +8,11 @@ only where it buys something: where the framework's own kernels need more worksp
 limit allows (the reason ucudnn exists: they are not allowed to run), or where ucudnn's kernels
 are faster than the framework's by more than the host time a converted step costs. Otherwise the
 layer runs the framework's own convolution, with no cost beyond one lookup. Both sides are
-measured in this process: ucudnn's kernels by its benchmark, the framework's by timing its own
-convolution once per kernel, under the memory its moment in the step leaves free (a blocker
-allocation holds the rest while it is timed), as torch's benchmark mode meets it there.
+measured in this process: ucudnn's kernels by its benchmark, the framework's as they ran in the
+layer's observed calls (InStep: the forward kernel, the backward kernels together), or by timing
+its own convolution once per kernel under the memory its moment in the step leaves free (a
+blocker allocation holds the rest while it is timed), as torch's benchmark mode meets it there:
+per kernel wherever the layer is swept, since then ucudnn's kernels are weighed one by one.
 
 A timing is kept in the database only where the framework chose its plan with nothing out of
 reach (ROOMY_BYTES free at the kernel's moment in the step, ucudnn.memory), and read only where
@@ -22,7 +24,7 @@ cuDNN version, not the moment. A later process then decides delegation as the fi
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from .measurements import Measurement
 from .problem import ConvProblem
@@ -49,6 +51,31 @@ class OwnTiming(NamedTuple):
     ms: float
     workspace: int
     free: int = 0
+
+
+class InStep:
+    """A layer's own kernels as they ran in its observed calls (ucudnn.memory): per group of
+    kernels (the forward kernel; the backward kernels together, one autograd node), the marks
+    (Planner.Framework.mark) where it started and ended in each call. Reported beside the timing
+    taken on operands of its own (OwnTiming), as what the step itself paid."""
+
+    def __init__(self):
+        self._open: dict[tuple, Any] = {}
+        self._windows: dict[tuple, list[tuple[Any, Any]]] = {}
+
+    def start(self, kinds: tuple, mark: Any) -> None:
+        self._open[kinds] = mark
+
+    def end(self, kinds: tuple, mark: Any) -> None:
+        """A window from the group's open start to `mark`; none where either is missing (None:
+        no mark could be taken, e.g. while a CUDA graph is captured)."""
+        start = self._open.pop(kinds, None)
+        if start is not None and mark is not None:
+            self._windows.setdefault(kinds, []).append((start, mark))
+
+    def ms(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, float]:
+        """Per group of kinds, the least milliseconds between its marks over the calls."""
+        return {kinds: min(elapsed_ms(a, b) for a, b in windows) for kinds, windows in self._windows.items()}
 
 
 # Under pressure, torch's benchmark mode may settle for a slow plan although cuDNN's favourite

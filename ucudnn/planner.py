@@ -36,8 +36,8 @@ from collections import Counter
 from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, runtime_checkable
 
 from .config import Settings
-from .delegation import (OwnTiming, keep_timing, own_kernel_faster, pressed, settled_by_own, stored_timing,
-                         worth_delegating)
+from .delegation import (InStep, OwnTiming, keep_timing, own_kernel_faster, pressed, settled_by_own,
+                         stored_timing, worth_delegating)
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
@@ -94,6 +94,12 @@ class Framework(Protocol):
     def synchronize(self, device: Hashable) -> None:
         """Wait for the device's work."""
 
+    def mark(self, device: Hashable) -> Any:
+        """A point in the device's work queued so far (a recorded CUDA event)."""
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """The device's milliseconds between two marks, once both are reached (waiting for them)."""
+
     def transposed_weights(self, w: Any, groups: int, layout: str) -> Any:
         """A new tensor of the weights `w` (K, C/groups, *kernel) with K and C swapped per group,
         (C, K/groups, *kernel), and the kernel flipped, stored in `layout`, the kernel's
@@ -123,6 +129,8 @@ class Planner:
         # (kind, call, room) -> its kernel, its framework's own timing (_room: with `auto` by moment)
         self._kernels: dict[tuple[ConvKind, Hashable, int], Any] = {}
         self._own_timings: dict[tuple[ConvKind, Hashable, int], OwnTiming] = {}
+        self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
+        self._in_step_ms: dict[tuple[ConvKind, Hashable, int], float] = {}  # ... as (kind, call, room) report them
         self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
         self._lock = threading.RLock()
@@ -277,6 +285,31 @@ class Planner:
         room = self.framework.free_bytes(call.device) - sum(call.problem(k).written_bytes() for k in kinds)
         for kind in kinds:
             site.free[kind] = min(site.free.get(kind, room), room)
+        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device))
+
+    def observed_end(self, site, kinds: tuple[ConvKind, ...]) -> None:
+        """The site's `kinds`, observed as they started (observe), have ended now."""
+        if site in self._in_step:
+            self._in_step[site].end(kinds, self.framework.mark(site.call.device))
+
+    def _seen_in_step(self, site, rooms: list[int]) -> list[OwnTiming]:
+        """The site's own kernels as they ran in its observed calls (observe, observed_end): per
+        kind its share of its group's least time (the forward kernel; the backward kernels
+        together), within its room, since it ran there; each group's time kept for summary().
+        [] where a group was not seen whole (an input that takes no gradient marks no end to the
+        backward) or a mark cannot be read: then they are timed (_own_timing)."""
+        in_step = self._in_step.pop(site, None)
+        try:
+            groups = {} if in_step is None else in_step.ms(self.framework.elapsed_ms)
+        except RuntimeError:  # a mark the device never reached
+            groups = {}
+        for kinds, ms in groups.items():
+            for kind in kinds:
+                self._in_step_ms[kind, site.call, self._room(site, kind)] = ms
+        shares = {kind: ms / len(kinds) for kinds, ms in groups.items() for kind in kinds}
+        if set(shares) != set(site.kinds):
+            return []
+        return [OwnTiming(shares[kind], 0, room) for kind, room in zip(site.kinds, rooms)]
 
     @property
     def _observations(self) -> int:
@@ -300,11 +333,13 @@ class Planner:
 
     def _planned_layer(self, site) -> bool | None:
         """Plan the site's layer; whether it runs the framework's own convolution. With delegation
-        on, its own kernels are timed first, and where they settle the layer
-        (delegation.settled_by_own) it runs them with no sweep; else its kernels are swept.
-        None: plan_pending's slice ran out between two of its kernels (the next slice goes on)."""
+        on, its own kernels decide first, as they ran in the step (_seen_in_step) or else timed
+        now, and where they settle the layer (delegation.settled_by_own) it runs them with no
+        sweep; else its kernels are swept (and timed one by one). None: plan_pending's slice ran
+        out between two of its kernels (the next slice goes on)."""
         rooms = [self._room(site, kind) for kind in site.kinds]
-        own = [self._own_timing(site, kind) for kind in site.kinds] if self.delegate else []
+        seen = self._seen_in_step(site, rooms)
+        own = (seen or [self._own_timing(site, kind) for kind in site.kinds]) if self.delegate else []
         if self.delegate and not (self.auto and pressed(own)) and settled_by_own(
                 own, rooms, lambda: all(self._favourite(site.call, kind) <= room for kind, room in zip(site.kinds, rooms))):
             self._unswept.add(site.call)
@@ -497,6 +532,8 @@ class Planner:
             self._unswept.clear()
             self._pending.clear()
             self._own_timings.clear()
+            self._in_step.clear()
+            self._in_step_ms.clear()
             self._lead = None
 
     def solved(self) -> bool:
@@ -504,13 +541,13 @@ class Planner:
         return any(h.wd_result is not None for h in self._handles.values())
 
     def summary(self) -> dict:
-        """Settings, every kernel planned or timed: its configuration and workspace, or the
-        framework's own (delegated, `swept` False where no sweep was needed), and the seconds its
-        planning took; calls and (WD) the solve: what benchmarks report."""
+        """Settings, every kernel planned, timed or seen in the step: its configuration and
+        workspace, or the framework's own (delegated, `swept` False where no sweep was needed), and
+        the seconds its planning took; calls and (WD) the solve: what benchmarks report."""
         s = self.settings
         delegated = {(kind, call, room) for (call, kinds, rooms), yes in self._delegated.items() if yes
                      for kind, room in zip(kinds, rooms)}
-        keys = dict.fromkeys([*self._kernels, *self._own_timings])
+        keys = dict.fromkeys([*self._kernels, *self._own_timings, *self._in_step_ms])
         out = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
                    workspace_limit="auto" if self.auto else s.workspace_limit, delegate=self.delegate,
                    planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
@@ -537,6 +574,8 @@ class Planner:
             out.update(room=room, limit=workspace_limit(room))
         if own is not None:
             out.update(own_ms=own.ms, own_workspace=own.workspace)
+        if (kind, call, room) in self._in_step_ms:  # its group's time in the step (InStep)
+            out["in_step_ms"] = self._in_step_ms[kind, call, room]
         if kernel is not None and kernel.via == UCUDNN:
             configuration = kernel.assignment.configuration
             if isinstance(kernel, _AsForward):

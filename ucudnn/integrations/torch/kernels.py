@@ -226,6 +226,21 @@ class TorchFramework:
         torch.cuda.synchronize(device)
 
     @staticmethod
+    def mark(device: torch.device) -> torch.cuda.Event | None:
+        """A CUDA event recorded now on torch's current stream of `device`; None while that stream
+        is being captured into a CUDA graph (a timing event is no part of a graph)."""
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    @staticmethod
+    def elapsed_ms(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    @staticmethod
     def transposed_weights(w: Tensor, groups: int, layout: str) -> Tensor:
         """A copy of `w` with K and C swapped per group, (C, K/groups, *kernel), and the kernel
         flipped, stored in `layout` (ucudnn.transposition). The layout is the kernel's, not read

@@ -122,8 +122,12 @@ class Converted:
             if site.steady and "weight" in self._parameters and not context.settings.concurrent_backward:
                 self._ucudnn_steady = Steady(self, input, site, context.runs, (context.framework.own, LAYER))
             out = self._own_forward(input, context)
-            if out.requires_grad and context.observing(site):  # its backward's moment (ucudnn.memory)
-                out.register_hook(functools.partial(_backward_starts, context, site))
+            if context.observing(site):  # its moments (ucudnn.memory) and its kernels' time in the step
+                context.observed_end(site, site.kinds[:1])
+                if out.requires_grad:
+                    out.register_hook(functools.partial(_backward_starts, context, site))
+                    if input.requires_grad:  # its gradient ready: the layer's backward kernels ended
+                        input.register_hook(functools.partial(_backward_ends, context, site))
             return out
         x, weight, bias = pack(self, input, site.dtype, site.memory_format)
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
@@ -162,6 +166,11 @@ class Converted:
 def _backward_starts(context: Context, site: Site, grad: Tensor) -> None:
     """A hook on a delegated layer's output, whose gradient is ready: the layer's backward kernels start."""
     context.observe(site, site.kinds[1:])
+
+
+def _backward_ends(context: Context, site: Site, grad: Tensor) -> None:
+    """A hook on a delegated layer's input, whose gradient is ready: the layer's backward kernels ended."""
+    context.observed_end(site, site.kinds[1:])
 
 
 class Conv2d(Converted, nn.Conv2d):
