@@ -126,8 +126,7 @@ class Converted:
                 context.observed_end(site, site.kinds[:1])
                 if out.requires_grad:
                     out.register_hook(functools.partial(_backward_starts, context, site))
-                    if input.requires_grad:  # its gradient ready: the layer's backward kernels ended
-                        input.register_hook(functools.partial(_backward_ends, context, site))
+                    _when_backward_ends(self, input, functools.partial(context.observed_end, site, site.kinds[1:]))
             return out
         x, weight, bias = pack(self, input, site.dtype, site.memory_format)
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
@@ -168,9 +167,20 @@ def _backward_starts(context: Context, site: Site, grad: Tensor) -> None:
     context.observe(site, site.kinds[1:])
 
 
-def _backward_ends(context: Context, site: Site, grad: Tensor) -> None:
-    """A hook on a delegated layer's input, whose gradient is ready: the layer's backward kernels ended."""
-    context.observed_end(site, site.kinds[1:])
+def _when_backward_ends(module: nn.Module, input: Tensor, ended: Callable[[], None]) -> None:
+    """Call ended() once, as the layer's backward kernels have been queued: as its weight's
+    gradient is accumulated (the autograd engine runs that before any other node), else as its
+    input's gradient is complete (after any other branch the input feeds)."""
+    weight = module._parameters.get("weight")
+    if weight is not None and weight.requires_grad:
+        handles = []
+
+        def accumulated(_: Tensor) -> None:
+            handles.pop().remove()
+            ended()
+        handles.append(weight.register_post_accumulate_grad_hook(accumulated))
+    elif input.requires_grad:
+        input.register_hook(lambda grad: ended())
 
 
 class Conv2d(Converted, nn.Conv2d):
