@@ -664,8 +664,10 @@ def test_training_under_memory_pressure(settings, tmp_path):
     assert peak <= budget
     assert cupy.get_default_memory_pool().total_bytes() == 0
     assert not summary["fallbacks"]
-    if context.auto:  # every kernel within what its moment left (ucudnn.memory)
+    if context.auto:  # every kernel within what its moment left (ucudnn.memory), and seen in the step
         assert all(k["workspace"] <= k["limit"] <= k["room"] for k in summary["kernels"] if k["via"] == "ucudnn")
+        assert all(k["in_step_ms"] > 0 for k in summary["kernels"]), summary["kernels"]
+        assert not any(m.weight._post_accumulate_grad_hooks for m in ours.modules() if isinstance(m, nn.Conv2d))
 
 
 def _conv_records(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
