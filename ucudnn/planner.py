@@ -296,8 +296,8 @@ class Planner:
         """The site's own kernels as they ran in its observed calls (observe, observed_end): per
         kind its share of its group's least time (the forward kernel; the backward kernels
         together), within its room, since it ran there; each group's time kept for summary().
-        [] where a group was not seen whole (an input that takes no gradient marks no end to the
-        backward) or a mark cannot be read: then they are timed (_own_timing)."""
+        [] where a group was not seen whole (no backward ran in the observed calls) or a mark
+        cannot be read: then they are timed (_own_timing)."""
         in_step = self._in_step.pop(site, None)
         try:
             groups = {} if in_step is None else in_step.ms(self.framework.elapsed_ms)
@@ -387,7 +387,11 @@ class Planner:
                     devices.add(site.call.device)
                     scopes.enter_context(self.framework.planning(site.call.device))
                 key = self._layer_key(site)
-                delegated = self._delegated[key] if key in self._delegated else self._planned_layer(site)
+                if key in self._delegated:  # decided for another layer of the same call and rooms
+                    delegated = self._delegated[key]
+                    self._in_step.pop(site, None)
+                else:
+                    delegated = self._planned_layer(site)
                 if delegated is None:
                     break
                 self._delegated[key] = delegated
