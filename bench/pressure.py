@@ -392,15 +392,11 @@ def plot(row: dict, path: str, title: str) -> None:
 
 
 def parent(args) -> None:
-    from ucudnn.config import parse_size
-
     rows, out = [], Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.perf_counter() + args.deadline
     variants = args.variants.split(",")
-    for entry in args.models.split(","):
-        model, _, own = entry.partition(":")  # MODEL:L+L... sets that model's limits
-        limits = [parse_size(v) for v in own.split("+")] if own else args.limits
+    for model, limits in args.models:
         args.model_now = model
         if time.perf_counter() > deadline:
             rows.append(dict(model=model, variant="need", limit_mib=0, error="deadline"))
@@ -414,8 +410,7 @@ def parent(args) -> None:
             continue
         plan = [("free", 0)] if "free" in variants else []
         for limit in limits:
-            plan += [(v, limit) for v in variants if v != "free" and not (v == "control" and limit != limits[0])
-                     and not (v == "wd" and limit != limits[0])]
+            plan += [(v, limit) for v in variants if v != "free" and not (v in ("control", "wd") and limit != limits[0])]
         for variant, limit in plan:
             if time.perf_counter() > deadline:
                 break
@@ -476,7 +471,9 @@ def main(argv=None) -> None:
         row = json.loads(Path(args.plot[0]).read_text())
         plot(row, args.plot[1], f"{Path(args.plot[0]).stem}: {row['steady_ms']:.1f} ms a step")
         return
-    args.limits = [parse_size(v) for v in args.limits.split(",")]
+    limits = [parse_size(v) for v in args.limits.split(",")]
+    args.models = [(model, [parse_size(v) for v in own.split("+")] if own else limits)  # MODEL:L+L: its own limits
+                   for model, _, own in (entry.partition(":") for entry in args.models.split(","))]
     args.need_of = {m: int(b) for m, _, b in (e.partition("=") for e in args.need_of.split(",") if e)}
     parent(args)
 

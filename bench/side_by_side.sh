@@ -7,21 +7,18 @@
 set -u
 FINAL=${OUT:-out}
 OUT=/tmp/side-by-side-env bash "$(dirname "$0")/gpu_suite.sh" env > /dev/null 2>&1
+suite() {  # suite OUT_DIR DEADLINE "VAR=value ... stage ...": one gpu_suite.sh run, logged to OUT_DIR/suite.log
+  mkdir -p "$1"
+  (export OUT=$1 DEADLINE=$2
+   eval "set -- $3"; settings=()
+   while [ $# -gt 0 ] && [[ $1 == *=* ]]; do settings+=("$1"); shift; done  # VAR=value words, then stages
+   env "${settings[@]}" bash "$(dirname "$0")/gpu_suite.sh" "$@" > "$OUT/suite.log" 2>&1)
+}
 gpu=0
 for job in "$@"; do
-  mkdir -p "$FINAL/g$gpu"
-  (export CUDA_VISIBLE_DEVICES=$gpu OUT="$FINAL/g$gpu" DEADLINE=${DEADLINE:-570}
-   eval "set -- $job"; settings=()
-   while [ $# -gt 0 ] && [[ $1 == *=* ]]; do settings+=("$1"); shift; done  # VAR=value words, then stages
-   env "${settings[@]}" bash "$(dirname "$0")/gpu_suite.sh" "$@" > "$FINAL/g$gpu/suite.log" 2>&1) &
+  CUDA_VISIBLE_DEVICES=$gpu suite "$FINAL/g$gpu" "${DEADLINE:-570}" "$job" &
   gpu=$((gpu + 1))
 done
 wait
-if [ -n "${AFTER:-}" ]; then  # then one run on every GPU (e.g. zerocost-ddp), into $OUT/all/
-  mkdir -p "$FINAL/all"
-  (eval "set -- $AFTER"; settings=()
-   while [ $# -gt 0 ] && [[ $1 == *=* ]]; do settings+=("$1"); shift; done
-   OUT="$FINAL/all" DEADLINE=${AFTER_DEADLINE:-120} env "${settings[@]}" bash "$(dirname "$0")/gpu_suite.sh" "$@" \
-     > "$FINAL/all/suite.log" 2>&1)
-fi
+[ -n "${AFTER:-}" ] && suite "$FINAL/all" "${AFTER_DEADLINE:-120}" "$AFTER"  # then one run on every GPU
 tail -n 40 "$FINAL"/g*/suite.log "$FINAL"/all/suite.log 2>/dev/null

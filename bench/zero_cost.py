@@ -38,21 +38,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import torchvision
 
 import ucudnn.torch as ut
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_ab import median_iteration_ms  # noqa: E402
-from train_step import condensed, training_step  # noqa: E402
+from train_step import build, condensed, training_step  # noqa: E402
 
 
 def model_of(name: str, batch: int, amp: bool, device):
+    """train_step.build's model, batch and targets, seeded: every section starts from the same weights."""
     torch.manual_seed(0)
-    fmt = torch.channels_last if amp else torch.contiguous_format
-    model = torchvision.models.get_model(name, weights=None).to(device, memory_format=fmt).train()
-    x = torch.randn(batch, 3, 224, 224, device=device).contiguous(memory_format=fmt)
-    return model, x, torch.randint(0, 1000, (batch,), device=device)
+    return build(name, batch, amp, device)
 
 
 def relative(a, b) -> float:

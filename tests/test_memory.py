@@ -310,6 +310,10 @@ class Timeline(NumpyFramework):
         return self.moments[(self.asked - 1) % len(self.moments)]
 
 
+class ClockedTimeline(Timeline, Clocked):
+    """A Timeline whose marks move (Clocked): layers' own kernels are seen in the step."""
+
+
 def two_layers(tmp_path, framework, **settings):
     """Two converted layers of one shape (8 -> 8 channels) in a row, under a context of `framework`."""
     torch.manual_seed(0)
@@ -377,9 +381,6 @@ def test_a_layer_runs_torch_s_convolution_while_its_moments_are_observed_then_is
 def test_each_layer_s_own_kernels_are_timed_in_the_step_while_observed(tmp_path):
     """A converted layer marks its forward and (its input taking a gradient) its backward as they
     run in its observed calls: every kernel reports its time in the step."""
-    class ClockedTimeline(Timeline, Clocked):
-        pass
-
     framework = ClockedTimeline([900 * MiB, 40 * MiB, 30 * MiB, 700 * MiB])
     model, ours, context = two_layers(tmp_path, framework, delegate=True)
     x = torch.randn(4, 8, 6, 6)
@@ -394,9 +395,6 @@ def test_each_layer_s_own_kernels_are_timed_in_the_step_while_observed(tmp_path)
 def test_a_layer_whose_backward_was_not_seen_has_its_own_kernels_timed_apart(tmp_path):
     """Observed calls with no backward (forward passes with gradients on, none taken): no window
     for the backward kernels, so every kernel is timed on operands of its own."""
-    class ClockedTimeline(Timeline, Clocked):
-        pass
-
     framework = ClockedTimeline([900 * MiB, 40 * MiB])
     model, ours, context = two_layers(tmp_path, framework, delegate=True)
     x = torch.randn(4, 8, 6, 6, requires_grad=True)
