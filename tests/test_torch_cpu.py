@@ -970,11 +970,16 @@ def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms,
 def test_a_kernel_torch_runs_faster_within_the_limit_runs_torchs_own_in_a_layer_ucudnn_keeps(numpy_context):
     """torch's F and BD cannot run within the limit; its BF can and is faster than ucudnn's plan:
     the layer stays with ucudnn, its BF runs torch's own convolution."""
-    from ucudnn.delegation import own_kernel_faster
     from ucudnn.delegation import OwnTiming as T
+    from ucudnn.delegation import own_kernels_faster
 
-    assert own_kernel_faster(2.0, T(1.0, 512), 1024) and not own_kernel_faster(2.0, T(1.0, 2048), 1024)
-    assert not own_kernel_faster(1.0, T(2.0, 0), 1024) and not own_kernel_faster(1.0, T(float("inf"), 0), 1024)
+    apart = [[0], [1], [2]]  # timed one by one
+    assert own_kernels_faster([2.0], [T(1.0, 512)], [1024], [[0]]) == {0}
+    assert own_kernels_faster([2.0], [T(1.0, 2048)], [1024], [[0]]) == set()  # over its room
+    assert own_kernels_faster([1.0, 1.0, 9.0], [T(2.0, 0), T(float("inf"), 0), T(1.0, 0)], [1024] * 3, apart) == {2}
+    # seen in the step: the backward kernels' even shares are weighed together, as one group
+    assert own_kernels_faster([1.0, 0.5, 9.0], [T(2.0, 0), T(4.0, 0), T(4.0, 0)], [1024] * 3, [[0], [1, 2]]) == {1, 2}
+    assert own_kernels_faster([1.0, 0.5, 3.0], [T(2.0, 0), T(4.0, 0), T(4.0, 0)], [1024] * 3, [[0], [1, 2]]) == set()
     timing = lambda p: T(0.0, 0) if p.kind.value == "BF" else T(0.0, 2**40)  # noqa: E731
     context = delegating_context(numpy_context, timing, workspace_limit="1KiB")
     plain = nn.Conv2d(3, 4, 3)

@@ -62,7 +62,10 @@ class NumpyFramework(TorchFramework):
     def free_bytes(self, device):
         return self.memory_now.free
 
-    def mark(self, device):  # no marks: torch's kernels take what torch_timing says (Clocked marks them)
+    def outside_bytes(self, device):  # nothing beside the pretend pool
+        return 0
+
+    def mark(self, device, hold_s=0.0):  # no marks: torch's kernels take what torch_timing says (Clocked marks them)
         return None
 
     @staticmethod
@@ -105,6 +108,6 @@ class Clocked(NumpyFramework):
 
     ticks = 0
 
-    def mark(self, device):
+    def mark(self, device, hold_s=0.0):
         self.ticks += 1
         return self.ticks * 1e-6

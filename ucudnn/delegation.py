@@ -53,11 +53,19 @@ class OwnTiming(NamedTuple):
     free: int = 0
 
 
+# A window's start mark first holds the device this long (Framework.mark's hold_s): where the step
+# is host-paced the device would otherwise wait between the mark and the kernel, and the window
+# would time the host. Unheld, densenet121's 1x1 convolutions took 0.19-0.41 ms a window against
+# 0.03-0.05 ms timed apart, and 102 of its 298 kernels were swept for it (docs/results.md, "Six
+# models"). A window's host time (a mark, torch's dispatch, an autograd node) is 0.05-0.3 ms.
+IN_STEP_HOLD_S = 0.5e-3
+
+
 class InStep:
     """A layer's own kernels as they ran in its observed calls (ucudnn.memory): per group of
     kernels (the forward kernel; the backward kernels together, one autograd node), the marks
-    (Planner.Framework.mark) where it started and ended in each call. Reported beside the timing
-    taken on operands of its own (OwnTiming), as what the step itself paid."""
+    (Planner.Framework.mark) where it started, after holding the device (IN_STEP_HOLD_S), and
+    ended in each call. What the step itself paid, at its moment."""
 
     def __init__(self):
         self._open: dict[tuple, Any] = {}
@@ -108,12 +116,21 @@ def pressed(own: Sequence[OwnTiming]) -> bool:
     return sum(t.ms for t in own) >= SWEPT_UNDER_PRESSURE_MS and any(t.free < ROOMY_BYTES for t in own)
 
 
-def own_kernel_faster(ucudnn_ms: float, own: OwnTiming, room: int) -> bool:
-    """Whether one kernel of a layer ucudnn keeps runs the framework's own convolution instead:
-    its own kernel was timed, fits the kernel's workspace `room` and is faster than ucudnn's
-    plan (a plan the search could not find: a pruned search times cuDNN's best-ranked candidates,
-    and torch's benchmark mode may find another that ranks lower)."""
-    return own.ms < ucudnn_ms and own.workspace <= room
+def own_kernels_faster(ucudnn_ms: Sequence[float], own: Sequence[OwnTiming], rooms: Sequence[int],
+                       groups: Sequence[Sequence[int]]) -> set[int]:
+    """Which kernels of a layer ucudnn keeps run the framework's own convolution instead (by
+    index): each group of kernels timed together (`groups`: one kernel each where timed apart;
+    the forward kernel and the backward kernels together where seen in the step, InStep, whose
+    timings are even shares of their group's) whose own kernels fit their workspace `rooms` and
+    take less time together than ucudnn's plans of them (a plan the search could not find: a
+    pruned search times cuDNN's best-ranked candidates, and torch's benchmark mode may find
+    another that ranks lower)."""
+    faster: set[int] = set()
+    for group in groups:
+        fits = all(own[i].workspace <= rooms[i] for i in group)
+        if fits and sum(own[i].ms for i in group) < sum(ucudnn_ms[i] for i in group):
+            faster.update(group)
+    return faster
 
 
 def worth_delegating(ucudnn_ms: Sequence[float], own: Sequence[OwnTiming], rooms: Sequence[int],

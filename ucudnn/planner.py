@@ -17,7 +17,7 @@ The Planner decides per layer, on its first call or between iterations (settings
   (delegation.settled_by_own) it runs them with no sweep; else ucudnn's candidates are swept and
   the layer runs the framework's convolution where ucudnn would not speed it up
   (delegation.worth_delegating), or kernel by kernel where the framework's is faster
-  (delegation.own_kernel_faster);
+  (delegation.own_kernels_faster);
 - a kernel whose workspace cannot be had is planned again within less (`run`, `_shrink`); a data
   gradient run as a forward convolution goes back to its own BD kernel first.
 
@@ -36,7 +36,7 @@ from collections import Counter
 from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, runtime_checkable
 
 from .config import Settings
-from .delegation import (InStep, OwnTiming, keep_timing, own_kernel_faster, pressed, settled_by_own,
+from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, keep_timing, own_kernels_faster, pressed, settled_by_own,
                          stored_timing, worth_delegating)
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
@@ -91,11 +91,16 @@ class Framework(Protocol):
     def free_bytes(self, device: Hashable) -> int:
         """What the framework could allocate now in one block, at the least."""
 
+    def outside_bytes(self, device: Hashable) -> int:
+        """What the process holds on the device outside the framework's pool (code, handles)."""
+
     def synchronize(self, device: Hashable) -> None:
         """Wait for the device's work."""
 
-    def mark(self, device: Hashable) -> Any:
-        """A point in the device's work queued so far (a recorded CUDA event)."""
+    def mark(self, device: Hashable, hold_s: float = 0.0) -> Any:
+        """A point in the device's work queued so far (a recorded CUDA event); with `hold_s`, the
+        device is first kept busy about that long, so that what the host queues next runs back
+        to back after the mark rather than at the host's pace."""
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """The device's milliseconds between two marks, once both are reached (waiting for them)."""
@@ -131,6 +136,8 @@ class Planner:
         self._own_timings: dict[tuple[ConvKind, Hashable, int], OwnTiming] = {}
         self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
         self._in_step_ms: dict[tuple[ConvKind, Hashable, int], float] = {}  # ... as (kind, call, room) report them
+        self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest observe()
+        self._lessened: set = set()  # observed sites whose rooms were lessened as their planning began (_lessen)
         self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
         self._lock = threading.RLock()
@@ -240,6 +247,7 @@ class Planner:
                     self._delegated[key] = self._planned_layer(site)
                 site.delegated = self._delegated[key]
             self._pending.pop(site, None)
+            self._in_step.pop(site, None)
         return site.delegated
 
     def _decide(self, site) -> bool:
@@ -285,7 +293,22 @@ class Planner:
         room = self.framework.free_bytes(call.device) - sum(call.problem(k).written_bytes() for k in kinds)
         for kind in kinds:
             site.free[kind] = min(site.free.get(kind, room), room)
-        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device))
+        self._outside_seen[call.device] = self.framework.outside_bytes(call.device)
+        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S))
+
+    def _lessen(self, site) -> None:
+        """Once, as an observed site's planning begins: its rooms less what the process came to
+        hold outside the framework's pool since the latest observation on its device (planning
+        loads cuDNN's handle and the code of every kernel it times: a process that planned
+        wav2vec2 held 20 MiB more there than torch's own, docs/results.md), which the step's
+        moments no longer have free."""
+        device = site.call.device
+        if site in self._lessened or device not in self._outside_seen:
+            return
+        self._lessened.add(site)
+        grown = max(0, self.framework.outside_bytes(device) - self._outside_seen[device])
+        for kind in site.free:
+            site.free[kind] -= grown
 
     def observed_end(self, site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds`, observed as they started (observe), have ended now."""
@@ -297,8 +320,9 @@ class Planner:
         kind its share of its group's least time (the forward kernel; the backward kernels
         together), within its room, since it ran there; each group's time kept for summary().
         [] where a group was not seen whole (no backward ran in the observed calls) or a mark
-        cannot be read: then they are timed (_own_timing)."""
-        in_step = self._in_step.pop(site, None)
+        cannot be read: then they are timed (_own_timing). Kept until the layer is decided (a
+        sweep may span several slices of plan_pending)."""
+        in_step = self._in_step.get(site)
         try:
             groups = {} if in_step is None else in_step.ms(self.framework.elapsed_ms)
         except RuntimeError:  # a mark the device never reached
@@ -335,8 +359,8 @@ class Planner:
         """Plan the site's layer; whether it runs the framework's own convolution. With delegation
         on, its own kernels decide first, as they ran in the step (_seen_in_step) or else timed
         now, and where they settle the layer (delegation.settled_by_own) it runs them with no
-        sweep; else its kernels are swept (and timed one by one). None: plan_pending's slice ran
-        out between two of its kernels (the next slice goes on)."""
+        sweep; else its kernels are swept and weighed against the same timings. None:
+        plan_pending's slice ran out between two of its kernels (the next slice goes on)."""
         rooms = [self._room(site, kind) for kind in site.kinds]
         seen = self._seen_in_step(site, rooms)
         own = (seen or [self._own_timing(site, kind) for kind in site.kinds]) if self.delegate else []
@@ -344,29 +368,28 @@ class Planner:
                 own, rooms, lambda: all(self._favourite(site.call, kind) <= room for kind, room in zip(site.kinds, rooms))):
             self._unswept.add(site.call)
             return True
-        return self._swept(site)
+        groups = [[0], list(range(1, len(site.kinds)))] if seen and len(site.kinds) > 1 else [[i] for i in range(len(own))]
+        return self._swept(site, own, rooms, groups)
 
-    def _swept(self, site) -> bool | None:
+    def _swept(self, site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]]) -> bool | None:
         """Plan the site's kernels; whether its layer runs the framework's own convolution after
-        all (delegation.worth_delegating, on its own timings; never with delegation off). Where
-        the layer stays, a kernel whose own kernel is faster runs that (own_kernel_faster). None
-        where plan_pending's slice ran out before one of its kernels."""
+        all (delegation.worth_delegating, on its own timings `own`; never with delegation off,
+        where `own` is empty). Where the layer stays, a group of kernels timed together (`groups`)
+        whose own kernels are faster runs those (delegation.own_kernels_faster). None where
+        plan_pending's slice ran out before one of its kernels."""
         kernels = []
         for kind in site.kinds:
             if (kind, site.call, self._room(site, kind)) not in self._kernels and self._slice.spent():
                 return None
             kernels.append(self._site_kernel(site, kind))
-        if not self.delegate or not all(k.via == UCUDNN for k in kernels):
+        if not own or not all(k.via == UCUDNN for k in kernels):
             return False
         ucudnn_ms = [k.assignment.configuration.time_ms for k in kernels]
-        own = [self._own_timing(site, kind) for kind in site.kinds]
-        rooms = [self._room(site, kind) for kind in site.kinds]
         if worth_delegating(ucudnn_ms, own, rooms):
             return True
-        for kind, kernel, ms, timing, room in zip(site.kinds, kernels, ucudnn_ms, own, rooms):
-            if own_kernel_faster(ms, timing, room):
-                own_kernel = self.framework.own_kernel(kernel.problem)
-                self._kernels[kind, site.call, room] = site.kernels[kind] = own_kernel
+        for i in own_kernels_faster(ucudnn_ms, own, rooms, groups):
+            kind, room = site.kinds[i], rooms[i]
+            self._kernels[kind, site.call, room] = site.kernels[kind] = self.framework.own_kernel(kernels[i].problem)
         return False
 
     def plan_pending(self, budget_s: float | None = None) -> int:
@@ -386,14 +409,15 @@ class Planner:
                 if site.call.device not in devices:
                     devices.add(site.call.device)
                     scopes.enter_context(self.framework.planning(site.call.device))
+                self._lessen(site)
                 key = self._layer_key(site)
                 if key in self._delegated:  # decided for another layer of the same call and rooms
                     delegated = self._delegated[key]
-                    self._in_step.pop(site, None)
                 else:
                     delegated = self._planned_layer(site)
                 if delegated is None:
                     break
+                self._in_step.pop(site, None)
                 self._delegated[key] = delegated
                 del self._pending[site]
                 site.delegated = None
@@ -538,6 +562,8 @@ class Planner:
             self._own_timings.clear()
             self._in_step.clear()
             self._in_step_ms.clear()
+            self._outside_seen.clear()
+            self._lessened.clear()
             self._lead = None
 
     def solved(self) -> bool:

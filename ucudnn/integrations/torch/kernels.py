@@ -226,11 +226,14 @@ class TorchFramework:
         torch.cuda.synchronize(device)
 
     @staticmethod
-    def mark(device: torch.device) -> torch.cuda.Event | None:
-        """A CUDA event recorded now on torch's current stream of `device`; None while that stream
-        is being captured into a CUDA graph (a timing event is no part of a graph)."""
+    def mark(device: torch.device, hold_s: float = 0.0) -> torch.cuda.Event | None:
+        """A CUDA event recorded now on torch's current stream of `device`, after a kernel that
+        spins `hold_s` seconds; None while that stream is being captured into a CUDA graph (a
+        timing event is no part of a graph)."""
         if torch.cuda.is_current_stream_capturing():
             return None
+        if hold_s:
+            torch.cuda._sleep(int(SPIN_CYCLES_PER_S * hold_s))
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(device))
         return event
@@ -262,6 +265,12 @@ class TorchFramework:
         stats = torch.cuda.memory_stats(device)
         cached = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
         return torch.cuda.mem_get_info(device)[0] + cached - stats["inactive_split_bytes.all.current"]
+
+    def outside_bytes(self, device: torch.device) -> int:
+        """What the process holds on the device beyond torch's pool (CUDA's context, kernels'
+        code as it is loaded, libraries' handles and buffers): one cudaMemGetInfo, no sync."""
+        free, total = torch.cuda.mem_get_info(device)
+        return total - free - torch.cuda.memory_reserved(device)
 
     def time_own(self, problem: ConvProblem, device: torch.device, free: int | None = None) -> OwnTiming:
         """Time torch's own convolution of `problem` on new operands, on the current stream:
