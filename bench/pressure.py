@@ -205,7 +205,7 @@ def run_variant(args) -> dict:
 
         ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS[args.variant])
     step = trainer(model, x, args.model, amp)
-    host, events = [], []
+    host, events, held, retries = [], [], [], []  # per iteration: host s, its CUDA events, outside MiB, retries so far
     if args.profile_planning and args.variant in UCUDNN_VARIANTS:  # its first iterations, where it plans
         PHASE[0] = "planning profile"
         result["planning_host_s"], result["planning_profile"] = planning_profile(step, args.profile_planning)
@@ -219,21 +219,27 @@ def run_variant(args) -> dict:
         torch.cuda.synchronize()
         host.append(time.perf_counter() - began)
         events.append(pair)
+        held.append(outside(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
+        retries.append(torch.cuda.memory_stats(device)["num_alloc_retries"])
     ms = [a.elapsed_time(b) for a, b in events]
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
                   peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside(device) / MiB,
-                  retries=torch.cuda.memory_stats(device)["num_alloc_retries"],
+                  retries=torch.cuda.memory_stats(device)["num_alloc_retries"], outside_by_iteration=held,
+                  retries_by_iteration=retries,
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
     result["reserved_mib"] = torch.cuda.memory_reserved(device) / MiB
     if args.profile:
         PHASE[0] = "profile"
-        result["profile"] = top_kernels(step)
+        try:
+            result["profile"] = top_kernels(step)
+        except torch.cuda.OutOfMemoryError as exc:  # the profiler's own device buffers come from the headroom
+            result["profile_error"] = oom_message(exc)
     PHASE[0] = "gradient check"
     if args.variant in UCUDNN_VARIANTS or args.variant == "control":
         try:
             result.update(gradient_check(model, x, args, amp))
         except torch.cuda.OutOfMemoryError as exc:  # the check's extra pass, not the training step
-            result["gradient_error"] = str(exc).splitlines()[0][:200]
+            result["gradient_error"] = oom_message(exc)
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
         from ucudnn.integrations.torch.layers import Converted
@@ -243,6 +249,12 @@ def run_variant(args) -> dict:
                       planning_s=summary["planning_s"], pending=summary["pending"],
                       converted=sum(isinstance(m, Converted) for m in model.modules()))
     return result
+
+
+def oom_message(exc: Exception) -> str:
+    """An error's first line, whole: torch's out-of-memory message goes on to say what torch held
+    and what it reserved unused."""
+    return str(exc).splitlines()[0][:600]
 
 
 def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
@@ -369,8 +381,8 @@ def plot(row: dict, path: str, title: str) -> None:
     figure = Figure(figsize=(max(8, len(kernels) * 0.35), 6.5))
     memory, times = figure.subplots(2, 1, sharex=True)
     mib = lambda key: [(k.get(key) or 0) / MiB for k in kernels]  # noqa: E731
-    runs = [k["own_workspace"] / MiB if k["delegated"] or k["via"] != "ucudnn" else (k.get("workspace") or 0) / MiB
-            for k in kernels]
+    runs = [k.get("own_workspace", math.nan) / MiB if k["delegated"] or k["via"] != "ucudnn"  # torch's: where timed apart
+            else (k.get("workspace") or 0) / MiB for k in kernels]
     memory.bar(x, mib("room"), color="#cfe2f3", label="room: free at its moment, beside its output")
     memory.plot(x, mib("limit"), "k_", markersize=10, label="ucudnn's limit (room less the margin)")
     memory.bar(x, runs, width=0.4, color=["#999999" if k["delegated"] else "#1f77b4" for k in kernels],
@@ -379,10 +391,13 @@ def plot(row: dict, path: str, title: str) -> None:
     memory.set_ylabel("MiB")
     memory.legend(fontsize=7, loc="upper right")
     memory.set_title(title, fontsize=9)
-    times.plot(x, [k.get("own_ms", float("nan")) for k in kernels], "o", color="#999999",
-               label="torch's kernel at that moment")
+    times.plot(x, [k.get("own_ms", math.nan) for k in kernels], "o", color="#999999",
+               label="torch's kernel at that moment, timed apart")
+    times.plot(x, [k.get("in_step_ms", math.nan) for k in kernels], "^", color="#999999", fillstyle="none",
+               label="torch's kernels in the step (F; BD and BF together)")
     times.plot(x, [k.get("predicted_ms", float("nan")) for k in kernels], "x", color="#1f77b4",
                label="ucudnn's plan (predicted)")
+    times.set_yscale("log")
     times.set_ylabel("ms")
     times.legend(fontsize=7)
     times.set_xticks(list(x), [k["kind"] for k in kernels],
@@ -463,7 +478,7 @@ def main(argv=None) -> None:
             import traceback
 
             frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)]
-            result = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", at=" < ".join(frames[::-1][:8]),
+            result = dict(error=f"{type(exc).__name__}: {oom_message(exc)}", at=" < ".join(frames[::-1][:8]),
                           phase=PHASE[0])
         Path(args.result).write_text(json.dumps(result))
         return
