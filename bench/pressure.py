@@ -228,6 +228,9 @@ def run_variant(args) -> dict:
                   retries_by_iteration=retries,
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
     result["reserved_mib"] = torch.cuda.memory_reserved(device) / MiB
+    if args.variant in UCUDNN_VARIANTS:
+        PHASE[0] = "retries by kernel"
+        result["flushes"] = flushes_by_kernel(step, device)
     if args.profile:
         PHASE[0] = "profile"
         try:
@@ -249,6 +252,35 @@ def run_variant(args) -> dict:
                       planning_s=summary["planning_s"], pending=summary["pending"],
                       converted=sum(isinstance(m, Converted) for m in model.modules()))
     return result
+
+
+def flushes_by_kernel(step, device) -> dict:
+    """One more step with each of ucudnn's kernels watched: per kernel (its description), how many
+    times running it, its workspace borrowed from torch's pool, made the allocator give its whole
+    cache back and retry (torch's num_alloc_retries; a device sync and pages mapped again), and
+    the step's retries in all (those outside ucudnn's kernels included)."""
+    import torch
+
+    from ucudnn.integrations.torch.kernels import UcudnnKernel
+
+    retries = lambda: torch.cuda.memory_stats(device)["num_alloc_retries"]  # noqa: E731
+    by_kernel: dict[str, int] = {}
+    run = UcudnnKernel.__call__
+
+    def watched(kernel, x, w, y):
+        before = retries()
+        run(kernel, x, w, y)
+        name = kernel.problem.describe()
+        by_kernel[name] = by_kernel.get(name, 0) + retries() - before
+
+    before = retries()
+    UcudnnKernel.__call__ = watched
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        UcudnnKernel.__call__ = run
+    return dict(by_kernel=by_kernel, step=retries() - before)
 
 
 def oom_message(exc: Exception) -> str:
@@ -359,14 +391,19 @@ def table(rows: list[dict]) -> str:
 def explain(row: dict) -> str:
     """Per kernel of a ucudnn variant: the room its moment left, ucudnn's limit and plan, torch's kernel."""
     lines = ["| kind | kernel | room MiB | limit MiB | ucudnn plan | workspace MiB | predicted ms | torch ms | "
-             "torch in the step ms | torch workspace MiB | runs |", "|" + "---|" * 11]
+             "torch in the step ms | torch workspace MiB | runs | flushes a step |", "|" + "---|" * 12]
+    flushes = row.get("flushes", {}).get("by_kernel", {})
     for k in row.get("kernels", []):
         mib = lambda v: "-" if v is None else f"{v / MiB:.0f}"  # noqa: E731
         lines.append(f"| {k['kind']} | {k['kernel'][:60]} | {mib(k.get('room'))} | {mib(k.get('limit'))} | "
                      f"{k.get('configuration', k['via'])} | {mib(k.get('workspace'))} | "
                      f"{k.get('predicted_ms', float('nan')):.3f} | {k.get('own_ms', float('nan')):.3f} | "
                      f"{k.get('in_step_ms', float('nan')):.3f} | "
-                     f"{mib(k.get('own_workspace'))} | {'torch' if k['delegated'] else k['via']} |")
+                     f"{mib(k.get('own_workspace'))} | {'torch' if k['delegated'] else k['via']} | "
+                     f"{flushes.get(k['kernel'], '-')} |")
+    if "flushes" in row:
+        lines.append(f"\nThe allocator's retries in one step: {row['flushes']['step']}, "
+                     f"{sum(flushes.values())} of them borrowing ucudnn's workspaces.")
     return "\n".join(lines)
 
 
