@@ -11,8 +11,9 @@ layer runs the framework's own convolution, with no cost beyond one lookup. Both
 measured in this process: ucudnn's kernels by its benchmark, the framework's as they ran in the
 layer's observed calls (InStep: the forward kernel, the backward kernels together), or by timing
 its own convolution once per kernel under the memory its moment in the step leaves free (a
-blocker allocation holds the rest while it is timed), as torch's benchmark mode meets it there:
-per kernel wherever the layer is swept, since then ucudnn's kernels are weighed one by one.
+blocker allocation holds the rest while it is timed), as torch's benchmark mode meets it there.
+ucudnn's kernels are weighed against them group by group: the forward kernel, and the backward
+kernels together where they were seen in the step (one autograd node), one by one where timed.
 
 A timing is kept in the database only where the framework chose its plan with nothing out of
 reach (ROOMY_BYTES free at the kernel's moment in the step, ucudnn.memory), and read only where

@@ -13,18 +13,19 @@ kernels over its tensors, its memory, devices and streams.
 
 The Planner decides per layer, on its first call or between iterations (settings.planning):
 - WD: every kernel through ucudnn, in one workspace divided among them (`record`, `finalize`);
-- WR with delegation on: the framework's own kernels are timed first; where they settle the layer
+- WR with delegation on: the framework's own kernels are judged first, as they ran in the step
+  (`observe`, `observed_end`) or else timed apart; where they settle the layer
   (delegation.settled_by_own) it runs them with no sweep; else ucudnn's candidates are swept and
   the layer runs the framework's convolution where ucudnn would not speed it up
-  (delegation.worth_delegating), or kernel by kernel where the framework's is faster
+  (delegation.worth_delegating), or group by group where the framework's is faster
   (delegation.own_kernels_faster);
 - a kernel whose workspace cannot be had is planned again within less (`run`, `_shrink`); a data
   gradient run as a forward convolution goes back to its own BD kernel first.
 
 Each kernel's workspace limit is the per-kernel setting, or with `auto` what its moment in the
 step leaves free (ucudnn.memory): a layer then runs the framework's convolution for
-RECORDED_CALLS calls while its moments are observed (`observe`), the framework's own kernel is
-timed under the same pressure, and the same shape at two moments may get two plans.
+RECORDED_CALLS calls while its moments are observed (`observe`), the framework's own kernels are
+judged as they ran there, and the same shape at two moments may get two plans.
 """
 from __future__ import annotations
 
