@@ -178,3 +178,22 @@ def test_graph_replays_match_direct_execution(tmp_path, kind):
     assert (graphed.direct_runs, graphed.captures, graphed.replays) == (1, 1, 3), graphed.capture_failure
     for handle in handles.values():
         handle.close()
+
+
+@pytest.mark.parametrize("kind", list(ConvKind))
+def test_favourite_ms_times_cudnns_favourite_and_gives_its_operands_back(ucudnn_handle, kind):
+    """Handle.favourite_ms runs cuDNN's favourite on the whole batch as the handle runs kernels:
+    a time of the order of the benchmark's for the same candidate, and nothing of its operands kept."""
+    import cupy as cp
+
+    p = ConvProblem(kind, **LAYER)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    held = pool.used_bytes()
+    ms = ucudnn_handle.favourite_ms(p)
+    assert 0 < ms < 1e3
+    assert pool.used_bytes() == held
+    favourite = ucudnn_handle.favourite(p)
+    measured = [m for m in ucudnn_handle.assignments.benchmarker.measure(p, [p.batch], None)
+                if m.algo == favourite.id and m.time_ms is not None]
+    assert measured and 0.5 < ms / measured[0].time_ms < 2, (ms, measured)

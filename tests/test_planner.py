@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from fakes import slower
+from fakes import favourite_ms, slower
 from handle_doubles import NumpyHandle
 
 import reference
 from ucudnn.cache import Cache
 from ucudnn.config import Settings
-from ucudnn.delegation import IN_STEP_HOLD_S, OwnTiming
+from ucudnn.delegation import IN_STEP_HOLD_S, SWEPT_UNDER_PRESSURE_MS, OwnTiming, as_fast_as_favourites
 from ucudnn.errors import DeviceMemoryError
 from ucudnn.memory import RECORDED_CALLS, Memory, quantized
 from ucudnn.planner import LAYER, UCUDNN, Framework, Planner
@@ -314,6 +314,34 @@ def test_under_pressure_a_long_own_layer_is_swept_though_the_favourite_fits(tmp_
     kernels = plans.summary()["kernels"]
     assert all(k["swept"] == swept for k in kernels), kernels
     assert framework.pressures == [quantized(64 * 2**20 - site.call.problem(k).written_bytes()) for k in (F, BD, BF)]
+
+
+@pytest.mark.parametrize("own_of_favourite, swept", [(1.0, False), (1.25, False), (2.0, True)])
+def test_under_pressure_a_long_layer_as_fast_as_cuDNNs_favourites_is_not_swept(tmp_path, rng, own_of_favourite, swept):
+    """Under pressure a long layer is swept only where its own kernels ran slower than cuDNN's
+    favourites, which fit their rooms, timed once at the whole batch, by more than FAVOURITE_SLACK:
+    else torch's benchmark mode did not settle for a slow plan, and the layer keeps its own with
+    no sweep."""
+    site = Site(Call(ConvProblem(F, (32, 64, 28, 28), (64, 64, 3, 3))))
+    favourites = {favourite_ms(site.call.problem(kind)) for kind in site.kinds}  # the fakes time the three alike
+    assert len(favourites) == 1 and 3 * min(favourites) >= SWEPT_UNDER_PRESSURE_MS  # a long layer
+    framework = NumpyArrays(own_ms=own_of_favourite * min(favourites), free=2 * 2**30)  # under ROOMY_BYTES
+    plans = Planner(Settings.load(env={}, planning="first_call", progress=False), framework,
+                    Cache(tmp_path / "bench.db"), auto=True)
+    step(plans, site, rng)
+    kernels = plans.summary()["kernels"]
+    assert all(k["swept"] == swept for k in kernels), kernels
+    assert all(k["delegated"] != swept for k in kernels)
+
+
+def test_a_favourite_that_cannot_be_timed_leaves_the_decision_to_a_sweep():
+    """Groups of kernels timed together are weighed together; a favourite not timed (inf) never
+    spares a sweep."""
+    own = [OwnTiming(1.0, 0), OwnTiming(2.0, 0), OwnTiming(2.0, 0)]
+    assert as_fast_as_favourites(own, [1.0, 1.5, 1.7], [[0], [1, 2]])  # 4.0 <= 1.25 * 3.2
+    assert not as_fast_as_favourites(own, [1.0, 1.0, 1.0], [[0], [1, 2]])
+    assert not as_fast_as_favourites(own, [1.0, math.inf, 1.7], [[0], [1, 2]])
+    assert not as_fast_as_favourites(own, [1.0, 1.5, 1.7], [[0], [1], [2]])  # kernel by kernel: 2.0 > 1.25 * 1.5
 
 
 def test_a_site_s_moments_are_frozen_after_recorded_calls_while_it_waits(tmp_path, monkeypatch, rng):

@@ -110,6 +110,23 @@ def settled_by_own(own: Sequence[OwnTiming], rooms: Sequence[int], favourites_fi
     return all(t.free >= ROOMY_BYTES for t in own) or favourites_fit()
 
 
+# Under pressure a long layer is swept only where torch's kernels in the step ran slower than
+# cuDNN's favourites (fitting their rooms) timed once at the whole batch by more than this factor:
+# a sweep costs 0.3-6.7 s a kernel, and fcn_resnet50's 15 such sweeps all ended delegated
+# (docs/results.md, "Torch's kernels judged as they ran in the step"), where wav2vec2's found
+# plans 5-10x faster than torch's kernels in the step.
+FAVOURITE_SLACK = 1.25
+
+
+def as_fast_as_favourites(own: Sequence[OwnTiming], favourite_ms: Sequence[float],
+                          groups: Sequence[Sequence[int]], slack: float = FAVOURITE_SLACK) -> bool:
+    """Whether a layer's own kernels ran about as fast as cuDNN's favourites of them: each group
+    of kernels timed together (delegation.own_kernels_faster's `groups`) within `slack` of its
+    favourites' time. Never where a favourite could not be timed (inf): then the sweep decides."""
+    return all(math.isfinite(sum(favourite_ms[i] for i in group))
+               and sum(own[i].ms for i in group) <= slack * sum(favourite_ms[i] for i in group) for group in groups)
+
+
 def pressed(own: Sequence[OwnTiming]) -> bool:
     """Whether a layer's own kernels, timed under the pressure of their moments, are long enough
     (SWEPT_UNDER_PRESSURE_MS together) that a plan torch's benchmark mode settled for there is

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from typing import Any, Callable
 
 from . import gpu
 from .backends import Candidate, open_backends
-from .benchmark import Benchmarker, CudnnBenchmarker
+from .benchmark import Benchmarker, ConfigurationTimer, CudnnBenchmarker
 from .bindings import cudnn
 from .bindings.enums import VIRTUAL_ALGO
 from .config import Settings
 from .dispatch import compile_program
 from .graphs import GraphCapturer, GraphedProgram
-from .optimizers.configuration import Configuration
+from .measurements import OK
+from .optimizers.configuration import Configuration, MicroConfig
 from .assignment import Assignment, Assignments
 from .problem import ConvProblem
 
@@ -59,6 +61,7 @@ class Handle:
         self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
         self._capturer = (GraphCapturer(self.backends.set_stream, lambda: self.stream, make_room)
                           if self.settings.execution == "graph" else None)
+        self._make_room, self._timer = make_room, None  # favourite_ms's ConfigurationTimer, made on first use
 
     def set_stream(self, stream: int) -> None:
         """Later convolutions run on `stream` (a cudaStream_t address)."""
@@ -105,6 +108,24 @@ class Handle:
             return backend.candidate(problem, backend.ranked(problem)[0])
         finally:
             backend.release()
+
+    def favourite_ms(self, problem: ConvProblem) -> float:
+        """cuDNN's favourite (favourite()) on the whole batch, run as this handle runs a kernel
+        and timed (median ms) on operands of its own, which are given back afterwards; inf where
+        it cannot run (unsupported, or its operands or workspace cannot be had): failures are data."""
+        favourite = self.favourite(problem)
+        if favourite.status != OK:
+            return math.inf
+        if self._timer is None:
+            self._timer = ConfigurationTimer(self.cudnn_handle, stream=self.stream, execution=self.settings.execution,
+                                             backend=self.settings.backend, make_room=self._make_room)
+        configuration = Configuration((MicroConfig(favourite.id, problem.batch, math.nan, favourite.workspace),))
+        try:
+            return self._timer.time_ms(problem, configuration)
+        except Exception:  # noqa: BLE001 - out of memory, or a plan that fails to build or run
+            return math.inf
+        finally:
+            self._timer.scratch.release()
 
     def assignment(self, problem: ConvProblem) -> Assignment:
         """The kernel's configuration and workspace, optimizing it (WD: solving) if needed."""

@@ -37,7 +37,8 @@ from collections import Counter
 from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, runtime_checkable
 
 from .config import Settings
-from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, keep_timing, own_kernels_faster, pressed, settled_by_own,
+from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster,
+                         pressed, settled_by_own,
                          stored_timing, worth_delegating)
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
@@ -140,6 +141,7 @@ class Planner:
         self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest observe()
         self._lessened: set = set()  # observed sites whose rooms were lessened as their planning began (_lessen)
         self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
+        self._favourite_times: dict[tuple[ConvKind, Hashable], float] = {}  # ... and its time, where a layer is pressed
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
         self._lock = threading.RLock()
         self.runs: Counter = Counter()
@@ -359,18 +361,31 @@ class Planner:
     def _planned_layer(self, site) -> bool | None:
         """Plan the site's layer; whether it runs the framework's own convolution. With delegation
         on, its own kernels decide first, as they ran in the step (_seen_in_step) or else timed
-        now, and where they settle the layer (delegation.settled_by_own) it runs them with no
-        sweep; else its kernels are swept and weighed against the same timings. None:
-        plan_pending's slice ran out between two of its kernels (the next slice goes on)."""
+        now, and where they settle the layer (_settled) it runs them with no sweep; else its
+        kernels are swept and weighed against the same timings. None: plan_pending's slice ran out
+        between two of its kernels (the next slice goes on)."""
         rooms = [self._room(site, kind) for kind in site.kinds]
         seen = self._seen_in_step(site, rooms)
         own = (seen or [self._own_timing(site, kind) for kind in site.kinds]) if self.delegate else []
-        if self.delegate and not (self.auto and pressed(own)) and settled_by_own(
-                own, rooms, lambda: all(self._favourite(site.call, kind) <= room for kind, room in zip(site.kinds, rooms))):
+        groups = [[0], list(range(1, len(site.kinds)))] if seen and len(site.kinds) > 1 else [[i] for i in range(len(own))]
+        if self.delegate and self._settled(site, own, rooms, groups):
             self._unswept.add(site.call)
             return True
-        groups = [[0], list(range(1, len(site.kinds)))] if seen and len(site.kinds) > 1 else [[i] for i in range(len(own))]
         return self._swept(site, own, rooms, groups)
+
+    def _settled(self, site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]]) -> bool:
+        """Whether the framework's own kernels settle the layer with no sweep
+        (delegation.settled_by_own). With `auto`, a layer whose own kernels took long under
+        pressure (delegation.pressed; torch's benchmark mode may have settled for a slow plan
+        there) only where they ran about as fast as cuDNN's favourites, timed once at the whole
+        batch (delegation.as_fast_as_favourites)."""
+        call = site.call
+        if not settled_by_own(own, rooms, lambda: all(self._favourite(call, kind) <= room
+                                                      for kind, room in zip(site.kinds, rooms))):
+            return False
+        if not (self.auto and pressed(own)):
+            return True
+        return as_fast_as_favourites(own, [self._favourite_ms(call, kind) for kind in site.kinds], groups)
 
     def _swept(self, site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]]) -> bool | None:
         """Plan the site's kernels; whether its layer runs the framework's own convolution after
@@ -456,6 +471,15 @@ class Planner:
                 favourite = self.handle(call.device).favourite(call.problem(kind))
             self._favourites[kind, call] = favourite.workspace if favourite.status == OK else math.inf
         return self._favourites[kind, call]
+
+    def _favourite_ms(self, call, kind: ConvKind) -> float:
+        """cuDNN's favourite for the kernel, run on the whole batch and timed (Handle.favourite_ms),
+        once; inf where it cannot run."""
+        if (kind, call) not in self._favourite_times:
+            with self._lock, self.framework.device_guard(call.device), self.framework.planning(call.device), \
+                    self._planning(kind, call, "timing cuDNN's favourite of"):
+                self._favourite_times[kind, call] = self.handle(call.device).favourite_ms(call.problem(kind))
+        return self._favourite_times[kind, call]
 
     @contextlib.contextmanager
     def _planning(self, kind: ConvKind, call, doing: str) -> Iterator[None]:
