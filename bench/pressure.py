@@ -255,31 +255,32 @@ def run_variant(args) -> dict:
 
 
 def flushes_by_kernel(step, device) -> dict:
-    """One more step with each of ucudnn's kernels watched: per kernel (its description), how many
-    times running it, its workspace borrowed from torch's pool, made the allocator give its whole
-    cache back and retry (torch's num_alloc_retries; a device sync and pages mapped again), and
-    the step's retries in all (those outside ucudnn's kernels included)."""
+    """One more step with each of ucudnn's kernel runs watched (Planner.run: the workspace borrowed
+    from torch's pool, a shrink where it cannot be had): per kernel (its description, as
+    summary() names it), how many times running it made the allocator give its whole cache back
+    and retry (torch's num_alloc_retries; a device sync and pages mapped again), and the step's
+    retries in all (those outside ucudnn's kernels included)."""
     import torch
 
-    from ucudnn.integrations.torch.kernels import UcudnnKernel
+    from ucudnn.planner import Planner
 
     retries = lambda: torch.cuda.memory_stats(device)["num_alloc_retries"]  # noqa: E731
     by_kernel: dict[str, int] = {}
-    run = UcudnnKernel.__call__
+    run = Planner.run
 
-    def watched(kernel, x, w, y):
+    def watched(planner, site, kind, x, w, y):
         before = retries()
-        run(kernel, x, w, y)
-        name = kernel.problem.describe()
+        run(planner, site, kind, x, w, y)
+        name = site.call.problem(kind).describe()
         by_kernel[name] = by_kernel.get(name, 0) + retries() - before
 
     before = retries()
-    UcudnnKernel.__call__ = watched
+    Planner.run = watched
     try:
         step()
         torch.cuda.synchronize()
     finally:
-        UcudnnKernel.__call__ = run
+        Planner.run = run
     return dict(by_kernel=by_kernel, step=retries() - before)
 
 
