@@ -116,16 +116,17 @@ class Handle:
         favourite = self.favourite(problem)
         if favourite.status != OK:
             return math.inf
-        if self._timer is None:
-            self._timer = ConfigurationTimer(self.cudnn_handle, stream=self.stream, execution=self.settings.execution,
-                                             backend=self.settings.backend, make_room=self._make_room)
         configuration = Configuration((MicroConfig(favourite.id, problem.batch, math.nan, favourite.workspace),))
         try:
+            if self._timer is None:
+                self._timer = ConfigurationTimer(self.cudnn_handle, stream=self.stream, execution=self.settings.execution,
+                                                 backend=self.settings.backend, make_room=self._make_room)
             return self._timer.time_ms(problem, configuration)
         except Exception:  # noqa: BLE001 - out of memory, or a plan that fails to build or run
             return math.inf
         finally:
-            self._timer.scratch.release()
+            if self._timer is not None:
+                self._timer.scratch.release()
 
     def assignment(self, problem: ConvProblem) -> Assignment:
         """The kernel's configuration and workspace, optimizing it (WD: solving) if needed."""
