@@ -191,6 +191,9 @@ class Handle:
     def close(self) -> None:
         self._forget()
         self.backends.close()
+        if self._timer is not None:  # favourite_ms's, on this handle's cuDNN handle
+            self._timer.backends.close()
+            self._timer = None
         if self._owns_handle and self.cudnn_handle is not None:
             cudnn.destroy_handle(self.cudnn_handle)
         self.cudnn_handle = self._as_parameter_ = None
