@@ -392,14 +392,15 @@ def table(rows: list[dict]) -> str:
 def explain(row: dict) -> str:
     """Per kernel of a ucudnn variant: the room its moment left, ucudnn's limit and plan, torch's kernel."""
     lines = ["| kind | kernel | room MiB | limit MiB | ucudnn plan | workspace MiB | predicted ms | torch ms | "
-             "torch in the step ms | torch workspace MiB | runs | flushes a step |", "|" + "---|" * 12]
+             "torch in the step ms | cuDNN's favourite ms | torch workspace MiB | runs | flushes a step |",
+             "|" + "---|" * 13]
     flushes = row.get("flushes", {}).get("by_kernel", {})
     for k in row.get("kernels", []):
         mib = lambda v: "-" if v is None else f"{v / MiB:.0f}"  # noqa: E731
         lines.append(f"| {k['kind']} | {k['kernel'][:60]} | {mib(k.get('room'))} | {mib(k.get('limit'))} | "
                      f"{k.get('configuration', k['via'])} | {mib(k.get('workspace'))} | "
                      f"{k.get('predicted_ms', float('nan')):.3f} | {k.get('own_ms', float('nan')):.3f} | "
-                     f"{k.get('in_step_ms', float('nan')):.3f} | "
+                     f"{k.get('in_step_ms', float('nan')):.3f} | {k.get('favourite_ms', float('nan')):.3f} | "
                      f"{mib(k.get('own_workspace'))} | {'torch' if k['delegated'] else k['via']} | "
                      f"{flushes.get(k['kernel'], '-')} |")
     if "flushes" in row:

@@ -332,6 +332,7 @@ def test_under_pressure_a_long_layer_as_fast_as_cuDNNs_favourites_is_not_swept(t
     kernels = plans.summary()["kernels"]
     assert all(k["swept"] == swept for k in kernels), kernels
     assert all(k["delegated"] != swept for k in kernels)
+    assert {k["favourite_ms"] for k in kernels} == favourites  # reported beside torch's
 
 
 def test_a_favourite_that_cannot_be_timed_leaves_the_decision_to_a_sweep():

@@ -38,8 +38,7 @@ from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, 
 
 from .config import Settings
 from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster,
-                         pressed, settled_by_own,
-                         stored_timing, worth_delegating)
+                         pressed, settled_by_own, stored_timing, worth_delegating)
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
@@ -631,6 +630,8 @@ class Planner:
             out.update(own_ms=own.ms, own_workspace=own.workspace)
         if (kind, call, room) in self._in_step_ms:  # its group's time in the step (InStep)
             out["in_step_ms"] = self._in_step_ms[kind, call, room]
+        if (kind, call) in self._favourite_times:  # cuDNN's favourite, timed where its layer was pressed
+            out["favourite_ms"] = self._favourite_times[kind, call]
         if kernel is not None and kernel.via == UCUDNN:
             configuration = kernel.assignment.configuration
             if isinstance(kernel, _AsForward):
