@@ -154,6 +154,14 @@ def blocker(device, leave: int):
     return torch.empty((free - leave) // (2 * MiB) * 2 * MiB, dtype=torch.uint8, device=device)
 
 
+def alloc_retries(device) -> int:
+    """How often torch's allocator has given its whole cache back and retried an allocation so far
+    (num_alloc_retries: a device sync, and with expandable segments pages mapped again)."""
+    import torch
+
+    return torch.cuda.memory_stats(device)["num_alloc_retries"]
+
+
 def outside(device) -> int:
     import torch
 
@@ -220,11 +228,11 @@ def run_variant(args) -> dict:
         host.append(time.perf_counter() - began)
         events.append(pair)
         held.append(outside(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
-        retries.append(torch.cuda.memory_stats(device)["num_alloc_retries"])
+        retries.append(alloc_retries(device))
     ms = [a.elapsed_time(b) for a, b in events]
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
                   peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside(device) / MiB,
-                  retries=torch.cuda.memory_stats(device)["num_alloc_retries"], outside_by_iteration=held,
+                  retries=alloc_retries(device), outside_by_iteration=held,
                   retries_by_iteration=retries,
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
     result["reserved_mib"] = torch.cuda.memory_reserved(device) / MiB
@@ -258,30 +266,29 @@ def flushes_by_kernel(step, device) -> dict:
     """One more step with each of ucudnn's kernel runs watched (Planner.run: the workspace borrowed
     from torch's pool, a shrink where it cannot be had): per kernel (its description, as
     summary() names it), how many times running it made the allocator give its whole cache back
-    and retry (torch's num_alloc_retries; a device sync and pages mapped again), and the step's
-    retries in all (those outside ucudnn's kernels included)."""
+    and retry (alloc_retries), and the step's retries in all (those outside ucudnn's kernels
+    included)."""
     import torch
 
     from ucudnn.planner import Planner
 
-    retries = lambda: torch.cuda.memory_stats(device)["num_alloc_retries"]  # noqa: E731
     by_kernel: dict[str, int] = {}
     run = Planner.run
 
     def watched(planner, site, kind, x, w, y):
-        before = retries()
+        before = alloc_retries(device)
         run(planner, site, kind, x, w, y)
         name = site.call.problem(kind).describe()
-        by_kernel[name] = by_kernel.get(name, 0) + retries() - before
+        by_kernel[name] = by_kernel.get(name, 0) + alloc_retries(device) - before
 
-    before = retries()
+    before = alloc_retries(device)
     Planner.run = watched
     try:
         step()
         torch.cuda.synchronize()
     finally:
         Planner.run = run
-    return dict(by_kernel=by_kernel, step=retries() - before)
+    return dict(by_kernel=by_kernel, step=alloc_retries(device) - before)
 
 
 def oom_message(exc: Exception) -> str:

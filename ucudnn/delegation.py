@@ -123,8 +123,11 @@ def as_fast_as_favourites(own: Sequence[OwnTiming], favourite_ms: Sequence[float
     """Whether a layer's own kernels ran about as fast as cuDNN's favourites of them: each group
     of kernels timed together (delegation.own_kernels_faster's `groups`) within `slack` of its
     favourites' time. Never where a favourite could not be timed (inf): then the sweep decides."""
-    return all(math.isfinite(sum(favourite_ms[i] for i in group))
-               and sum(own[i].ms for i in group) <= slack * sum(favourite_ms[i] for i in group) for group in groups)
+    for group in groups:
+        favourites = sum(favourite_ms[i] for i in group)
+        if not math.isfinite(favourites) or sum(own[i].ms for i in group) > slack * favourites:
+            return False
+    return True
 
 
 def pressed(own: Sequence[OwnTiming]) -> bool:

@@ -15,8 +15,9 @@ A room observed before planning is lessened, as the layer's planning begins, by 
 came to hold outside the framework's pool since (cuDNN's handle and the code of the kernels
 planning timed: Planner._lessen). The margin covers what the converted call allocates around the
 kernel that the framework's did not, the allocator's rounding and blocks it cannot merge; a
-workspace that still cannot be had is planned again within less (ucudnn.planner.Planner._shrink). quantized() rounds down to a grid
-of eight steps per power of two, so that kernels at nearby moments share one plan.
+workspace that still cannot be had is planned again within less (ucudnn.planner.Planner._shrink).
+quantized() rounds down to a grid of eight steps per power of two, so that kernels at nearby
+moments share one plan.
 
 WD's division at such moments: with a step's kernels running one after another, each moment
 holds one kernel, so a division constrained moment by moment gives each kernel its moment's
