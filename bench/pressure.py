@@ -204,16 +204,16 @@ def run_variant(args) -> dict:
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     torch.empty(1, device=device)
-    held = None if args.variant == "free" else blocker(device, args.need + args.limit)
+    wall = None if args.variant == "free" else blocker(device, args.need + args.limit)  # held to the end
     PHASE[0] = "build"
     model, x, amp = build(args.model, device)
-    result = dict(blocker_mib=0 if held is None else held.numel() / MiB)
+    result = dict(blocker_mib=0 if wall is None else wall.numel() / MiB)
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
 
         ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS[args.variant])
     step = trainer(model, x, args.model, amp)
-    host, events, held, retries = [], [], [], []  # per iteration: host s, its CUDA events, outside MiB, retries so far
+    host, events, outside_mib, retries = [], [], [], []  # per iteration: host s, CUDA events, outside MiB, retries so far
     if args.profile_planning and args.variant in UCUDNN_VARIANTS:  # its first iterations, where it plans
         PHASE[0] = "planning profile"
         result["planning_host_s"], result["planning_profile"] = planning_profile(step, args.profile_planning)
@@ -227,15 +227,18 @@ def run_variant(args) -> dict:
         torch.cuda.synchronize()
         host.append(time.perf_counter() - began)
         events.append(pair)
-        held.append(outside(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
+        outside_mib.append(outside(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
         retries.append(alloc_retries(device))
     ms = [a.elapsed_time(b) for a, b in events]
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
                   peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside(device) / MiB,
-                  retries=alloc_retries(device), outside_by_iteration=held,
+                  retries=alloc_retries(device), outside_by_iteration=outside_mib,
                   retries_by_iteration=retries,
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
     result["reserved_mib"] = torch.cuda.memory_reserved(device) / MiB
+    # what the steps could still have had: at most need + L where the blocker holds
+    result["free_at_end_mib"] = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+                                 - torch.cuda.memory_allocated(device)) / MiB
     if args.variant in UCUDNN_VARIANTS:
         PHASE[0] = "retries by kernel"
         result["flushes"] = flushes_by_kernel(step, device)
@@ -477,7 +480,7 @@ def parent(args) -> None:
                 break
             row = dict(child(args, variant, limit, need["need"]), model=model)
             rows.append(row)
-            brief = row.get("error") or f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s"
+            brief = row.get("error") or f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s, free at the end {row.get('free_at_end_mib', 0):.0f} MiB"
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
             if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
                 print(explain(row), flush=True)
