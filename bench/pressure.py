@@ -156,10 +156,10 @@ def blocker(device, leave: int):
 
 def alloc_retries(device) -> int:
     """How often torch's allocator has given its whole cache back and retried an allocation so far
-    (num_alloc_retries: a device sync, and with expandable segments pages mapped again)."""
-    import torch
+    (ucudnn's own reading of it, TorchFramework.flushes)."""
+    from ucudnn.integrations.torch import TorchFramework
 
-    return torch.cuda.memory_stats(device)["num_alloc_retries"]
+    return TorchFramework.flushes(device)
 
 
 def outside(device) -> int:
@@ -242,6 +242,9 @@ def run_variant(args) -> dict:
     if args.variant in UCUDNN_VARIANTS:
         PHASE[0] = "retries by kernel"
         result["flushes"] = flushes_by_kernel(step, device)
+    if args.trace_flushes:
+        PHASE[0] = "flush trace"
+        result["flush_trace"] = flush_trace(step, device)
     if args.profile:
         PHASE[0] = "profile"
         try:
@@ -265,6 +268,31 @@ def run_variant(args) -> dict:
     return result
 
 
+def flush_trace(step, device, frames: int = 6) -> list[dict]:
+    """One more step under torch's memory history: each flush (the allocator unmapping its free
+    cached pages to serve an allocation), with the allocation that set it off (its bytes, the
+    step's Python frames nearest to it) and the bytes it gave back."""
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
+    try:
+        step()
+        torch.cuda.synchronize()
+        trace = torch.cuda.memory._snapshot()["device_traces"][device.index or 0]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    flushes, given_back = [], 0
+    for entry in trace:
+        if entry["action"] in ("segment_unmap", "segment_free"):
+            given_back += entry["size"]
+        elif entry["action"] == "alloc" and given_back:
+            where = [f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']} {f['name']}" for f in entry.get("frames", [])
+                     if f["filename"].endswith(".py") and "/torch/" not in f["filename"]][:frames]
+            flushes.append(dict(bytes=entry["size"], given_back=given_back, where=where))
+            given_back = 0
+    return flushes
+
+
 def flushes_by_kernel(step, device) -> dict:
     """One more step with each of ucudnn's kernel runs watched (Planner.run: the workspace borrowed
     from torch's pool, a shrink where it cannot be had): per kernel (its description, as
@@ -280,9 +308,10 @@ def flushes_by_kernel(step, device) -> dict:
 
     def watched(planner, site, kind, x, w, y):
         before = alloc_retries(device)
-        run(planner, site, kind, x, w, y)
+        written = run(planner, site, kind, x, w, y)
         name = site.call.problem(kind).describe()
         by_kernel[name] = by_kernel.get(name, 0) + alloc_retries(device) - before
+        return written
 
     before = alloc_retries(device)
     Planner.run = watched
@@ -361,7 +390,8 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
     out.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
                "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
-               ] + (["--profile"] if args.profile else []) + ["--profile-planning", str(args.profile_planning)]
+               ] + (["--profile"] if args.profile else []) + (["--trace-flushes"] if args.trace_flushes else []) \
+               + ["--profile-planning", str(args.profile_planning)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf,
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     began = time.perf_counter()
@@ -417,6 +447,12 @@ def explain(row: dict) -> str:
         lines.append(f"\nThe allocator's retries in one step: {row['flushes']['step']}, "
                      f"{sum(flushes.values())} of them borrowing ucudnn's workspaces.")
     return "\n".join(lines)
+
+
+def flush_lines(row: dict) -> str:
+    """The flushes of --trace-flushes, one a line."""
+    return "\n".join(f"- flush: {f['bytes'] / MiB:.1f} MiB asked, {f['given_back'] / MiB:.0f} MiB given back, "
+                     f"at {' < '.join(f['where']) or '?'}" for f in row.get("flush_trace", []))
 
 
 def plot(row: dict, path: str, title: str) -> None:
@@ -484,6 +520,8 @@ def parent(args) -> None:
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
             if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
                 print(explain(row), flush=True)
+            if row.get("flush_trace"):
+                print(flush_lines(row), flush=True)
             for name, ms, n in [*row.get("profile", {}).get("kernels", []), *row.get("profile", {}).get("convolutions", [])]:
                 print(f"    {ms:8.2f} ms {n:5.0f}x  {name}", flush=True)
             if "planning_profile" in row:
@@ -508,6 +546,8 @@ def main(argv=None) -> None:
     p.add_argument("--need", dest="need_of", default="",
                    help="MODEL=BYTES,...: a need measured before (a `need` row), not measured again")
     p.add_argument("--profile", action="store_true", help="each variant's top GPU kernels and convolutions over 3 steps")
+    p.add_argument("--trace-flushes", action="store_true",
+                   help="one more step under torch's memory history: each flush and the allocation behind it")
     p.add_argument("--profile-planning", type=int, default=0, metavar="N",
                    help="ucudnn's variants: their first N iterations under cProfile (before the timed ones)")
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")

@@ -36,8 +36,8 @@ class NumpyHandle:
     def finalize(self, total=None):
         self.assignments.finalize(total)
 
-    def shrink(self, problem, available=None, failed=None):
-        return self.assignments.shrink(problem, available, failed)
+    def shrink(self, problem, available=None, failed=None, why="no GPU memory for"):
+        return self.assignments.shrink(problem, available, failed, why)
 
     def within(self, problem, limit):
         return self.assignments.within(problem, limit)

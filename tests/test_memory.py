@@ -194,7 +194,7 @@ from torch_doubles import Clocked, NumpyFramework  # noqa: E402
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn import fallback  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
-from ucudnn.memory import RECORDED_CALLS, Memory, quantized, workspace_limit  # noqa: E402
+from ucudnn.memory import RECORDED_CALLS, WATCHED_RUNS, Memory, quantized, workspace_limit  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 
@@ -443,6 +443,50 @@ def test_under_auto_a_workspace_that_cannot_be_borrowed_shrinks_and_the_step_goe
     summary = context.summary()
     assert framework.refused and summary["shrinks"]
     assert all(k["workspace"] <= 20 * 2**10 for k in summary["kernels"] if k["via"] == "ucudnn")
+
+
+def planned_two_layers(tmp_path, **settings):
+    """two_layers() on a framework that borrows each workspace at each call, with all the memory
+    it asks for, planned (`auto` unless a limit is given) and run one step more; summary()'s
+    kernels that borrow workspace."""
+    framework = ScarceFramework(free=2**40)
+    model, ours, context = two_layers(tmp_path, framework, delegate=False, **settings)
+    x = torch.randn(16, 8, 10, 10)
+    for _ in range(RECORDED_CALLS + 2):
+        run_step(ours, x)
+    borrowing = [k for k in context.summary()["kernels"] if k["via"] == "ucudnn" and k["workspace"]]
+    assert borrowing, "the fake benchmark plans kernels with workspace"
+    return framework, model, ours, context, x, borrowing
+
+
+def test_a_workspace_that_flushes_torchs_cache_is_planned_within_half_and_results_hold(tmp_path):
+    """Borrowing a workspace that makes the allocator give its whole cache back (a device sync)
+    costs more than a smaller plan (ucudnn.memory): a watched kernel that flushed is planned
+    within half, until none flushes; the step's results stay torch's."""
+    framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
+    framework.flush_at = min(k["workspace"] for k in borrowing) - 1  # every borrow flushes
+    with pytest.warns(UcudnnWarning, match="flushing the framework's cache to borrow"):
+        got = run_step(ours, x)
+    assert_matches(got, run_step(model, x))
+    shrinks = context.summary()["shrinks"]
+    assert {s["failed"] for s in shrinks} == {k["workspace"] for k in borrowing}
+    assert all(s["limit"] == s["failed"] // 2 for s in shrinks)  # nothing known of what is free: half
+    assert max(k["workspace"] for k in context.summary()["kernels"]) <= max(k["workspace"] for k in borrowing) // 2
+
+
+def test_kernels_are_watched_for_flushes_only_in_their_first_runs_and_only_with_auto(tmp_path):
+    framework, _, ours, context, x, _ = planned_two_layers(tmp_path)
+    for _ in range(WATCHED_RUNS):
+        run_step(ours, x)
+    framework.flush_at = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)
+        run_step(ours, x)  # past their watch: a flush reads nothing (memory_stats costs tens of us)
+    assert framework.flushed and not context.summary()["shrinks"]
+    fixed, _, ours, context, x, _ = planned_two_layers(tmp_path / "fixed", workspace_limit="64MiB")
+    fixed.flush_at = 0
+    run_step(ours, x)
+    assert fixed.flushed and not context.summary()["shrinks"]  # a fixed limit keeps the paper's plan
 
 
 def test_transposed_weights_that_cannot_be_had_give_way_to_the_data_gradients_own_kernel(monkeypatch):

@@ -276,9 +276,12 @@ def test_torch_kernel_writes_what_autograd_computes(kind):
     operands = {"x": x.detach(), "w": w.detach(), "y": dy}
     written = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}[kind]
     operands[written] = out[written]
-    integration.kernels.TorchKernel(call.problem(kind))(operands["x"], operands["w"], operands["y"])
+    kernel = integration.kernels.TorchKernel(call.problem(kind))
+    assert kernel(operands["x"], operands["w"], operands["y"]) is out[written]
     want = {"y": y.detach(), "x": x.grad, "w": w.grad}[written]
     torch.testing.assert_close(out[written], want)
+    operands[written] = None  # no tensor given: torch's own result, with no second one of its size
+    torch.testing.assert_close(kernel(operands["x"], operands["w"], operands["y"]), want)
 
 
 # --- the ucudnn path, with NumPy standing in for cuDNN -----------------------------------------------

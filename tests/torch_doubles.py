@@ -28,6 +28,7 @@ class NumpyFramework(TorchFramework):
         self.memory_now = memory  # what settled_memory() reports: set it to simulate the device's state
         self._planning = 0
         self.streams, self.marked, self.aside = [], [], False  # side_stream's log
+        self.flushed, self.flush_at = 0, float("inf")  # flushes so far; borrows above flush_at flush
 
     @contextlib.contextmanager
     def planning(self, device):
@@ -65,6 +66,15 @@ class NumpyFramework(TorchFramework):
     def outside_bytes(self, device):  # nothing beside the pretend pool
         return 0
 
+    def flushes(self, device):  # none, unless a test's borrow says so (flush_at)
+        return self.flushed
+
+    def borrow(self, nbytes, device):
+        """Workspace on the CPU; a borrow of more than `flush_at` bytes counts as a flush."""
+        if nbytes > self.flush_at:
+            self.flushed += 1
+        return torch.empty(nbytes, dtype=torch.uint8)
+
     def mark(self, device, hold_s=0.0):  # no marks: torch's kernels take what torch_timing says (Clocked marks them)
         return None
 
@@ -90,9 +100,6 @@ class NumpyFramework(TorchFramework):
 
     def make_handle(self, settings, cache, device):
         return self.handle_class(settings, cache)
-
-    def borrow(self, nbytes, device):
-        return torch.empty(nbytes, dtype=torch.uint8)
 
     def operand(self, tensor):
         return tensor.detach().as_strided((tensor.numel(),), (1,)).numpy()

@@ -34,6 +34,7 @@ from .solve import Measure, plan
 # the bytes free was rounded above them (docs/results.md, "Stop 44: both limits in one run":
 # 63.3 MiB failed with 64.2 MiB free).
 ALLOCATION_GRANULE = 2 * 2**20
+NO_MEMORY = "no GPU memory for"  # shrink()'s reason where a workspace could not be allocated
 
 
 @dataclass(frozen=True)
@@ -122,14 +123,16 @@ class Assignments:
                        Assignment(configuration, segment.pointer(base) if segment.size else 0, segment.size))
         self._network_solved = True
 
-    def shrink(self, problem: ConvProblem, available: int | None = None, failed: Assignment | None = None) -> Assignment:
+    def shrink(self, problem: ConvProblem, available: int | None = None, failed: Assignment | None = None,
+               why: str = NO_MEMORY) -> Assignment:
         """Assign `problem` again within less than its workspace, which the caller (borrowing it
-        at each call) could not allocate: within the `available` bytes the caller can still have
-        where that is less but at least half, else within half. `failed`: a plan the caller keeps
-        itself (within()), planned again and returned, not kept; else the kernel's assignment."""
+        at each call) could not allocate, or could only at a cost it says in `why`: within the
+        `available` bytes the caller can still have where that is less but at least half, else
+        within half. `failed`: a plan the caller keeps itself (within()), planned again and
+        returned, not kept; else the kernel's assignment."""
         kept = failed is None
         failed = self._assigned[problem.key] if kept else failed
-        limit = self._smaller(failed.workspace_size, problem.describe(), available)
+        limit = self._smaller(failed.workspace_size, problem.describe(), available, why)
         try:
             assignment = self._within(problem, limit, self._tables_at_hand)
         except (NoAlgorithmError, InfeasibleError):
@@ -193,7 +196,7 @@ class Assignments:
         used = self.wd_result.total_workspace if self.wd_result else 0
         return max(self.settings.total(len(self._assigned) + 1) - used - self._late_workspace, 0)
 
-    def _smaller(self, nbytes: int, what: str, available: int | None = None) -> int:
+    def _smaller(self, nbytes: int, what: str, available: int | None = None, why: str = NO_MEMORY) -> int:
         """The limit to plan again within after `nbytes` of workspace for `what` could not be
         allocated: the `available` bytes where fewer than `nbytes`; one allocation granule less
         than `nbytes` where `available` seemed to hold it (the allocator rounded it above them),
@@ -209,7 +212,7 @@ class Assignments:
             limit = max(limit, nbytes - ALLOCATION_GRANULE)
         self.shrinks.append((what, nbytes, limit))
         free = "" if available is None else f" ({available / 2**20:.1f} MiB free)"
-        warnings.warn(f"ucudnn: no GPU memory for {nbytes / 2**20:.1f} MiB of workspace for {what}{free}; "
+        warnings.warn(f"ucudnn: {why} {nbytes / 2**20:.1f} MiB of workspace for {what}{free}; "
                       f"planning again within {limit / 2**20:.1f} MiB", UcudnnWarning, stacklevel=4)
         return limit
 

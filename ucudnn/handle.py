@@ -22,7 +22,7 @@ from .dispatch import compile_program
 from .graphs import GraphCapturer, GraphedProgram
 from .measurements import OK
 from .optimizers.configuration import Configuration, MicroConfig
-from .assignment import Assignment, Assignments
+from .assignment import NO_MEMORY, Assignment, Assignments
 from .problem import ConvProblem
 
 
@@ -149,13 +149,14 @@ class Handle:
         `total` bytes (default: the settings' total limit)."""
         self.assignments.finalize(total)
 
-    def shrink(self, problem: ConvProblem, available: int | None = None, failed: Assignment | None = None) -> Assignment:
+    def shrink(self, problem: ConvProblem, available: int | None = None, failed: Assignment | None = None,
+               why: str = NO_MEMORY) -> Assignment:
         """Plan `problem` again within less workspace (the bytes `available`, or half): the caller
         could not allocate the workspace its assignment (or `failed`, a plan of within()) asked
-        for (see Assignments.shrink)."""
+        for, or only at the cost `why` says (see Assignments.shrink)."""
         if failed is None:
             self._programs = {key: run for key, run in self._programs.items() if key[0] != problem}
-        return self.assignments.shrink(problem, available, failed)
+        return self.assignments.shrink(problem, available, failed, why)
 
     def within(self, problem: ConvProblem, limit: int) -> Assignment:
         """WR: `problem`'s plan within `limit` bytes, kept by the caller rather than this handle:

@@ -39,16 +39,18 @@ from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, 
 from .config import Settings
 from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster,
                          pressed, settled_by_own, stored_timing, worth_delegating)
+from .assignment import NO_MEMORY
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
-from .memory import RECORDED_CALLS, Memory, quantized, workspace_limit
+from .memory import RECORDED_CALLS, WATCHED_RUNS, Memory, quantized, workspace_limit
 from .problem import ConvKind, ConvProblem
 from .progress import Progress
 from .transposition import as_forward, faster
 
 UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
 LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
+FLUSHED = "flushing the framework's cache to borrow"  # Planner._shrink's reason after a flush
 PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
 
 
@@ -65,12 +67,20 @@ class Framework(Protocol):
         """A ucudnn.Handle for `device` (assignment, favourite, program, shrink, finalize, reset)."""
 
     def kernel(self, problem: ConvProblem, handle, assignment) -> Any:
-        """A callable kernel(x, w, y) running `assignment` on the framework's tensors, with
-        `via` == UCUDNN, `counted`, `problem` and `assignment`; DeviceMemoryError where its
-        workspace cannot be had."""
+        """A callable kernel(x, w, y) running `assignment` on the framework's tensors, into the
+        one it writes (problem.written), with `via` == UCUDNN, `counted`, `problem` and
+        `assignment`; DeviceMemoryError where its workspace cannot be had."""
 
     def own_kernel(self, problem: ConvProblem) -> Any:
-        """A callable kernel(x, w, y) running the framework's own convolution (`via` == own)."""
+        """A callable kernel(x, w, y) running the framework's own convolution (`via` == own),
+        returning what it writes: into the written operand where one is given, else a tensor
+        of its own."""
+
+    def result_for(self, problem: ConvProblem, like: Any) -> Any:
+        """A new tensor for what `problem`'s kernel writes, like `like` (dtype, device)."""
+
+    def flushes(self, device: Hashable) -> int:
+        """How often the framework's allocator has given its whole cache back to serve an allocation."""
 
     def time_own(self, problem: ConvProblem, device: Hashable, free: int | None = None) -> OwnTiming:
         """The framework's own convolution of `problem` timed on new operands; with `free`, with
@@ -142,6 +152,7 @@ class Planner:
         self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
         self._favourite_times: dict[tuple[ConvKind, Hashable], float] = {}  # ... and its time, where a layer is pressed
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
+        self._watched: Counter = Counter()  # (site, kind, kernel) -> runs so far, up to WATCHED_RUNS + 1 (_watching)
         self._lock = threading.RLock()
         self.runs: Counter = Counter()
         self._delegated_run = (framework.own, LAYER)
@@ -158,9 +169,12 @@ class Planner:
     def wd(self) -> bool:
         return self.settings.optimizing.divides
 
-    def run(self, site, kind: ConvKind, x, w, y) -> None:
-        """Run kernel `kind` of the site's call on x, w, y (F writes y, BD writes x, BF writes w).
-        Where its workspace cannot be borrowed, the kernel is planned within less (_shrink)."""
+    def run(self, site, kind: ConvKind, x, w, y) -> Any:
+        """Run kernel `kind` of the site's call on x, w, y and return what it wrote: F writes y,
+        BD x, BF w. The written operand may be None: the framework's own kernel then makes its
+        result itself (no second tensor of its size at that moment), ucudnn's gets a new one.
+        Where its workspace cannot be borrowed, the kernel is planned within less (_shrink); so
+        it is where borrowing it flushed the framework's cache (_run)."""
         kernel = site.kernels.get(kind)
         if kernel is None:
             kernel = self._site_kernel(site, kind)
@@ -170,28 +184,56 @@ class Planner:
         with self.framework.device_guard(site.call.device):
             while True:
                 try:
-                    return kernel(x, w, y)
+                    return self._run(site, kind, kernel, x, w, y)
                 except DeviceMemoryError:
                     kernel = self._shrink(site, kind, kernel)
 
-    def _shrink(self, site, kind: ConvKind, failed):
-        """The kernel planned for the site after `failed` could not borrow its workspace. A data
-        gradient run as a forward convolution (_AsForward) goes back to the BD kernel it replaced,
-        as planned: nothing shrinks. Else the kernel is planned within the bytes the device has
-        free once the framework's cached blocks went back (cached blocks in odd sizes cannot give
-        one workspace), or half (Assignments.shrink, from its own plan's workspace; another site
-        may have shrunk it already), and where no plan is left, the framework's own convolution."""
+    def _run(self, site, kind: ConvKind, kernel, x, w, y) -> Any:
+        """One run of `kernel`. In the first WATCHED_RUNS runs of a ucudnn kernel that borrows a
+        workspace, with `auto`: where the run made the framework's allocator flush its cache,
+        the kernel is planned within half for the next runs (ucudnn.memory)."""
+        if kernel.via != UCUDNN:
+            return kernel(x, w, y)
+        operands, written = [x, w, y], kernel.problem.written
+        if operands[written] is None:  # made before the watch: only borrowing the workspace counts
+            operands[written] = self.framework.result_for(kernel.problem, x if x is not None else y)
+        watched = self._watching(site, kind, kernel)
+        before = self.framework.flushes(site.call.device) if watched else 0
+        kernel(*operands)
+        if watched and self.framework.flushes(site.call.device) > before:
+            self._shrink(site, kind, kernel, why=FLUSHED)
+        return operands[written]
+
+    def _watching(self, site, kind: ConvKind, kernel) -> bool:
+        """Whether this run of `kernel` at the site's moment is watched for flushes (_run),
+        counting it: kernels shared by sites run at moments that differ."""
+        if not (self.auto and kernel.assignment.workspace_size):
+            return False
+        key = site, kind, kernel
+        self._watched[key] += 1
+        return self._watched[key] <= WATCHED_RUNS
+
+    def _shrink(self, site, kind: ConvKind, failed, why: str = ""):
+        """The kernel planned for the site after `failed` could not borrow its workspace (or, with
+        `why`, could only at that cost). A data gradient run as a forward convolution
+        (_AsForward) goes back to the BD kernel it replaced, as planned: nothing shrinks. Else the
+        kernel is planned within the bytes the device has free once the framework's cached
+        blocks went back (cached blocks in odd sizes cannot give one workspace; not asked after
+        a flush, which giving them back would repeat), or half (Assignments.shrink, from its own
+        plan's workspace; another site may have shrunk it already), and where no plan is left,
+        the framework's own convolution."""
         call, key = site.call, (kind, site.call, self._room(site, kind))
         with self._lock:
             kernel = self._kernels.get(key)
             if kernel is failed and isinstance(failed, _AsForward):
                 kernel = self._kernels[key] = failed.backward
             elif kernel is failed:
-                available = self.framework.settled_memory(call.device).free
+                available = None if why else self.framework.settled_memory(call.device).free
+                why = why or NO_MEMORY
                 plan = failed.assignment if self.auto else None
                 with self.framework.planning(call.device):
                     kernel = self._kernels[key] = self._planned(
-                        call, kind, lambda handle, problem: handle.shrink(problem, available, plan))
+                        call, kind, lambda handle, problem: handle.shrink(problem, available, plan, why))
             site.kernels[kind] = kernel
             return kernel
 

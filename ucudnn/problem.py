@@ -148,10 +148,18 @@ class ConvProblem:
         """Bytes of x, w and y together."""
         return sum(int(np.prod(shape)) for shape in (self.x_shape, self.w_shape, self.y_shape)) * self.itemsize
 
+    @property
+    def written(self) -> int:
+        """Which of (x, w, y) the kernel writes, by position: y for F, x (dx) for BD, w (dw) for BF."""
+        return {ConvKind.FORWARD: 2, ConvKind.BACKWARD_DATA: 0}.get(self.kind, 1)
+
+    @property
+    def written_shape(self) -> tuple[int, ...]:
+        return (self.x_shape, self.w_shape, self.y_shape)[self.written]
+
     def written_bytes(self) -> int:
-        """Bytes of the operand the kernel writes: y for F, x (dx) for BD, w (dw) for BF."""
-        written = {ConvKind.FORWARD: self.y_shape, ConvKind.BACKWARD_DATA: self.x_shape}.get(self.kind, self.w_shape)
-        return int(np.prod(written)) * self.itemsize
+        """Bytes of the operand the kernel writes."""
+        return int(np.prod(self.written_shape)) * self.itemsize
 
     def shape_key(self) -> str:
         """Everything that changes a measurement except the batch size: measurements of

@@ -30,9 +30,9 @@ def gradient(site: Site, like: Tensor) -> Tensor:
 
 
 def forward(context, site: Site, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """The layer's output on an aligned `input`: its forward kernel, plus the bias."""
-    out = output(site, input)
-    context.run(site, layer_kinds(site.call.transposed)[0], *_sides(site, input, weight, out))
+    """The layer's output on an aligned `input`: its forward kernel (which makes the output:
+    Planner.run), plus the bias."""
+    out = context.run(site, layer_kinds(site.call.transposed)[0], *_sides(site, input, weight, None))
     if bias is not None:
         out.add_(bias.view(1, -1, *[1] * (out.dim() - 2)))
     return out
@@ -40,9 +40,9 @@ def forward(context, site: Site, input: Tensor, weight: Tensor, bias: Tensor | N
 
 def backward(context, site: Site, input: Tensor, weight: Tensor, d_out: Tensor, input_grad: bool,
              weight_grad: bool) -> tuple[Tensor | None, Tensor | None]:
-    """The gradient of an aligned `input` (where `input_grad`) and the weight's (where
-    `weight_grad`) from the output's, d_out; BF on a side stream where the settings say so
-    (Context.beside)."""
+    """The gradient of an aligned `input` (where `input_grad`, made by its kernel) and the
+    weight's (where `weight_grad`) from the output's, d_out; BF on a side stream where the
+    settings say so (Context.beside), into a gradient made here and marked used there."""
     d_out = sliceable(d_out, site.memory_format)
     d_input = dw = None
     with context.beside(input.device) as aside:
@@ -51,8 +51,7 @@ def backward(context, site: Site, input: Tensor, weight: Tensor, d_out: Tensor, 
             with aside(input, dw, d_out):
                 context.run(site, ConvKind.BACKWARD_FILTER, *_sides(site, input, dw, d_out))
         if input_grad:
-            d_input = gradient(site, input)
-            context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, d_input, weight, d_out))
+            d_input = context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, None, weight, d_out))
     return d_input, dw
 
 

@@ -128,6 +128,21 @@ class TorchFramework:
             torch.cuda.empty_cache()
             return make()
 
+    @staticmethod
+    def result_for(problem: ConvProblem, like: Tensor) -> Tensor:
+        """A new tensor for what `problem`'s kernel writes: its shape, stored in its layout, with
+        the dtype and device of `like` (one of its operands)."""
+        shape = problem.written_shape
+        return torch.empty(shape, dtype=like.dtype, device=like.device,
+                           memory_format=memory_format(problem.layout, len(shape)))
+
+    @staticmethod
+    def flushes(device: torch.device) -> int:
+        """How often torch's caching allocator has given all its cached blocks back to the device
+        to serve an allocation (num_alloc_retries: a device sync, and pages mapped again). The
+        nested statistics: torch.cuda.memory_stats would flatten them all first."""
+        return torch.cuda.memory.memory_stats_as_nested_dict(device).get("num_alloc_retries", 0)
+
     def borrow(self, nbytes: int, device: torch.device) -> Tensor:
         """Workspace from torch's caching allocator, on the current stream; where it cannot be
         had, DeviceMemoryError (a MemoryError), on which ucudnn plans within less."""
@@ -343,9 +358,15 @@ class TorchKernel:
         self.counted = (self.via, problem.kind.value)
         self._convolve = torch_convolution(problem)
 
-    def __call__(self, x: Tensor, w: Tensor, y: Tensor) -> None:
-        kind = self.problem.kind
-        (y if kind is F_ else x if kind is BD else w).copy_(self._convolve(x, w, y))
+    def __call__(self, x: Tensor | None, w: Tensor | None, y: Tensor | None) -> Tensor:
+        """torch's result, written into the written operand where one is given (a copy), else
+        as torch made it: no second tensor of its size at the kernel's moment."""
+        p, written = self.problem, (x, w, y)[self.problem.written]
+        # BD reads only x's shape and BF only w's: torch.nn.grad.conv2d_input passes them so
+        x = y.new_empty(1).expand(p.x_shape) if x is None else x
+        w = x.new_empty(1).expand(p.w_shape) if w is None else w
+        result = self._convolve(x, w, y)
+        return result if written is None else written.copy_(result)
 
 
 def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
