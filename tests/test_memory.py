@@ -18,7 +18,7 @@ from ucudnn.assignment import ALLOCATION_GRANULE
 from ucudnn.cache import Cache
 from ucudnn.errors import ConfigError, DeviceMemoryError, UcudnnWarning
 from ucudnn.measurements import OK, OUT_OF_MEMORY, KernelTable, Measurement
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.problem import ConvProblem
 
 MiB = 2**20
 
@@ -487,34 +487,6 @@ def test_kernels_are_watched_for_flushes_only_in_their_first_runs_and_only_with_
     fixed.flush_at = 0
     run_step(ours, x)
     assert fixed.flushed and not context.summary()["shrinks"]  # a fixed limit keeps the paper's plan
-
-
-def test_a_backward_makes_both_gradients_before_either_kernel_borrows_its_workspace(tmp_path):
-    """As torch's backward does: a data gradient made after the weight gradient's workspace went
-    back to the cache cannot take its place and flushed the cache in wav2vec2's step
-    (docs/results.md)."""
-    class Logged(ScarceFramework):
-        def result_for(self, problem, like):
-            log.append(("made", problem.kind))
-            return super().result_for(problem, like)
-
-        def borrow(self, nbytes, device):
-            log.append(("borrowed", None))
-            return super().borrow(nbytes, device)
-
-    log = []
-    framework = Logged(free=2**40)
-    model, ours, context = two_layers(tmp_path, framework, delegate=False)
-    x = torch.randn(16, 8, 10, 10)
-    for _ in range(RECORDED_CALLS + 1):
-        run_step(ours, x)
-    log.clear()
-    y = ours(x.clone().requires_grad_())
-    forward = len(log)
-    y.backward(torch.ones_like(y))
-    backward = log[forward:]
-    assert ("made", ConvKind.BACKWARD_DATA) in backward and ("borrowed", None) in backward
-    assert backward.index(("made", ConvKind.BACKWARD_DATA)) < backward.index(("borrowed", None))
 
 
 def test_transposed_weights_that_cannot_be_had_give_way_to_the_data_gradients_own_kernel(monkeypatch):

@@ -188,15 +188,6 @@ class Planner:
                 except DeviceMemoryError:
                     kernel = self._shrink(site, kind, kernel)
 
-    def output(self, site, kind: ConvKind, like) -> Any:
-        """A new tensor for what the site's `kind` kernel writes, like `like` (dtype, device),
-        where ucudnn's kernel runs it; None where the framework's own kernel does (run() then
-        lets it make its result) or the kernel is not planned yet."""
-        kernel = site.kernels.get(kind)
-        if kernel is None or kernel.via != UCUDNN:
-            return None
-        return self.framework.result_for(kernel.problem, like)
-
     def _run(self, site, kind: ConvKind, kernel, x, w, y) -> Any:
         """One run of `kernel`. In the first WATCHED_RUNS runs of a ucudnn kernel that borrows a
         workspace, with `auto`: where the run made the framework's allocator flush its cache,
@@ -205,7 +196,7 @@ class Planner:
             return kernel(x, w, y)
         operands, written = [x, w, y], kernel.problem.written
         if operands[written] is None:  # made before the watch: only borrowing the workspace counts
-            operands[written] = self.output(site, kind, x if x is not None else y)
+            operands[written] = self.framework.result_for(kernel.problem, x if x is not None else y)
         watched = self._watching(site, kind, kernel)
         before = self.framework.flushes(site.call.device) if watched else 0
         kernel(*operands)

@@ -44,16 +44,14 @@ def backward(context, site: Site, input: Tensor, weight: Tensor, d_out: Tensor, 
     weight's (where `weight_grad`) from the output's, d_out; BF on a side stream where the
     settings say so (Context.beside), into a gradient made here and marked used there."""
     d_out = sliceable(d_out, site.memory_format)
-    input_kind, d_input, dw = layer_kinds(site.call.transposed)[1], None, None
-    if input_grad:  # both gradients made before either kernel borrows a workspace, as torch's backward does
-        d_input = context.output(site, input_kind, d_out)
+    d_input = dw = None
     with context.beside(input.device) as aside:
         if weight_grad:
             dw = gradient(site, weight)
             with aside(input, dw, d_out):
                 context.run(site, ConvKind.BACKWARD_FILTER, *_sides(site, input, dw, d_out))
         if input_grad:
-            d_input = context.run(site, input_kind, *_sides(site, d_input, weight, d_out))
+            d_input = context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, None, weight, d_out))
     return d_input, dw
 
 
