@@ -474,6 +474,25 @@ def test_a_workspace_that_flushes_torchs_cache_is_planned_within_half_and_result
     assert max(k["workspace"] for k in context.summary()["kernels"]) <= max(k["workspace"] for k in borrowing) // 2
 
 
+def test_a_kernel_whose_smaller_plan_costs_more_than_a_flush_keeps_its_workspace(tmp_path, monkeypatch):
+    """A flush costs a step FLUSH_MS; a plan within half predicted slower by more is no trade:
+    the kernel stays as planned, watched no more."""
+    from ucudnn import planner
+
+    monkeypatch.setattr(planner, "FLUSH_MS", -float("inf"))  # any smaller plan costs more than a flush
+    framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
+    framework.flush_at = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)
+        for _ in range(2):
+            assert_matches(run_step(ours, x), run_step(model, x))
+    flushed = framework.flushed
+    run_step(ours, x)
+    assert flushed and not context.summary()["shrinks"]
+    assert [k["workspace"] for k in context.summary()["kernels"] if k["via"] == "ucudnn" and k["workspace"]] \
+        == [k["workspace"] for k in borrowing]
+
+
 def test_kernels_are_watched_for_flushes_only_in_their_first_runs_and_only_with_auto(tmp_path):
     framework, _, ours, context, x, _ = planned_two_layers(tmp_path)
     for _ in range(WATCHED_RUNS):

@@ -17,12 +17,13 @@ planning timed: Planner._lessen). The margin covers what the converted call allo
 kernel that the framework's did not, the allocator's rounding and blocks it cannot merge; a
 workspace that still cannot be had is planned again within less (ucudnn.planner.Planner._shrink).
 A workspace that can be had only by the framework's allocator giving all its cached blocks back
-to the device (a flush: a device sync, then pages mapped again; about 3.5 ms a flush in
-wav2vec2's step, docs/results.md) costs more than a smaller plan: the first WATCHED_RUNS runs of
-each planned kernel are watched (Framework.flushes), and one that flushed is planned within half
-its workspace for its next runs. A room observed as one number cannot say in which cached blocks
-its bytes lie. quantized() rounds down to a grid of eight steps per power of two, so that kernels at nearby
-moments share one plan.
+to the device (a flush: a device sync, then pages mapped again; 3.9 ms or more a flush in
+wav2vec2's step, docs/results.md) costs more than a smaller plan, up to FLUSH_MS: the first
+WATCHED_RUNS runs of each planned kernel are watched (Framework.flushes), and one that flushed is
+planned within half its workspace for its next runs, unless that plan is predicted to be slower
+by more than a flush costs. A room observed as one number cannot say in which cached blocks its
+bytes lie. quantized() rounds down to a grid of eight steps per power of two, so that kernels at
+nearby moments share one plan.
 
 WD's division at such moments: with a step's kernels running one after another, each moment
 holds one kernel, so a division constrained moment by moment gives each kernel its moment's
@@ -38,6 +39,9 @@ AUTO = "auto"  # the workspace_limit (or total_limit) that asks for limits from 
 RECORDED_CALLS = 2  # calls of a layer observed before it is planned: the first step has no optimizer state yet
 MARGIN_BYTES = 16 * 2**20
 WATCHED_RUNS = 4  # runs of a planned kernel watched for flushes (Planner.run)
+# What a flush costs a step, the least measured: wav2vec2 at 64 MiB, torch 48.5 ms with none a step
+# against 68.0 with 5 (docs/results.md, "Flushes")
+FLUSH_MS = 3.9
 MARGIN_DIVISOR = 16
 _STEPS = 8  # grid steps per power of two
 

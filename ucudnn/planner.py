@@ -43,7 +43,7 @@ from .assignment import NO_MEMORY
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
-from .memory import RECORDED_CALLS, WATCHED_RUNS, Memory, quantized, workspace_limit
+from .memory import FLUSH_MS, RECORDED_CALLS, WATCHED_RUNS, Memory, quantized, workspace_limit
 from .problem import ConvKind, ConvProblem
 from .progress import Progress
 from .transposition import as_forward, faster
@@ -201,8 +201,27 @@ class Planner:
         before = self.framework.flushes(site.call.device) if watched else 0
         kernel(*operands)
         if watched and self.framework.flushes(site.call.device) > before:
-            self._shrink(site, kind, kernel, why=FLUSHED)
+            self._flushed(site, kind, kernel)
         return operands[written]
+
+    def _flushed(self, site, kind: ConvKind, kernel) -> None:
+        """A watched run of `kernel` flushed the framework's cache: it is planned within less
+        (_shrink) where its plan within half is predicted to take at most FLUSH_MS longer (what
+        a flush costs, ucudnn.memory), else it stays and is watched no more."""
+        if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
+            self._watched[site, kind, kernel] = WATCHED_RUNS
+            return
+        self._shrink(site, kind, kernel, why=FLUSHED)
+
+    def _half_slower_ms(self, call, kernel) -> float:
+        """How much longer the kernel's plan within half its workspace is predicted to take
+        (inf where none is left)."""
+        try:
+            with self.framework.planning(call.device):
+                half = self.handle(call.device).within(kernel.problem, kernel.assignment.workspace_size // 2)
+        except UNPLANNABLE:
+            return math.inf
+        return half.configuration.time_ms - kernel.assignment.configuration.time_ms
 
     def _watching(self, site, kind: ConvKind, kernel) -> bool:
         """Whether this run of `kernel` at the site's moment is watched for flushes (_run),
