@@ -493,6 +493,21 @@ def test_a_kernel_whose_smaller_plan_costs_more_than_a_flush_keeps_its_workspace
         == [k["workspace"] for k in borrowing]
 
 
+def test_kernels_are_not_watched_for_flushes_while_layers_wait_for_their_plan(tmp_path, monkeypatch):
+    """Planning gives torch's cache back between its slices: a flush then says nothing of the
+    steady step, and would spend the kernel's watched runs."""
+    framework, model, ours, context, x, _ = planned_two_layers(tmp_path)
+    monkeypatch.setattr(context, "plan_pending", lambda budget_s=None: 0)
+    context._pending[object()] = None  # a layer waiting for its plan
+    framework.flush_at = 0
+    for _ in range(WATCHED_RUNS):
+        run_step(ours, x)
+    assert framework.flushed and not context.summary()["shrinks"]
+    context._pending.clear()
+    with pytest.warns(UcudnnWarning, match="flushing the framework's cache"):
+        run_step(ours, x)
+
+
 def test_kernels_are_watched_for_flushes_only_in_their_first_runs_and_only_with_auto(tmp_path):
     framework, _, ours, context, x, _ = planned_two_layers(tmp_path)
     for _ in range(WATCHED_RUNS):

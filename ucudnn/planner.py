@@ -225,8 +225,10 @@ class Planner:
 
     def _watching(self, site, kind: ConvKind, kernel) -> bool:
         """Whether this run of `kernel` at the site's moment is watched for flushes (_run),
-        counting it: kernels shared by sites run at moments that differ."""
-        if not (self.auto and kernel.assignment.workspace_size):
+        counting it: kernels shared by sites run at moments that differ. Not while layers wait
+        for a plan: planning gives the framework's cache back between its slices, so the pool a
+        step runs in is not yet the steady one (wav2vec2 planned for 7 iterations at 64 MiB)."""
+        if not (self.auto and kernel.assignment.workspace_size) or self._pending:
             return False
         key = site, kind, kernel
         self._watched[key] += 1
