@@ -1,6 +1,7 @@
 """The problem model: one convolution kernel, immutable, with a key of everything that changes the answer."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Iterable, Sequence
@@ -55,6 +56,9 @@ def _check(value: str, name: str, choices) -> str:
 def default_math(dtype: str) -> str:
     """The math type ucudnn uses for `dtype` unless told otherwise: tensor_op for half types."""
     return "tensor_op" if dtype in HALF_TYPES else "default"
+
+
+_WRITTEN = {ConvKind.FORWARD: 2, ConvKind.BACKWARD_DATA: 0, ConvKind.BACKWARD_FILTER: 1}  # ConvProblem.written
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class ConvProblem:
     def spatial_dims(self) -> int:
         return len(self.x_shape) - 2
 
-    @property
+    @functools.cached_property  # asked on every run of a framework's kernel (Planner.run); fields are frozen
     def y_shape(self) -> tuple[int, ...]:
         out = output_size(self.x_shape[2:], self.w_shape[2:], self.pads, self.strides, self.dilations)
         return (self.batch, self.w_shape[0], *out)
@@ -151,7 +155,7 @@ class ConvProblem:
     @property
     def written(self) -> int:
         """Which of (x, w, y) the kernel writes, by position: y for F, x (dx) for BD, w (dw) for BF."""
-        return {ConvKind.FORWARD: 2, ConvKind.BACKWARD_DATA: 0}.get(self.kind, 1)
+        return _WRITTEN[self.kind]
 
     @property
     def written_shape(self) -> tuple[int, ...]:
