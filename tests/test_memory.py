@@ -18,7 +18,7 @@ from ucudnn.assignment import ALLOCATION_GRANULE
 from ucudnn.cache import Cache
 from ucudnn.errors import ConfigError, DeviceMemoryError, UcudnnWarning
 from ucudnn.measurements import OK, OUT_OF_MEMORY, KernelTable, Measurement
-from ucudnn.problem import ConvProblem
+from ucudnn.problem import ConvKind, ConvProblem
 
 MiB = 2**20
 
@@ -190,6 +190,7 @@ torch = pytest.importorskip("torch")
 from test_torch_cpu import assert_matches, run_step  # noqa: E402
 from torch import nn  # noqa: E402
 from torch_doubles import Clocked, NumpyFramework  # noqa: E402
+from ucudnn.delegation import OwnTiming  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn import fallback  # noqa: E402
@@ -506,6 +507,51 @@ def test_kernels_are_not_watched_for_flushes_while_layers_wait_for_their_plan(tm
     context._pending.clear()
     with pytest.warns(UcudnnWarning, match="flushing the framework's cache"):
         run_step(ours, x)
+
+
+class FlushingOwn(NumpyFramework):
+    """torch's own kernels flush the cache at every run (their workspace or result, as under
+    pressure); its BF is instant and needs no workspace, its F and BD cannot fit: a layer that
+    ucudnn keeps, with torch's own BF in place of ucudnn's plan."""
+
+    def __init__(self):
+        super().__init__(lambda p: OwnTiming(0.0, 0) if p.kind is ConvKind.BACKWARD_FILTER else OwnTiming(0.0, 2**50))
+
+    def own_kernel(self, problem):
+        own = super().own_kernel(problem)
+        framework = self
+
+        class Flushing:
+            via, counted = own.via, own.counted
+
+            def __init__(self):
+                self.problem = problem
+
+            def __call__(self, x, w, y):
+                framework.flushed += 1
+                return own(x, w, y)
+        return Flushing()
+
+
+@pytest.mark.parametrize("flush_ms, via", [(None, "ucudnn"), (-float("inf"), "torch")], ids=["put-back", "kept"])
+def test_torchs_own_kernel_that_flushes_gives_way_to_ucudnns_plan_it_replaced(tmp_path, monkeypatch, flush_ms, via):
+    """A faster own kernel plus a flush a step is slower than ucudnn's plan it was put in place of
+    (unless that plan is slower still by more than a flush costs)."""
+    from ucudnn import planner
+
+    if flush_ms is not None:
+        monkeypatch.setattr(planner, "FLUSH_MS", flush_ms)
+    torch.manual_seed(0)
+    plain = nn.Conv2d(3, 4, 3)
+    context = ut.Context(framework=FlushingOwn(), cache=Cache(tmp_path / "bench.db"), planning="first_call")
+    conv = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(4, 3, 6, 6)
+    assert_matches(run_step(conv, x), run_step(plain, x))
+    assert context.runs["torch", "BF"] == 1  # torch's own BF in place of ucudnn's plan
+    for _ in range(2):
+        assert_matches(run_step(conv, x), run_step(plain, x))
+    assert {k["kind"]: k["via"] for k in context.summary()["kernels"]}["BF"] == via
+    assert context.runs[via, "BF"] >= 2
 
 
 def test_kernels_are_watched_for_flushes_only_in_their_first_runs_and_only_with_auto(tmp_path):

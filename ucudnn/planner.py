@@ -152,6 +152,8 @@ class Planner:
         self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
         self._favourite_times: dict[tuple[ConvKind, Hashable], float] = {}  # ... and its time, where a layer is pressed
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
+        # (kind, call, room) -> ucudnn's kernel that the framework's own, faster, replaced, and the own's ms
+        self._set_aside: dict[tuple[ConvKind, Hashable, int], tuple[Any, float]] = {}
         self._watched: Counter = Counter()  # (site, kind, kernel) -> runs so far, up to WATCHED_RUNS + 1 (_watching)
         self._lock = threading.RLock()
         self.runs: Counter = Counter()
@@ -189,29 +191,62 @@ class Planner:
                     kernel = self._shrink(site, kind, kernel)
 
     def _run(self, site, kind: ConvKind, kernel, x, w, y) -> Any:
-        """One run of `kernel`. In the first WATCHED_RUNS runs of a ucudnn kernel that borrows a
-        workspace, with `auto`: where the run made the framework's allocator flush its cache,
-        the kernel is planned within half for the next runs (ucudnn.memory)."""
-        if kernel.via != UCUDNN:
-            return kernel(x, w, y)
-        operands, written = [x, w, y], kernel.problem.written
-        if operands[written] is None:  # made before the watch: only borrowing the workspace counts
+        """One run of `kernel`, watched for flushes of the framework's cache in its first
+        WATCHED_RUNS runs at the site (_watching, _flushed)."""
+        operands, written, ours = [x, w, y], kernel.problem.written, kernel.via == UCUDNN
+        if ours and operands[written] is None:  # made before the watch: only borrowing the workspace counts
             operands[written] = self.framework.result_for(kernel.problem, x if x is not None else y)
         watched = self._watching(site, kind, kernel)
         before = self.framework.flushes(site.call.device) if watched else 0
-        kernel(*operands)
+        result = kernel(*operands)
         if watched and self.framework.flushes(site.call.device) > before:
             self._flushed(site, kind, kernel)
-        return operands[written]
+        return operands[written] if ours else result
+
+    def _watching(self, site, kind: ConvKind, kernel) -> bool:
+        """Whether this run of `kernel` at the site's moment is watched for flushes (_run),
+        counting it: with `auto`, a ucudnn kernel that borrows a workspace, or the framework's
+        own kernel put in place of ucudnn's plan (_set_aside); kernels shared by sites run at
+        moments that differ. Not while layers wait for a plan: planning gives the framework's
+        cache back between its slices, so the pool a step runs in is not yet the steady one
+        (wav2vec2 planned for 7 iterations at 64 MiB)."""
+        if not self.auto or self._pending:
+            return False
+        if kernel.via == UCUDNN and not kernel.assignment.workspace_size:
+            return False
+        if kernel.via != UCUDNN and (kind, site.call, self._room(site, kind)) not in self._set_aside:
+            return False
+        key = site, kind, kernel
+        self._watched[key] += 1
+        return self._watched[key] <= WATCHED_RUNS
 
     def _flushed(self, site, kind: ConvKind, kernel) -> None:
-        """A watched run of `kernel` flushed the framework's cache: it is planned within less
-        (_shrink) where its plan within half is predicted to take at most FLUSH_MS longer (what
-        a flush costs, ucudnn.memory), else it stays and is watched no more."""
-        if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
+        """A watched run of `kernel` flushed the framework's cache. The framework's own kernel
+        gives way to ucudnn's plan it was put in place of where that plan is predicted to take
+        less than its own time plus a flush (FLUSH_MS, ucudnn.memory); ucudnn's kernel is planned
+        within less (_shrink) where its plan within half is predicted to take at most FLUSH_MS
+        longer. Else the kernel stays and is watched no more."""
+        if kernel.via != UCUDNN:
+            if not self._instead_of_own(site, kind):
+                self._watched[site, kind, kernel] = WATCHED_RUNS
+        elif not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
             self._watched[site, kind, kernel] = WATCHED_RUNS
-            return
-        self._shrink(site, kind, kernel, why=FLUSHED)
+        else:
+            self._shrink(site, kind, kernel, why=FLUSHED)
+
+    def _instead_of_own(self, site, kind: ConvKind) -> bool:
+        """Put ucudnn's plan back in place of the framework's own kernel (_flushed); whether it is
+        (another site may have put it back already)."""
+        key = kind, site.call, self._room(site, kind)
+        with self._lock:
+            if key in self._set_aside:
+                planned, own_ms = self._set_aside[key]
+                if planned.assignment.configuration.time_ms - own_ms >= FLUSH_MS:
+                    return False
+                self._kernels[key] = planned
+                del self._set_aside[key]
+            site.kernels[kind] = self._kernels[key]
+            return site.kernels[kind].via == UCUDNN
 
     def _half_slower_ms(self, call, kernel) -> float:
         """How much longer the kernel's plan within half its workspace is predicted to take
@@ -222,17 +257,6 @@ class Planner:
         except UNPLANNABLE:
             return math.inf
         return half.configuration.time_ms - kernel.assignment.configuration.time_ms
-
-    def _watching(self, site, kind: ConvKind, kernel) -> bool:
-        """Whether this run of `kernel` at the site's moment is watched for flushes (_run),
-        counting it: kernels shared by sites run at moments that differ. Not while layers wait
-        for a plan: planning gives the framework's cache back between its slices, so the pool a
-        step runs in is not yet the steady one (wav2vec2 planned for 7 iterations at 64 MiB)."""
-        if not (self.auto and kernel.assignment.workspace_size) or self._pending:
-            return False
-        key = site, kind, kernel
-        self._watched[key] += 1
-        return self._watched[key] <= WATCHED_RUNS
 
     def _shrink(self, site, kind: ConvKind, failed, why: str = ""):
         """The kernel planned for the site after `failed` could not borrow its workspace (or, with
@@ -467,6 +491,7 @@ class Planner:
             return True
         for i in own_kernels_faster(ucudnn_ms, own, rooms, groups):
             kind, room = site.kinds[i], rooms[i]
+            self._set_aside[kind, site.call, room] = kernels[i], own[i].ms
             self._kernels[kind, site.call, room] = site.kernels[kind] = self.framework.own_kernel(kernels[i].problem)
         return False
 
@@ -651,6 +676,8 @@ class Planner:
             self._in_step_ms.clear()
             self._outside_seen.clear()
             self._lessened.clear()
+            self._set_aside.clear()
+            self._watched.clear()
             self._lead = None
 
     def solved(self) -> bool:
