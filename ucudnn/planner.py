@@ -36,10 +36,10 @@ import time
 from collections import Counter
 from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, runtime_checkable
 
+from .assignment import NO_MEMORY
 from .config import Settings
 from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster,
                          pressed, settled_by_own, stored_timing, worth_delegating)
-from .assignment import NO_MEMORY
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
@@ -214,7 +214,7 @@ class Planner:
             return False
         if kernel.via == UCUDNN and not kernel.assignment.workspace_size:
             return False
-        if kernel.via != UCUDNN and (kind, site.call, self._room(site, kind)) not in self._set_aside:
+        if kernel.via != UCUDNN and not (self._set_aside and (kind, site.call, self._room(site, kind)) in self._set_aside):
             return False
         key = site, kind, kernel
         self._watched[key] += 1
