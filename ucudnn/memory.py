@@ -38,11 +38,11 @@ from typing import NamedTuple
 AUTO = "auto"  # the workspace_limit (or total_limit) that asks for limits from the timeline
 RECORDED_CALLS = 2  # calls of a layer observed before it is planned: the first step has no optimizer state yet
 MARGIN_BYTES = 16 * 2**20
+MARGIN_DIVISOR = 16
 WATCHED_RUNS = 4  # runs of a planned kernel watched for flushes (Planner.run)
 # What a flush costs a step, the least measured: wav2vec2 at 64 MiB, torch 48.5 ms with none a step
 # against 68.0 with 5 (docs/results.md, "Flushes")
 FLUSH_MS = 3.9
-MARGIN_DIVISOR = 16
 _STEPS = 8  # grid steps per power of two
 
 

@@ -229,10 +229,12 @@ class Planner:
         if kernel.via != UCUDNN:
             if not self._instead_of_own(site, kind):
                 self._watched[site, kind, kernel] = WATCHED_RUNS
-        elif not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
-            self._watched[site, kind, kernel] = WATCHED_RUNS
-        else:
-            self._shrink(site, kind, kernel, why=FLUSHED)
+            return
+        with self.framework.planning(site.call.device):  # one scope: its cache given back once, not twice
+            if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
+                self._watched[site, kind, kernel] = WATCHED_RUNS
+            else:
+                self._shrink(site, kind, kernel, flushed=True)
 
     def _instead_of_own(self, site, kind: ConvKind) -> bool:
         """Put ucudnn's plan back in place of the framework's own kernel (_flushed); whether it is
@@ -258,9 +260,9 @@ class Planner:
             return math.inf
         return half.configuration.time_ms - kernel.assignment.configuration.time_ms
 
-    def _shrink(self, site, kind: ConvKind, failed, why: str = ""):
-        """The kernel planned for the site after `failed` could not borrow its workspace (or, with
-        `why`, could only at that cost). A data gradient run as a forward convolution
+    def _shrink(self, site, kind: ConvKind, failed, flushed: bool = False):
+        """The kernel planned for the site after `failed` could not borrow its workspace (or,
+        `flushed`, could only by flushing the framework's cache). A data gradient run as a forward convolution
         (_AsForward) goes back to the BD kernel it replaced, as planned: nothing shrinks. Else the
         kernel is planned within the bytes the device has free once the framework's cached
         blocks went back (cached blocks in odd sizes cannot give one workspace; not asked after
@@ -273,8 +275,8 @@ class Planner:
             if kernel is failed and isinstance(failed, _AsForward):
                 kernel = self._kernels[key] = failed.backward
             elif kernel is failed:
-                available = None if why else self.framework.settled_memory(call.device).free
-                why = why or NO_MEMORY
+                available = None if flushed else self.framework.settled_memory(call.device).free
+                why = FLUSHED if flushed else NO_MEMORY
                 plan = failed.assignment if self.auto else None
                 with self.framework.planning(call.device):
                     kernel = self._kernels[key] = self._planned(
