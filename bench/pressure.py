@@ -264,6 +264,7 @@ def run_variant(args) -> dict:
         summary = ut.context_of(model).summary()
         result.update(kernels=summary["kernels"], shrinks=summary["shrinks"], runs=summary["runs"],
                       planning_s=summary["planning_s"], pending=summary["pending"],
+                      flush_watch=summary.get("flush_watch"),
                       converted=sum(isinstance(m, Converted) for m in model.modules()))
     return result
 
@@ -446,6 +447,10 @@ def explain(row: dict) -> str:
     if "flushes" in row:
         lines.append(f"\nThe allocator's retries in one step: {row['flushes']['step']}, "
                      f"{sum(flushes.values())} of them borrowing ucudnn's workspaces.")
+    if row.get("flush_watch"):
+        watch = row["flush_watch"]
+        lines.append(f"The flush watch: {watch['watched']} of {watch['steps']} steps watched; kept as planned "
+                     f"although they flushed: {', '.join(k[:60] for k in watch['kept']) or 'none'}.")
     return "\n".join(lines)
 
 

@@ -195,7 +195,7 @@ from ucudnn.delegation import OwnTiming  # noqa: E402
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn import fallback  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
-from ucudnn.memory import RECORDED_CALLS, WATCHED_RUNS, Memory, quantized, workspace_limit  # noqa: E402
+from ucudnn.memory import RECORDED_CALLS, WATCHED_STEPS, Memory, quantized, workspace_limit  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 
@@ -466,6 +466,7 @@ def test_a_workspace_that_flushes_torchs_cache_is_planned_within_half_and_result
     within half, until none flushes; the step's results stay torch's."""
     framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
     framework.flush_at = min(k["workspace"] for k in borrowing) - 1  # every borrow flushes
+    run_step(ours, x)  # not watched: the step before it did not flush
     with pytest.warns(UcudnnWarning, match="flushing the framework's cache to borrow"):
         got = run_step(ours, x)
     assert_matches(got, run_step(model, x))
@@ -496,12 +497,12 @@ def test_a_kernel_whose_smaller_plan_costs_more_than_a_flush_keeps_its_workspace
 
 def test_kernels_are_not_watched_for_flushes_while_layers_wait_for_their_plan(tmp_path, monkeypatch):
     """Planning gives torch's cache back between its slices: a flush then says nothing of the
-    steady step, and would spend the kernel's watched runs."""
+    steady step, and would spend the watch's steps."""
     framework, model, ours, context, x, _ = planned_two_layers(tmp_path)
     monkeypatch.setattr(context, "plan_pending", lambda budget_s=None: 0)
     context._pending[object()] = None  # a layer waiting for its plan
     framework.flush_at = 0
-    for _ in range(WATCHED_RUNS):
+    for _ in range(WATCHED_STEPS + 1):
         run_step(ours, x)
     assert framework.flushed and not context.summary()["shrinks"]
     context._pending.clear()
@@ -548,25 +549,45 @@ def test_torchs_own_kernel_that_flushes_gives_way_to_ucudnns_plan_it_replaced(tm
     x = torch.randn(4, 3, 6, 6)
     assert_matches(run_step(conv, x), run_step(plain, x))
     assert context.runs["torch", "BF"] == 1  # torch's own BF in place of ucudnn's plan
-    for _ in range(2):
+    for _ in range(3):  # the first step after planning is watched, then ucudnn's plan runs, or torch's kept
         assert_matches(run_step(conv, x), run_step(plain, x))
     assert {k["kind"]: k["via"] for k in context.summary()["kernels"]}["BF"] == via
     assert context.runs[via, "BF"] >= 2
 
 
-def test_kernels_are_watched_for_flushes_only_in_their_first_runs_and_only_with_auto(tmp_path):
+def test_kernels_are_watched_for_flushes_in_steps_after_one_that_flushed(tmp_path):
+    """A plan that changes moves the cached blocks the next step finds: a kernel that did not
+    flush in the first step after planning can flush in a later one. Steps after one that
+    flushed are watched; others are not (reading the count costs tens of microseconds)."""
+    framework, model, ours, context, x, _ = planned_two_layers(tmp_path)
+    assert context.summary()["flush_watch"]["watched"] == 1  # the first step after planning, which did not flush
+    framework.flush_at = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UcudnnWarning)
+        run_step(ours, x)  # after a step with no flush: not watched
+    assert framework.flushed and not context.summary()["shrinks"]
+    with pytest.warns(UcudnnWarning, match="flushing the framework's cache"):
+        assert_matches(run_step(ours, x), run_step(model, x))  # after one that flushed: watched
+    assert context.summary()["shrinks"] and context.summary()["flush_watch"]["watched"] == 2
+
+
+def test_the_flush_watch_follows_a_bounded_number_of_steps_and_only_with_auto(tmp_path):
     framework, _, ours, context, x, _ = planned_two_layers(tmp_path)
-    for _ in range(WATCHED_RUNS):
+    for _ in range(WATCHED_STEPS):
         run_step(ours, x)
     framework.flush_at = 0
     with warnings.catch_warnings():
         warnings.simplefilter("error", UcudnnWarning)
-        run_step(ours, x)  # past their watch: a flush reads nothing (memory_stats costs tens of us)
+        for _ in range(2):
+            run_step(ours, x)  # past the watch: a flush reads nothing
     assert framework.flushed and not context.summary()["shrinks"]
+    assert context.summary()["flush_watch"]["steps"] == WATCHED_STEPS
     fixed, _, ours, context, x, _ = planned_two_layers(tmp_path / "fixed", workspace_limit="64MiB")
     fixed.flush_at = 0
     run_step(ours, x)
+    run_step(ours, x)
     assert fixed.flushed and not context.summary()["shrinks"]  # a fixed limit keeps the paper's plan
+    assert "flush_watch" not in context.summary()
 
 
 def test_transposed_weights_that_cannot_be_had_give_way_to_the_data_gradients_own_kernel(monkeypatch):

@@ -18,10 +18,12 @@ kernel that the framework's did not, the allocator's rounding and blocks it cann
 workspace that still cannot be had is planned again within less (ucudnn.planner.Planner._shrink).
 A workspace that can be had only by the framework's allocator giving all its cached blocks back
 to the device (a flush: a device sync, then pages mapped again; 3.9 ms or more a flush in
-wav2vec2's step, docs/results.md) costs more than a smaller plan, up to FLUSH_MS: the first
-WATCHED_RUNS runs of each planned kernel are watched (Framework.flushes), and one that flushed is
+wav2vec2's step, docs/results.md) costs more than a smaller plan, up to FLUSH_MS: once planning
+is done, the planned kernels are watched (Framework.flushes) in the first step and in each step
+after one that flushed, over the next WATCHED_STEPS steps (FlushWatch), and one that flushed is
 planned within half its workspace for its next runs, unless that plan is predicted to be slower
-by more than a flush costs. A room observed as one number cannot say in which cached blocks its
+by more than a flush costs. Each plan that changes moves the cached blocks the next step finds:
+a kernel that did not flush in one step can in a later one (docs/results.md). A room observed as one number cannot say in which cached blocks its
 bytes lie. quantized() rounds down to a grid of eight steps per power of two, so that kernels at
 nearby moments share one plan.
 
@@ -39,11 +41,35 @@ AUTO = "auto"  # the workspace_limit (or total_limit) that asks for limits from 
 RECORDED_CALLS = 2  # calls of a layer observed before it is planned: the first step has no optimizer state yet
 MARGIN_BYTES = 16 * 2**20
 MARGIN_DIVISOR = 16
-WATCHED_RUNS = 4  # runs of a planned kernel watched for flushes (Planner.run)
+WATCHED_STEPS = 16  # steps after planning in which kernels are watched for flushes (FlushWatch)
 # What a flush costs a step, the least measured: wav2vec2 at 64 MiB, torch 48.5 ms with none a step
 # against 68.0 with 5 (docs/results.md, "Flushes")
 FLUSH_MS = 3.9
 _STEPS = 8  # grid steps per power of two
+
+
+class FlushWatch:
+    """Which steps' kernel runs are watched for flushes (Planner._run): of the first WATCHED_STEPS
+    steps after planning, the first and each one after a step that flushed. Reading the
+    framework's count costs tens of microseconds, so the rest go unwatched; kernels whose smaller
+    plan would cost more than a flush are `kept` out of it."""
+
+    def __init__(self) -> None:
+        self.open = False  # whether the current step's runs are watched
+        self.steps = self.watched = 0  # steps followed, steps watched
+        self.kept: set = set()  # (site, kind, kernel) watched no more
+        self._flushes: int | None = None  # the framework's count as the last step started
+
+    @property
+    def spent(self) -> bool:
+        return self.steps >= WATCHED_STEPS
+
+    def step(self, flushes: int) -> None:
+        """A step starts with the framework's count of flushes at `flushes`."""
+        flushed = self._flushes is None or flushes > self._flushes
+        self._flushes, self.steps = flushes, self.steps + 1
+        self.open = flushed and self.steps <= WATCHED_STEPS
+        self.watched += self.open
 
 
 class Memory(NamedTuple):

@@ -43,7 +43,7 @@ from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourite
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
-from .memory import FLUSH_MS, RECORDED_CALLS, WATCHED_RUNS, Memory, quantized, workspace_limit
+from .memory import FLUSH_MS, RECORDED_CALLS, FlushWatch, Memory, quantized, workspace_limit
 from .problem import ConvKind, ConvProblem
 from .progress import Progress
 from .transposition import as_forward, faster
@@ -154,7 +154,7 @@ class Planner:
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
         # (kind, call, room) -> ucudnn's kernel that the framework's own, faster, replaced, and the own's ms
         self._set_aside: dict[tuple[ConvKind, Hashable, int], tuple[Any, float]] = {}
-        self._watched: Counter = Counter()  # (site, kind, kernel) -> runs so far, up to WATCHED_RUNS + 1 (_watching)
+        self._watch = FlushWatch()  # which steps' runs are watched for flushes (_watching)
         self._lock = threading.RLock()
         self.runs: Counter = Counter()
         self._delegated_run = (framework.own, LAYER)
@@ -191,8 +191,8 @@ class Planner:
                     kernel = self._shrink(site, kind, kernel)
 
     def _run(self, site, kind: ConvKind, kernel, x, w, y) -> Any:
-        """One run of `kernel`, watched for flushes of the framework's cache in its first
-        WATCHED_RUNS runs at the site (_watching, _flushed)."""
+        """One run of `kernel`, watched for flushes of the framework's cache in the steps the
+        FlushWatch opens (_watching, _flushed)."""
         operands, written, ours = [x, w, y], kernel.problem.written, kernel.via == UCUDNN
         if ours and operands[written] is None:  # made before the watch: only borrowing the workspace counts
             operands[written] = self.framework.result_for(kernel.problem, x if x is not None else y)
@@ -204,21 +204,19 @@ class Planner:
         return operands[written] if ours else result
 
     def _watching(self, site, kind: ConvKind, kernel) -> bool:
-        """Whether this run of `kernel` at the site's moment is watched for flushes (_run),
-        counting it: with `auto`, a ucudnn kernel that borrows a workspace, or the framework's
-        own kernel put in place of ucudnn's plan (_set_aside); kernels shared by sites run at
-        moments that differ. Not while layers wait for a plan: planning gives the framework's
-        cache back between its slices, so the pool a step runs in is not yet the steady one
-        (wav2vec2 planned for 7 iterations at 64 MiB)."""
-        if not self.auto or self._pending:
+        """Whether this run of `kernel` at the site's moment is watched for flushes (_run): in a
+        step the FlushWatch opens (with `auto`, once no layer waits for a plan: planning gives the
+        framework's cache back between its slices, so the pool a step runs in is not yet the
+        steady one), a ucudnn kernel that borrows a workspace, or the framework's own kernel put
+        in place of ucudnn's plan (_set_aside), unless kept; kernels shared by sites run at
+        moments that differ."""
+        if not self._watch.open or self._pending:
             return False
         if kernel.via == UCUDNN and not kernel.assignment.workspace_size:
             return False
         if kernel.via != UCUDNN and not (self._set_aside and (kind, site.call, self._room(site, kind)) in self._set_aside):
             return False
-        key = site, kind, kernel
-        self._watched[key] += 1
-        return self._watched[key] <= WATCHED_RUNS
+        return (site, kind, kernel) not in self._watch.kept
 
     def _flushed(self, site, kind: ConvKind, kernel) -> None:
         """A watched run of `kernel` flushed the framework's cache. The framework's own kernel
@@ -228,11 +226,11 @@ class Planner:
         longer. Else the kernel stays and is watched no more."""
         if kernel.via != UCUDNN:
             if not self._instead_of_own(site, kind):
-                self._watched[site, kind, kernel] = WATCHED_RUNS
+                self._watch.kept.add((site, kind, kernel))
             return
         with self.framework.planning(site.call.device):  # one scope: its cache given back once, not twice
             if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
-                self._watched[site, kind, kernel] = WATCHED_RUNS
+                self._watch.kept.add((site, kind, kernel))
             else:
                 self._shrink(site, kind, kernel, flushed=True)
 
@@ -288,9 +286,10 @@ class Planner:
         """Route a call of the site's layer: True where it runs the framework's own convolution.
         Its first call plans it (the decision, and the sweep where one is needed), or with planning
         'between_iterations' queues it; the lead site's call (_leads) starts an iteration, and
-        layers waiting for a plan get PLANNING_SLICE_S of planning there."""
-        if site is self._lead and self._pending:
-            self.plan_pending(PLANNING_SLICE_S)
+        layers waiting for a plan get PLANNING_SLICE_S of planning there, and once none waits the
+        FlushWatch learns that a step starts."""
+        if site is self._lead:
+            self._starts_step(site)
         delegated = site.delegated
         if delegated is None:
             if self._leads(site):
@@ -309,6 +308,14 @@ class Planner:
         site.steady = self.steady(site)
         return delegated
 
+    def _starts_step(self, lead) -> None:
+        """An iteration starts at the lead site's call: planning where layers wait, else the
+        flush watch's step (with `auto`, until it is spent)."""
+        if self._pending:
+            self.plan_pending(PLANNING_SLICE_S)
+        if self.auto and not self._pending and not self._watch.spent:
+            self._watch.step(self.framework.flushes(lead.call.device))
+
     def _leads(self, site) -> bool:
         """Whether a new site's calls start iterations from now on: the first site, or the first
         with backward kernels where the lead has none (a validation pass run before training,
@@ -321,8 +328,13 @@ class Planner:
         delegated, where route() has nothing else to do (no stretch of planning to close, and not
         the first site, whose calls start planning, while layers wait for a plan). A layer then
         runs the framework's own convolution at once, counting the call in `runs` itself; _wait
-        and a reset of the sites take the flag back."""
-        return site.delegated is True and not self.progress.open and not (site is self._lead and self._pending)
+        and a reset of the sites take the flag back. The lead's calls start steps (_starts_step)."""
+        return site.delegated is True and not self.progress.open and not (site is self._lead and self._starts_steps())
+
+    def _starts_steps(self) -> bool:
+        """Whether the lead site's calls have work as a step starts: layers wait for a plan, or
+        the flush watch follows steps."""
+        return bool(self._pending) or (self.auto and not self._watch.spent)
 
     def settle(self, site) -> bool:
         """Decide the site's layer now, whatever settings.planning says: True where it runs the
@@ -679,7 +691,7 @@ class Planner:
             self._outside_seen.clear()
             self._lessened.clear()
             self._set_aside.clear()
-            self._watched.clear()
+            self._watch = FlushWatch()
             self._lead = None
 
     def solved(self) -> bool:
@@ -706,6 +718,9 @@ class Planner:
         out["cudnn_handles"] = dict(self.framework.cudnn_handles)  # device -> whose handle: the framework's, or why not
         out["shrinks"] = [dict(kernel=what, failed=failed, limit=limit)
                           for h in self._handles.values() for what, failed, limit in h.shrinks]
+        if self.auto:
+            out["flush_watch"] = dict(steps=self._watch.steps, watched=self._watch.watched,
+                                      kept=[kernel.problem.describe() for _, _, kernel in self._watch.kept])
         return out
 
     def _describe(self, kind: ConvKind, call, room: int, delegated: bool) -> dict:
