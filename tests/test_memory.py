@@ -638,3 +638,20 @@ def test_torch_gets_its_cached_blocks_back_as_the_outermost_planning_scope_ends(
                 pass
         assert emptied == []
     assert emptied == [True]
+
+
+def test_a_flushed_kernels_smaller_plan_is_weighed_from_the_measurements_at_hand(tmp_path, monkeypatch):
+    """Nothing is measured in the middle of a step, where the kernel's moment leaves little
+    free: the plan within half is weighed (and installed) from what the cache holds."""
+    from ucudnn import assignment
+
+    framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
+
+    def measuring(*args, **kwargs):
+        raise AssertionError("measured in the middle of a step")
+    monkeypatch.setattr(assignment, "ensure_tables", measuring)
+    framework.flush_at = 0
+    run_step(ours, x)  # not watched: the step before it did not flush
+    with pytest.warns(UcudnnWarning, match="flushing the framework's cache"):
+        assert_matches(run_step(ours, x), run_step(model, x))
+    assert context.summary()["shrinks"]

@@ -40,7 +40,7 @@ from .assignment import NO_MEMORY
 from .config import Settings
 from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster,
                          pressed, settled_by_own, stored_timing, worth_delegating)
-from .errors import DeviceMemoryError
+from .errors import DeviceMemoryError, InfeasibleError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
 from .memory import FLUSH_MS, RECORDED_CALLS, FlushWatch, Memory, quantized, workspace_limit
@@ -228,11 +228,10 @@ class Planner:
             if not self._instead_of_own(site, kind):
                 self._watch.kept.add((site, kind, kernel))
             return
-        with self.framework.planning(site.call.device):  # one scope: its cache given back once, not twice
-            if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
-                self._watch.kept.add((site, kind, kernel))
-            else:
-                self._shrink(site, kind, kernel, flushed=True)
+        if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
+            self._watch.kept.add((site, kind, kernel))
+        else:
+            self._shrink(site, kind, kernel, flushed=True)
 
     def _instead_of_own(self, site, kind: ConvKind) -> bool:
         """Put ucudnn's plan back in place of the framework's own kernel (_flushed); whether it is
@@ -249,12 +248,12 @@ class Planner:
             return site.kernels[kind].via == UCUDNN
 
     def _half_slower_ms(self, call, kernel) -> float:
-        """How much longer the kernel's plan within half its workspace is predicted to take
-        (inf where none is left)."""
+        """How much longer the kernel's plan within half its workspace is predicted to take, from
+        the measurements at hand, as _shrink plans it (inf where they hold none): nothing is
+        measured in the middle of a step, where its moment leaves little free."""
         try:
-            with self.framework.planning(call.device):
-                half = self.handle(call.device).within(kernel.problem, kernel.assignment.workspace_size // 2)
-        except UNPLANNABLE:
+            half = self.handle(call.device).within(kernel.problem, kernel.assignment.workspace_size // 2, at_hand=True)
+        except (*UNPLANNABLE, InfeasibleError):
             return math.inf
         return half.configuration.time_ms - kernel.assignment.configuration.time_ms
 
