@@ -39,8 +39,8 @@ class NumpyHandle:
     def shrink(self, problem, available=None, failed=None, why="no GPU memory for"):
         return self.assignments.shrink(problem, available, failed, why)
 
-    def within(self, problem, limit, at_hand=False):
-        return self.assignments.within(problem, limit, at_hand)
+    def within(self, problem, limit):
+        return self.assignments.within(problem, limit)
 
     @property
     def shrinks(self):

@@ -143,12 +143,11 @@ class Assignments:
             self._say(f"{problem.describe()} within {limit / 2**20:.1f} MiB", assignment)
         return assignment
 
-    def within(self, problem: ConvProblem, limit: int, at_hand: bool = False) -> Assignment:
+    def within(self, problem: ConvProblem, limit: int) -> Assignment:
         """WR: the kernel's plan within `limit` bytes (the cache, and this GPU for what it
-        lacks; `at_hand`: the cache alone, nothing measured), and its workspace; the caller keeps
-        it (a framework's kernel planned for one moment of its step, ucudnn.memory), the handle
-        does not."""
-        assignment = self._within(problem, limit, self._tables_at_hand if at_hand else None)
+        lacks), and its workspace; the caller keeps it (a framework's kernel planned for one
+        moment of its step, ucudnn.memory), the handle does not."""
+        assignment = self._within(problem, limit)
         self._say(f"{problem.describe()} within {limit / 2**20:.1f} MiB", assignment)
         return assignment
 

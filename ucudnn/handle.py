@@ -158,11 +158,10 @@ class Handle:
             self._programs = {key: run for key, run in self._programs.items() if key[0] != problem}
         return self.assignments.shrink(problem, available, failed, why)
 
-    def within(self, problem: ConvProblem, limit: int, at_hand: bool = False) -> Assignment:
-        """WR: `problem`'s plan within `limit` bytes (`at_hand`: from what the cache holds, nothing
-        measured), kept by the caller rather than this handle: a framework plans one kernel at
-        several moments of its step (Assignments.within)."""
-        return self.assignments.within(problem, limit, at_hand)
+    def within(self, problem: ConvProblem, limit: int) -> Assignment:
+        """WR: `problem`'s plan within `limit` bytes, kept by the caller rather than this handle:
+        a framework plans one kernel at several moments of its step (Assignments.within)."""
+        return self.assignments.within(problem, limit)
 
     @property
     def wd_limit(self) -> int | None:

@@ -40,7 +40,7 @@ from .assignment import NO_MEMORY
 from .config import Settings
 from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster,
                          pressed, settled_by_own, stored_timing, worth_delegating)
-from .errors import DeviceMemoryError, InfeasibleError
+from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
 from .memory import FLUSH_MS, RECORDED_CALLS, FlushWatch, Memory, quantized, workspace_limit
@@ -155,6 +155,7 @@ class Planner:
         # (kind, call, room) -> ucudnn's kernel that the framework's own, faster, replaced, and the own's ms
         self._set_aside: dict[tuple[ConvKind, Hashable, int], tuple[Any, float]] = {}
         self._watch = FlushWatch()  # which steps' runs are watched for flushes (_watching)
+        self._flushed_kernels: dict[tuple, None] = {}  # (site, kind, kernel) that flushed, weighed as a step starts
         self._lock = threading.RLock()
         self.runs: Counter = Counter()
         self._delegated_run = (framework.own, LAYER)
@@ -221,17 +222,30 @@ class Planner:
     def _flushed(self, site, kind: ConvKind, kernel) -> None:
         """A watched run of `kernel` flushed the framework's cache. The framework's own kernel
         gives way to ucudnn's plan it was put in place of where that plan is predicted to take
-        less than its own time plus a flush (FLUSH_MS, ucudnn.memory); ucudnn's kernel is planned
-        within less (_shrink) where its plan within half is predicted to take at most FLUSH_MS
-        longer. Else the kernel stays and is watched no more."""
-        if kernel.via != UCUDNN:
-            if not self._instead_of_own(site, kind):
-                self._watch.kept.add((site, kind, kernel))
-            return
-        if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
+        less than its own time plus a flush (FLUSH_MS, ucudnn.memory), else it stays and is
+        watched no more; ucudnn's kernel is weighed as the next step starts (_weigh_flushed)."""
+        if kernel.via == UCUDNN:
+            self._flushed_kernels[site, kind, kernel] = None
+            self._lead.steady = False  # the lead's next call starts the step that weighs it
+        elif not self._instead_of_own(site, kind):
             self._watch.kept.add((site, kind, kernel))
-        else:
-            self._shrink(site, kind, kernel, flushed=True)
+
+    def _weigh_flushed(self) -> None:
+        """ucudnn's kernels that flushed in the last step, weighed as this one starts, when the
+        step's activations are gone and sizes the kernel's sweep did not need can be measured
+        (in the middle of the step its moment leaves little free, and the sizes at hand within
+        half gave wav2vec2's kernels plans up to 4 ms slower: docs/results.md): planned within
+        less (_shrink) where the plan within half is predicted to take at most FLUSH_MS longer,
+        else kept as planned and watched no more."""
+        flushed, self._flushed_kernels = self._flushed_kernels, {}
+        for site, kind, kernel in flushed:
+            if site.kernels.get(kind) is not kernel:  # another site's flush shrank it already
+                continue
+            with self.framework.planning(site.call.device):  # one scope: its cache given back once
+                if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
+                    self._watch.kept.add((site, kind, kernel))
+                else:
+                    self._shrink(site, kind, kernel, flushed=True)
 
     def _instead_of_own(self, site, kind: ConvKind) -> bool:
         """Put ucudnn's plan back in place of the framework's own kernel (_flushed); whether it is
@@ -248,12 +262,11 @@ class Planner:
             return site.kernels[kind].via == UCUDNN
 
     def _half_slower_ms(self, call, kernel) -> float:
-        """How much longer the kernel's plan within half its workspace is predicted to take, from
-        the measurements at hand, as _shrink plans it (inf where they hold none): nothing is
-        measured in the middle of a step, where its moment leaves little free."""
+        """How much longer the kernel's plan within half its workspace is predicted to take
+        (inf where none is left)."""
         try:
-            half = self.handle(call.device).within(kernel.problem, kernel.assignment.workspace_size // 2, at_hand=True)
-        except (*UNPLANNABLE, InfeasibleError):
+            half = self.handle(call.device).within(kernel.problem, kernel.assignment.workspace_size // 2)
+        except UNPLANNABLE:
             return math.inf
         return half.configuration.time_ms - kernel.assignment.configuration.time_ms
 
@@ -309,10 +322,15 @@ class Planner:
 
     def _starts_step(self, lead) -> None:
         """An iteration starts at the lead site's call: planning where layers wait, else the
-        flush watch's step (with `auto`, until it is spent)."""
+        kernels that flushed in the last step weighed, and the flush watch's step (with `auto`,
+        until it is spent)."""
         if self._pending:
             self.plan_pending(PLANNING_SLICE_S)
-        if self.auto and not self._pending and not self._watch.spent:
+        if self._pending:
+            return
+        if self._flushed_kernels:
+            self._weigh_flushed()
+        if self.auto and not self._watch.spent:  # read after weighing: its measuring may flush
             self._watch.step(self.framework.flushes(lead.call.device))
 
     def _leads(self, site) -> bool:
@@ -333,7 +351,7 @@ class Planner:
     def _starts_steps(self) -> bool:
         """Whether the lead site's calls have work as a step starts: layers wait for a plan, or
         the flush watch follows steps."""
-        return bool(self._pending) or (self.auto and not self._watch.spent)
+        return bool(self._pending or self._flushed_kernels) or (self.auto and not self._watch.spent)
 
     def settle(self, site) -> bool:
         """Decide the site's layer now, whatever settings.planning says: True where it runs the
@@ -691,6 +709,7 @@ class Planner:
             self._lessened.clear()
             self._set_aside.clear()
             self._watch = FlushWatch()
+            self._flushed_kernels.clear()
             self._lead = None
 
     def solved(self) -> bool:
