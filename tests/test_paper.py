@@ -159,9 +159,9 @@ class _Timer:
         return 1.1 * configuration.time_ms
 
 
-def _executed(tmp_path, timer, figure: str):
+def _executed(tmp_path, timer, figure: str, progress=None):
     settings = Settings(cache_path=str(tmp_path / "measured.db"))
-    with Executed(settings, FakeBenchmarker(backends=("legacy", "engines")), timer) as evidence:
+    with Executed(settings, FakeBenchmarker(backends=("legacy", "engines")), timer, progress) as evidence:
         assert evidence.base.search == "full"  # measured as the paper's WR benchmarks: every candidate, every size
         return write_figures([figure], evidence, tmp_path / "out")
 
@@ -185,6 +185,14 @@ def test_the_executed_path_of_one_kernel_and_of_wd_runs_on_a_stand_in_gpu(tmp_pa
     _, paths = _executed(tmp_path, timer, figure)
     assert [p.name for p in paths] == [f"fig{figure}-executed.md", f"fig{figure}-executed.png"]
     assert timer.runs and "executed on Fake GPU" in paths[0].read_text()
+
+
+def test_an_executed_figure_says_which_kernel_it_measures_and_how_far_it_is(tmp_path):
+    """Measuring a figure on a GPU the recording lacks takes minutes (Fig. 8 on an H200: over
+    nine, docs/results.md): each kernel's measuring is reported as it starts, and the end."""
+    heard = []
+    _executed(tmp_path, _Timer(), "9", lambda done, total, problem: heard.append((done, total, problem.key)))
+    assert heard and heard[0][0] == 0 and heard[-1][0] == heard[-1][1] > 0
 
 
 @shipped

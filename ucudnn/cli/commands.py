@@ -149,7 +149,8 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
 def paper(args) -> int:
     settings = Settings.load(cache_path=args.cache)
     numbers = list(FIGURES) if args.figure == "all" else [args.figure]
-    with (Executed if args.execute else Predicted)(settings) as evidence:
+    evidence = Executed(settings, progress=ProgressBar({})) if args.execute else Predicted(settings)
+    with evidence:
         results, paths = write_figures(numbers, evidence, args.out)
         print(f"{evidence.describe()}; {evidence.timing()}\n")
     print(table(("figure", "what", "paper (P100-SXM2)", *(f"now: {c}" for c in CANDIDATES)),

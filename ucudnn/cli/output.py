@@ -23,6 +23,8 @@ class ProgressBar:
         self.start = time.monotonic()
 
     def __call__(self, done: int, total: int, problem) -> None:
+        if done == 0:  # a run of measuring starts (a figure may measure in several)
+            self.start = time.monotonic()
         elapsed = time.monotonic() - self.start
         left = f"{elapsed / done * (total - done):.0f} s left" if done else "time left unknown"
         current = "done" if done == total else self.names.get(problem.key, problem.describe())

@@ -22,7 +22,7 @@ from ..optimizers.configuration import Configuration
 from ..problem import ConvProblem, Kernel
 from ..report import Report, make_report
 from ..solve import Measure, plan
-from ..sources import complete_tables, device_with_most, gpu_available, open_database
+from ..sources import Progress, complete_tables, device_with_most, gpu_available, open_database
 
 # Whose candidates a figure plans with: cuDNN's legacy algorithms alone (the API the paper's cuDNN
 # 6 and 7 had), or those and cuDNN's graph-API engines (ucudnn's default); drawings show the last
@@ -146,12 +146,14 @@ class Executed(Evidence):
     """Measurements taken on this GPU into the settings' cache where it lacks them, by a full
     search (every candidate at every size, as the paper's WR benchmarks and as `ucudnn bench`
     recorded the shipped file), and every configuration executed as the handle runs it (median of
-    timed runs). `benchmarker` and `timer` stand in for the GPU's (tests)."""
+    timed runs). `benchmarker` and `timer` stand in for the GPU's (tests); `progress` hears of
+    each kernel measured (sources.Progress: the CLI's bar)."""
 
     label = "executed"
     executed = True
 
-    def __init__(self, settings: Settings | None = None, benchmarker=None, timer=None):
+    def __init__(self, settings: Settings | None = None, benchmarker=None, timer=None,
+                 progress: Progress | None = None):
         super().__init__(replace(settings or Settings.load(), search="full"))
         if benchmarker is None or timer is None:
             if not gpu_available():
@@ -161,13 +163,14 @@ class Executed(Evidence):
             benchmarker = CudnnBenchmarker(execution=self.base.execution, backend="all")
             timer = ConfigurationTimer(benchmarker.handle, stream=benchmarker.stream,
                                        execution=self.base.execution, backend="all")
-        self.benchmarker, self.timer = benchmarker, timer
+        self.benchmarker, self.timer, self.progress = benchmarker, timer, progress
         self.source = Cache(self.base.cache_path)
         self.device, self.database = benchmarker.device, self.source.path
         self._times: dict[tuple[str, Configuration], float] = {}
 
     def measure(self, settings: Settings) -> Measure:
-        return lambda problems, cap: complete_tables(problems, settings, cap, self.source, self.benchmarker)
+        return lambda problems, cap: complete_tables(problems, settings, cap, self.source, self.benchmarker,
+                                                     self.progress)
 
     def time_ms(self, kernel: Kernel, configuration: Configuration) -> float:
         key = (kernel.problem.key, configuration)
