@@ -39,11 +39,8 @@ def index_page(results: dict[str, Result], evidence: Evidence, out: Path) -> str
     and the headlines of `results`."""
     rows = []
     for number, figure in FIGURES.items():
-        executed = f"{figure.stem(evidence)}-executed"
-        shown = (f"[{executed}.md]({executed}.md)" if (out / f"{executed}.md").exists()
-                 else f"not yet produced: `ucudnn paper {number} --execute` on a GPU")
         rows.append(f"| Fig. {number} | {figure.title} | [{figure.stem(evidence)}.md]({figure.stem(evidence)}.md) | "
-                    f"{shown} |")
+                    f"{figure.executed_cell(evidence, out)} |")
     headlines = [(f"Fig. {number}", h) for number, result in results.items() for h in result.headlines]
     return "\n".join([
         "# The paper's evaluation, figure by figure", "",

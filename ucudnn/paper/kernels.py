@@ -203,7 +203,7 @@ FIGURES = (
            "runs 4.51x slower.", one_byte_less),
     Figure("8", "the desirable configurations of AlexNet's conv2 (forward)",
            "the Pareto front of conv2's forward convolution on P100-SXM2 within 120 MiB at B = 256; the fastest "
-           "point runs FFT_TILING on two micro-batches of 128.", desirable),
+           "point runs FFT_TILING on two micro-batches of 128.", desirable, executes=False),
     Figure("9", "AlexNet's conv2 (forward) under each batch size policy",
            "conv2's forward convolution on P100-SXM2 within 64 MiB at B = 256: undivided, cuDNN picks GEMM "
            "(4.3 KiB of workspace) since FFT needs 213 MiB; powerOfTwo runs FFT on micro-batches of 32 (48.9 MiB); "

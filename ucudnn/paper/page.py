@@ -71,6 +71,18 @@ class Figure:
     title: str
     paper: str
     make: Callable[[Evidence], Result]
+    executes: bool = True  # whether the paper timed it running; else it is a plan from measurements
+
+    def executed_cell(self, evidence: Evidence, out: Path) -> str:
+        """Its executed page in the index of folder `out`: a link where one is written, else the
+        command that writes it, or, for a plan (a desirable set, a division), that the paper's
+        figure was one too: its page from measurements is the figure."""
+        stem = f"{self.stem(evidence)}-executed"
+        if (out / f"{stem}.md").exists():
+            return f"[{stem}.md]({stem}.md)"
+        if not self.executes:
+            return "none: a plan from measurements, as the paper's figure is"
+        return f"not yet produced: `ucudnn paper {self.number} --execute` on a GPU"
 
     def stem(self, evidence: Evidence) -> str:
         """fig9 (predicted) or fig9-executed."""
