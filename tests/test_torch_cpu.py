@@ -1280,3 +1280,29 @@ def test_training_after_a_validation_pass_is_planned_in_training_iterations(nump
         got = run_step(ours, x)
     assert_matches(got, run_step(theirs, x))
     assert ours[0].ucudnn_context.runs["ucudnn", "BF"] > 0
+
+
+@pytest.mark.parametrize("make, shape, fmt", [
+    (lambda: nn.Conv1d(3, 5, 3, stride=2), (2, 3, 17), torch.contiguous_format),
+    (lambda: nn.Conv2d(3, 6, 3, padding=1, groups=3), (2, 3, 9, 7), torch.channels_last),
+    (lambda: nn.Conv3d(2, 4, 3, stride=(1, 2, 2)), (2, 2, 5, 9, 8), torch.contiguous_format),
+    (lambda: nn.ConvTranspose2d(4, 3, 3, stride=2, output_padding=1), (3, 4, 6, 5), torch.contiguous_format),
+], ids=["1d", "2d-grouped-nhwc", "3d", "transposed"])
+def test_the_traced_outputs_and_the_kernels_results_agree_in_shape_and_layout(make, shape, fmt):
+    """Two makers of what a layer's kernels write: convolution.output and gradient (what a traced
+    graph's fake records, by site) and TorchFramework.result_for (what Planner.run gives a ucudnn
+    kernel, by problem). A traced graph holds whichever the fake made, so they must agree."""
+    from ucudnn.integrations.torch import convolution
+    from ucudnn.integrations.torch.kernels import TorchFramework
+    from ucudnn.integrations.torch.sites import signature
+
+    module = make().to(memory_format=fmt) if fmt is torch.channels_last else make()
+    converted = ut.convert(copy.deepcopy(module), context=ut.Context(framework=NumpyFramework()))
+    x = torch.randn(shape).requires_grad_().contiguous(memory_format=fmt)
+    site = calls.resolve(converted, x, converted.ucudnn_context, signature(converted, x))
+    packed, weight, _ = calls.pack(converted, x, site.dtype, site.memory_format)
+    forward, input_gradient = calls.layer_kinds(site.call.transposed)
+    made = {forward: convolution.output(site, packed), input_gradient: convolution.gradient(site, packed)}
+    for kind, tensor in made.items():
+        result = TorchFramework.result_for(site.call.problem(kind), packed)
+        assert (result.shape, result.stride(), result.dtype) == (tensor.shape, tensor.stride(), tensor.dtype), kind
