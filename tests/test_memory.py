@@ -657,3 +657,24 @@ def test_a_flushed_kernel_is_weighed_as_the_next_step_starts_not_in_the_middle_o
     with pytest.warns(UcudnnWarning, match="flushing the framework's cache"):
         assert_matches(run_step(ours, x), run_step(model, x))
     assert context.summary()["shrinks"]
+
+
+def test_kernels_that_flushed_are_weighed_a_planning_slice_a_step(tmp_path, monkeypatch):
+    """Weighing measures: like planning between iterations, it takes about PLANNING_SLICE_S as a
+    step starts (at least one kernel), and the rest wait for the next step."""
+    from ucudnn import planner
+
+    framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
+    framework.flush_at = 0
+    run_step(ours, x)  # not watched
+    run_step(ours, x)  # watched: every borrowing kernel flushes
+    framework.flush_at = float("inf")
+    monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)
+    shrunk = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UcudnnWarning)
+        for _ in range(2 * len(borrowing)):  # a site adopting a kernel another site shrank also takes a turn
+            assert_matches(run_step(ours, x), run_step(model, x))
+            shrunk.append(len(context.summary()["shrinks"]))
+    assert shrunk[0] == 1 and all(b - a <= 1 for a, b in zip(shrunk, shrunk[1:])), shrunk
+    assert shrunk[-1] == len(borrowing) and not context._flushed_kernels

@@ -236,16 +236,25 @@ class Planner:
         (in the middle of the step its moment leaves little free, and the sizes at hand within
         half gave wav2vec2's kernels plans up to 4 ms slower: docs/results.md): planned within
         less (_shrink) where the plan within half is predicted to take at most FLUSH_MS longer,
-        else kept as planned and watched no more."""
-        flushed, self._flushed_kernels = self._flushed_kernels, {}
-        for site, kind, kernel in flushed:
-            if site.kernels.get(kind) is not kernel:  # another site's flush shrank it already
-                continue
-            with self.framework.planning(site.call.device):  # one scope: its cache given back once
+        else kept as planned and watched no more. Oldest first, for about PLANNING_SLICE_S (at
+        least one); the rest wait for the next step. One planning scope a device."""
+        deadline = time.perf_counter() + PLANNING_SLICE_S
+        with contextlib.ExitStack() as scopes:
+            devices: set = set()
+            while self._flushed_kernels:
+                site, kind, kernel = key = next(iter(self._flushed_kernels))
+                del self._flushed_kernels[key]
+                if site.kernels.get(kind) is not kernel:  # another site's flush shrank it already
+                    continue
+                if site.call.device not in devices:
+                    devices.add(site.call.device)
+                    scopes.enter_context(self.framework.planning(site.call.device))
                 if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
-                    self._watch.kept.add((site, kind, kernel))
+                    self._watch.kept.add(key)
                 else:
                     self._shrink(site, kind, kernel, flushed=True)
+                if time.perf_counter() >= deadline:
+                    break
 
     def _instead_of_own(self, site, kind: ConvKind) -> bool:
         """Put ucudnn's plan back in place of the framework's own kernel (_flushed); whether it is
