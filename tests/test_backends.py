@@ -411,3 +411,15 @@ def test_a_benchmarker_leaves_a_borrowed_handle_on_the_stream_it_found(monkeypat
             streams["handle"] = 99  # measuring on the benchmarker's stream ...
             raise RuntimeError("a measurement failed")
     assert streams["handle"] == 7  # ... and back on the owner's, even after a failure
+
+
+def test_a_call_cudnn_refuses_is_unsupported_and_one_that_fails_to_run_is_failed():
+    """cuDNN 9 groups its status codes by thousands: 2xxx BAD_PARAM and 3xxx NOT_SUPPORTED say
+    the candidate cannot compute the problem; 4xxx INTERNAL_ERROR and 5xxx EXECUTION_FAILED that
+    it failed to run it."""
+    from ucudnn.errors import CudnnError
+    from ucudnn.measurements import FAILED, failure_status
+
+    statuses = {2000: UNSUPPORTED, 3007: UNSUPPORTED, 4000: FAILED, 5003: FAILED}
+    assert {s: failure_status(CudnnError("cudnnConvolutionForward", s, "")) for s in statuses} == statuses
+    assert failure_status(RuntimeError("not cuDNN's")) == FAILED

@@ -77,3 +77,18 @@ def test_no_import_circle_in_the_package():
     ucudnn import X` inside ucudnn) would close a circle through them: modules import modules."""
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def unit(module: str) -> str:
+    """The top-level unit a module belongs to: `ucudnn.cache.database` -> `ucudnn.cache`."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_circle_among_the_top_level_units():
+    """A subpackage counts as one unit (its modules together), as a layer of packages will: with
+    no circle among units, ucudnn's modules can be grouped into layers that import downwards."""
+    units: dict[str, set[str]] = {}
+    for module, imports in import_graph().items():
+        units.setdefault(unit(module), set()).update(unit(m) for m in imports if unit(m) != unit(module))
+    cycle = find_cycle(units)
+    assert cycle is None, "import circle among units: " + " -> ".join(cycle)

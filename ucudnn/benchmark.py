@@ -119,7 +119,10 @@ class CudnnBenchmarker:
                  execution: str = "graph", backend: str = "", make_room: Callable[[], None] | None = None):
         self.handle, self.stream, self.backends = _open(handle, stream, backend)
         self.timing = timing
-        self.device = gpu.device_info(backends=self.backends.names).for_execution(execution).for_timing(timing.name)
+        from .backends import frontend_version
+
+        frontend = frontend_version() if "engines" in self.backends.names else ""  # the engines run through it
+        self.device = gpu.device_info(frontend_version=frontend).for_execution(execution).for_timing(timing.name)
         self.calls = 0  # (candidate, size) pairs measured: what a warm cache saves
         self.scratch = Scratch()
         self.pace = gpu.HostPace()  # of one candidate's call: sizes the coarse timings' spins

@@ -36,6 +36,12 @@ class CudnnError(UcudnnError):
         self.call, self.status, self.status_name = call, status, status_name
         super().__init__(f"{call} failed with {status_name} ({status})")
 
+    @property
+    def refused(self) -> bool:
+        """Whether cuDNN refused the call's parameters (a status of the BAD_PARAM or NOT_SUPPORTED
+        class: cuDNN 9 groups its codes by thousands, 2xxx and 3xxx) rather than failing to run it."""
+        return self.status // 1000 in (2, 3)
+
 
 class LibraryNotFoundError(UcudnnError, OSError):
     """libcudnn (or the CUDA runtime) could not be found or loaded."""

@@ -19,10 +19,9 @@ def cupy():
     return cp
 
 
-def device_info(device: int | None = None, backends: tuple[str, ...] = ()) -> Provenance:
-    """The current (or given) GPU and the loaded cuDNN (and the frontend's version where
-    `backends` includes the engines)."""
-    from .backends.base import frontend_version
+def device_info(device: int | None = None, frontend_version: str = "") -> Provenance:
+    """The current (or given) GPU and the loaded cuDNN, with the cuDNN frontend's version where
+    the caller's measurements use the engines (backends.base.frontend_version)."""
     from .bindings import cudnn
 
     cp = cupy()
@@ -31,7 +30,7 @@ def device_info(device: int | None = None, backends: tuple[str, ...] = ()) -> Pr
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     return Provenance(gpu_name=name, compute_capability=f"{props['major']}.{props['minor']}",
                       cudnn_version=cudnn.version(), driver_version=cp.cuda.runtime.driverGetVersion(),
-                      frontend_version=frontend_version() if "engines" in backends else "")
+                      frontend_version=frontend_version)
 
 
 def random_array(shape: tuple[int, ...], dtype: str, seed: int = 0):

@@ -8,7 +8,6 @@ from typing import Iterable, Sequence
 
 from .accumulation import accumulates
 from .accuracy import accurate
-from .bindings.enums import refuses_problem
 from .errors import CudnnError
 from .problem import ConvProblem
 
@@ -36,7 +35,7 @@ TORCH = "torch"
 def failure_status(exc: Exception) -> str:
     """The status of a candidate whose call raised `exc`: UNSUPPORTED where cuDNN refused the
     call's parameters, FAILED for any other error."""
-    return UNSUPPORTED if isinstance(exc, CudnnError) and refuses_problem(exc.status) else FAILED
+    return UNSUPPORTED if isinstance(exc, CudnnError) and exc.refused else FAILED
 
 
 @dataclass(frozen=True)

@@ -37,16 +37,6 @@ VIRTUAL_ALGO = 0
 SUCCESS = 0
 # cudnnDeterminism_t, the `determinism` of an AlgoPerf: CUDNN_NON_DETERMINISTIC is 0.
 DETERMINISTIC = 1
-# cuDNN 9 status codes are grouped by thousands.
-STATUS_CLASS = {2: "BAD_PARAM", 3: "NOT_SUPPORTED", 4: "INTERNAL_ERROR", 5: "EXECUTION_FAILED"}
-
-
-def refuses_problem(status: int) -> bool:
-    """Whether cuDNN refused the call's parameters (BAD_PARAM or NOT_SUPPORTED class) rather
-    than failing to run it."""
-    return STATUS_CLASS.get(status // 1000) in ("BAD_PARAM", "NOT_SUPPORTED")
-
-
 def algo_name(kind: ConvKind | str, algo: int) -> str:
     names = ALGORITHMS[ConvKind(kind)]
     return names[algo] if 0 <= algo < len(names) else f"ALGO_{algo}"
