@@ -678,3 +678,23 @@ def test_kernels_that_flushed_are_weighed_a_planning_slice_a_step(tmp_path, monk
             shrunk.append(len(context.summary()["shrinks"]))
     assert shrunk[0] == 1 and all(b - a <= 1 for a, b in zip(shrunk, shrunk[1:])), shrunk
     assert shrunk[-1] == len(borrowing) and not context._flushed_kernels
+
+
+def test_the_flush_watch_opens_after_a_flushing_step_and_closes_for_good_after_its_steps():
+    """A watch left open past its last step would read the allocator's count at every run."""
+    from ucudnn.memory import FlushWatch
+
+    watch, counts, reads = FlushWatch(), iter(range(100)), []
+
+    def read():  # a flush in every step
+        reads.append(None)
+        return next(counts)
+    opened = []
+    for _ in range(WATCHED_STEPS + 3):
+        watch.step(read)
+        opened.append(watch.open)
+    assert opened == [True] * WATCHED_STEPS + [False] * 3 and watch.spent and len(reads) == WATCHED_STEPS
+    quiet = FlushWatch()
+    for _ in range(3):
+        quiet.step(lambda: 7)  # no flush since the first step
+    assert not quiet.open and quiet.watched == 1 and not quiet.spent

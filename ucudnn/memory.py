@@ -20,11 +20,11 @@ A workspace that can be had only by the framework's allocator giving all its cac
 to the device (a flush: a device sync, then pages mapped again; 3.9 ms or more a flush in
 wav2vec2's step, docs/results.md) costs more than a smaller plan, up to FLUSH_MS: once planning
 is done, the planned kernels are watched (Framework.flushes) in the first step and in each step
-after one that flushed, over the next WATCHED_STEPS steps (FlushWatch), and one that flushed is
-planned within half its workspace for its next runs, unless that plan is predicted to be slower
-by more than a flush costs. Each plan that changes moves the cached blocks the next step finds:
-a kernel that did not flush in one step can in a later one (docs/results.md). A room observed as one number cannot say in which cached blocks its
-bytes lie. quantized() rounds down to a grid of eight steps per power of two, so that kernels at
+after one that flushed, over the next WATCHED_STEPS steps (FlushWatch); one that flushed is
+planned within half its workspace as the next step starts, unless that plan is predicted to be
+slower by more than a flush costs. Each plan that changes moves the cached blocks the next step
+finds: a kernel that did not flush in one step can in a later one (docs/results.md). A room
+observed as one number cannot say in which cached blocks its bytes lie. quantized() rounds down to a grid of eight steps per power of two, so that kernels at
 nearby moments share one plan.
 
 WD's division at such moments: with a step's kernels running one after another, each moment
@@ -35,7 +35,7 @@ the step's peak for the whole step.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 AUTO = "auto"  # the workspace_limit (or total_limit) that asks for limits from the timeline
 RECORDED_CALLS = 2  # calls of a layer observed before it is planned: the first step has no optimizer state yet
@@ -50,25 +50,32 @@ _STEPS = 8  # grid steps per power of two
 
 class FlushWatch:
     """Which steps' kernel runs are watched for flushes (Planner._run): of the first WATCHED_STEPS
-    steps after planning, the first and each one after a step that flushed. Reading the
-    framework's count costs tens of microseconds, so the rest go unwatched; kernels whose smaller
-    plan would cost more than a flush are `kept` out of it."""
+    steps after planning, the first and each one after a step that flushed; the step after them
+    closes the watch. Reading the framework's count costs tens of microseconds, so the rest go
+    unwatched; kernels whose smaller plan would cost more than a flush are `kept` out of it."""
 
     def __init__(self) -> None:
         self.open = False  # whether the current step's runs are watched
-        self.steps = self.watched = 0  # steps followed, steps watched
+        self.steps = self.watched = 0  # steps started since planning (up to WATCHED_STEPS + 1), steps watched
         self.kept: set = set()  # (site, kind, kernel) watched no more
         self._flushes: int | None = None  # the framework's count as the last step started
 
     @property
     def spent(self) -> bool:
-        return self.steps >= WATCHED_STEPS
+        """Whether the watch is closed: the step after the last one it follows has started."""
+        return self.steps > WATCHED_STEPS
 
-    def step(self, flushes: int) -> None:
-        """A step starts with the framework's count of flushes at `flushes`."""
-        flushed = self._flushes is None or flushes > self._flushes
-        self._flushes, self.steps = flushes, self.steps + 1
-        self.open = flushed and self.steps <= WATCHED_STEPS
+    def step(self, flushes: Callable[[], int]) -> None:
+        """A step starts; `flushes()` reads the framework's count of flushes (not once spent)."""
+        if self.spent:
+            return
+        self.steps += 1
+        if self.spent:
+            self.open = False
+            return
+        count = flushes()
+        self.open = self._flushes is None or count > self._flushes
+        self._flushes = count
         self.watched += self.open
 
 

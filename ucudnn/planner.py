@@ -43,7 +43,7 @@ from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourite
 from .errors import DeviceMemoryError
 from .fallback import UNPLANNABLE, fall_back
 from .measurements import OK
-from .memory import FLUSH_MS, RECORDED_CALLS, FlushWatch, Memory, quantized, workspace_limit
+from .memory import FLUSH_MS, RECORDED_CALLS, WATCHED_STEPS, FlushWatch, Memory, quantized, workspace_limit
 from .problem import ConvKind, ConvProblem
 from .progress import Progress
 from .transposition import as_forward, faster
@@ -339,8 +339,8 @@ class Planner:
             return
         if self._flushed_kernels:
             self._weigh_flushed()
-        if self.auto and not self._watch.spent:  # read after weighing: its measuring may flush
-            self._watch.step(self.framework.flushes(lead.call.device))
+        if self.auto:  # read after weighing: its measuring may flush
+            self._watch.step(lambda: self.framework.flushes(lead.call.device))
 
     def _leads(self, site) -> bool:
         """Whether a new site's calls start iterations from now on: the first site, or the first
@@ -355,9 +355,9 @@ class Planner:
         the first site, whose calls start planning, while layers wait for a plan). A layer then
         runs the framework's own convolution at once, counting the call in `runs` itself; _wait
         and a reset of the sites take the flag back. The lead's calls start steps (_starts_step)."""
-        return site.delegated is True and not self.progress.open and not (site is self._lead and self._starts_steps())
+        return site.delegated is True and not self.progress.open and not (site is self._lead and self._lead_has_work())
 
-    def _starts_steps(self) -> bool:
+    def _lead_has_work(self) -> bool:
         """Whether the lead site's calls have work as a step starts: layers wait for a plan, or
         the flush watch follows steps."""
         return bool(self._pending or self._flushed_kernels) or (self.auto and not self._watch.spent)
@@ -746,7 +746,7 @@ class Planner:
         out["shrinks"] = [dict(kernel=what, failed=failed, limit=limit)
                           for h in self._handles.values() for what, failed, limit in h.shrinks]
         if self.auto:
-            out["flush_watch"] = dict(steps=self._watch.steps, watched=self._watch.watched,
+            out["flush_watch"] = dict(steps=min(self._watch.steps, WATCHED_STEPS), watched=self._watch.watched,
                                       kept=[kernel.problem.describe() for _, _, kernel in self._watch.kept])
         return out
 
