@@ -10,8 +10,9 @@ SGD and, for AMP, a gradient scaler):
    then the model, so that torch's benchmark mode meets the pressure too; --iters steps, each
    timed on the host after a device sync (the first steps' planning included), the steady time
    the median of the last 8 by CUDA events. Variants: `free` (torch, no blocker), `torch`,
-   `control` (torch again: the A/A control), `ucudnn` (`convert(model)`, its defaults) and `wd`
-   (`convert(model, optimizer="wd", total_limit="auto")`).
+   `control` (torch again: the A/A control), `ucudnn` (`convert(model)`, its defaults), `wd`
+   (`convert(model, optimizer="wd", total_limit="auto")`) and `classes` (an experiment on flushes:
+   ucudnn with its workspaces borrowed in a few sizes, borrow_in_classes; in the log, not the table).
 3. ucudnn's variants then take one more step's gradients through ucudnn and through torch's own
    layers (the classes put back) on the same weights and batch, and compare them; `--explain`
    prints per kernel the room its moment left, ucudnn's limit and plan, and torch's kernel
@@ -42,7 +43,7 @@ PHASE = ["start"]  # what a child process was doing, for its error
 # torch's caching allocator with expandable segments, as the pressure figures were taken: without,
 # blocks split at the peak leave torch's own step out of memory under a 64 MiB headroom
 ALLOC_CONF = "expandable_segments:True"
-UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
+UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto"), "classes": {}}
 TORCH_VARIANTS = ("free", "torch", "control")
 
 # name -> (builder, batch, precision, input shape per sample, channels_last, loss)
@@ -58,6 +59,30 @@ MODELS = {
 
 
 # --- one process ----------------------------------------------------------------------------------
+
+def size_class(nbytes: int, divisions: int = 4) -> int:
+    """`nbytes` rounded up to one of `divisions` steps per power of two (320 MiB for 303 or 311)."""
+    if nbytes <= 2**21:
+        return nbytes
+    step = (1 << (nbytes - 1).bit_length()) // 2 // divisions
+    return -(-nbytes // step) * step
+
+
+def borrow_in_classes() -> None:
+    """The `classes` variant, an experiment on flushes: ucudnn's workspaces borrowed in a few sizes
+    (size_class), so that the block one leaves in torch's cache can hold the next kernel's instead
+    of splitting the pool into holes of many sizes; the exact size where the class cannot be had."""
+    from ucudnn.integrations.torch.kernels import TorchFramework
+
+    exact = TorchFramework.borrow
+
+    def borrow(self, nbytes, device):
+        try:
+            return exact(self, size_class(nbytes), device)[:nbytes]
+        except MemoryError:
+            return exact(self, nbytes, device)
+    TorchFramework.borrow = borrow
+
 
 def build(name: str, device):
     """The model (training mode, no pretrained weights) and a batch of its input."""
@@ -212,6 +237,8 @@ def run_variant(args) -> dict:
         import ucudnn.torch as ut
 
         ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS[args.variant])
+        if args.variant == "classes":
+            borrow_in_classes()
     step = trainer(model, x, args.model, amp)
     host, events, outside_mib, retries = [], [], [], []  # per iteration: host s, CUDA events, outside MiB, retries so far
     if args.profile_planning and args.variant in UCUDNN_VARIANTS:  # its first iterations, where it plans
