@@ -14,7 +14,7 @@ import pytest
 
 from fakes import FakeAllocator, FakeBenchmarker
 from test_assignment import LAYERS, make_assignments
-from ucudnn.assignment import ALLOCATION_GRANULE
+from ucudnn.assignment import ALLOCATION_GRANULE, NO_MEMORY
 from ucudnn.cache import Cache
 from ucudnn.errors import ConfigError, DeviceMemoryError, UcudnnWarning
 from ucudnn.measurements import OK, OUT_OF_MEMORY, KernelTable, Measurement
@@ -101,8 +101,8 @@ def test_wr_plans_again_within_half_until_the_workspace_fits(tmp_path):
     with pytest.warns(UcudnnWarning, match="planning again within"):
         plan = assignments.get(LAYERS[0])
     assert 0 < plan.workspace_size <= 100 * 2**10 and allocator.refused
-    assert [failed for _, failed, _ in assignments.shrinks] == allocator.refused
-    assert all(limit == failed // 2 for _, failed, limit in assignments.shrinks)
+    assert [s.failed for s in assignments.shrinks] == allocator.refused
+    assert all(s.limit == s.failed // 2 and s.why == NO_MEMORY for s in assignments.shrinks)
     assert plan.configuration.batch == LAYERS[0].batch
 
 
@@ -130,7 +130,7 @@ def test_shrink_halves_what_the_caller_could_not_borrow(tmp_path):
     before = assignments.get(LAYERS[0]).workspace_size
     with pytest.warns(UcudnnWarning):
         after = assignments.shrink(LAYERS[0])
-    assert after.workspace_size <= before // 2 and assignments.shrinks == [(LAYERS[0].describe(), before, before // 2)]
+    assert after.workspace_size <= before // 2 and assignments.shrinks == [(LAYERS[0].describe(), before, before // 2, NO_MEMORY)]
 
 
 def test_shrink_plans_from_the_measurements_at_hand_and_measures_only_where_they_hold_no_plan(tmp_path):
@@ -167,7 +167,7 @@ def test_shrink_plans_within_what_the_caller_can_still_have_where_that_is_at_lea
         said = "" if available is None else rf"\({available / 2**20:.1f} MiB free\); "
         with pytest.warns(UcudnnWarning, match=said + rf"planning again within {within_of(failed) / 2**20:.1f} MiB"):
             after = assignments.shrink(LAYERS[0], available=available)
-        assert assignments.shrinks == [(LAYERS[0].describe(), failed, within_of(failed))]
+        assert assignments.shrinks == [(LAYERS[0].describe(), failed, within_of(failed), NO_MEMORY)]
         assert after.workspace_size <= within_of(failed)
 
 
@@ -242,7 +242,7 @@ def test_a_workspace_that_cannot_be_borrowed_is_planned_within_what_the_device_h
         with torch.no_grad():
             conv(x)
     assert context.summary()["shrinks"] == [dict(kernel=context.summary()["shrinks"][0]["kernel"], failed=planned,
-                                                 limit=planned * 3 // 4)]
+                                                 limit=planned * 3 // 4, why=NO_MEMORY)]
     assert 0 < context.summary()["kernels"][0]["workspace"] <= planned * 3 // 4
 
 
@@ -474,6 +474,7 @@ def test_a_workspace_that_flushes_torchs_cache_is_planned_within_half_and_result
     shrinks = context.summary()["shrinks"]
     assert {s["failed"] for s in shrinks} == {k["workspace"] for k in borrowing}
     assert all(s["limit"] == s["failed"] // 2 for s in shrinks)  # nothing known of what is free: half
+    assert {s["why"] for s in shrinks} == {"flushing the framework's cache to borrow"}
     assert max(k["workspace"] for k in context.summary()["kernels"]) <= max(k["workspace"] for k in borrowing) // 2
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .benchmark import Benchmarker, ensure_tables
 from .config import Settings
@@ -35,6 +35,15 @@ from .solve import Measure, plan
 # 63.3 MiB failed with 64.2 MiB free).
 ALLOCATION_GRANULE = 2 * 2**20
 NO_MEMORY = "no GPU memory for"  # shrink()'s reason where a workspace could not be allocated
+
+
+class Shrink(NamedTuple):
+    """One step down of a kernel's workspace (Assignments.shrinks)."""
+
+    what: str  # the kernel
+    failed: int  # the workspace bytes that could not be had (or only at the cost `why` says)
+    limit: int  # the bytes planned within next
+    why: str  # NO_MEMORY, or the caller's reason (a flush of its framework's cache)
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,7 @@ class Assignments:
         self._late_workspace = 0  # WD: bytes given to kernels that came after the solve
         self.wd_result = None
         self.wd_limit: int | None = None  # WD: the total the last solve was given
-        self.shrinks: list[tuple[str, int, int]] = []  # (what, bytes that failed, new limit), in order
+        self.shrinks: list[Shrink] = []  # in order
 
     @property
     def wd(self) -> bool:
@@ -210,7 +219,7 @@ class Assignments:
             limit = max(limit, available)
         elif available is not None and not self._stepped_a_granule(what):
             limit = max(limit, nbytes - ALLOCATION_GRANULE)
-        self.shrinks.append((what, nbytes, limit))
+        self.shrinks.append(Shrink(what, nbytes, limit, why))
         free = "" if available is None else f" ({available / 2**20:.1f} MiB free)"
         warnings.warn(f"ucudnn: {why} {nbytes / 2**20:.1f} MiB of workspace for {what}{free}; "
                       f"planning again within {limit / 2**20:.1f} MiB", UcudnnWarning, stacklevel=4)
@@ -218,8 +227,8 @@ class Assignments:
 
     def _stepped_a_granule(self, what: str) -> bool:
         """Whether `what`'s last shrink stepped one allocation granule below what failed."""
-        last = next((s for s in reversed(self.shrinks) if s[0] == what), None)
-        return last is not None and last[2] == last[1] - ALLOCATION_GRANULE
+        last = next((s for s in reversed(self.shrinks) if s.what == what), None)
+        return last is not None and last.limit == last.failed - ALLOCATION_GRANULE
 
     def _optimize_wr(self, problem: ConvProblem, limit: int, measure: Measure | None = None) -> Configuration:
         """Planned alone: per kernel (WR), whatever divides the network's total. Plans from the

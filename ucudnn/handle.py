@@ -22,7 +22,7 @@ from .dispatch import compile_program
 from .graphs import GraphCapturer, GraphedProgram
 from .measurements import OK
 from .optimizers.configuration import Configuration, MicroConfig
-from .assignment import NO_MEMORY, Assignment, Assignments
+from .assignment import NO_MEMORY, Assignment, Assignments, Shrink
 from .problem import ConvProblem
 
 
@@ -169,8 +169,8 @@ class Handle:
         return self.assignments.wd_limit
 
     @property
-    def shrinks(self) -> list[tuple[str, int, int]]:
-        """(kernel, workspace bytes that could not be allocated, limit planned within), in order."""
+    def shrinks(self) -> list[Shrink]:
+        """Each step down of a kernel's workspace (Assignments.shrinks), in order."""
         return self.assignments.shrinks
 
     @contextlib.contextmanager

@@ -743,8 +743,8 @@ class Planner:
                               variables=r.variables, solve_seconds=r.solve_seconds, solver=r.solver)
                          for h in self._handles.values() if (r := h.wd_result) is not None]
         out["cudnn_handles"] = dict(self.framework.cudnn_handles)  # device -> whose handle: the framework's, or why not
-        out["shrinks"] = [dict(kernel=what, failed=failed, limit=limit)
-                          for h in self._handles.values() for what, failed, limit in h.shrinks]
+        out["shrinks"] = [dict(kernel=s.what, failed=s.failed, limit=s.limit, why=s.why)
+                          for h in self._handles.values() for s in h.shrinks]
         if self.auto:
             out["flush_watch"] = dict(steps=min(self._watch.steps, WATCHED_STEPS), watched=self._watch.watched,
                                       kept=[kernel.problem.describe() for _, _, kernel in self._watch.kept])
