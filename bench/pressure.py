@@ -478,7 +478,7 @@ def explain(row: dict) -> str:
         watch = row["flush_watch"]
         lines.append(f"The flush watch: {watch['watched']} of {watch['steps']} steps watched; kept as planned "
                      f"although they flushed: {', '.join(k[:60] for k in watch['kept']) or 'none'}.")
-    lines += [f"- shrunk: {s['kernel'][:60]}, {s['failed'] / MiB:.0f} -> {s['limit'] / MiB:.0f} MiB ({s['why']})"
+    lines += [f"- shrunk: {s['kernel'][:60]}, {s['failed'] / MiB:.0f} -> {s['limit'] / MiB:.0f} MiB ({s.get('why', '?')})"
               for s in row.get("shrinks", [])]
     return "\n".join(lines)
 
