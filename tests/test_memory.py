@@ -699,3 +699,21 @@ def test_the_flush_watch_opens_after_a_flushing_step_and_closes_for_good_after_i
     for _ in range(3):
         quiet.step(lambda: 7)  # no flush since the first step
     assert not quiet.open and quiet.watched == 1 and not quiet.spent
+
+
+def test_the_watch_and_the_weighing_settle_a_step_that_flushed_into_one_that_does_not(tmp_path):
+    """End to end, as a training loop meets it: borrows above a threshold flush every time they
+    are made; the watched steps find the kernels, the next steps' starts shrink them, and the
+    loop settles with no flush a step, its results torch's, the watch closed."""
+    framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
+    framework.flush_at = min(k["workspace"] for k in borrowing) // 3  # every planned workspace flushes
+    flushes = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UcudnnWarning)
+        for _ in range(WATCHED_STEPS + 2):
+            before = framework.flushed
+            assert_matches(run_step(ours, x), run_step(model, x))
+            flushes.append(framework.flushed - before)
+    assert flushes[0] > 0 and flushes[-4:] == [0] * 4, flushes
+    assert all(k["workspace"] <= framework.flush_at for k in context.summary()["kernels"] if k["via"] == "ucudnn")
+    assert context._watch.spent and not context._watch.open
