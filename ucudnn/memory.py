@@ -24,8 +24,8 @@ after one that flushed, over the next WATCHED_STEPS steps (FlushWatch); one that
 planned within half its workspace as the next step starts, unless that plan is predicted to be
 slower by more than a flush costs. Each plan that changes moves the cached blocks the next step
 finds: a kernel that did not flush in one step can in a later one (docs/results.md). A room
-observed as one number cannot say in which cached blocks its bytes lie. quantized() rounds down to a grid of eight steps per power of two, so that kernels at
-nearby moments share one plan.
+observed as one number cannot say in which cached blocks its bytes lie. quantized() rounds down
+to a grid of eight steps per power of two, so that kernels at nearby moments share one plan.
 
 WD's division at such moments: with a step's kernels running one after another, each moment
 holds one kernel, so a division constrained moment by moment gives each kernel its moment's

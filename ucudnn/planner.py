@@ -237,24 +237,20 @@ class Planner:
         half gave wav2vec2's kernels plans up to 4 ms slower: docs/results.md): planned within
         less (_shrink) where the plan within half is predicted to take at most FLUSH_MS longer,
         else kept as planned and watched no more. Oldest first, for about PLANNING_SLICE_S (at
-        least one); the rest wait for the next step. One planning scope a device."""
-        deadline = time.perf_counter() + PLANNING_SLICE_S
-        with contextlib.ExitStack() as scopes:
-            devices: set = set()
-            while self._flushed_kernels:
+        least one); the rest wait for the next step. One planning scope a device (_scopes)."""
+        budget = _Slice(time.perf_counter() + PLANNING_SLICE_S)
+        with self._scopes() as planning:
+            while self._flushed_kernels and not budget.spent():
                 site, kind, kernel = key = next(iter(self._flushed_kernels))
                 del self._flushed_kernels[key]
                 if site.kernels.get(kind) is not kernel:  # another site's flush shrank it already
                     continue
-                if site.call.device not in devices:
-                    devices.add(site.call.device)
-                    scopes.enter_context(self.framework.planning(site.call.device))
+                planning(site.call.device)
                 if not isinstance(kernel, _AsForward) and self._half_slower_ms(site.call, kernel) > FLUSH_MS:
                     self._watch.kept.add(key)
                 else:
                     self._shrink(site, kind, kernel, flushed=True)
-                if time.perf_counter() >= deadline:
-                    break
+                budget.worked = True
 
     def _instead_of_own(self, site, kind: ConvKind) -> bool:
         """Put ucudnn's plan back in place of the framework's own kernel (_flushed); whether it is
@@ -543,32 +539,49 @@ class Planner:
         next call once all its kernels are. Returns how many layers still wait. Between
         iterations only."""
         self._slice = _Slice(math.inf if budget_s is None else time.perf_counter() + budget_s)
-        scopes = contextlib.ExitStack()  # one planning scope a device for the slice (Framework.planning)
-        devices: set = set()
         try:
-            for site in [s for s in self._pending if s.observed >= self._observations]:
-                if self._slice.spent():
-                    break
-                if site.call.device not in devices:
-                    devices.add(site.call.device)
-                    scopes.enter_context(self.framework.planning(site.call.device))
-                self._lessen(site)
-                key = self._layer_key(site)
-                if key in self._delegated:  # decided for another layer of the same call and rooms
-                    delegated = self._delegated[key]
-                else:
-                    delegated = self._planned_layer(site)
-                if delegated is None:
-                    break
-                self._in_step.pop(site, None)
-                self._delegated[key] = delegated
-                del self._pending[site]
-                site.delegated = None
-                self._slice.worked = True
+            with self._scopes() as planning:
+                for site in [s for s in self._pending if s.observed >= self._observations]:
+                    if self._slice.spent():
+                        break
+                    planning(site.call.device)
+                    if not self._planned_pending(site):
+                        break
+                    self._slice.worked = True
         finally:
             self._slice = _Slice(math.inf)
-            scopes.close()
         return len(self._pending)
+
+    def _planned_pending(self, site) -> bool:
+        """Plan one waiting layer (plan_pending); whether it is planned (False: the slice ran out
+        between two of its kernels)."""
+        self._lessen(site)
+        key = self._layer_key(site)
+        if key in self._delegated:  # decided for another layer of the same call and rooms
+            delegated = self._delegated[key]
+        else:
+            delegated = self._planned_layer(site)
+        if delegated is None:
+            return False
+        self._in_step.pop(site, None)
+        self._delegated[key] = delegated
+        del self._pending[site]
+        site.delegated = None
+        return True
+
+    @contextlib.contextmanager
+    def _scopes(self) -> Iterator[Callable[[Hashable], None]]:
+        """One planning scope a device (Framework.planning) for a stretch of planning, entered by
+        the function yielded as the stretch first meets the device, all left at its end: the
+        framework's cache is given back once a stretch, not after every kernel."""
+        with contextlib.ExitStack() as stack:
+            devices: set = set()
+
+            def planning(device: Hashable) -> None:
+                if device not in devices:
+                    devices.add(device)
+                    stack.enter_context(self.framework.planning(device))
+            yield planning
 
     def _own_timing(self, site, kind: ConvKind) -> OwnTiming:
         """The framework's own kernel as the database keeps it (delegation.stored_timing), else
