@@ -20,7 +20,7 @@ SGD and, for AMP, a gradient scaler):
    kernels together).
 
     PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,fcn_resnet50,r3d_18:128MiB+512MiB,...]
-        [--limits 64MiB,512MiB] [--iters 20] [--need MODEL=BYTES,...] [--profile] [--profile-planning N] [--variants free,torch,control,ucudnn,wd] [--explain]
+        [--limits 64MiB,512MiB] [--iters 20] [--need MODEL=BYTES,...] [--profile] [--profile-planning N] [--profile-steady N] [--variants free,torch,control,ucudnn,wd] [--explain]
 
 Writes OUT/pressure.json (every process's result) and OUT/pressure.md (the table) after each model.
 """
@@ -243,7 +243,7 @@ def run_variant(args) -> dict:
     host, events, outside_mib, retries = [], [], [], []  # per iteration: host s, CUDA events, outside MiB, retries so far
     if args.profile_planning and args.variant in UCUDNN_VARIANTS:  # its first iterations, where it plans
         PHASE[0] = "planning profile"
-        result["planning_host_s"], result["planning_profile"] = planning_profile(step, args.profile_planning)
+        result["planning_host_s"], result["planning_profile"] = host_profile(step, args.profile_planning)
     for i in range(args.iters):
         PHASE[0] = f"iteration {i + 1}"
         began = time.perf_counter()
@@ -269,6 +269,9 @@ def run_variant(args) -> dict:
     if args.variant in UCUDNN_VARIANTS:
         PHASE[0] = "retries by kernel"
         result["flushes"] = flushes_by_kernel(step, device)
+    if args.profile_steady:  # after the timed steps: where a steady step's host time goes
+        PHASE[0] = "steady profile"
+        result["steady_host_s"], result["steady_profile"] = host_profile(step, args.profile_steady)
     if args.trace_flushes:
         PHASE[0] = "flush trace"
         result["flush_trace"] = flush_trace(step, device)
@@ -377,9 +380,9 @@ def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
                               for e in ops[:top]])
 
 
-def planning_profile(step, iterations: int, top: int = 30) -> tuple[list, str]:
-    """`iterations` steps under cProfile (the ones a ucudnn variant plans in): the top functions
-    by cumulative time, as text, and their host seconds."""
+def host_profile(step, iterations: int, top: int = 30) -> tuple[list, str]:
+    """`iterations` steps under cProfile: the top functions by their own time and by cumulative
+    time, as text, and the steps' host seconds."""
     import cProfile
     import io
     import pstats
@@ -391,8 +394,10 @@ def planning_profile(step, iterations: int, top: int = 30) -> tuple[list, str]:
         profiler.runcall(step)
         host.append(time.perf_counter() - began)
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
-    return host, out.getvalue()[-12000:]
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return host, out.getvalue()[-16000:]
 
 
 def gradient_check(model, x, args, amp: bool) -> dict:
@@ -419,7 +424,7 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
     command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
                "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
                ] + (["--profile"] if args.profile else []) + (["--trace-flushes"] if args.trace_flushes else []) \
-               + ["--profile-planning", str(args.profile_planning)]
+               + ["--profile-planning", str(args.profile_planning), "--profile-steady", str(args.profile_steady)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf,
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     began = time.perf_counter()
@@ -558,8 +563,9 @@ def parent(args) -> None:
                 print(flush_lines(row), flush=True)
             for name, ms, n in [*row.get("profile", {}).get("kernels", []), *row.get("profile", {}).get("convolutions", [])]:
                 print(f"    {ms:8.2f} ms {n:5.0f}x  {name}", flush=True)
-            if "planning_profile" in row:
-                print(row["planning_profile"], flush=True)
+            for profile in ("planning_profile", "steady_profile"):
+                if profile in row:
+                    print(row[profile], flush=True)
         (out / "pressure.json").write_text(json.dumps(rows, indent=1))
         (out / "pressure.md").write_text(table([r for r in rows if r["variant"] != "need"]) + "\n")
     print(table([r for r in rows if r["variant"] != "need"]))
@@ -584,6 +590,8 @@ def main(argv=None) -> None:
                    help="one more step under torch's memory history: each flush and the allocation behind it")
     p.add_argument("--profile-planning", type=int, default=0, metavar="N",
                    help="ucudnn's variants: their first N iterations under cProfile (before the timed ones)")
+    p.add_argument("--profile-steady", type=int, default=0, metavar="N",
+                   help="every variant: N more iterations under cProfile after the timed ones")
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
     p.add_argument("--plot", nargs=2, metavar=("RESULT_JSON", "PNG"),
                    help="draw a ucudnn variant's result (a pressure-*.json) as a timeline, and stop")
