@@ -70,7 +70,7 @@ class Pairs:
     def __init__(self, batch: int, top: int, cap: int):
         import torch
 
-        from ucudnn.backends import engines
+        from ucudnn.execute.backends import engines
 
         self.torch, self.engines, self.batch, self.top, self.cap = torch, engines, batch, top, cap
         self.fe = engines.frontend()
@@ -108,7 +108,7 @@ class Pairs:
         cost no host call. A round runs `stages` in turn, each forked from the first stream and
         joined into it; a stage's runs, by stream, side by side (each call runs on its handle's
         stream: BD's on the first, BF's on the second)."""
-        from ucudnn import gpu
+        from ucudnn.execute import gpu
 
         torch, s0 = self.torch, self.streams[0]
         self._round(stages)  # warm-up, outside the capture
@@ -135,7 +135,7 @@ class Pairs:
     def row(self, layer, shares: list[int], sms: int, bf_only: list[int]) -> dict:
         """The layer's pairs, each way; per plan, how many plans heuristics listed and the
         carved result's error relative to the full plan's."""
-        from ucudnn.problem import ConvKind
+        from ucudnn.core.problem import ConvKind
 
         problem = layer.problem(ConvKind.FORWARD, self.batch, "float16", layout="nhwc")
         kinds = {"BD": (problem.with_kind(ConvKind.BACKWARD_DATA), 0),
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from ucudnn.nets import get_network
+    from ucudnn.core.nets import get_network
 
     began, out = time.monotonic(), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

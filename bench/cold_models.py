@@ -1,7 +1,7 @@
 """Cold start on models nobody here planned: the first converted training iteration against
 torch's own, in fresh processes, from an empty benchmark database and then from the filled one.
 
-Models (built here, not in ucudnn.nets): timm resnet50d, efficientnet_b0 and convnext_tiny in AMP
+Models (built here, not in ucudnn.core.nets): timm resnet50d, efficientnet_b0 and convnext_tiny in AMP
 fp16 channels_last at B = 32, torchvision resnet50 in fp32 at B = 64 (`pretrained=False`). For each:
 (t) torch: a fresh process, cudnn.benchmark on, times its first and second training iteration
     (forward, cross-entropy, backward, SGD step; synchronized; wall clock, cuDNN start-up included),
@@ -194,7 +194,7 @@ def conv_problems(model, x, amp: bool) -> list:
     import torch
 
     from ucudnn.integrations.torch.call import math_type
-    from ucudnn.problem import ConvKind, ConvProblem
+    from ucudnn.core.problem import ConvKind, ConvProblem
 
     inputs = {}
 
@@ -393,12 +393,12 @@ def as_class(convs: list, cls, step):
 
 def full_sweep(args) -> dict:
     """WR's predicted time of the swept kernels from the pruned measurements and from a full sweep."""
-    from ucudnn.benchmark import CudnnBenchmarker, ensure_tables
-    from ucudnn.cache import Cache
-    from ucudnn.config import Settings
-    from ucudnn.problem import ConvProblem, Kernel
-    from ucudnn.search import named
-    from ucudnn.solve import solve_wr
+    from ucudnn.measure.benchmark import CudnnBenchmarker, ensure_tables
+    from ucudnn.measure.cache import Cache
+    from ucudnn.plan.config import Settings
+    from ucudnn.core.problem import ConvProblem, Kernel
+    from ucudnn.optimizers.search import named
+    from ucudnn.plan.solve import solve_wr
 
     problems = [ConvProblem.from_dict(d) for d in json.loads(Path(args.problems).read_text())]
     settings = Settings.load(workspace_limit=args.limit)

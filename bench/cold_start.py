@@ -311,8 +311,8 @@ def handle_child(args) -> None:
     mark = marker(args.spawned_at)
     mark("interpreter", STARTED_AT)
     from ucudnn import Handle
-    from ucudnn.cache import Cache
-    from ucudnn.nets import get_network
+    from ucudnn.measure.cache import Cache
+    from ucudnn.core.nets import get_network
     mark("import ucudnn")
     import cupy
     cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))

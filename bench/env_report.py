@@ -16,8 +16,8 @@ def report() -> dict:
         facts["torch"] = None
     import cupy
 
-    from ucudnn import gpu
-    from ucudnn.bindings import cudnn
+    from ucudnn.execute import gpu
+    from ucudnn.execute.bindings import cudnn
 
     info = gpu.device_info()
     facts.update(cupy=cupy.__version__, cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(),

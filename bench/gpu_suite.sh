@@ -108,7 +108,7 @@ for stage in "${stages[@]}"; do
     coldphases) run coldphases python3 bench/cold_models.py --out "$OUT/phases" --deadline "$(budget ${PHASES_S:-200})" --models ${PHASES_MODELS:-efficientnet_b0} --limits= --timed --torch-runs 1 ;;
     coldmodels) run coldmodels python3 bench/cold_models.py --out "$OUT" --deadline "$(budget ${COLD_S:-560})" ${COLD_ARGS:-} ;;
     # the shipped torchvision conv tables traced here (torchvision is installed) into the tree, checked, and to $OUT
-    tables) run tables python3 bench/torchvision_tables.py; cp ucudnn/nets/torchvision.json "$OUT/"
+    tables) run tables python3 bench/torchvision_tables.py; cp ucudnn/core/nets/torchvision.json "$OUT/"
             run tables-test python3 -m pytest -q -p no:cacheprovider tests/test_nets.py ;;
     # the engine sweep of Caffe AlexNet under cProfile
     sweepprofile) rm -f /tmp/sweep-profile.db

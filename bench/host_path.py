@@ -39,7 +39,7 @@ from torch import nn
 import ucudnn.torch as ut
 from conv_step import Case
 from probe_setup import write_report
-from ucudnn.cache.paths import recorded_path
+from ucudnn.measure.cache.paths import recorded_path
 
 BAR_MS = 0.15
 SPEC = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")

@@ -28,10 +28,10 @@ from torch import nn
 
 import ucudnn.torch as ut
 from torch_doubles import NumpyFramework, NumpyHandle
-from ucudnn.cache import Cache
-from ucudnn.delegation import OwnTiming
-from ucudnn.progress import IDLE_S
-from ucudnn.graphs import GraphedProgram
+from ucudnn.measure.cache import Cache
+from ucudnn.plan.delegation import OwnTiming
+from ucudnn.core.progress import IDLE_S
+from ucudnn.execute.graphs import GraphedProgram
 from ucudnn.integrations.torch.kernels import TorchFramework
 
 

@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 from ucudnn import format_size, parse_size
-from ucudnn.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings
-from ucudnn.cache import Cache
-from ucudnn.config import Settings, batch_sizes
-from ucudnn.nets import get_network
+from ucudnn.measure.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings
+from ucudnn.measure.cache import Cache
+from ucudnn.plan.config import Settings, batch_sizes
+from ucudnn.core.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.sources import complete_tables
-from ucudnn.staging import slices_of
+from ucudnn.plan.sources import complete_tables
+from ucudnn.core.staging import slices_of
 
 VARIANTS = {"undivided": "undivided", "wr_p2": "powerOfTwo", "wr_all": "all", "unlimited": "undivided"}
 
@@ -66,10 +66,11 @@ def compare(kernels, tables, limit, policies, timer, measured: dict) -> list[dic
 def handle_overhead(kernels, limit, cache, execution: str, repeats=20) -> dict:
     """Total time of every kernel through ucudnn.cudnn with a ucudnn.Handle (policy undivided)
     vs direct cuDNN calls with the algorithm that handle picked, back to back on one stream."""
-    from ucudnn import Handle, cudnn, gpu
-    from ucudnn.benchmark import Scratch
-    from ucudnn.bindings import convolution
-    from ucudnn.bindings.descriptors import KernelDescriptors
+    from ucudnn import Handle, cudnn
+    from ucudnn.execute import gpu
+    from ucudnn.measure.benchmark import Scratch
+    from ucudnn.execute.bindings import convolution
+    from ucudnn.execute.bindings.descriptors import KernelDescriptors
 
     handle = Handle(cache=cache, policy="undivided", workspace_limit=limit, execution=execution)
     plain = cudnn.create()

@@ -56,7 +56,7 @@ def child(args) -> dict:
     phase("torch step (no benchmark)")
     if ucudnn:
         import ucudnn.torch as ut
-        from ucudnn import gpu
+        from ucudnn.execute import gpu
 
         gpu.cupy().cuda.runtime.getDevice()
         phase("import")

@@ -78,7 +78,7 @@ def converted_step():
     from torch_doubles import NumpyFramework
 
     import ucudnn.torch as ut
-    from ucudnn.cache import Cache
+    from ucudnn.measure.cache import Cache
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 64, 11, 4, 2), nn.ReLU(), nn.MaxPool2d(3, 2), nn.Conv2d(64, 192, 5, padding=2),

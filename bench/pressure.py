@@ -332,7 +332,7 @@ def flushes_by_kernel(step, device) -> dict:
     included)."""
     import torch
 
-    from ucudnn.planner import Planner
+    from ucudnn.plan.planner import Planner
 
     by_kernel: dict[str, int] = {}
     run = Planner.run
@@ -572,7 +572,7 @@ def parent(args) -> None:
 
 
 def main(argv=None) -> None:
-    from ucudnn.config import parse_size
+    from ucudnn.plan.config import parse_size
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="out")

@@ -8,10 +8,10 @@ import json
 import statistics
 from pathlib import Path
 
-from ucudnn import gpu
-from ucudnn.bindings import cudnn
-from ucudnn.nets import find_kernel, get_network
-from ucudnn.problem import ConvProblem
+from ucudnn.execute import gpu
+from ucudnn.execute.bindings import cudnn
+from ucudnn.core.nets import find_kernel, get_network
+from ucudnn.core.problem import ConvProblem
 
 
 def start(doc: str, argv=None) -> tuple[Path, int, object]:

@@ -16,15 +16,15 @@ import re
 import time
 from pathlib import Path
 
-from ucudnn.benchmark import CudnnBenchmarker
-from ucudnn.cache import Cache
-from ucudnn.config import Settings
-from ucudnn.nets import get_network
-from ucudnn.sources import complete_tables
+from ucudnn.measure.benchmark import CudnnBenchmarker
+from ucudnn.measure.cache import Cache
+from ucudnn.plan.config import Settings
+from ucudnn.core.nets import get_network
+from ucudnn.plan.sources import complete_tables
 
 # net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want, with
 # tensor-op math (the default math of half types, problem.default_math). Each built-in network's
-# default_batch (ucudnn/nets/builtin.py) must be among these: it is what commands plan at.
+# default_batch (ucudnn/core/nets/builtin.py) must be among these: it is what commands plan at.
 # (torchvision:alexnet is traced from torchvision: the recording needs it installed, planning
 # from the file needs it too)
 NETS = ("alexnet:256", "resnet18:128", "resnet50:32", "resnet50:64", "densenet40:256", "googlenet:128",

@@ -9,7 +9,7 @@ The step's own tensors are its peak with a copy converted at zero workspace; the
 (its kernels benchmarked into the database) before the blocker, so the timed copy plans from
 the database, as a second process would. Results (y, dx, dw)
 of ucudnn and of torch are compared with a float64 step on the GPU. Also: the copy model of
-ucudnn.staging against device-to-device copies replayed in a CUDA graph.
+ucudnn.core.staging against device-to-device copies replayed in a CUDA graph.
 
     python3 bench/slices.py --out OUT [--free 8MiB] [--layers caffe_conv1,inception_stem,inception_stem_fp32]
 """
@@ -34,10 +34,10 @@ from train_step import block  # noqa: E402
 
 import ucudnn.torch  # noqa: E402
 from ucudnn import parse_size  # noqa: E402
-from ucudnn.config import Settings  # noqa: E402
+from ucudnn.plan.config import Settings  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
 from ucudnn.integrations.torch.layers import TWINS  # noqa: E402
-from ucudnn.staging import copy_ms  # noqa: E402
+from ucudnn.core.staging import copy_ms  # noqa: E402
 
 MiB = 2**20
 LAYERS = {  # name: (nn.Conv2d keywords, input shape, AMP fp16 channels_last)
@@ -213,7 +213,7 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
 
 
 def copies(sizes_mib=(0.25, 1, 4, 16, 64), per_graph: int = 20) -> list[dict]:
-    """Device-to-device copies replayed in a CUDA graph, ms per copy, beside ucudnn.staging's model."""
+    """Device-to-device copies replayed in a CUDA graph, ms per copy, beside ucudnn.core.staging's model."""
     rows = []
     for mib in sizes_mib:
         n = int(mib * MiB)

@@ -134,7 +134,7 @@ def replay_ms(replays: dict, rounds: int = 7, repeats: int = 20) -> dict[str, fl
     import torch
 
     from torch_shapes import alternate_rounds
-    from ucudnn import gpu
+    from ucudnn.execute import gpu
 
     stream = torch.cuda.current_stream().cuda_stream
     times = alternate_rounds(replays, lambda loop: gpu.time_calls(loop, 1, stream)[0], rounds, repeats)
@@ -294,7 +294,7 @@ def training_row(name: str, batch: int, streams: int, copies: tuple[int, ...] = 
 def converted_beside(model):
     """`model` converted with BF beside BD in every layer's backward, delegation on (256 MiB)."""
     import ucudnn.torch as ut
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     settings = Settings.load(workspace_limit="256MiB", planning="first_call", concurrent_backward=True)
     return ut.convert(model, context=ut.Context(settings))
@@ -314,7 +314,7 @@ def backward_variants(module, delegated: bool = False):
     also serial and with BF beside BD with delegation on (`serial_delegated`, `concurrent_delegated`:
     the layers ucudnn would not speed up run torch's own kernels, BF beside BD all the same)."""
     import ucudnn.torch as ut
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     variants = [("serial", False, False), ("concurrent", True, False), ("control", False, False)]
     variants += [("serial_delegated", False, True), ("concurrent_delegated", True, True)] if delegated else []

@@ -398,7 +398,7 @@ def gpu_rig(args) -> tuple[Callable, Callable, Callable, Callable]:
     import torch
 
     import ucudnn.torch as ut
-    from ucudnn import gpu
+    from ucudnn.execute import gpu
 
     def convert_copy(module):
         return ut.convert(copy.deepcopy(module), workspace_limit=args.limit, cache_path=args.cache,

@@ -1,4 +1,4 @@
-"""Trace the shipped torchvision conv tables (ucudnn/nets/torchvision.json) where torch and
+"""Trace the shipped torchvision conv tables (ucudnn/core/nets/torchvision.json) where torch and
 torchvision are installed: `PYTHONPATH=. python3 bench/torchvision_tables.py [--out PATH]`.
 The models are the common ones a user names; any other is traced on demand."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ucudnn.nets import torchvision as tv
+from ucudnn.core.nets import torchvision as tv
 
 MODELS = ("alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "googlenet", "inception_v3",
           "mnasnet1_0", "mobilenet_v2", "mobilenet_v3_large", "regnet_y_400mf", "resnet18", "resnet34",

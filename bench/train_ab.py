@@ -339,7 +339,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from ucudnn.config import parse_size
+    from ucudnn.plan.config import parse_size
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)

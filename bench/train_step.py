@@ -580,7 +580,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--footprint", type=int, help=argparse.SUPPRESS)  # bytes: the footprint variant's peak
     args = parser.parse_args(argv)
-    from ucudnn.config import parse_size
+    from ucudnn.plan.config import parse_size
 
     args.wd_total = args.wd_total or args.free
     args.free_bytes = parse_size(args.free, "--free")

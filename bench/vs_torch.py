@@ -30,10 +30,11 @@ import torch
 
 torch.backends.cudnn.version()  # torch's libcudnn first, so ucudnn binds the same library
 
-from ucudnn import Handle, format_size, gpu, parse_size  # noqa: E402
-from ucudnn.cache import Cache  # noqa: E402
-from ucudnn.nets import get_network  # noqa: E402
-from ucudnn.problem import ConvKind, ConvProblem  # noqa: E402
+from ucudnn import Handle, format_size, parse_size  # noqa: E402
+from ucudnn.execute import gpu
+from ucudnn.measure.cache import Cache  # noqa: E402
+from ucudnn.core.nets import get_network  # noqa: E402
+from ucudnn.core.problem import ConvKind, ConvProblem  # noqa: E402
 
 UNLIMITED = 1 << 40
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -14,10 +14,11 @@ import statistics
 import time
 from pathlib import Path
 
-from ucudnn import Handle, format_size, gpu, parse_size
-from ucudnn.benchmark import Scratch
-from ucudnn.cache import Cache, recorded_path
-from ucudnn.nets import get_network
+from ucudnn import Handle, format_size, parse_size
+from ucudnn.execute import gpu
+from ucudnn.measure.benchmark import Scratch
+from ucudnn.measure.cache import Cache, recorded_path
+from ucudnn.core.nets import get_network
 
 REPEATS, WARMUP = 10, 2
 UNLIMITED = 64 * 2**30

@@ -18,10 +18,10 @@ from typing import Sequence
 import numpy as np
 
 
-from ucudnn.config import batch_sizes, format_size, parse_size
-from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement
+from ucudnn.plan.config import batch_sizes, format_size, parse_size
+from ucudnn.core.measurements import UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.wd import WDResult, optimize_wd
-from ucudnn.problem import ConvKind, ConvProblem, Kernel
+from ucudnn.core.problem import ConvKind, ConvProblem, Kernel
 
 Tables = dict[str, KernelTable]  # by problem.key
 
@@ -56,7 +56,7 @@ def synthetic_table(sizes: Sequence[int], ms_per_sample: float, activation: int,
 
 def synthetic_kernel(name: str, index: int, batch: int, count: int = 1) -> Kernel:
     """A kernel whose key is its index's own and whose samples all start on the slice alignment
-    (ucudnn.staging: no copies), for measurements made up to go with it."""
+    (ucudnn.core.staging: no copies), for measurements made up to go with it."""
     return Kernel(name, ConvProblem(ConvKind.FORWARD, (batch, index + 1, 8, 8), (64, index + 1, 1, 1)), count)
 
 
@@ -76,8 +76,8 @@ def recorded_network(database: str, network: str = "resnet50", batch: int = 32,
                      gpu: str | None = None) -> tuple[list[Kernel], Tables]:
     """The kernels of `network` with their measurements in `database`, on the first recorded
     device (or the first whose GPU name contains `gpu`)."""
-    from ucudnn.cache.database import BenchmarkDatabase
-    from ucudnn.nets import get_network
+    from ucudnn.measure.cache.database import BenchmarkDatabase
+    from ucudnn.core.nets import get_network
 
     kernels = get_network(network).problems(batch)
     with BenchmarkDatabase(database, readonly=True) as db:

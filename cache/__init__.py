@@ -1,5 +1,5 @@
 """Recorded benchmark databases (real GPU measurements), installed as the package `ucudnn.recorded`.
 
-Each `<gpu>-cudnn<version>.db` file here is a `ucudnn.cache.BenchmarkDatabase`; find them with
-`ucudnn.cache.recorded_paths()` / `recorded_path()`. See docs/cache.md.
+Each `<gpu>-cudnn<version>.db` file here is a `ucudnn.measure.cache.BenchmarkDatabase`; find them with
+`ucudnn.measure.cache.recorded_paths()` / `recorded_path()`. See docs/cache.md.
 """

@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip, with the reason, where no GPU with CuPy and cuDNN is usable."""
     if not any(item.get_closest_marker("gpu") for item in items):
         return
-    from ucudnn.bindings import gpu_available
+    from ucudnn.execute.bindings import gpu_available
 
     if gpu_available():
         return

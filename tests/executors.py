@@ -1,5 +1,5 @@
 """What the CPU tests run dispatch with: fakes of both backends over a fake device memory, routed
-and composed by the real ucudnn.backends.Backends.
+and composed by the real ucudnn.execute.backends.Backends.
 
 `FakeMemory` is one flat byte array whose addresses are byte offsets. A `MemoryBackend` runs each
 plan with the float64 reference on the memory at those addresses, as a backend whose calls blend
@@ -16,12 +16,12 @@ import numpy as np
 from fakes import BLENDS, FakeBackend
 
 import reference
-from ucudnn.accumulation import Combine, buffer_type, output_elements
-from ucudnn.backends import Backends, backend_of
-from ucudnn.dispatch import OUTPUT, Plan, Step, compile_program, steps
+from ucudnn.core.accumulation import Combine, buffer_type, output_elements
+from ucudnn.execute.backends import Backends, backend_of
+from ucudnn.execute.dispatch import OUTPUT, Plan, Step, compile_program, steps
 from ucudnn.optimizers.configuration import Configuration
-from ucudnn.problem import ConvProblem
-from ucudnn.staging import SLICE_ALIGNMENT
+from ucudnn.core.problem import ConvProblem
+from ucudnn.core.staging import SLICE_ALIGNMENT
 
 
 def plan_workspace(step: Step) -> int:

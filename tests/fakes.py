@@ -5,11 +5,11 @@ import dataclasses
 import itertools
 from collections import Counter
 
-from ucudnn.accumulation import accumulates
-from ucudnn.backends import Backends, Candidate, backend_of
-from ucudnn.benchmark import timing_step
-from ucudnn.device import Provenance
-from ucudnn.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, Measurement
+from ucudnn.core.accumulation import accumulates
+from ucudnn.execute.backends import Backends, Candidate, backend_of
+from ucudnn.measure.benchmark import timing_step
+from ucudnn.core.device import Provenance
+from ucudnn.core.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, Measurement
 
 FAKE_DEVICE = Provenance("Fake GPU", "0.0", 91900, 0, "testhost", execution="graph")
 
@@ -19,13 +19,13 @@ ALGORITHMS = {"legacy:A0": (0.050, 0.01, 0), "legacy:A1": (0.020, 0.02, 64 * 2**
 # the engine backend's candidates, as FakeBenchmarker(backends=(..., "engines")) measures them; None: unsupported
 ENGINE_ALGORITHMS = {"engines:E0": (0.030, 0.015, 0), "engines:E1": (0.006, 0.04, 2 * 2**20), "engines:E2": None}
 CANDIDATES = {"legacy": ALGORITHMS, "engines": ENGINE_ALGORITHMS}
-BLENDS = {"legacy": True, "engines": False}  # whose calls take alpha and beta (ucudnn.accumulation)
+BLENDS = {"legacy": True, "engines": False}  # whose calls take alpha and beta (ucudnn.core.accumulation)
 
 
 class FakeBenchmarker:
     """t(a, b) = work * (per_sample * b + fixed); ws(a, b) = ws_per_sample * b * work, where work
     is the kernel's per-sample size, plus the buffers of a part of a backward-filter sum, which
-    it records as such (ucudnn.accumulation), as CudnnBenchmarker does. Counts measurements.
+    it records as such (ucudnn.core.accumulation), as CudnnBenchmarker does. Counts measurements.
     Measures the candidates of `backend` (None: of each of its `backends`, CANDIDATES), ranked in
     CANDIDATES' order: with `best`, the first `best` at each size (on to the first that fits the
     cap where none of them does), the rest recorded PRUNED, and so those in `skip`; a backend it was not made with is refused (ConfigError), as CudnnBenchmarker

@@ -5,7 +5,7 @@ import numpy as np
 
 import reference
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.core.problem import ConvKind, ConvProblem
 
 # (dtype, math, layout, bound on ||out - ref|| / ||ref||)
 CASES = [
@@ -26,7 +26,7 @@ TRANSFORM_BOUND = 5e-3
 def bound_for(kind: ConvKind, algos, bound: float) -> float:
     """The error bound of a result computed with `algos`: `bound`, or TRANSFORM_BOUND if larger
     and any of them works in a transformed domain."""
-    from ucudnn.bindings.enums import algo_name
+    from ucudnn.execute.bindings.enums import algo_name
 
     names = [algo_name(kind, a) if isinstance(a, int) else a.partition(":")[2] for a in algos]
     transform = any(name in TRANSFORM_ALGOS for name in names)
@@ -51,7 +51,7 @@ def random_problem(rng: np.random.Generator, kind: ConvKind, dtype: str, math: s
 
 def stored(values: np.ndarray, dtype: str) -> np.ndarray:
     """`values` as a tensor of `dtype` holds them: bfloat16 as raw 16-bit patterns rounded to
-    nearest even (NumPy and CuPy have no bfloat16; ucudnn.gpu.random_array stores it alike)."""
+    nearest even (NumPy and CuPy have no bfloat16; ucudnn.execute.gpu.random_array stores it alike)."""
     if dtype != "bfloat16":
         return values.astype(dtype)
     bits = values.astype(np.float32).view(np.uint32)
@@ -89,7 +89,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def measured(backends, problem: ConvProblem, parts) -> Configuration:
     """The configuration of `parts` ((candidate, micro-batch size) pairs) on `backends` with the
     workspace each part's measurement would record: the route's buffers, the staged slices and the plan's own."""
-    from ucudnn.dispatch import steps
+    from ucudnn.execute.dispatch import steps
 
     unsized = Configuration(tuple(MicroConfig(algo, b, 0.0, 0) for algo, b in parts))
     return Configuration(tuple(
@@ -99,11 +99,11 @@ def measured(backends, problem: ConvProblem, parts) -> Configuration:
 
 def run_configuration(backends, problem: ConvProblem, configuration, host: dict, alpha: float,
                       beta: float) -> np.ndarray:
-    """The output of `configuration` run through `backends` (ucudnn.dispatch), float64, memory order."""
+    """The output of `configuration` run through `backends` (ucudnn.execute.dispatch), float64, memory order."""
     import cupy as cp
 
-    from ucudnn import gpu
-    from ucudnn.dispatch import compile_program
+    from ucudnn.execute import gpu
+    from ucudnn.execute.dispatch import compile_program
 
     device = {role: cp.asarray(array) for role, array in host.items()}
     workspace = gpu.alloc(max(configuration.workspace, 1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from executors import array_program
 from fakes import FakeAllocator, FakeBenchmarker, favourite, favourite_ms
 
-from ucudnn.assignment import Assignments
+from ucudnn.plan.assignment import Assignments
 
 
 class NumpyHandle:

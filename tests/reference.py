@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.core.problem import ConvKind, ConvProblem
 
 
 def to_logical(array: np.ndarray, layout: str) -> np.ndarray:
@@ -96,7 +96,7 @@ def convolve(p: ConvProblem, x: np.ndarray, w: np.ndarray, y: np.ndarray) -> np.
 
 def transposed_weights(w: np.ndarray, groups: int) -> np.ndarray:
     """Logical weights (K, C/groups, *kernel) with K and C swapped per group, (C, K/groups, *kernel),
-    and the kernel flipped (ucudnn.transposition)."""
+    and the kernel flipped (ucudnn.core.transposition)."""
     k, per_group, *kernel = w.shape
     swapped = w.reshape(groups, k // groups, per_group, *kernel).swapaxes(1, 2)
     return np.ascontiguousarray(np.flip(swapped, axis=tuple(range(3, w.ndim + 1)))

@@ -7,11 +7,11 @@ import pytest
 
 from fakes import FAKE_DEVICE, FakeAllocator, FakeBenchmarker
 import reference
-from ucudnn.cache import Cache
-from ucudnn.config import Settings
+from ucudnn.measure.cache import Cache
+from ucudnn.plan.config import Settings
 from executors import dispatch
-from ucudnn.assignment import Assignments
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.plan.assignment import Assignments
+from ucudnn.core.problem import ConvKind, ConvProblem
 
 LAYERS = [ConvProblem(kind, (32, 16, 12, 12), (24, 16, 3, 3), pads=1) for kind in ConvKind] + [
     ConvProblem("F", (32, 24, 12, 12), (8, 24, 1, 1))]
@@ -128,7 +128,8 @@ def test_planned_dispatch_matches_reference(tmp_path, kind, rng):
 def test_benchmark_scratch_gives_its_memory_back(monkeypatch):
     """Benchmarking allocates the largest workspaces there are; once a kernel is measured, the
     scratch frees them and empties CuPy's pool, so a training run does not keep them."""
-    from ucudnn import benchmark, gpu
+    from ucudnn.measure import benchmark
+    from ucudnn.execute import gpu
 
     class Buffer:
         def __init__(self, nbytes):

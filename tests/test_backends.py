@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 
 from fakes import FAKE_DEVICE, FakeBackend
-from ucudnn.backends import Backends, Candidate, candidate_id, candidates, resolve, split_id
-from ucudnn.benchmark import ensure_tables, timing_step, worth_timing_again
-from ucudnn.cache import Cache
-from ucudnn.cache.database import BenchmarkDatabase
-from ucudnn.config import Settings
-from ucudnn.errors import BackendUnavailableError, ConfigError, MissingMeasurementsError
-from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
+from ucudnn.execute.backends import Backends, Candidate, candidate_id, candidates, resolve, split_id
+from ucudnn.measure.benchmark import ensure_tables, timing_step, worth_timing_again
+from ucudnn.measure.cache import Cache
+from ucudnn.measure.cache.database import BenchmarkDatabase
+from ucudnn.plan.config import Settings
+from ucudnn.core.errors import BackendUnavailableError, ConfigError, MissingMeasurementsError
+from ucudnn.core.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 import reference
-from ucudnn.accumulation import accumulates
-from ucudnn.problem import ConvProblem
+from ucudnn.core.accumulation import accumulates
+from ucudnn.core.problem import ConvProblem
 
 
 def test_candidate_ids_name_backend_and_candidate():
@@ -46,7 +46,7 @@ def test_backend_setting_resolves_and_falls_back_only_when_unset():
 
 
 def test_engines_without_the_frontend_is_a_named_error(monkeypatch):
-    from ucudnn.backends import engines
+    from ucudnn.execute.backends import engines
 
     monkeypatch.setitem(sys.modules, "cudnn", None)  # import cudnn raises ImportError
     with pytest.raises(BackendUnavailableError, match="nvidia-cudnn-frontend.*UCUDNN_BACKEND=legacy"):
@@ -54,7 +54,7 @@ def test_engines_without_the_frontend_is_a_named_error(monkeypatch):
 
 
 def test_math_types_exclude_tf32_and_down_conversion():
-    from ucudnn.backends.engines import excluded_notes
+    from ucudnn.execute.backends.engines import excluded_notes
 
     note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN")
     fe = types.SimpleNamespace(numerical_note=note)
@@ -66,7 +66,7 @@ def test_math_types_exclude_tf32_and_down_conversion():
 
 
 def test_deterministic_kernels_exclude_nondeterministic_engines():
-    from ucudnn.backends.engines import excluded_notes
+    from ucudnn.execute.backends.engines import excluded_notes
 
     note = types.SimpleNamespace(TENSOR_CORE="TC", DOWN_CONVERT_INPUTS="DOWN", NONDETERMINISTIC="NONDET")
     fe = types.SimpleNamespace(numerical_note=note)
@@ -76,7 +76,7 @@ def test_deterministic_kernels_exclude_nondeterministic_engines():
 
 
 def _perf(algo: int, determinism: int, status: int = 0):
-    from ucudnn.bindings.enums import AlgoPerf
+    from ucudnn.execute.bindings.enums import AlgoPerf
 
     perf = AlgoPerf()
     perf.algo, perf.status, perf.determinism = algo, status, determinism
@@ -87,7 +87,7 @@ def _perf(algo: int, determinism: int, status: int = 0):
 def legacy_backend(monkeypatch):
     """A LegacyBackend whose cuDNN calls are stubs: workspace = 100 x algorithm; cuDNN ranks
     backward-filter algorithms with 0 and 3 non-deterministic, as its documentation lists them."""
-    from ucudnn.backends import legacy
+    from ucudnn.execute.backends import legacy
 
     ranked = {"calls": 0, "perfs": [_perf(a, 0 if a in (0, 3) else 1) for a in range(7)]}
 
@@ -105,7 +105,7 @@ def legacy_backend(monkeypatch):
 
 
 def test_legacy_deterministic_kernels_offer_only_what_cudnn_reports_deterministic(legacy_backend):
-    from ucudnn.errors import CudnnError
+    from ucudnn.core.errors import CudnnError
 
     backend, ranked = legacy_backend
     bf = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
@@ -121,7 +121,7 @@ def test_legacy_deterministic_kernels_offer_only_what_cudnn_reports_deterministi
 
 
 def test_legacy_half_precision_weight_gradients_never_offer_algo_0(legacy_backend):
-    """Backward-filter ALGO_0 sums half-precision values in the output's type (ucudnn.accuracy):
+    """Backward-filter ALGO_0 sums half-precision values in the output's type (ucudnn.core.accuracy):
     not offered for fp16 or bf16, offered for fp32 and for the other kinds."""
     backend, _ = legacy_backend
     bf = ConvProblem("BF", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
@@ -133,8 +133,8 @@ def test_legacy_half_precision_weight_gradients_never_offer_algo_0(legacy_backen
 
 
 def test_engines_half_precision_weight_gradients_never_offer_engine_20():
-    """Engine 20, legacy ALGO_0's kernel, is held back like it (ucudnn.accuracy), knobs or none."""
-    from ucudnn.backends.engines import EnginesBackend
+    """Engine 20, legacy ALGO_0's kernel, is held back like it (ucudnn.core.accuracy), knobs or none."""
+    from ucudnn.execute.backends.engines import EnginesBackend
 
     backend = EnginesBackend.__new__(EnginesBackend)
     listed = ["eng20", "eng20_k2=1", "eng200", "eng65_k2=5"]
@@ -146,9 +146,9 @@ def test_engines_half_precision_weight_gradients_never_offer_engine_20():
 
 
 def test_legacy_candidates_come_in_cudnns_heuristic_order_then_the_rest(legacy_backend):
-    """A pruned search times the first few (ucudnn.search): cuDNN's ranking first; algorithms it
+    """A pruned search times the first few (ucudnn.optimizers.search): cuDNN's ranking first; algorithms it
     leaves out follow in enum order; where it refuses to rank, enum order."""
-    from ucudnn.errors import CudnnError
+    from ucudnn.core.errors import CudnnError
 
     backend, ranked = legacy_backend
     f = ConvProblem("F", (8, 4, 6, 6), (4, 4, 3, 3), pads=1)
@@ -179,7 +179,7 @@ def test_deterministic_kernels_are_measured_and_cached_apart(tmp_path):
 
 
 def test_engine_tensor_strides_follow_the_layout():
-    from ucudnn.backends.engines import strides
+    from ucudnn.execute.backends.engines import strides
 
     assert strides((2, 3, 4, 5), "nchw") == [60, 20, 5, 1]
     assert strides((2, 3, 4, 5), "nhwc") == [60, 1, 15, 3]
@@ -335,7 +335,7 @@ class FakeFrontend(types.SimpleNamespace):
 @pytest.fixture
 def shared_cudnn(monkeypatch):
     """The legacy bindings' handle calls, on a dict: the stream of each handle."""
-    from ucudnn.backends import engines
+    from ucudnn.execute.backends import engines
 
     streams = {}
     monkeypatch.setattr(engines.bindings, "get_stream", lambda handle: streams.get(handle.value, 0))
@@ -351,7 +351,7 @@ def test_the_engines_run_on_the_legacy_handle_only_where_one_libcudnn_is_loaded(
         monkeypatch, shared_cudnn, copies, shared, handle_class):
     import ctypes
 
-    from ucudnn.backends import engines
+    from ucudnn.execute.backends import engines
 
     fe = FakeFrontend(handle_class)
     monkeypatch.setattr(engines, "frontend", lambda: fe)
@@ -368,7 +368,7 @@ def test_the_engines_run_on_the_legacy_handle_only_where_one_libcudnn_is_loaded(
 def test_a_shared_handle_is_moved_to_the_stream_asked_for_whatever_the_frontend_cached(monkeypatch, shared_cudnn):
     import ctypes
 
-    from ucudnn.backends import engines
+    from ucudnn.execute.backends import engines
 
     fe = FakeFrontend()
     monkeypatch.setattr(engines, "frontend", lambda: fe)
@@ -383,7 +383,7 @@ def test_a_shared_handle_is_moved_to_the_stream_asked_for_whatever_the_frontend_
 
 
 def test_loaded_cudnn_copies_are_counted_by_file_not_by_mapping(monkeypatch, tmp_path):
-    from ucudnn.bindings import library
+    from ucudnn.execute.bindings import library
 
     maps = tmp_path / "maps"
     lines = ["7f00-7f10 r--p 00000000 fd:01 111 /site/nvidia/cudnn/lib/libcudnn.so.9",
@@ -400,8 +400,8 @@ def test_loaded_cudnn_copies_are_counted_by_file_not_by_mapping(monkeypatch, tmp
 
 
 def test_a_benchmarker_leaves_a_borrowed_handle_on_the_stream_it_found(monkeypatch):
-    from ucudnn import benchmark
-    from ucudnn.bindings import cudnn
+    from ucudnn.measure import benchmark
+    from ucudnn.execute.bindings import cudnn
 
     streams = {"handle": 7}
     monkeypatch.setattr(cudnn, "get_stream", lambda handle: streams["handle"])
@@ -417,8 +417,8 @@ def test_a_call_cudnn_refuses_is_unsupported_and_one_that_fails_to_run_is_failed
     """cuDNN 9 groups its status codes by thousands: 2xxx BAD_PARAM and 3xxx NOT_SUPPORTED say
     the candidate cannot compute the problem; 4xxx INTERNAL_ERROR and 5xxx EXECUTION_FAILED that
     it failed to run it."""
-    from ucudnn.errors import CudnnError
-    from ucudnn.measurements import FAILED, failure_status
+    from ucudnn.core.errors import CudnnError
+    from ucudnn.core.measurements import FAILED, failure_status
 
     statuses = {2000: UNSUPPORTED, 3007: UNSUPPORTED, 4000: FAILED, 5003: FAILED}
     assert {s: failure_status(CudnnError("cudnnConvolutionForward", s, "")) for s in statuses} == statuses

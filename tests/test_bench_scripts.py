@@ -189,7 +189,7 @@ def cpu_measure(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))  # conv_step
     import ucudnn.torch as ut
     from torch_doubles import NumpyFramework
-    from ucudnn.cache import Cache
+    from ucudnn.measure.cache import Cache
 
     def convert_copy(module):
         context = ut.Context(framework=NumpyFramework(), cache=Cache(tmp_path / "bench.db"), workspace_limit="64KiB")
@@ -443,7 +443,7 @@ def measurements_file(path: Path, rows: int) -> Path:
 
 
 def test_own_caches_and_their_state(tmp_path):
-    from ucudnn.cache import Cache
+    from ucudnn.measure.cache import Cache
 
     args = train.parse_args(["--out", str(tmp_path)])
     measurements_file(Path(args.cache), 3)
@@ -920,13 +920,13 @@ def test_carveout_ways_sums_and_table():
 def test_module_path_counts_modules_changes_and_reentries():
     import module_path as mp
 
-    got = mp.summary(["ucudnn.cli", "ucudnn.config", "ucudnn.cli", "ucudnn.report"], 7)
+    got = mp.summary(["ucudnn.cli", "ucudnn.plan.config", "ucudnn.cli", "ucudnn.reports.report"], 7)
     assert (got["modules"], got["changes"], got["reentries"], got["functions"]) == (3, 3, 1, 7)
-    assert got["path"] == ["cli", "config", "cli", "report"]
-    from ucudnn import config
+    assert got["path"] == ["cli", "plan.config", "cli", "reports.report"]
+    from ucudnn.plan import config
 
     path, functions = mp.first_call_path(lambda: [config.parse_size("8MiB") for _ in range(3)])
-    assert path and set(path) <= {"ucudnn.config", "ucudnn.errors"} and functions >= 1
+    assert path and set(path) <= {"ucudnn.plan.config", "ucudnn.core.errors"} and functions >= 1
 
 
 def test_module_path_follows_a_converted_models_first_step_through_the_planner():
@@ -936,8 +936,8 @@ def test_module_path_follows_a_converted_models_first_step_through_the_planner()
     mp.import_all(torch_integration=True)
     path, functions = mp.first_call_path(mp.converted_step())
     assert path[0] == "ucudnn.integrations.torch.layers"
-    assert {"ucudnn.integrations.torch.context", "ucudnn.assignment", "ucudnn.solve", "ucudnn.optimizers.wr",
-            "ucudnn.dispatch"} <= set(path) and functions > 100
+    assert {"ucudnn.integrations.torch.context", "ucudnn.plan.assignment", "ucudnn.plan.solve", "ucudnn.optimizers.wr",
+            "ucudnn.execute.dispatch"} <= set(path) and functions > 100
 
 
 def test_each_tests_seconds_are_kept_as_it_ends_where_asked(tmp_path, monkeypatch):

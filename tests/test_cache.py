@@ -16,16 +16,16 @@ import pytest
 from fakes import checksums, damage_middle, make_foreign, spoil
 
 from ucudnn import CacheError, ConvProblem, Provenance, Measurement
-from ucudnn.accumulation import accumulates
-from ucudnn.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaError, default_path, merge,
+from ucudnn.core.accumulation import accumulates
+from ucudnn.measure.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaError, default_path, merge,
                           recorded_path, recorded_paths, shard_path)
-from ucudnn.cache import database as database_module
-from ucudnn.cache import paths as paths_module
-from ucudnn.cache.database import read_export
-from ucudnn.errors import ConfigError, DamagedDatabaseError, UcudnnWarning
-from ucudnn.measurements import OK, OVER_CAP, UNSUPPORTED
+from ucudnn.measure.cache import database as database_module
+from ucudnn.measure.cache import paths as paths_module
+from ucudnn.measure.cache.database import read_export
+from ucudnn.core.errors import ConfigError, DamagedDatabaseError, UcudnnWarning
+from ucudnn.core.measurements import OK, OVER_CAP, UNSUPPORTED
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
-from ucudnn.search import FULL
+from ucudnn.optimizers.search import FULL
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = Provenance("NVIDIA H100 80GB HBM3", "9.0", 91900, driver_version=570, host="node1")
@@ -132,7 +132,7 @@ def test_record_replaces_the_same_measurement(db_path):
 
 
 def test_rows_of_candidates_not_accurate_enough_stay_in_the_file_but_are_never_read(db_path):
-    """A database filled before ucudnn.accuracy's rule holds half-precision backward-filter rows
+    """A database filled before ucudnn.core.accuracy's rule holds half-precision backward-filter rows
     of legacy ALGO_0 and engine 20: kept (nothing is lost), never offered to the optimizers."""
     bf = replace(conv(64, 64, 56, 3, kind="BF"), dtype="float16", math="tensor_op")
     rows = [Measurement(algo, 32, ms, 0) for algo, ms in (("legacy:ALGO_0", 0.5), ("engines:eng20", 0.5),
@@ -396,7 +396,7 @@ def test_an_export_of_schema_3_is_imported_with_named_candidates(tmp_path, db_pa
 
 
 def test_timing_presets_label_what_they_measure():
-    from ucudnn.parallel.devices import TIMINGS, default_factory
+    from ucudnn.measure.parallel.devices import TIMINGS, default_factory
 
     assert {name: timing.name for name, timing in TIMINGS.items()} == {"default": "default", "quick": "quick"}
     assert default_factory("quick").keywords["timing"].name == "quick"
@@ -734,7 +734,7 @@ def test_docs_examples_run(tmp_path, capsys):
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/")
 def test_resnet50_lookup_from_the_shipped_recording_is_fast():
     """Issue 3's figure on real data: every kernel of ResNet-50 (B=64, fp32) from the H100 file."""
-    from ucudnn.nets import get_network
+    from ucudnn.core.nets import get_network
 
     problems = [k.problem for k in get_network("resnet50").problems(64)]
     with BenchmarkDatabase(recorded_path(), readonly=True) as db:
@@ -752,7 +752,7 @@ def test_resnet50_lookup_from_the_shipped_recording_is_fast():
     assert min(walls) <= 0.050
 
 
-# --- parts of backward-filter sums, kept apart from whole calls (ucudnn.accumulation) ---
+# --- parts of backward-filter sums, kept apart from whole calls (ucudnn.core.accumulation) ---
 
 
 def test_a_kernel_plans_with_parts_below_its_batch_and_whole_calls_at_it(db_path):
@@ -793,7 +793,7 @@ def _v4_row(shape_key, batch, backend, algo, workspace, recorded_at):
 
 
 def test_v4_rows_are_parts_where_a_larger_size_was_measured_by_their_call():
-    from ucudnn.cache.schema import v4_accumulates
+    from ucudnn.measure.cache.schema import v4_accumulates
 
     bf = conv(64, 64, 56, 1).with_kind("BF")
     half = replace(bf, dtype="float16")
@@ -859,8 +859,8 @@ BAD_VALUES = [("gpu_name", ""), ("gpu_name", None), ("cudnn_version", "nine"), (
 
 @pytest.mark.parametrize("column, value", BAD_VALUES)
 def test_each_bad_value_breaks_its_columns_rule_alone(column, value):
-    from ucudnn.cache import rows
-    from ucudnn.cache.database import _kernel_row, _measurement_row
+    from ucudnn.measure.cache import rows
+    from ucudnn.measure.cache.database import _kernel_row, _measurement_row
 
     problem = conv(8, 8, 8)
     good = _measurement_row(H100, problem.shape_key(), Measurement("legacy:A0", 4, 0.5, 64, OK, 3), "then")

@@ -25,11 +25,12 @@ import pytest
 from fakes import checksums
 from test_cli import inline, one_line_naming
 
-from ucudnn import ConvProblem, Measurement, Provenance, errors
-from ucudnn.cache import BenchmarkDatabase, Cache, cache_path, default_path, merge, shard_path
-from ucudnn.cache import database as database_module
-from ucudnn.errors import ConfigError, UcudnnWarning
-from ucudnn.sources import device_with_most, open_database
+from ucudnn import ConvProblem, Measurement, Provenance
+from ucudnn.core import errors
+from ucudnn.measure.cache import BenchmarkDatabase, Cache, cache_path, default_path, merge, shard_path
+from ucudnn.measure.cache import database as database_module
+from ucudnn.core.errors import ConfigError, UcudnnWarning
+from ucudnn.plan.sources import device_with_most, open_database
 
 REPO = Path(__file__).resolve().parents[1]
 GPU = Provenance("Fault GPU", "9.0", 91900, host="node1")
@@ -442,7 +443,7 @@ def test_a_full_filesystem_is_one_line_and_loses_nothing(small_filesystem, tmp_p
 def default_on(tmp_path, monkeypatch):
     """The default database under `tmp_path`, on a filesystem of the type given (the probe faked),
     outside any distributed job."""
-    from ucudnn.cache import filesystems, paths
+    from ucudnn.measure.cache import filesystems, paths
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     for variable in ("UCUDNN_CACHE", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -480,7 +481,7 @@ def test_the_default_database_on_a_network_filesystem_is_a_shard_per_process(def
 
 
 def test_filesystem_type_is_the_deepest_mount_holding_the_path(tmp_path, monkeypatch):
-    from ucudnn.cache import filesystems
+    from ucudnn.measure.cache import filesystems
 
     (tmp_path / "home" / "a b").mkdir(parents=True)
     mounts = tmp_path / "mounts"
@@ -502,8 +503,8 @@ def test_filesystem_type_is_the_deepest_mount_holding_the_path(tmp_path, monkeyp
     ({"RANK": "0", "WORLD_SIZE": "1"}, (0, 1, 0, False)),
 ])
 def test_the_rank_is_read_as_torchrun_sets_it(env, expected, tmp_path):
-    from ucudnn.cache.paths import own_shard
-    from ucudnn.ranks import current_rank
+    from ucudnn.measure.cache.paths import own_shard
+    from ucudnn.core.ranks import current_rank
 
     place = current_rank(env)
     assert (place.rank, place.world_size, place.local_rank, place.distributed) == expected
@@ -512,7 +513,7 @@ def test_the_rank_is_read_as_torchrun_sets_it(env, expected, tmp_path):
 
 
 def test_the_rank_of_a_running_process_group_comes_first(monkeypatch):
-    from ucudnn.ranks import current_rank
+    from ucudnn.core.ranks import current_rank
 
     group = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 5,
                             get_world_size=lambda: 6)
@@ -525,7 +526,7 @@ def test_the_rank_of_a_running_process_group_comes_first(monkeypatch):
                                           ({"RANK": "8", "WORLD_SIZE": "8"}, "RANK=8 is not below WORLD_SIZE=8"),
                                           ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1' is not a rank")])
 def test_a_bad_rank_variable_is_named(env, message):
-    from ucudnn.ranks import current_rank
+    from ucudnn.core.ranks import current_rank
 
     with pytest.raises(ConfigError, match=message):
         current_rank(env)

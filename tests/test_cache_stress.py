@@ -8,7 +8,7 @@ import traceback
 from pathlib import Path
 
 from ucudnn import ConvProblem, Provenance, Measurement
-from ucudnn.cache import BenchmarkDatabase, Cache
+from ucudnn.measure.cache import BenchmarkDatabase, Cache
 
 PROCESSES = 8
 WRITES = 500  # per process

@@ -14,9 +14,9 @@ import pytest
 import synthetic
 from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign, spoil
 
-from ucudnn.cache import BenchmarkDatabase, recorded_path
+from ucudnn.measure.cache import BenchmarkDatabase, recorded_path
 from ucudnn.cli import main
-from ucudnn.nets import get_network, list_networks
+from ucudnn.core.nets import get_network, list_networks
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -147,7 +147,7 @@ def test_the_division_bar_counts_each_distinct_kernel_once():
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from ucudnn.plots import draw_division
+    from ucudnn.reports.plots import draw_division
     from test_report import report
 
     kernels = get_network("resnet50").problems(32)
@@ -176,7 +176,7 @@ def test_division_bar_is_labelled_cudnn_undivided():
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from ucudnn.plots import draw_division
+    from ucudnn.reports.plots import draw_division
     from test_report import report
 
     kernels = get_network("alexnet").problems(32)
@@ -223,8 +223,8 @@ def test_a_database_without_the_execution_names_the_fix(db):
 def test_shipped_plans_stage_the_parts_that_start_off_the_alignment(optimizer, limit, dtype, layout):
     """Every micro-batch that starts off the slice alignment carries its staged slices in its
     workspace; Caffe AlexNet's conv1 (3x227x227 samples) splits where it is faster."""
-    from ucudnn.problem import ConvProblem
-    from ucudnn.staging import slices_of
+    from ucudnn.core.problem import ConvProblem
+    from ucudnn.core.staging import slices_of
 
     plan = json.loads(ok("optimize", "--offline", "--net", "alexnet", "--batch", "256", "--optimizer", optimizer,
                          "--workspace" if optimizer == "wr" else "--total-workspace", limit,
@@ -457,7 +457,7 @@ def test_every_builtin_network_plans_offline_at_its_documented_batch(capsys, net
 
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
 def test_the_shipped_recordings_say_what_they_cover():
-    from ucudnn.coverage import recordings
+    from ucudnn.reports.coverage import recordings
 
     with BenchmarkDatabase(recorded_path(), readonly=True) as database:
         device = next(d for d in database.devices() if d.execution == "graph")
@@ -573,7 +573,7 @@ def test_import_into_a_read_only_database_says_so(capsys, db, tmp_path, monkeypa
     """SQLite opens a write-protected file read-only, and root may write to a 0o444 file: so the
     file is opened as SQLite would open it for anyone else (mode=ro); the chmod test below runs
     as any other user."""
-    from ucudnn.cache import database as database_module
+    from ucudnn.measure.cache import database as database_module
 
     export, target = tmp_path / "export.json", tmp_path / "ro.db"
     ok("cache", "export", str(export), "--cache", db)
@@ -618,7 +618,7 @@ def test_named_folders_must_exist_for_every_written_file(capsys, db, tmp_path):
 
 
 def test_bench_needs_a_gpu(capsys):
-    from ucudnn.bindings import gpu_available
+    from ucudnn.execute.bindings import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is present: bench would measure")

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ucudnn.config import POLICIES, SIZE_FORMS, Settings, batch_sizes, format_size, parse_size
-from ucudnn.errors import ConfigError
+from ucudnn.plan.config import POLICIES, SIZE_FORMS, Settings, batch_sizes, format_size, parse_size
+from ucudnn.core.errors import ConfigError
 
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
 
@@ -296,8 +296,8 @@ def test_optimizer_is_case_insensitive():
 
 def test_every_unknown_choice_says_the_same():
     """One rule for a value that is none of its choices, wherever it is read."""
-    from ucudnn.device import check_execution
-    from ucudnn.problem import ConvProblem
+    from ucudnn.core.device import check_execution
+    from ucudnn.core.problem import ConvProblem
 
     expected = "'most' is unknown; use one of all, powerOfTwo, undivided"
     for read in (lambda: Settings.load(env={"UCUDNN_POLICY": "most"}),

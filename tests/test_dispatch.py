@@ -15,15 +15,15 @@ from executors import BLENDS, FakeMemory, dispatch, fake_backends, footprint, st
 from strategies import geometry
 
 import reference
-from ucudnn import dispatch as dispatching
-from ucudnn.accumulation import Combine
-from ucudnn.backends import backend_of
-from ucudnn.dispatch import Step, compile_program
-from ucudnn.errors import CandidateError, ConfigError
+from ucudnn.execute import dispatch as dispatching
+from ucudnn.core.accumulation import Combine
+from ucudnn.execute.backends import backend_of
+from ucudnn.execute.dispatch import Step, compile_program
+from ucudnn.core.errors import CandidateError, ConfigError
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
-from ucudnn.problem import ConvProblem
-from ucudnn.staging import slices_of
-from ucudnn.workspace import align_up
+from ucudnn.core.problem import ConvProblem
+from ucudnn.core.staging import slices_of
+from ucudnn.core.workspace import align_up
 
 OUTPUT = {"F": "y", "BD": "x", "BF": "w"}  # what each kind writes; it reads the other two
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3}
@@ -123,7 +123,7 @@ def check_steps(p: ConvProblem, config: Configuration, steps: list[Step], alpha:
 
 
 def check_route(step: Step, alpha: float, beta: float) -> None:
-    """Each part's route, stated independently of ucudnn.accumulation's code."""
+    """Each part's route, stated independently of ucudnn.core.accumulation's code."""
     r, first, last = step.route, step.part == 0, step.part == step.parts - 1
     half, blends_ = step.problem.dtype == "float16", blends(step.algo)
     added = beta if first else 1.0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ucudnn.cache import SCHEMA_VERSION, BenchmarkDatabase, recorded_path, recorded_paths
+from ucudnn.measure.cache import SCHEMA_VERSION, BenchmarkDatabase, recorded_path, recorded_paths
 
 REPO = Path(__file__).resolve().parents[1]
 REGENERATE = "python3 bench/docs_examples.py"
@@ -66,7 +66,7 @@ def test_cache_md_states_the_schema_version_of_the_code_and_the_shipped_files():
 
 
 def test_cache_md_describes_every_column_of_a_measurement():
-    from ucudnn.cache.schema import MEASUREMENT_COLUMNS
+    from ucudnn.measure.cache.schema import MEASUREMENT_COLUMNS
 
     stored = (REPO / "docs" / "cache.md").read_text().split("## What is stored")[1].split("\n## ")[0]
     assert [c for c in MEASUREMENT_COLUMNS if f"`{c}`" not in stored] == []
@@ -83,7 +83,7 @@ def test_the_wd_md_example_prints_what_the_page_shows():
 
 def test_cli_md_names_every_builtin_network_and_how_many_record_py_records():
     """The page listed five built-in networks where `ucudnn nets` lists eight."""
-    from ucudnn.nets import list_networks
+    from ucudnn.core.nets import list_networks
 
     names = [network.name for network in list_networks()]
     page = (REPO / "docs" / "cli.md").read_text()
@@ -98,7 +98,7 @@ def test_cli_md_names_every_builtin_network_and_how_many_record_py_records():
 def test_cli_md_describes_every_field_of_a_network_file():
     from dataclasses import fields
 
-    from ucudnn.nets import ConvLayer
+    from ucudnn.core.nets import ConvLayer
 
     section = (REPO / "docs" / "cli.md").read_text().split("**A network file**")[1].split("```")[0]
     assert [f.name for f in fields(ConvLayer) if f"`{f.name}`" not in section] == []

@@ -13,7 +13,7 @@ import pytest
 
 from gpu_support import CASES, expected, host_operands, measured, random_problem, relative_error, run_configuration
 from ucudnn.optimizers.configuration import Configuration
-from ucudnn.problem import ConvKind
+from ucudnn.core.problem import ConvKind
 
 pytestmark = pytest.mark.gpu
 SHAPES_PER_CASE = int(os.environ.get("UCUDNN_TEST_SHAPES", "20"))  # 6 cases x 20 = 120 per op
@@ -22,9 +22,9 @@ RESULTS: list[dict] = []
 
 @pytest.fixture(scope="module")
 def legacy():
-    from ucudnn.backends import open_backends
-    from ucudnn.bindings import cudnn
-    from ucudnn import gpu
+    from ucudnn.execute.backends import open_backends
+    from ucudnn.execute.bindings import cudnn
+    from ucudnn.execute import gpu
 
     handle = cudnn.create_handle()
     yield types.SimpleNamespace(handle=handle, backends=open_backends("legacy", handle, gpu.current_stream()))
@@ -36,9 +36,9 @@ def legacy():
 
 def supported_algorithms(handle, problem) -> list[str]:
     """The candidates cuDNN's heuristics list as supported for this kernel."""
-    from ucudnn.backends.legacy import legacy_id
-    from ucudnn.bindings.convolution import get_algorithms
-    from ucudnn.bindings.descriptors import KernelDescriptors
+    from ucudnn.execute.backends.legacy import legacy_id
+    from ucudnn.execute.bindings.convolution import get_algorithms
+    from ucudnn.execute.bindings.descriptors import KernelDescriptors
 
     descs = KernelDescriptors(problem)
     return [legacy_id(problem.kind, perf.algo) for perf in get_algorithms(handle, problem.kind, descs)

@@ -15,7 +15,7 @@ import pytest
 from gpu_support import (CASES, OUTPUT, expected, host_operands, measured, random_problem, relative_error,
                          run_configuration)
 from ucudnn.optimizers.configuration import Configuration
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.core.problem import ConvKind, ConvProblem
 
 pytestmark = pytest.mark.gpu
 # Half types: inputs are exact, products accumulate in float32, so the error is a few roundings
@@ -34,11 +34,11 @@ RESULTS: list[dict] = []
 
 @pytest.fixture(scope="module")
 def engines():
-    """The engines backend alone, routed as a handle routes it (ucudnn.backends.open_backends)."""
+    """The engines backend alone, routed as a handle routes it (ucudnn.execute.backends.open_backends)."""
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
-    from ucudnn import gpu
-    from ucudnn.backends import open_backends
-    from ucudnn.bindings import cudnn
+    from ucudnn.execute import gpu
+    from ucudnn.execute.backends import open_backends
+    from ucudnn.execute.bindings import cudnn
 
     handle = cudnn.create_handle()
     yield open_backends("engines", handle, gpu.current_stream())
@@ -51,7 +51,7 @@ def engines():
 def pick(rng, engines, problem: ConvProblem, first: bool = False) -> str | None:
     """A candidate of micro-batch kernel `problem` that builds (heuristics' first, or a random
     one); None if the graph API has none."""
-    from ucudnn.backends import candidate_id
+    from ucudnn.execute.backends import candidate_id
 
     graph = engines["engines"].graph(problem)
     names = list(graph.index)
@@ -128,8 +128,8 @@ def test_micro_batched_half_dw_is_summed_in_float32(engines, dtype, layout):
 
 def test_benchmarker_times_and_names_engine_candidates():
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
-    from ucudnn.benchmark import CudnnBenchmarker
-    from ucudnn.measurements import OK
+    from ucudnn.measure.benchmark import CudnnBenchmarker
+    from ucudnn.core.measurements import OK
 
     p = ConvProblem("F", (32, 64, 27, 27), (192, 64, 5, 5), pads=2)
     bench = CudnnBenchmarker(backend="engines")
@@ -172,8 +172,8 @@ def test_a_pruned_measurement_times_the_favourites_and_builds_no_more():
     """best=3: per size, the first three candidates of the engines' ranking are measured (timed, or
     over the cap; on to the first that runs where none of them does); the rest are PRUNED, unbuilt."""
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
-    from ucudnn.benchmark import CudnnBenchmarker
-    from ucudnn.measurements import OK, OVER_CAP, PRUNED
+    from ucudnn.measure.benchmark import CudnnBenchmarker
+    from ucudnn.core.measurements import OK, OVER_CAP, PRUNED
 
     p = ConvProblem("F", (32, 64, 27, 27), (192, 64, 5, 5), pads=2)
     bench = CudnnBenchmarker(backend="engines")

@@ -7,7 +7,7 @@ import pytest
 
 from gpu_support import bound_for, expected, host_operands, relative_error
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.core.problem import ConvKind, ConvProblem
 
 pytestmark = pytest.mark.gpu
 # conv2 of AlexNet at a small batch: FFT/Winograd-class algorithms need more workspace than 1 MiB.
@@ -17,7 +17,7 @@ LAYER = dict(x_shape=(32, 96, 27, 27), w_shape=(256, 96, 5, 5), pads=2)
 @pytest.fixture
 def ucudnn_handle(tmp_path):
     from ucudnn import Handle
-    from ucudnn.cache import Cache
+    from ucudnn.measure.cache import Cache
 
     with Handle(cache=Cache(tmp_path / "bench.db"), workspace_limit="1MiB",
                 policy="powerOfTwo") as handle:
@@ -66,7 +66,7 @@ def test_swapping_the_handle_keeps_results(ucudnn_handle, kind):
     import cupy as cp
 
     from ucudnn import cudnn
-    from ucudnn.bindings.enums import VIRTUAL_ALGO
+    from ucudnn.execute.bindings.enums import VIRTUAL_ALGO
     from gpu_support import OUTPUT
 
     p = ConvProblem(kind, math="fma", **LAYER)
@@ -88,7 +88,7 @@ def test_swapping_the_handle_keeps_results(ucudnn_handle, kind):
 
 
 def test_descriptors_read_back_as_the_problem():
-    from ucudnn.bindings.descriptors import read_problem
+    from ucudnn.execute.bindings.descriptors import read_problem
 
     for layout in ("nchw", "nhwc"):
         p = ConvProblem("BF", (7, 6, 11, 9), (4, 3, 3, 2), pads=(1, 0), strides=(2, 1), dilations=(1, 2),
@@ -101,7 +101,7 @@ def test_wd_handle_divides_one_workspace(tmp_path):
     import cupy as cp
 
     from ucudnn import Handle
-    from ucudnn.cache import Cache
+    from ucudnn.measure.cache import Cache
     from gpu_support import OUTPUT
 
     problems = [ConvProblem(kind, math="fma", **LAYER) for kind in ConvKind]
@@ -127,9 +127,9 @@ def test_wd_handle_divides_one_workspace(tmp_path):
 
 
 def test_benchmarker_records_every_algorithm():
-    from ucudnn.benchmark import CudnnBenchmarker
-    from ucudnn.bindings.enums import algo_count
-    from ucudnn.measurements import OK, OVER_CAP
+    from ucudnn.measure.benchmark import CudnnBenchmarker
+    from ucudnn.execute.bindings.enums import algo_count
+    from ucudnn.core.measurements import OK, OVER_CAP
 
     p = ConvProblem("F", **LAYER)
     results = CudnnBenchmarker(backend="legacy").measure(p, (1, 8, 32), cap=8 * 2**20)
@@ -147,13 +147,13 @@ def test_graph_replays_match_direct_execution(tmp_path, kind):
     import cupy as cp
 
     from ucudnn import Handle
-    from ucudnn.cache import Cache
+    from ucudnn.measure.cache import Cache
     from gpu_support import OUTPUT
 
     p = ConvProblem(kind, math="fma", **LAYER)
     handles = {execution: Handle(cache=Cache(tmp_path / "bench.db"), execution=execution)
                for execution in ("graph", "direct")}
-    from ucudnn.backends.legacy import legacy_id
+    from ucudnn.execute.backends.legacy import legacy_id
 
     algo = legacy_id(kind, 1)  # direct GEMM-class
     configuration = Configuration(tuple(MicroConfig(algo, 8, 0.0, 0) for _ in range(4)))  # many calls

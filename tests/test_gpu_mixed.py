@@ -1,6 +1,6 @@
 """GPU: configurations whose parts run on both backends. Sums over micro-batches (backward
 filter) and blends (alpha, beta) belong to dispatch, whatever backend runs each part
-(ucudnn.accumulation), so every configuration the optimizers could produce must equal the
+(ucudnn.core.accumulation), so every configuration the optimizers could produce must equal the
 undivided call within the dtype's bound against float64:
 
 - through ucudnn.Handle: random configurations drawn from the candidates both backends list,
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gpu_support import OUTPUT, as_float64, bound_for, expected, host_operands, measured, relative_error
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.core.problem import ConvKind, ConvProblem
 
 try:
     import torch
@@ -39,9 +39,9 @@ RESULTS: list[dict] = []
 def candidates(backends, problem: ConvProblem) -> dict[str, list[str]]:
     """The candidates of each backend that can run micro-batch kernel `problem`: legacy algorithms
     cuDNN's heuristics list as supported, engine plans that build."""
-    from ucudnn.backends import candidate_id
-    from ucudnn.backends.legacy import legacy_id
-    from ucudnn.bindings.convolution import get_algorithms
+    from ucudnn.execute.backends import candidate_id
+    from ucudnn.execute.backends.legacy import legacy_id
+    from ucudnn.execute.bindings.convolution import get_algorithms
 
     legacy = backends["legacy"]
     descs = legacy.executor.descriptors(problem)
@@ -93,7 +93,7 @@ def results_file():
 def handle():
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
     from ucudnn import Handle
-    from ucudnn.cache import Cache
+    from ucudnn.measure.cache import Cache
 
     with Handle(backend="all", cache=Cache(use_file=False)) as h:
         yield h
@@ -107,7 +107,7 @@ def test_mixed_configurations_through_the_handle_equal_float64(handle, kind, dty
     buffers, the operands restored before each, every result within the bound."""
     import cupy as cp
 
-    from ucudnn import gpu
+    from ucudnn.execute import gpu
 
     rng = np.random.default_rng(zlib.crc32(f"mixed{kind}{dtype}{layout}".encode()))
     worst, mixed = 0.0, 0
@@ -179,9 +179,10 @@ def test_mixed_configurations_through_ucudnn_torch_equal_float64(seed, monkeypat
     import copy
 
     import ucudnn.torch as ut
-    from ucudnn import assignment, gpu
-    from ucudnn.backends import open_backends
-    from ucudnn.bindings import cudnn
+    from ucudnn.plan import assignment
+    from ucudnn.execute import gpu
+    from ucudnn.execute.backends import open_backends
+    from ucudnn.execute.bindings import cudnn
 
     rng = np.random.default_rng(1000 + seed)
     dtype = [torch.float32, torch.float16, torch.bfloat16][seed % 3]
@@ -214,7 +215,7 @@ def test_mixed_configurations_through_ucudnn_torch_equal_float64(seed, monkeypat
 
 def _shipped_cache(tmp_path) -> str:
     """A copy of the shipped recording: layers it covers plan without measuring again."""
-    from ucudnn.cache.paths import recorded_path
+    from ucudnn.measure.cache.paths import recorded_path
 
     path = tmp_path / "bench.db"
     shutil.copy(recorded_path(), path)
@@ -341,12 +342,12 @@ def _run_alone(handle, problem: ConvProblem, candidate: str, operands: dict):
 @pytest.mark.parametrize("case", LONG_REDUCTIONS, ids=lambda c: f"{c[0][0]}-{c[0][1]}k{c[0][2]}-B{c[1]}")
 def test_every_candidate_offered_on_a_long_half_precision_sum_has_torchs_accuracy(handle, kind, dtype, case):
     """Each candidate a backend offers (ranked, and builds) within max(4x torch's own error,
-    1e-3) of float64 (ucudnn.accuracy's bar); legacy algorithms cuDNN supports but the backend
+    1e-3) of float64 (ucudnn.core.accuracy's bar); legacy algorithms cuDNN supports but the backend
     holds back are run too, and their errors printed, as the evidence for holding them back."""
     need_torch_gpu()
-    from ucudnn.backends.legacy import legacy_id
-    from ucudnn.bindings.convolution import get_algorithms
-    from ucudnn.measurements import OK
+    from ucudnn.execute.backends.legacy import legacy_id
+    from ucudnn.execute.bindings.convolution import get_algorithms
+    from ucudnn.core.measurements import OK
 
     (cin, cout, k, stride, pad, size), batch = case
     problem = ConvProblem(kind, (batch, cin, size, size), (cout, cin, k, k), pads=pad, strides=stride, dtype=dtype)

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from ucudnn.errors import UcudnnWarning  # noqa: E402
-from ucudnn import fallback  # noqa: E402
+from ucudnn.core.errors import UcudnnWarning  # noqa: E402
+from ucudnn.core import fallback  # noqa: E402
 from ucudnn.integrations.torch import layers as ut_layers  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
@@ -207,8 +207,8 @@ def test_data_gradients_run_as_forward_convolutions_match_float64(kind, case, ca
     stride-1 layers of every kind, each dtype, both layouts, whose data gradient (a transposed
     layer's forward) runs as the forward convolution of dy with the weights transposed, within
     the dtype's bound of float64 as every other path."""
-    from ucudnn import transposition
-    from ucudnn.config import Settings
+    from ucudnn.core import transposition
+    from ucudnn.plan.config import Settings
 
     monkeypatch.setattr(transposition, "FASTER", math.inf)
     dtype, tf32, bound = DTYPES[case]
@@ -231,8 +231,8 @@ def test_a_one_channel_layers_data_gradient_as_a_forward_convolution_matches_flo
     """Conv2d(1, 3, (2, 1)) channels-last: the weight's strides fit either layout, its transposed
     copy (3 channels) fits one, and the forward twin reads it in the kernel's (a copy kept in the
     weight's stride order gave dx a relative error of 0.55 in fp16)."""
-    from ucudnn import transposition
-    from ucudnn.config import Settings
+    from ucudnn.core import transposition
+    from ucudnn.plan.config import Settings
 
     monkeypatch.setattr(transposition, "FASTER", math.inf)
     dtype, tf32, bound = DTYPES[case]
@@ -252,7 +252,7 @@ def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):
     """ResNet-18 AMP channels_last B=32 with every layer through ucudnn (delegation off, 8 MiB):
     with BF on a side stream beside BD (settings.concurrent_backward), every weight and input
     gradient equals the serial run's (the same plans from the same database, other streams)."""
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
     torch.manual_seed(0)
@@ -281,7 +281,7 @@ def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(ca
     the current one), and every gradient is torch's own model's within fp16 rounding. The loss is
     scaled as GradScaler scales it: unscaled, the input's gradient is all fp16 subnormals, and
     any change of kernel anywhere above it changes them entirely."""
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
     torch.manual_seed(0)
@@ -313,7 +313,7 @@ def test_a_training_step_captured_by_torch_after_its_warm_up_replays_the_eager_s
     """torch.cuda.graph's documented use: warm up on the static input (three steps, by which
     ucudnn has graphs of its own for those operands), capture, refill the input, replay. The
     replay's output and gradients equal an eager step's on the new input."""
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, padding=1, device="cuda").half().to(memory_format=torch.channels_last)
@@ -489,7 +489,7 @@ def outside_torchs_pool() -> int:
 def test_runs_on_torchs_cudnn_handle_wherever_torch_moved_it(make_context):
     """No cuDNN handle of ucudnn's own (~10 MiB of device memory): torch's is borrowed, and since
     torch sets it to its current stream at each of its calls, ucudnn's direct runs set it back."""
-    from ucudnn.bindings import cudnn
+    from ucudnn.execute.bindings import cudnn
     from ucudnn.integrations.torch.torch_handle import TORCHS, _tiny_convolution, torch_cudnn_handle
 
     torch.backends.cudnn.allow_tf32 = False
@@ -664,7 +664,7 @@ def test_training_under_memory_pressure(settings, tmp_path):
     assert peak <= budget
     assert cupy.get_default_memory_pool().total_bytes() == 0
     assert not summary["fallbacks"]
-    if context.auto:  # every kernel within what its moment left (ucudnn.memory), and seen in the step
+    if context.auto:  # every kernel within what its moment left (ucudnn.plan.memory), and seen in the step
         assert all(k["workspace"] <= k["limit"] <= k["room"] for k in summary["kernels"] if k["via"] == "ucudnn")
         assert all(k["in_step_ms"] > 0 for k in summary["kernels"]), summary["kernels"]
         assert not any(m.weight._post_accumulate_grad_hooks for m in ours.modules() if isinstance(m, nn.Conv2d))

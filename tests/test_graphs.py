@@ -1,4 +1,4 @@
-"""Graph execution logic (ucudnn.graphs) with a fake capturer: when graphs are captured, kept,
+"""Graph execution logic (ucudnn.execute.graphs) with a fake capturer: when graphs are captured, kept,
 replayed and given up on, and that replays compute what direct dispatch does (NumPy reference)."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from executors import array_program
 from test_dispatch import configuration, expected_output, make_operands
 
-from ucudnn.errors import GraphCaptureError, UcudnnWarning
-from ucudnn.graphs import CHURN_CAPTURES, GraphedProgram
-from ucudnn.problem import ConvProblem
+from ucudnn.core.errors import GraphCaptureError, UcudnnWarning
+from ucudnn.execute.graphs import CHURN_CAPTURES, GraphedProgram
+from ucudnn.core.problem import ConvProblem
 
 
 class FakeGraph:
@@ -210,7 +210,7 @@ class FakeRuntime:
 def fake_cupy(monkeypatch, runtime):
     from types import SimpleNamespace
 
-    from ucudnn import graphs
+    from ucudnn.execute import graphs
 
     monkeypatch.setattr(graphs, "cupy", lambda: SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
     return graphs
@@ -255,7 +255,7 @@ def test_the_benchmarkers_capturer_makes_room_as_the_handles_does(monkeypatch):
     FAILED (and never measured again): the benchmarker's capturer makes room too."""
     from types import SimpleNamespace
 
-    from ucudnn import benchmark
+    from ucudnn.measure import benchmark
 
     runtime, made = FakeRuntime(failures=[2]), []
     fake_cupy(monkeypatch, runtime)

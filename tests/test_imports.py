@@ -68,8 +68,8 @@ def test_find_cycle_finds_one_and_only_one():
 
 def test_relative_imports_resolve_to_modules():
     graph = import_graph()
-    assert "ucudnn.bindings.cudnn" in graph["ucudnn.handle"]  # from .bindings import cudnn
-    assert "ucudnn.bindings.library" in graph["ucudnn.bindings.cudnn"]  # from . import library
+    assert "ucudnn.execute.bindings.cudnn" in graph["ucudnn.handle"]  # from .bindings import cudnn
+    assert "ucudnn.execute.bindings.library" in graph["ucudnn.execute.bindings.cudnn"]  # from . import library
 
 
 def test_no_import_circle_in_the_package():
@@ -80,15 +80,51 @@ def test_no_import_circle_in_the_package():
 
 
 def unit(module: str) -> str:
-    """The top-level unit a module belongs to: `ucudnn.cache.database` -> `ucudnn.cache`."""
+    """The top-level unit a module belongs to: `ucudnn.measure.cache.database` -> `ucudnn.measure.cache`."""
     return ".".join(module.split(".")[:2])
 
 
 def test_no_import_circle_among_the_top_level_units():
-    """A subpackage counts as one unit (its modules together), as a layer of packages will: with
-    no circle among units, ucudnn's modules can be grouped into layers that import downwards."""
+    """A subpackage counts as one unit (its modules together): no circle among units, within a
+    layer or among the faces, so that each package reads as one concept."""
     units: dict[str, set[str]] = {}
     for module, imports in import_graph().items():
         units.setdefault(unit(module), set()).update(unit(m) for m in imports if unit(m) != unit(module))
     cycle = find_cycle(units)
     assert cycle is None, "import circle among units: " + " -> ".join(cycle)
+
+
+# The layers, lowest first (docs/architecture.md): a module imports modules of its own layer and
+# of the layers before it, never of a later one. The faces (the top-level modules and packages not
+# named here: handle, cudnn, torch, integrations, cli, paper) come last.
+LAYERS = ("core", "optimizers", "execute", "measure", "plan", "reports")
+
+
+def layer(module: str) -> int:
+    """The index of `module`'s layer in LAYERS; len(LAYERS) for the faces."""
+    part = module.split(".")[1] if module.count(".") else ""
+    return LAYERS.index(part) if part in LAYERS else len(LAYERS)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of `graph` from a module into a later layer, as 'a -> b'."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if layer(b) > layer(a))
+
+
+def test_layer_reads_a_module_by_its_package():
+    assert layer("ucudnn.core.nets.layers") == 0
+    assert layer("ucudnn.plan.planner") == LAYERS.index("plan")
+    assert layer("ucudnn.handle") == layer("ucudnn.integrations.torch.layers") == len(LAYERS)
+    assert upward_imports({"ucudnn.core.problem": {"ucudnn.plan.config"}}) == ["ucudnn.core.problem -> ucudnn.plan.config"]
+
+
+def test_no_layer_imports_a_later_one():
+    """Imports inside functions and under TYPE_CHECKING count: either ties two layers' designs."""
+    assert upward_imports(import_graph()) == []
+
+
+def test_every_layer_is_a_package_with_its_rule():
+    """Each layer's __init__ says what it may import, as docs/architecture.md does."""
+    for name in LAYERS:
+        doc = (PACKAGE / name / "__init__.py").read_text(encoding="utf-8")
+        assert "May import:" in doc, name

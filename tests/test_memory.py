@@ -14,11 +14,11 @@ import pytest
 
 from fakes import FakeAllocator, FakeBenchmarker
 from test_assignment import LAYERS, make_assignments
-from ucudnn.assignment import ALLOCATION_GRANULE, NO_MEMORY
-from ucudnn.cache import Cache
-from ucudnn.errors import ConfigError, DeviceMemoryError, UcudnnWarning
-from ucudnn.measurements import OK, OUT_OF_MEMORY, KernelTable, Measurement
-from ucudnn.problem import ConvKind, ConvProblem
+from ucudnn.plan.assignment import ALLOCATION_GRANULE, NO_MEMORY
+from ucudnn.measure.cache import Cache
+from ucudnn.core.errors import ConfigError, DeviceMemoryError, UcudnnWarning
+from ucudnn.core.measurements import OK, OUT_OF_MEMORY, KernelTable, Measurement
+from ucudnn.core.problem import ConvKind, ConvProblem
 
 MiB = 2**20
 
@@ -57,7 +57,8 @@ def test_a_run_under_pressure_takes_no_candidate_from_a_later_run(tmp_path):
 
 
 def test_benchmark_operands_that_do_not_fit_raise_device_memory_error(monkeypatch):
-    from ucudnn import benchmark, gpu
+    from ucudnn.measure import benchmark
+    from ucudnn.execute import gpu
 
     class OutOfMemory(MemoryError):
         pass
@@ -190,12 +191,12 @@ torch = pytest.importorskip("torch")
 from test_torch_cpu import assert_matches, run_step  # noqa: E402
 from torch import nn  # noqa: E402
 from torch_doubles import Clocked, NumpyFramework  # noqa: E402
-from ucudnn.delegation import OwnTiming  # noqa: E402
+from ucudnn.plan.delegation import OwnTiming  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from ucudnn import fallback  # noqa: E402
+from ucudnn.core import fallback  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
-from ucudnn.memory import RECORDED_CALLS, WATCHED_STEPS, Memory, quantized, workspace_limit  # noqa: E402
+from ucudnn.plan.memory import RECORDED_CALLS, WATCHED_STEPS, Memory, quantized, workspace_limit  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 
@@ -462,7 +463,7 @@ def planned_two_layers(tmp_path, **settings):
 
 def test_a_workspace_that_flushes_torchs_cache_is_planned_within_half_and_results_hold(tmp_path):
     """Borrowing a workspace that makes the allocator give its whole cache back (a device sync)
-    costs more than a smaller plan (ucudnn.memory): a watched kernel that flushed is planned
+    costs more than a smaller plan (ucudnn.plan.memory): a watched kernel that flushed is planned
     within half, until none flushes; the step's results stay torch's."""
     framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
     framework.flush_at = min(k["workspace"] for k in borrowing) - 1  # every borrow flushes
@@ -481,7 +482,7 @@ def test_a_workspace_that_flushes_torchs_cache_is_planned_within_half_and_result
 def test_a_kernel_whose_smaller_plan_costs_more_than_a_flush_keeps_its_workspace(tmp_path, monkeypatch):
     """A flush costs a step FLUSH_MS; a plan within half predicted slower by more is no trade:
     the kernel stays as planned, watched no more."""
-    from ucudnn import planner
+    from ucudnn.plan import planner
 
     monkeypatch.setattr(planner, "FLUSH_MS", -float("inf"))  # any smaller plan costs more than a flush
     framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
@@ -541,7 +542,7 @@ class FlushingOwn(NumpyFramework):
 def test_torchs_own_kernel_that_flushes_gives_way_to_ucudnns_plan_it_replaced(tmp_path, monkeypatch, flush_ms, via):
     """A faster own kernel plus a flush a step is slower than ucudnn's plan it was put in place of
     (unless that plan is slower still by more than a flush costs)."""
-    from ucudnn import planner
+    from ucudnn.plan import planner
 
     if flush_ms is not None:
         monkeypatch.setattr(planner, "FLUSH_MS", flush_ms)
@@ -608,8 +609,8 @@ def test_a_handle_that_cannot_be_created_is_tried_again_after_torch_empties_its_
     """cudnnCreate takes memory outside torch's pool: under pressure, torch's cached blocks go
     back to the device first."""
     from ucudnn import handle as handles
-    from ucudnn.config import Settings
-    from ucudnn.errors import CudnnError
+    from ucudnn.plan.config import Settings
+    from ucudnn.core.errors import CudnnError
 
     made, emptied = [], []
 
@@ -629,7 +630,7 @@ def test_a_handle_that_cannot_be_created_is_tried_again_after_torch_empties_its_
 def test_torch_gets_its_cached_blocks_back_as_the_outermost_planning_scope_ends(monkeypatch):
     """Nested planning scopes (a slice around its kernels) give torch's cache back to the device
     once, as the outermost ends: not after every kernel, whose blocker would be remapped each time."""
-    from ucudnn import gpu
+    from ucudnn.execute import gpu
 
     emptied = []
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(using_allocator=lambda allocate: contextlib.nullcontext()))
@@ -663,7 +664,7 @@ def test_a_flushed_kernel_is_weighed_as_the_next_step_starts_not_in_the_middle_o
 def test_kernels_that_flushed_are_weighed_a_planning_slice_a_step(tmp_path, monkeypatch):
     """Weighing measures: like planning between iterations, it takes about PLANNING_SLICE_S as a
     step starts (at least one kernel), and the rest wait for the next step."""
-    from ucudnn import planner
+    from ucudnn.plan import planner
 
     framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
     framework.flush_at = 0
@@ -683,7 +684,7 @@ def test_kernels_that_flushed_are_weighed_a_planning_slice_a_step(tmp_path, monk
 
 def test_the_flush_watch_opens_after_a_flushing_step_and_closes_for_good_after_its_steps():
     """A watch left open past its last step would read the allocator's count at every run."""
-    from ucudnn.memory import FlushWatch
+    from ucudnn.plan.memory import FlushWatch
 
     watch, counts, reads = FlushWatch(), iter(range(100)), []
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ucudnn.errors import ConfigError
-from ucudnn.nets import ConvLayer, Network, find_kernel, get_network, list_networks, load_network
-from ucudnn.nets import torchvision as tv
-from ucudnn.problem import ConvKind
+from ucudnn.core.errors import ConfigError
+from ucudnn.core.nets import ConvLayer, Network, find_kernel, get_network, list_networks, load_network
+from ucudnn.core.nets import torchvision as tv
+from ucudnn.core.problem import ConvKind
 
 
 def layer(network: Network, name: str) -> ConvLayer:
@@ -135,7 +135,7 @@ def test_traced_torchvision_resnet50_matches_the_builtin_table():
 
 
 def test_shipped_torchvision_tables_load_without_torch():
-    code = ("import sys; from ucudnn.nets import get_network; n = get_network('torchvision:alexnet'); "
+    code = ("import sys; from ucudnn.core.nets import get_network; n = get_network('torchvision:alexnet'); "
             "v = get_network('vgg16'); print(len(n.layers), v.conv_layers, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parent.parent)

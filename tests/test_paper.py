@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from fakes import FakeBenchmarker
 
-from ucudnn.cache import recorded_path
+from ucudnn.measure.cache import recorded_path
 from ucudnn.cli import main
-from ucudnn.config import Settings
+from ucudnn.plan.config import Settings
 from ucudnn.paper import CANDIDATES, FIGURES, Executed, Predicted, index_page, write_figures
 from ucudnn.paper.page import NOT_RECORDED, headline_table
 

@@ -15,17 +15,17 @@ from fakes import FAKE_DEVICE, FakeBenchmarker
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ucudnn.accumulation import accumulates
-from ucudnn import parallel
-from ucudnn.backends import BACKENDS, CHOICES, resolve
-from ucudnn.benchmark import ensure_tables
-from ucudnn.cache import BenchmarkDatabase, schema
+from ucudnn.core.accumulation import accumulates
+from ucudnn.measure import parallel
+from ucudnn.execute.backends import BACKENDS, CHOICES, resolve
+from ucudnn.measure.benchmark import ensure_tables
+from ucudnn.measure.cache import BenchmarkDatabase, schema
 from ucudnn.cli import build_parser, commands
-from ucudnn.config import batch_sizes
-from ucudnn.device import Provenance
-from ucudnn.errors import ConfigError, MissingMeasurementsError
-from ucudnn.nets import get_network
-from ucudnn.parallel import (MeasureCall, Task, bench_devices, bench_on_devices, bench_with_mpi, calls, partition,
+from ucudnn.plan.config import batch_sizes
+from ucudnn.core.device import Provenance
+from ucudnn.core.errors import ConfigError, MissingMeasurementsError
+from ucudnn.core.nets import get_network
+from ucudnn.measure.parallel import (MeasureCall, Task, bench_devices, bench_on_devices, bench_with_mpi, calls, partition,
                              split_tasks)
 
 BATCH = 12
@@ -298,8 +298,8 @@ def test_gpus_of_different_models_are_refused(tmp_path):
 
 
 def test_merging_shards_removes_what_a_worker_killed_while_making_its_shard_left(tmp_path):
-    from ucudnn.cache.database import create
-    from ucudnn.parallel.pool import merge_shards
+    from ucudnn.measure.cache.database import create
+    from ucudnn.measure.parallel.pool import merge_shards
 
     folder = tmp_path / "x.db.shards-1"
     create(folder / "vm-0.db")

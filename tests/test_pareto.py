@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ucudnn.config import batch_sizes
-from ucudnn.errors import NoAlgorithmError
-from ucudnn.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, KernelTable, Measurement
+from ucudnn.plan.config import batch_sizes
+from ucudnn.core.errors import NoAlgorithmError
+from ucudnn.core.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.optimizers.pareto import desirable_set, desirable_sets, pareto_order, plannable
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.staging import Slices
+from ucudnn.core.staging import Slices
 
 
 def _load_bench():

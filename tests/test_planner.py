@@ -1,4 +1,4 @@
-"""ucudnn.planner with no framework behind it: a 'framework' of NumPy arrays drives the Planner as
+"""ucudnn.plan.planner with no framework behind it: a 'framework' of NumPy arrays drives the Planner as
 a second integration would (its layers route each call, then run its kernels), with no torch
 installed. Kernels run through the NumPy executor (handle_doubles) and are checked against the
 float64 reference."""
@@ -14,14 +14,14 @@ from fakes import favourite_ms, slower
 from handle_doubles import NumpyHandle
 
 import reference
-from ucudnn.cache import Cache
-from ucudnn.config import Settings
-from ucudnn.delegation import IN_STEP_HOLD_S, SWEPT_UNDER_PRESSURE_MS, OwnTiming, as_fast_as_favourites
-from ucudnn.errors import DeviceMemoryError
-from ucudnn.memory import RECORDED_CALLS, Memory, quantized
-from ucudnn.planner import LAYER, UCUDNN, Framework, Planner
-from ucudnn.problem import ConvKind, ConvProblem
-from ucudnn.transposition import as_forward
+from ucudnn.measure.cache import Cache
+from ucudnn.plan.config import Settings
+from ucudnn.plan.delegation import IN_STEP_HOLD_S, SWEPT_UNDER_PRESSURE_MS, OwnTiming, as_fast_as_favourites
+from ucudnn.core.errors import DeviceMemoryError
+from ucudnn.plan.memory import RECORDED_CALLS, Memory, quantized
+from ucudnn.plan.planner import LAYER, UCUDNN, Framework, Planner
+from ucudnn.core.problem import ConvKind, ConvProblem
+from ucudnn.core.transposition import as_forward
 
 F, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
 OWN = "numpy"
@@ -213,7 +213,7 @@ def test_recorded_kernels_are_planned_before_their_first_run(tmp_path, optimizer
 @pytest.mark.parametrize("factor, runs_as_forward", [(4.0, True), (1.0, False)])
 def test_a_slow_data_gradient_runs_as_a_forward_convolution_of_dy(tmp_path, rng, monkeypatch, factor, runs_as_forward):
     """bd_as_forward: a stride-1 layer's BD is planned also as the F of dy with the weights'
-    K and C swapped (ucudnn.transposition); where that plan is clearly faster it runs, with BD's
+    K and C swapped (ucudnn.core.transposition); where that plan is clearly faster it runs, with BD's
     results. Where it is not, BD's own plan runs."""
     slower(monkeypatch, BD, factor)
     plans = planner(tmp_path, NumpyArrays(), workspace_limit="100KiB", bd_as_forward=True)
@@ -460,7 +460,7 @@ def test_rooms_are_lessened_by_what_the_process_took_beside_the_pool_since_they_
 
 def test_a_window_missing_a_mark_is_no_window():
     """No mark while a CUDA graph is captured (None): that call's window is left out."""
-    from ucudnn.delegation import InStep
+    from ucudnn.plan.delegation import InStep
 
     in_step = InStep()
     in_step.start((F,), 1.0)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import synthetic
 
-from ucudnn import plots
-from ucudnn.cache import recorded_path
+from ucudnn.reports import plots
+from ucudnn.measure.cache import recorded_path
 from ucudnn.cli import main
-from ucudnn.errors import ConfigError
-from ucudnn.nets import get_network
+from ucudnn.core.errors import ConfigError
+from ucudnn.core.nets import get_network
 from test_report import report as reported
 
 pytest.importorskip("matplotlib")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ucudnn.errors import ConfigError
-from ucudnn.problem import DTYPES, ITEMSIZE, LAYOUTS, MATH_TYPES, MODES, ConvKind, ConvProblem, default_math
+from ucudnn.core.errors import ConfigError
+from ucudnn.core.problem import DTYPES, ITEMSIZE, LAYOUTS, MATH_TYPES, MODES, ConvKind, ConvProblem, default_math
 
 BASE = dict(kind="F", x_shape=(8, 6, 14, 12), w_shape=(4, 3, 3, 3), pads=(1, 0), strides=(2, 1),
             dilations=(1, 2), groups=2, dtype="float32", compute_type="float32", math="default",
@@ -276,7 +276,7 @@ def test_math_defaults_per_dtype(dtype, math):
 
 
 def test_network_kernels_use_the_default_math_of_their_dtype():
-    from ucudnn.nets import get_network
+    from ucudnn.core.nets import get_network
 
     net = get_network("alexnet")
     assert {k.problem.math for k in net.problems(32, "float16", layout="nhwc")} == {"tensor_op"}

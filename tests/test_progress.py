@@ -1,5 +1,5 @@
-"""The progress line of long planning (ucudnn.progress), on a fake clock, as the `ucudnn` logger
-writes it on stderr (ucudnn.log)."""
+"""The progress line of long planning (ucudnn.core.progress), on a fake clock, as the `ucudnn` logger
+writes it on stderr (ucudnn.core.log)."""
 from __future__ import annotations
 
 import io
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ucudnn.progress import AFTER_S, IDLE_S, LOG_EVERY_S, Progress
+from ucudnn.core.progress import AFTER_S, IDLE_S, LOG_EVERY_S, Progress
 
 
 class Clock:
@@ -87,7 +87,7 @@ def test_a_disabled_progress_writes_nothing(stderr):
 
 
 def test_the_setting_silences_it():
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     assert Settings.load(env={}).progress is True
     assert Settings.load(env={"UCUDNN_PROGRESS": "0"}).progress is False
@@ -109,7 +109,7 @@ def test_the_line_goes_through_the_ucudnn_logger(stderr):
     and the logger's level silences it."""
     import logging
 
-    from ucudnn.log import HANDLER, LOGGER
+    from ucudnn.core.log import HANDLER, LOGGER
 
     out, records = stderr(io.StringIO()), []
     mine = logging.Handler()
@@ -132,7 +132,7 @@ def test_the_line_goes_through_the_ucudnn_logger(stderr):
 
 
 def test_a_line_said_meanwhile_stays_above_the_redrawn_one(stderr):
-    from ucudnn.log import say
+    from ucudnn.core.log import say
 
     terminal = stderr(Terminal())
     say("step 1", redrawn=True)

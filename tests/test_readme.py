@@ -56,12 +56,12 @@ def test_readme_layout_table_matches_the_tree():
 
 
 def _variables_read() -> set[str]:
-    """Every UCUDNN_* variable ucudnn reads: one per setting (ucudnn.config.Settings; the cache's is
+    """Every UCUDNN_* variable ucudnn reads: one per setting (ucudnn.plan.config.Settings; the cache's is
     UCUDNN_CACHE) and those the code names as string literals (UCUDNN_BENCH_DEVICES, ...)."""
     import re
     from dataclasses import fields
 
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     settings = {f"UCUDNN_{f.name.upper()}" for f in fields(Settings) if f.name != "cache_path"}
     named = {name for path in (ROOT / "ucudnn").rglob("*.py")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from strategies import geometry
 
 import reference
-from ucudnn.problem import ConvProblem
+from ucudnn.core.problem import ConvProblem
 
 
 def naive_forward(p: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:

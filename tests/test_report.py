@@ -6,12 +6,12 @@ import json
 import pytest
 import synthetic
 
-from ucudnn.config import Settings
-from ucudnn.errors import ConfigError
-from ucudnn.nets import get_network
+from ucudnn.plan.config import Settings
+from ucudnn.core.errors import ConfigError
+from ucudnn.core.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.report import make_report
-from ucudnn.solve import measured_in, plan
+from ucudnn.reports.report import make_report
+from ucudnn.plan.solve import measured_in, plan
 
 MIB = 2**20
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ucudnn.errors import ConfigError
-from ucudnn.schedule import Node, checked, schedule, sharing, stream_workspaces, table
-from ucudnn.workspace import divide
+from ucudnn.core.errors import ConfigError
+from ucudnn.core.schedule import Node, checked, schedule, sharing, stream_workspaces, table
+from ucudnn.core.workspace import divide
 
 
 def inception(branches=(1.0, 2.0, 3.0, 0.5), head: float = 1.0, tail: float = 0.25) -> list[Node]:
@@ -120,7 +120,7 @@ def test_the_table_names_every_stream_the_critical_path_and_the_events():
 
 def test_plot_schedule_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from ucudnn.plots import plot_schedule
+    from ucudnn.reports.plots import plot_schedule
 
     path = tmp_path / "schedule.png"
     plot_schedule(schedule(inception(), streams=3), path, "inception block")

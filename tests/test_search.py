@@ -1,5 +1,5 @@
 """The pruned and the full search: what each needs measured, what a pruned measurement records,
-and that a PRUNED row never takes the place of a measurement (ucudnn.search)."""
+and that a PRUNED row never takes the place of a measurement (ucudnn.optimizers.search)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,16 +8,17 @@ import types
 import pytest
 from fakes import FAKE_DEVICE, FakeBenchmarker
 
-from ucudnn import benchmark, gpu
-from ucudnn.backends import Backends, Candidate
-from ucudnn.benchmark import ensure_tables
-from ucudnn.cache import Cache
-from ucudnn.cache.database import BenchmarkDatabase
-from ucudnn.config import Settings
-from ucudnn.dispatch import Plan
-from ucudnn.measurements import OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, ShapeTable
-from ucudnn.problem import ConvProblem
-from ucudnn.search import FULL, PRUNED_SEARCH, named
+from ucudnn.measure import benchmark
+from ucudnn.execute import gpu
+from ucudnn.execute.backends import Backends, Candidate
+from ucudnn.measure.benchmark import ensure_tables
+from ucudnn.measure.cache import Cache
+from ucudnn.measure.cache.database import BenchmarkDatabase
+from ucudnn.plan.config import Settings
+from ucudnn.execute.dispatch import Plan
+from ucudnn.core.measurements import OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, ShapeTable
+from ucudnn.core.problem import ConvProblem
+from ucudnn.optimizers.search import FULL, PRUNED_SEARCH, named
 
 MiB = 2**20
 P = ConvProblem("F", (32, 4, 6, 6), (4, 4, 3, 3), pads=1)
@@ -68,7 +69,7 @@ def test_below_a_size_candidates_far_slower_there_than_one_with_no_more_workspac
 def test_the_search_setting_names_one():
     assert named("full") is FULL and named("pruned") is PRUNED_SEARCH
     assert Settings().search == "pruned" and Settings.load(search="FULL").search == "full"
-    from ucudnn.errors import ConfigError
+    from ucudnn.core.errors import ConfigError
     with pytest.raises(ConfigError, match="search"):
         named("quick")
 
@@ -178,7 +179,7 @@ def test_a_network_wide_limit_measures_every_size(tmp_path, optimizer, sizes):
     """What `ucudnn optimize` measures on a GPU under the pruned search: WR walks (a roomy limit
     keeps nothing out: the whole batch alone), WD measures every size, as its total says nothing
     of one kernel's share."""
-    from ucudnn.sources import complete_tables
+    from ucudnn.plan.sources import complete_tables
 
     settings = Settings.load(optimizer=optimizer, workspace_limit="1GiB")
     bench = FakeBenchmarker()
@@ -187,7 +188,7 @@ def test_a_network_wide_limit_measures_every_size(tmp_path, optimizer, sizes):
 
 
 def test_a_database_lists_as_recorded_only_sizes_a_full_search_completed():
-    from ucudnn.coverage import _complete
+    from ucudnn.reports.coverage import _complete
 
     t = table([(b, "A", 1.0, 0, OK) for b in (8, 16)] + [(8, "B", None, 0, PRUNED)])
     assert _complete(t, None) == {16} and _complete(t, "legacy") == {16}

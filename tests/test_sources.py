@@ -1,4 +1,4 @@
-"""ucudnn.sources (where measurements come from), the one cache-path rule, the vocabulary that
+"""ucudnn.plan.sources (where measurements come from), the one cache-path rule, the vocabulary that
 bindings number, and what a Provenance is made of."""
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from ucudnn.bindings import enums
-from ucudnn.cache.database import BenchmarkDatabase
-from ucudnn.cache.paths import cache_path, default_path, recorded_path
-from ucudnn.config import Settings
-from ucudnn.device import Hardware, MeasurementKind, Provenance
-from ucudnn.errors import CacheError, MissingMeasurementsError
-from ucudnn.nets import get_network
-from ucudnn.problem import DTYPES, LAYOUTS, MATH_TYPES, MODES
-from ucudnn.sources import tables_for
+from ucudnn.execute.bindings import enums
+from ucudnn.measure.cache.database import BenchmarkDatabase
+from ucudnn.measure.cache.paths import cache_path, default_path, recorded_path
+from ucudnn.plan.config import Settings
+from ucudnn.core.device import Hardware, MeasurementKind, Provenance
+from ucudnn.core.errors import CacheError, MissingMeasurementsError
+from ucudnn.core.nets import get_network
+from ucudnn.core.problem import DTYPES, LAYOUTS, MATH_TYPES, MODES
+from ucudnn.plan.sources import tables_for
 
 from synthetic import DEVICE, record_network
 

@@ -1,11 +1,11 @@
-"""Staging (ucudnn.staging): which slices of a part are copied through the workspace, and what it costs."""
+"""Staging (ucudnn.core.staging): which slices of a part are copied through the workspace, and what it costs."""
 from __future__ import annotations
 
 import pytest
 
-from ucudnn.problem import ConvProblem
-from ucudnn.staging import ALIGNED, SLICE_ALIGNMENT, Slices, copy_ms, slices_of
-from ucudnn.workspace import align_up
+from ucudnn.core.problem import ConvProblem
+from ucudnn.core.staging import ALIGNED, SLICE_ALIGNMENT, Slices, copy_ms, slices_of
+from ucudnn.core.workspace import align_up
 
 
 def test_a_slice_is_staged_exactly_where_it_starts_off_the_alignment():

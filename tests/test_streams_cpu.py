@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
+from ucudnn.core.errors import ConfigError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations.torch.streams import Streamed, graph_nodes, node_times, on_streams, traced  # noqa: E402
 
 

@@ -6,12 +6,13 @@ import types
 
 import pytest
 
-from ucudnn.backends import Backends
-from ucudnn.dispatch import Plan
-from ucudnn import benchmark, gpu
-from ucudnn.backends import Candidate
-from ucudnn.measurements import OK, Measurement
-from ucudnn.problem import ConvProblem
+from ucudnn.execute.backends import Backends
+from ucudnn.execute.dispatch import Plan
+from ucudnn.measure import benchmark
+from ucudnn.execute import gpu
+from ucudnn.execute.backends import Candidate
+from ucudnn.core.measurements import OK, Measurement
+from ucudnn.core.problem import ConvProblem
 
 
 class FakeRuntime:
@@ -138,7 +139,7 @@ def test_a_coarse_measurement_runs_a_slow_candidate_once_and_a_short_one_twice(m
 
 
 def test_every_timing_preset_has_its_settings_in_one_table():
-    from ucudnn.device import TIMING_PRESETS
+    from ucudnn.core.device import TIMING_PRESETS
 
     assert tuple(benchmark.TIMINGS) == TIMING_PRESETS  # best first, as the database ranks them
     assert all(settings.name == name for name, settings in benchmark.TIMINGS.items())

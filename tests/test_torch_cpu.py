@@ -19,16 +19,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cas
 from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from ucudnn.cache import Cache  # noqa: E402
-from ucudnn.delegation import OwnTiming  # noqa: E402
-from ucudnn.memory import Memory  # noqa: E402
-from ucudnn.errors import ConfigError, NoAlgorithmError, UcudnnWarning  # noqa: E402
+from ucudnn.measure.cache import Cache  # noqa: E402
+from ucudnn.plan.delegation import OwnTiming  # noqa: E402
+from ucudnn.plan.memory import Memory  # noqa: E402
+from ucudnn.core.errors import ConfigError, NoAlgorithmError, UcudnnWarning  # noqa: E402
 from torch_doubles import NumpyFramework  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
-from ucudnn import fallback  # noqa: E402
+from ucudnn.core import fallback  # noqa: E402
 from ucudnn.integrations.torch import call as calls, layers as ut_layers  # noqa: E402
 from ucudnn.integrations.torch.sites import Sites  # noqa: E402
-from ucudnn.problem import ConvKind  # noqa: E402
+from ucudnn.core.problem import ConvKind  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +98,7 @@ def test_convert_replaces_every_conv2d_in_place_nested_ones_too():
 
 
 def test_context_of_names_the_one_context_of_a_converted_model():
-    from ucudnn.errors import ConfigError
+    from ucudnn.core.errors import ConfigError
 
     model = Net()
     with pytest.raises(ConfigError, match="Net has converted layers of 0 ucudnn contexts"):
@@ -483,7 +483,7 @@ def test_a_concurrent_backward_runs_bf_beside_bd_and_joins_before_returning(conc
     """settings.concurrent_backward: in each layer's backward, BF runs on the framework's side
     stream (its operands marked as used there) while BD runs on the current one, and the current
     stream waits for the side one before the backward returns; results equal torch's either way."""
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     torch.manual_seed(0)
     framework = NumpyFramework()
@@ -818,7 +818,7 @@ def test_stream_changes_reach_the_handle(numpy_context):
 @pytest.mark.parametrize("keyword, value, named", [("policy", "foo", "policy='foo'"),
                                                    ("total_limit", "lots", "total_limit='lots'")])
 def test_convert_errors_name_its_own_keywords(keyword, value, named):
-    """convert's keywords are the settings' own names (ucudnn.config.Settings), so an error names
+    """convert's keywords are the settings' own names (ucudnn.plan.config.Settings), so an error names
     what the caller wrote."""
     with pytest.raises(ConfigError) as error:
         ut.convert(nn.Conv2d(1, 1, 1), **{keyword: value})
@@ -828,8 +828,8 @@ def test_convert_errors_name_its_own_keywords(keyword, value, named):
 # --- delegation: layers ucudnn would not speed up run torch's own convolution ----------------------
 
 def test_worth_delegating_rule():
-    from ucudnn.delegation import worth_delegating
-    from ucudnn.delegation import OwnTiming as T
+    from ucudnn.plan.delegation import worth_delegating
+    from ucudnn.plan.delegation import OwnTiming as T
     limit = 64 * 2**20
     assert worth_delegating([1.0, 1.0], [T(1.0, 0), T(1.02, limit)], [limit, limit], host_cost_ms=0.05)
     assert worth_delegating([0.5], [T(1.0, 0)], [limit], host_cost_ms=0.6)  # saves less than the host cost
@@ -870,8 +870,8 @@ def test_a_later_process_reads_torchs_timings_from_the_database_and_decides_alik
     """torch's timings taken with nothing out of reach are kept (timings.py): a new context on
     the same database times nothing and delegates the same layers; they are no candidates of
     ucudnn's optimizers, and the database's rules accept them."""
-    from ucudnn.cache.database import BenchmarkDatabase
-    from ucudnn.delegation import ROOMY_BYTES
+    from ucudnn.measure.cache.database import BenchmarkDatabase
+    from ucudnn.plan.delegation import ROOMY_BYTES
 
     x = torch.randn(4, 3, 6, 6)
     # torch's F fits and is fast; its BD needs more than the limit: that layer is swept
@@ -895,7 +895,7 @@ def test_a_later_process_reads_torchs_timings_from_the_database_and_decides_alik
 
 def test_torchs_timings_under_memory_pressure_are_neither_kept_nor_read(numpy_context):
     """Taken with less than ROOMY_BYTES free, a timing describes the moment: timed again."""
-    from ucudnn.delegation import ROOMY_BYTES
+    from ucudnn.plan.delegation import ROOMY_BYTES
 
     x = torch.randn(4, 3, 6, 6)
     for free, timed in ((ROOMY_BYTES // 2, 3), (ROOMY_BYTES, 3), (ROOMY_BYTES // 2, 3), (ROOMY_BYTES, 0)):
@@ -922,7 +922,7 @@ def test_a_layer_planned_over_several_slices_asks_cudnns_favourite_once(numpy_co
     the way (cuDNN's favourites, torch's timings) is asked once."""
     from fakes import favourite
 
-    from ucudnn import planner
+    from ucudnn.plan import planner
 
     monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)  # one kernel a slice
     context = delegating_context(numpy_context, lambda problem: OwnTiming(1e6, 0), planning="between_iterations",
@@ -938,9 +938,9 @@ def test_a_layer_planned_over_several_slices_asks_cudnns_favourite_once(numpy_co
 
 
 def test_settled_by_own_rule():
-    from ucudnn.delegation import settled_by_own
-    from ucudnn.delegation import OwnTiming as T
-    from ucudnn.delegation import ROOMY_BYTES
+    from ucudnn.plan.delegation import settled_by_own
+    from ucudnn.plan.delegation import OwnTiming as T
+    from ucudnn.plan.delegation import ROOMY_BYTES
 
     limit, asked = 8 * 2**20, []
 
@@ -973,8 +973,8 @@ def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms,
 def test_a_kernel_torch_runs_faster_within_the_limit_runs_torchs_own_in_a_layer_ucudnn_keeps(numpy_context):
     """torch's F and BD cannot run within the limit; its BF can and is faster than ucudnn's plan:
     the layer stays with ucudnn, its BF runs torch's own convolution."""
-    from ucudnn.delegation import OwnTiming as T
-    from ucudnn.delegation import own_kernels_faster
+    from ucudnn.plan.delegation import OwnTiming as T
+    from ucudnn.plan.delegation import own_kernels_faster
 
     apart = [[0], [1], [2]]  # timed one by one
     assert own_kernels_faster([2.0], [T(1.0, 512)], [1024], [[0]]) == {0}
@@ -1033,7 +1033,7 @@ def test_an_oom_while_timing_torch_means_no_delegation(monkeypatch):
                                "float32", "default", "nchw").problem(ConvKind.FORWARD)
     timing = integration.TorchFramework().time_own(problem, torch.device("cpu"))
     assert timing.ms == float("inf") and timing.workspace == 0
-    from ucudnn.delegation import worth_delegating
+    from ucudnn.plan.delegation import worth_delegating
     assert not worth_delegating([1.0], [timing], [2**30])
 
 
@@ -1076,7 +1076,7 @@ def test_planning_between_iterations_runs_torch_until_the_plan_is_ready(numpy_co
 
 
 def test_planning_between_iterations_keeps_to_its_budget_and_plan_pending_finishes(numpy_context, monkeypatch):
-    from ucudnn import planner
+    from ucudnn.plan import planner
 
     monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)  # one kernel per iteration
     context = numpy_context(planning="between_iterations", delegate=False)
@@ -1103,7 +1103,7 @@ def test_planning_between_iterations_times_nothing_in_the_first_iteration(numpy_
     """The first iteration runs torch's own convolution with nothing timed, as torch's own would;
     at the start of the second, torch's kernels are timed and the layer is settled by torch
     (no sweep) or swept and planned."""
-    from ucudnn.delegation import ROOMY_BYTES
+    from ucudnn.plan.delegation import ROOMY_BYTES
 
     x = torch.randn(4, 3, 6, 6)
     for workspace, swept in ((0, False), (2**40, True)):  # fits the limit: settled; needs more: swept
@@ -1136,7 +1136,7 @@ def test_a_slow_data_gradient_runs_as_a_forward_convolution_with_torchs_results(
     (the weights transposed in their own memory format), outputs and gradients equal torch's."""
     from fakes import slower
 
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     slower(monkeypatch, ConvKind.BACKWARD_DATA, 4.0)
     settings = Settings.load(workspace_limit="64KiB", planning="first_call", bd_as_forward=True)
@@ -1179,7 +1179,7 @@ OWN_LAYERS = {  # delegated layers: True where their backward can run BF beside 
 
 def concurrent_delegating_context(tmp_path) -> ut.Context:
     """Every layer left to torch (its kernels timed as instant), concurrent_backward on."""
-    from ucudnn.config import Settings
+    from ucudnn.plan.config import Settings
 
     settings = Settings.load(workspace_limit="64KiB", planning="first_call", concurrent_backward=True)
     return ut.Context(settings, framework=NumpyFramework(lambda problem: OwnTiming(0.0, 0)),

@@ -13,10 +13,10 @@ from test_graphs import FakeCapturer, Recorder
 torch = pytest.importorskip("torch")
 
 from ucudnn import handle as handles  # noqa: E402
-from ucudnn.bindings import cudnn, library  # noqa: E402
-from ucudnn.config import Settings  # noqa: E402
+from ucudnn.execute.bindings import cudnn, library  # noqa: E402
+from ucudnn.plan.config import Settings  # noqa: E402
 from ucudnn.integrations.torch import torch_handle  # noqa: E402
-from ucudnn.problem import ConvKind, ConvProblem  # noqa: E402
+from ucudnn.core.problem import ConvKind, ConvProblem  # noqa: E402
 from ucudnn.integrations.torch.torch_handle import SYMBOL, TORCHS, torch_cudnn_handle  # noqa: E402
 
 TORCH_CUDA = "/site/torch/lib/libtorch_cuda.so"
@@ -102,7 +102,7 @@ def test_without_libtorch_cuda_or_its_symbol_ucudnn_makes_its_own(process):
 
 
 def test_the_backend_runs_on_torchs_handle_and_says_whose_it_is(process, monkeypatch):
-    from ucudnn import fallback
+    from ucudnn.core import fallback
     from ucudnn.integrations.torch import TorchFramework, kernels
 
     made = []

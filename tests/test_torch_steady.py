@@ -1,6 +1,6 @@
 """CPU: a converted layer left to torch's own convolution (delegated) whose calls hold steady runs
 torch's layer at once: no signature lookup, no resolve, no Planner (ucudnn.integrations.torch.sites.Steady,
-ucudnn.planner.Planner.steady); whatever it was decided on changes, its next call is examined afresh."""
+ucudnn.plan.planner.Planner.steady); whatever it was decided on changes, its next call is examined afresh."""
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +14,9 @@ from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from torch_doubles import NumpyFramework  # noqa: E402
-from ucudnn import progress  # noqa: E402
-from ucudnn.cache import Cache  # noqa: E402
-from ucudnn.delegation import OwnTiming  # noqa: E402
+from ucudnn.core import progress  # noqa: E402
+from ucudnn.measure.cache import Cache  # noqa: E402
+from ucudnn.plan.delegation import OwnTiming  # noqa: E402
 from ucudnn.integrations.torch import call as calls, layers  # noqa: E402
 
 LAYER = ("torch", "layer")

@@ -17,9 +17,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from torch_doubles import NumpyFramework  # noqa: E402
-from ucudnn.cache import Cache  # noqa: E402
-from ucudnn.delegation import OwnTiming  # noqa: E402
-from ucudnn.errors import ConfigError, UcudnnWarning  # noqa: E402
+from ucudnn.measure.cache import Cache  # noqa: E402
+from ucudnn.plan.delegation import OwnTiming  # noqa: E402
+from ucudnn.core.errors import ConfigError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations.torch import ops  # noqa: E402
 from ucudnn.integrations.torch.call import pack  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""A data gradient as a forward convolution (ucudnn.transposition): the F it names computes BD's dx
+"""A data gradient as a forward convolution (ucudnn.core.transposition): the F it names computes BD's dx
 exactly (float64 reference), for 1-D, 2-D and 3-D kernels, groups, dilations, paddings and both
 modes; it names none where there is none, and where C = K and the padding keeps the size, it is
 the layer's own forward convolution."""
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import reference
-from ucudnn.problem import ConvKind, ConvProblem
-from ucudnn.transposition import FASTER, as_forward, faster, transposed_shape
+from ucudnn.core.problem import ConvKind, ConvProblem
+from ucudnn.core.transposition import FASTER, as_forward, faster, transposed_shape
 
 BD = ConvKind.BACKWARD_DATA
 

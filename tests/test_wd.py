@@ -11,13 +11,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from test_pareto import all_configurations, kernels, policies, wd_solve
-from ucudnn.config import batch_sizes
-from ucudnn.errors import ConfigError, InfeasibleError, NoAlgorithmError
-from ucudnn.measurements import UNSUPPORTED, KernelTable, Measurement
+from ucudnn.plan.config import batch_sizes
+from ucudnn.core.errors import ConfigError, InfeasibleError, NoAlgorithmError
+from ucudnn.core.measurements import UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.pareto import desirable_set
 from ucudnn.optimizers.wd import available_solvers, breakdown_table, choose, make_solver, optimize_wd
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.workspace import align_up, divide
+from ucudnn.core.workspace import align_up, divide
 
 MiB = 2**20
 
@@ -249,7 +249,7 @@ def test_breakdown_table_lists_every_kernel_and_the_total():
 
 def test_plot_division_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from ucudnn.plots import plot_division
+    from ucudnn.reports.plots import plot_division
 
     kernels = [Measured("small", _table(MiB), 4), Measured("big", _table(MiB, scale=10), 4)]
     path = tmp_path / "division.png"
@@ -276,7 +276,7 @@ def test_resnet50_sized_solve_is_fast():
 def test_recorded_resnet50_solve_is_fast():
     """Issue 4's figure on the shipped H100 measurements: ResNet-50, B = 32, all three kernels of
     every conv layer (identical layers as one kernel with a count), powerOfTwo, 16 MiB a kernel."""
-    from ucudnn.cache import recorded_path
+    from ucudnn.measure.cache import recorded_path
 
     if recorded_path() is None:
         pytest.skip("no recorded measurements are shipped in cache/")

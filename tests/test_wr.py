@@ -8,12 +8,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ucudnn.config import POLICIES, batch_sizes
-from ucudnn.errors import NoAlgorithmError
-from ucudnn.measurements import FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
+from ucudnn.plan.config import POLICIES, batch_sizes
+from ucudnn.core.errors import NoAlgorithmError
+from ucudnn.core.measurements import FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.staging import Slices
+from ucudnn.core.staging import Slices
 
 WORKSPACES = (0, 1, 100, 1000, 4096, 10**6)
 LIMITS = (None, 0, 1, 99, 100, 1000, 5000, 10**6)

@@ -8,8 +8,8 @@ import torch
 from handle_doubles import NumpyHandle
 
 from ucudnn.integrations.torch import TorchFramework
-from ucudnn.delegation import OwnTiming
-from ucudnn.memory import Memory
+from ucudnn.plan.delegation import OwnTiming
+from ucudnn.plan.memory import Memory
 
 
 class NumpyFramework(TorchFramework):

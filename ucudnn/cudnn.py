@@ -9,13 +9,13 @@ here, or raw addresses made elsewhere); data arguments are device addresses or C
 """
 from __future__ import annotations
 
-from .bindings import convolution as _conv
-from .bindings import cudnn as _cudnn
-from .bindings.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor, read_problem
-from .bindings.enums import AlgoPerf, VIRTUAL_ALGO
-from .gpu import pointer
+from .execute.bindings import convolution as _conv
+from .execute.bindings import cudnn as _cudnn
+from .execute.bindings.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor, read_problem
+from .execute.bindings.enums import AlgoPerf, VIRTUAL_ALGO
+from .execute.gpu import pointer
 from .handle import Handle
-from .problem import ConvKind
+from .core.problem import ConvKind
 
 F, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
 __all__ = ["create", "destroy", "set_stream", "get_version", "TensorDescriptor", "FilterDescriptor",

@@ -2,8 +2,8 @@
 
 Frameworks ask for an algorithm and a workspace size, then convolve. With a ucudnn handle the
 query answers a virtual algorithm and zero workspace, and the convolution runs the kernel's
-optimized configuration (see ucudnn.assignment) in the handle's own workspace, on the handle's stream:
-replayed as a CUDA graph (ucudnn.graphs) unless the execution setting is `direct`.
+optimized configuration (see ucudnn.plan.assignment) in the handle's own workspace, on the handle's stream:
+replayed as a CUDA graph (ucudnn.execute.graphs) unless the execution setting is `direct`.
 """
 from __future__ import annotations
 
@@ -12,25 +12,25 @@ import functools
 import math
 from typing import Any, Callable
 
-from . import gpu
-from .backends import Candidate, open_backends
-from .benchmark import Benchmarker, ConfigurationTimer, CudnnBenchmarker
-from .bindings import cudnn
-from .bindings.enums import VIRTUAL_ALGO
-from .config import Settings
-from .dispatch import compile_program
-from .graphs import GraphCapturer, GraphedProgram
-from .measurements import OK
+from .execute import gpu
+from .execute.backends import Candidate, open_backends
+from .measure.benchmark import Benchmarker, ConfigurationTimer, CudnnBenchmarker
+from .execute.bindings import cudnn
+from .execute.bindings.enums import VIRTUAL_ALGO
+from .plan.config import Settings
+from .execute.dispatch import compile_program
+from .execute.graphs import GraphCapturer, GraphedProgram
+from .core.measurements import OK
 from .optimizers.configuration import Configuration, MicroConfig
-from .assignment import NO_MEMORY, Assignment, Assignments, Shrink
-from .problem import ConvProblem
+from .plan.assignment import NO_MEMORY, Assignment, Assignments, Shrink
+from .core.problem import ConvProblem
 
 
 class Handle:
     """Wraps a cuDNN handle. Pass it wherever ucudnn.cudnn takes a handle; passed to a raw
     ctypes cuDNN call it acts as the cuDNN handle it wraps.
 
-    Settings come from keyword arguments, then UCUDNN_* variables (see ucudnn.config.Settings).
+    Settings come from keyword arguments, then UCUDNN_* variables (see ucudnn.plan.config.Settings).
     `allocator(nbytes)` returns an object holding device memory (default: CuPy's pool).
     `cudnn_handle`: a cuDNN handle to run on (else one of its own, destroyed by close()); its
     owner may move it to other streams, so every direct call sets it to this handle's stream
@@ -42,7 +42,7 @@ class Handle:
                  benchmarker: Benchmarker | None = None, allocator: Callable[[int], Any] | None = None,
                  cudnn_handle=None, stream: int | None = None, make_room: Callable[[], None] | None = None,
                  **settings_kwargs):
-        from .cache import Cache
+        from .measure.cache import Cache
 
         self.settings = settings or Settings.load(**settings_kwargs)
         self._owns_handle = cudnn_handle is None
@@ -91,7 +91,7 @@ class Handle:
     def program(self, problem: ConvProblem, configuration: Configuration, alpha: float = 1.0,
                 beta: float = 0.0) -> Callable[[int, int, int, int, int], None]:
         """`configuration` compiled for this handle: run(x, w, y, workspace, workspace_size)
-        on device addresses, as the execution setting says (graph: see ucudnn.graphs)."""
+        on device addresses, as the execution setting says (graph: see ucudnn.execute.graphs)."""
         program = compile_program(problem, configuration, self.backends, alpha, beta)
         # a lent handle's owner (torch, a framework) sets it to the stream of each of its own
         # calls, which may not be ours: direct runs set it back first (captures redirect it anyway)

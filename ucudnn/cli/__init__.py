@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import __version__
-from ..backends import CHOICES as BACKEND_CHOICES
-from ..cache.paths import CACHE_VARIABLE
-from ..config import OPTIMIZERS, POLICIES
-from ..device import EXECUTIONS, TIMING_PRESETS
-from ..errors import UcudnnError, UcudnnWarning, install_extra
+from ..execute.backends import CHOICES as BACKEND_CHOICES
+from ..measure.cache.paths import CACHE_VARIABLE
+from ..plan.config import OPTIMIZERS, POLICIES
+from ..core.device import EXECUTIONS, TIMING_PRESETS
+from ..core.errors import UcudnnError, UcudnnWarning, install_extra
 from ..paper import FIGURES
-from ..problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
-from ..search import SEARCHES
+from ..core.problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
+from ..optimizers.search import SEARCHES
 from .arguments import (batch_size, byte_size, cache_file, database_file, device_list, export_file, existing_file,
                         plot_file, setting)
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify

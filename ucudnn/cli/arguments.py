@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cache.paths import default_path, default_shard_folder, own_shard
-from ..config import INT64_MAX, choice, parse_size
-from ..errors import CacheError, ConfigError
-from ..parallel.devices import parse_devices
-from ..plots import check_plot_path
+from ..measure.cache.paths import default_path, default_shard_folder, own_shard
+from ..core.problem import INT64_MAX
+from ..plan.config import choice, parse_size
+from ..core.errors import CacheError, ConfigError
+from ..measure.parallel.devices import parse_devices
+from ..reports.plots import check_plot_path
 
 
 def batch_size(text: str) -> int:

@@ -6,23 +6,23 @@ import textwrap
 import time
 from dataclasses import replace
 
-from .. import gpu
-from ..cache.paths import cache_path
-from ..config import Settings, format_size
-from ..coverage import Request, explain_missing
-from ..errors import ConfigError, GpuUnavailableError
-from ..log import say_plan
-from ..nets import Network, find_kernel, get_network, list_networks, torchvision
+from ..execute import gpu
+from ..measure.cache.paths import cache_path
+from ..plan.config import Settings, format_size
+from ..reports.coverage import Request, explain_missing
+from ..core.errors import ConfigError, GpuUnavailableError
+from ..core.log import say_plan
+from ..core.nets import Network, find_kernel, get_network, list_networks, torchvision
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..paper import CANDIDATES, FIGURES, Executed, Predicted, write_figures
-from ..parallel import bench_devices, bench_on_devices, bench_with_mpi
-from ..report import Report, make_report
-from ..solve import measured_in, plan
-from ..plots import plot_report
-from ..problem import Kernel, default_math
-from ..sources import gpu_available, tables_for
-from ..staging import slices_of
+from ..measure.parallel import bench_devices, bench_on_devices, bench_with_mpi
+from ..reports.report import Report, make_report
+from ..plan.solve import measured_in, plan
+from ..reports.plots import plot_report
+from ..core.problem import Kernel, default_math
+from ..plan.sources import gpu_available, tables_for
+from ..core.staging import slices_of
 from .output import ProgressBar, device_json, dims, print_json, render_report, table
 
 

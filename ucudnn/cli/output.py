@@ -7,15 +7,15 @@ import time
 from dataclasses import asdict
 from typing import Sequence
 
-from ..config import format_size
-from ..device import Provenance
-from ..log import say
-from ..nets import Network
-from ..report import Report
+from ..plan.config import format_size
+from ..core.device import Provenance
+from ..core.log import say
+from ..core.nets import Network
+from ..reports.report import Report
 
 
 class ProgressBar:
-    """One line through the `ucudnn` logger (ucudnn.log: stderr, updated in place on a terminal):
+    """One line through the `ucudnn` logger (ucudnn.core.log: stderr, updated in place on a terminal):
     kernels done, time left and the kernel being measured."""
 
     def __init__(self, names: dict[str, str], width: int = 24):

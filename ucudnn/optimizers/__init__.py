@@ -1,6 +1,9 @@
 """The optimizers, by the name the `optimizer` setting gives: `wr` plans each kernel alone within
 a limit per kernel (wr.py); `wd` divides one total among a network's kernels (pareto.py, wd.py).
-Code outside this package asks an Optimizer what it does, never compares its name."""
+Code outside this package asks an Optimizer what it does, never compares its name. search.py:
+which candidates a benchmark times.
+
+May import: core (docs/architecture.md; tests/test_imports.py checks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,7 +7,7 @@ from typing import Callable
 
 @dataclass(frozen=True)
 class MicroConfig:
-    """Run candidate `algo` (e.g. 'legacy:FFT', ucudnn.backends) on `batch` samples; measured
+    """Run candidate `algo` (e.g. 'legacy:FFT', ucudnn.execute.backends) on `batch` samples; measured
     `time_ms` and `workspace` bytes."""
 
     algo: str

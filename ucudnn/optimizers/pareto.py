@@ -6,7 +6,7 @@ configuration of a kernel, by WR's recursion keeping sets instead of minima.
 
 P keeps the points no other point beats in both time and workspace (of exact ties, one).
 As in WR (wr.py), a part's time and workspace include staging its slices where it starts off the
-alignment the measurements had (ucudnn.staging): the part appended to D(b - b') starts at b - b'.
+alignment the measurements had (ucudnn.core.staging): the part appended to D(b - b') starts at b - b'.
 The recursion runs for many kernels at once, vectorized over kernels and candidates: a network's
 kernels then cost one pass over b instead of one per kernel.
 """
@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..measurements import PRUNED, UNMEASURED, KernelTable, Measurement
-from ..staging import ALIGNED, SLICED, Slices
+from ..core.measurements import PRUNED, UNMEASURED, KernelTable, Measurement
+from ..core.staging import ALIGNED, SLICED, Slices
 from .configuration import Configuration, MicroConfig
 
 Kernel = tuple[KernelTable, int, Iterable[int]]  # measurements, mini-batch size, micro-batch sizes
@@ -36,7 +36,7 @@ def plannable(measurements: Sequence[Measurement]) -> list[Measurement]:
     use: the available ones on the time-workspace front (WR picks the fastest that fits, WD's
     desirable sets start from the front: a dominated candidate is never chosen), every row not
     timed (over the cap or out of memory: a later run would time it; KernelTable.complete_for
-    reads them; PRUNED: a full search measures them, ucudnn.search), and, where nothing of
+    reads them; PRUNED: a full search measures them, ucudnn.optimizers.search), and, where nothing of
     those is left, one row that says the size was measured. What a shipped or shared file can
     keep without changing any plan or what a search asks for."""
     ok = sorted((m for m in measurements if m.available), key=lambda m: m.algo)  # ties: the first name
@@ -175,7 +175,7 @@ def _candidates(store: _Store, micros: _Micros, b: int, batches: np.ndarray,
 def desirable_sets(kernels: Sequence[Kernel], limit: int | None,
                    slices: Sequence[Slices] | None = None) -> list[list[Configuration]]:
     """desirable_set of every (table, batch, sizes), all under one `limit`, computed together;
-    `slices`: each kernel's (ucudnn.staging; default: no part is staged)."""
+    `slices`: each kernel's (ucudnn.core.staging; default: no part is staged)."""
     if not kernels:
         return []
     slices = [ALIGNED] * len(kernels) if slices is None else list(slices)

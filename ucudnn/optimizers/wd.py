@@ -19,11 +19,11 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import pulp
 
-from ..errors import ConfigError, InfeasibleError, NoAlgorithmError, UcudnnError
-from ..measurements import KernelTable
-from ..problem import Kernel, check_unique_names
-from ..staging import slices_of
-from ..workspace import ALIGNMENT, Segment, align_up, divide
+from ..core.errors import ConfigError, InfeasibleError, NoAlgorithmError, UcudnnError
+from ..core.measurements import KernelTable
+from ..core.problem import Kernel, check_unique_names
+from ..core.staging import slices_of
+from ..core.workspace import ALIGNMENT, Segment, align_up, divide
 from .configuration import Configuration
 from .pareto import desirable_sets
 

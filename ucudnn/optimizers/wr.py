@@ -7,16 +7,16 @@
 
 A part of b samples that starts at sample s costs what its candidate was measured at, plus c(s, b)
 and w(s, b): the time and bytes of staging its slices where they start off the alignment the
-measurements had (ucudnn.staging; 0 where they start on it). The state is the sample a part starts
+measurements had (ucudnn.core.staging; 0 where they start on it). The state is the sample a part starts
 at, so its cost may depend on where it starts; parts run in the order R(0) takes them.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
-from ..errors import NoAlgorithmError
-from ..measurements import KernelTable
-from ..staging import ALIGNED, Slices
+from ..core.errors import NoAlgorithmError
+from ..core.measurements import KernelTable
+from ..core.staging import ALIGNED, Slices
 from .configuration import Configuration, MicroConfig
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from ..plots import check_plot_path
+from ..reports.plots import check_plot_path
 from . import division, kernels, networks
 from .evidence import CANDIDATES, Evidence, Executed, Predicted
 from .page import Figure, Headline, Result, headline_table, write

@@ -2,10 +2,10 @@
 AlexNet and ResNet-50 (Fig. 13), and how WD divides AlexNet's 120 MiB (Fig. 14)."""
 from __future__ import annotations
 
-from ..config import format_size
-from ..nets import Network, get_network
-from ..plots import plot_stacked
-from ..report import Report
+from ..plan.config import format_size
+from ..core.nets import Network, get_network
+from ..reports.plots import plot_stacked
+from ..reports.report import Report
 from .evidence import CANDIDATES, DRAWN, Evidence
 from .kernels import desirable_fronts
 from .page import NOT_RECORDED, SHORT, Figure, Headline, Result, Table, against, ratio

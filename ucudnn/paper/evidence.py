@@ -10,19 +10,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from ..cache import Cache, cache_path
-from ..config import Settings
-from ..coverage import Request
-from ..device import Provenance
-from ..errors import ConfigError, GpuUnavailableError, MissingMeasurementsError
-from ..measurements import KernelTable
-from ..nets import Network
+from ..measure.cache import Cache, cache_path
+from ..plan.config import Settings
+from ..reports.coverage import Request
+from ..core.device import Provenance
+from ..core.errors import ConfigError, GpuUnavailableError, MissingMeasurementsError
+from ..core.measurements import KernelTable
+from ..core.nets import Network
 from ..optimizers import DIVIDING, PER_KERNEL
 from ..optimizers.configuration import Configuration
-from ..problem import ConvProblem, Kernel
-from ..report import Report, make_report
-from ..solve import Measure, plan
-from ..sources import Progress, complete_tables, device_with_most, gpu_available, open_database
+from ..core.problem import ConvProblem, Kernel
+from ..reports.report import Report, make_report
+from ..plan.solve import Measure, plan
+from ..plan.sources import Progress, complete_tables, device_with_most, gpu_available, open_database
 
 # Whose candidates a figure plans with: cuDNN's legacy algorithms alone (the API the paper's cuDNN
 # 6 and 7 had), or those and cuDNN's graph-API engines (ucudnn's default); drawings show the last
@@ -158,7 +158,7 @@ class Executed(Evidence):
         if benchmarker is None or timer is None:
             if not gpu_available():
                 raise GpuUnavailableError(NEEDS_GPU)
-            from ..benchmark import ConfigurationTimer, CudnnBenchmarker
+            from ..measure.benchmark import ConfigurationTimer, CudnnBenchmarker
 
             benchmarker = CudnnBenchmarker(execution=self.base.execution, backend="all")
             timer = ConfigurationTimer(benchmarker.handle, stream=benchmarker.stream,

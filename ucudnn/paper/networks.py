@@ -6,11 +6,11 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..config import format_size
-from ..nets import Network, get_network
-from ..plots import plot_stacked
-from ..problem import ConvKind
-from ..report import Report
+from ..plan.config import format_size
+from ..core.nets import Network, get_network
+from ..reports.plots import plot_stacked
+from ..core.problem import ConvKind
+from ..reports.report import Report
 from .evidence import CANDIDATES, DRAWN, Evidence
 from .page import NOT_RECORDED, SHORT, Figure, Headline, Result, Table, against, ratio
 

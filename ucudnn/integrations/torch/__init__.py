@@ -16,7 +16,7 @@ convolution, which costs less host time (see delegation.py). See docs/torch.md.
 """
 from __future__ import annotations
 
-from ...errors import install_extra
+from ...core.errors import install_extra
 
 try:
     import torch  # what this package needs first

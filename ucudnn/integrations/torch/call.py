@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...problem import ConvKind, ConvProblem, default_math, lift_1d, output_size, transposed_size
-from ...staging import is_aligned
+from ...core.problem import ConvKind, ConvProblem, default_math, lift_1d, output_size, transposed_size
+from ...core.staging import is_aligned
 from .sites import Site, autocast_dtype
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -225,7 +225,7 @@ def unpacked(module: nn.Module, input: Tensor, y: Tensor) -> Tensor:
 
 def sliceable(tensor: Tensor, fmt: torch.memory_format) -> Tensor:
     """`tensor` packed in `fmt` and starting on the slice alignment, as micro-batched calls need
-    (ucudnn.staging): a no-op for tensors torch allocated, a copy of a view that starts elsewhere."""
+    (ucudnn.core.staging): a no-op for tensors torch allocated, a copy of a view that starts elsewhere."""
     return aligned(tensor.contiguous(memory_format=fmt), fmt)
 
 

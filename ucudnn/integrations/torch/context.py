@@ -1,5 +1,5 @@
 """What converted layers share: settings, a ucudnn.Handle per GPU, planned kernels by call
-site: ucudnn.planner.Planner with torch's side (TorchFramework), the sites of layer calls, WD's
+site: ucudnn.plan.planner.Planner with torch's side (TorchFramework), the sites of layer calls, WD's
 learning of the network, and the side stream of a concurrent backward."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ...config import Settings, choice, format_size
-from ...errors import ConfigError
-from ...memory import AUTO
+from ...plan.config import Settings, choice, format_size
+from ...core.errors import ConfigError
+from ...plan.memory import AUTO
 from ...optimizers import DIVIDING, OPTIMIZERS, PER_KERNEL
-from ...planner import Planner
+from ...plan.planner import Planner
 from .kernels import TorchFramework
 from .sites import Sites
 
@@ -39,10 +39,10 @@ class Context(Planner):
         if settings is not None and any(v is not None for v in keywords.values()):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         auto = settings is None and _auto(workspace_limit, total_limit, optimizer)
-        if auto:  # limits from the memory timeline, planned per kernel (ucudnn.memory says why WD's is the same)
+        if auto:  # limits from the memory timeline, planned per kernel (ucudnn.plan.memory says why WD's is the same)
             keywords.update(workspace_limit=None, total_limit=None, optimizer=PER_KERNEL.name)
             settings = Settings.load({k: v for k, v in os.environ.items() if k not in _LIMIT_VARIABLES}, **keywords)
-        # WR layers that ucudnn would not speed up run torch's own convolution (ucudnn.delegation)
+        # WR layers that ucudnn would not speed up run torch's own convolution (ucudnn.plan.delegation)
         super().__init__(settings or Settings.load(**keywords), framework or TorchFramework(), cache, delegate, auto)
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._recording = False
@@ -123,7 +123,7 @@ _LIMIT_VARIABLES = ("UCUDNN_WORKSPACE_LIMIT", "UCUDNN_TOTAL_LIMIT")
 
 
 def _auto(workspace_limit, total_limit, optimizer) -> bool:
-    """Whether the limits come from the memory timeline (ucudnn.memory): asked for by AUTO as
+    """Whether the limits come from the memory timeline (ucudnn.plan.memory): asked for by AUTO as
     either limit (total_limit=AUTO with optimizer WD or unnamed), or by default, where no limit,
     no optimizer dividing a total, and no UCUDNN_* limit (other than AUTO) is given."""
     if workspace_limit == AUTO or total_limit == AUTO:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...problem import ConvKind
+from ...core.problem import ConvKind
 from .call import layer_kinds, sliceable
 from .sites import Site
 

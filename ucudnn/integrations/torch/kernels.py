@@ -11,15 +11,15 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ...backends.base import candidate_id
-from ...config import Settings
-from ...delegation import OwnTiming
-from ...errors import CudnnError, DeviceMemoryError
-from ...fallback import say_once
-from ...measurements import TORCH
-from ...memory import Memory
-from ...planner import UCUDNN
-from ...problem import ConvKind, ConvProblem
+from ...execute.backends.base import candidate_id
+from ...plan.config import Settings
+from ...plan.delegation import OwnTiming
+from ...core.errors import CudnnError, DeviceMemoryError
+from ...core.fallback import say_once
+from ...core.measurements import TORCH
+from ...plan.memory import Memory
+from ...plan.planner import UCUDNN
+from ...core.problem import ConvKind, ConvProblem
 from .call import memory_format
 from .torch_handle import torch_cudnn_handle
 
@@ -42,7 +42,7 @@ def _event_times(run: Callable[[], Any], repeats: int) -> list[float]:
     """GPU milliseconds of each of `repeats` calls of run(), by CUDA events on the current stream.
     A spinning kernel holds the GPU while the host queues the calls, so that a short kernel is
     timed at the GPU's pace rather than its host call's, as ucudnn's own candidates are
-    (ucudnn.gpu.time_calls with hide_host)."""
+    (ucudnn.execute.gpu.time_calls with hide_host)."""
     began = time.perf_counter()
     run()
     host_s = time.perf_counter() - began
@@ -64,7 +64,7 @@ def _no_persistent_workspace(nbytes: int) -> int:
 
 
 class TorchFramework:
-    """torch's side of a ucudnn.planner.Planner: kernels on CUDA tensors through ucudnn.Handle,
+    """torch's side of a ucudnn.plan.planner.Planner: kernels on CUDA tensors through ucudnn.Handle,
     on torch's current stream, and torch's own convolution (`own`)."""
 
     own = TORCH  # the framework whose own convolution runs where ucudnn does not
@@ -100,7 +100,7 @@ class TorchFramework:
     @staticmethod
     def own_candidate() -> str:
         """'torch:2.11.0+cu130': torch's own convolution as this torch runs it, named as the
-        database names it (ucudnn.delegation keeps its timings)."""
+        database names it (ucudnn.plan.delegation keeps its timings)."""
         return candidate_id(TORCH, torch.__version__)
 
     def make_handle(self, settings: Settings, cache, device: torch.device):
@@ -157,7 +157,7 @@ class TorchFramework:
         the benchmark: freed scratch goes back to torch, torch's peak statistics count it, and
         memory pressure is the same for both. Out of memory there is CuPy's, which the benchmark
         records as data."""
-        from ... import gpu
+        from ...execute import gpu
 
         cupy = gpu.cupy()
 
@@ -217,7 +217,7 @@ class TorchFramework:
     def _own_stream(self, device: torch.device) -> Any:
         """A new CUDA stream of the device, made by CuPy and kept alive here: torch.cuda.Stream()
         hands out a pool of 32 streams in turn, so one could be another branch's."""
-        from ... import gpu
+        from ...execute import gpu
 
         cupy = gpu.cupy()
         index = torch.cuda.current_device() if device.index is None else device.index
@@ -261,7 +261,7 @@ class TorchFramework:
     @staticmethod
     def transposed_weights(w: Tensor, groups: int, layout: str) -> Tensor:
         """A copy of `w` with K and C swapped per group, (C, K/groups, *kernel), and the kernel
-        flipped, stored in `layout` (ucudnn.transposition). The layout is the kernel's, not read
+        flipped, stored in `layout` (ucudnn.core.transposition). The layout is the kernel's, not read
         from w's strides: where w has one channel its strides fit either layout, and the copy,
         with K channels, fits only one."""
         swapped = w.unflatten(0, (groups, w.shape[0] // groups)).transpose(1, 2).flatten(0, 1)
@@ -293,7 +293,7 @@ class TorchFramework:
         free then), then timed with CUDA events; its workspace is what it allocates beyond its
         result, read from the caching allocator's running total (peak statistics stay untouched).
         With `free`, a blocker holds all but `free` bytes beyond the result while it runs: torch
-        meets the pressure of the kernel's moment in the step (ucudnn.memory). Where the memory
+        meets the pressure of the kernel's moment in the step (ucudnn.plan.memory). Where the memory
         free cannot hold the operands, torch's kernel is taken as forever slow (the layer is not
         delegated) rather than failing the training step."""
         try:

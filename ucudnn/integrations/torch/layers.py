@@ -10,12 +10,12 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ...errors import ConfigError, UcudnnWarning
-from ...planner import LAYER
+from ...core.errors import ConfigError, UcudnnWarning
+from ...plan.planner import LAYER
 from . import convolution, traced
 from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
-from ...fallback import fall_back
+from ...core.fallback import fall_back
 from .kernels import TorchFramework
 from .sites import Site, Steady, signature
 
@@ -122,7 +122,7 @@ class Converted:
             if site.steady and "weight" in self._parameters and not context.settings.concurrent_backward:
                 self._ucudnn_steady = Steady(self, input, site, context.runs, (context.framework.own, LAYER))
             out = self._own_forward(input, context)
-            if context.observing(site):  # its moments (ucudnn.memory) and its kernels' time in the step
+            if context.observing(site):  # its moments (ucudnn.plan.memory) and its kernels' time in the step
                 context.observed_end(site, site.kinds[:1])
                 if out.requires_grad:
                     out.register_hook(functools.partial(_backward_starts, context, site))
@@ -263,10 +263,10 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     Layers keep their identity, parameters, hooks and state_dict (only their class changes), so
     an optimizer made before still works. Settings: `workspace_limit` per kernel (WR): "auto"
     (the default: each kernel within what its moment in the training step leaves free, observed
-    over a layer's first calls, see ucudnn.memory) or a size such as "64MiB"; `optimizer` "wr" or
+    over a layer's first calls, see ucudnn.plan.memory) or a size such as "64MiB"; `optimizer` "wr" or
     "wd", `policy` "powerOfTwo" | "all" | "undivided", `total_limit` for WD (default:
     workspace_limit x kernels; "auto": as workspace_limit="auto", which is WD's division when
-    kernels run one at a time, see ucudnn.memory), `cache_path` for the benchmark
+    kernels run one at a time, see ucudnn.plan.memory), `cache_path` for the benchmark
     database, `execution` "graph" (calls replayed as CUDA graphs once a layer's buffers repeat)
     or "direct", `planning` "between_iterations" (the default: every layer runs torch's own
     convolution until planned, nothing timed in the first iteration; about a second of planning,
@@ -276,7 +276,7 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     its kernels; then they are planned (WD: solved once). Run it under the autocast and grad mode
     of training. `delegate`: under WR, layers whose kernels ucudnn would not speed up (torch's
     own fit the limit and are about as fast) run torch's own convolution, which costs less host
-    time (see ucudnn.delegation); False runs every layer through ucudnn.
+    time (see ucudnn.plan.delegation); False runs every layer through ucudnn.
     Subclasses of those layers are left alone (they may change forward)."""
     settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
     if context is not None and (any(v is not None for v in settings) or not delegate):

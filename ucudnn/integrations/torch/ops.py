@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from .convolution import backward, bias_gradient, forward, gradient, output
 from .call import aligned
 from .sites import Site

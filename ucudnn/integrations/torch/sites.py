@@ -10,7 +10,7 @@ for its calls to do (Site.steady) a call that builds the same signature runs tor
 once, with no lookup and no routing.
 
 A signature holds everything that decision reads and the layer itself: a layer's kernels run at
-moments of the step of their own, which the Planner may plan for (ucudnn.memory), so each layer
+moments of the step of their own, which the Planner may plan for (ucudnn.plan.memory), so each layer
 has sites of its own; layers of one shape share their kernels' plans through the Planner.
 """
 from __future__ import annotations
@@ -60,10 +60,10 @@ class Site:
     """A Call ucudnn runs, with what each of its calls needs: the kernels it runs (`kinds`), the
     dtype, the output's shape and memory format, its planned kernels by kind (filled by the
     Context on first run), whether the Context delegates it to torch (None: not decided yet),
-    whether its calls may skip the Planner (`steady`: ucudnn.planner.Planner.steady), the bytes
+    whether its calls may skip the Planner (`steady`: ucudnn.plan.planner.Planner.steady), the bytes
     free as each kernel started (`free`, by kind: the least seen) and the calls it made waiting
-    for its plan (`observed`; the first ucudnn.memory.RECORDED_CALLS are observed,
-    ucudnn.planner.Planner.observe)."""
+    for its plan (`observed`; the first ucudnn.plan.memory.RECORDED_CALLS are observed,
+    ucudnn.plan.planner.Planner.observe)."""
 
     __slots__ = ("call", "kinds", "dtype", "out_shape", "memory_format", "kernels", "delegated", "steady", "free",
                  "observed")

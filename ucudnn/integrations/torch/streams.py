@@ -1,10 +1,10 @@
 """A model's independent work on several CUDA streams: its graph (torch.fx), each node's measured
-time, a critical-path schedule of them (ucudnn.schedule), and a run that issues each node on its
+time, a critical-path schedule of them (ucudnn.core.schedule), and a run that issues each node on its
 stream, in the schedule's order, with the events the schedule names.
 
     streamed = Streamed(model, x, streams=4)      # traced, timed on x, scheduled
     y = streamed(x)                               # each node on its stream; equals model(x)
-    print(ucudnn.schedule.table(streamed.plan))
+    print(ucudnn.core.schedule.table(streamed.plan))
 
     model = on_streams(model, x, streams=4)       # the same, or the model itself on one stream
                                                   # where torch.fx cannot trace it (with a warning)
@@ -29,8 +29,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from ...errors import ConfigError, UcudnnWarning
-from ...schedule import Node, Schedule, schedule
+from ...core.errors import ConfigError, UcudnnWarning
+from ...core.schedule import Node, Schedule, schedule
 from .layers import Converted
 
 COMPUTE = ("call_module", "call_function", "call_method")

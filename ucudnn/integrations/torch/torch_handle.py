@@ -25,7 +25,7 @@ import ctypes
 import threading
 from typing import Callable, NamedTuple
 
-from ...bindings import library
+from ...execute.bindings import library
 
 SYMBOL = "_ZN2at6native14getCudnnHandleEv"  # at::native::getCudnnHandle()
 LIBRARY = "libtorch_cuda.so"

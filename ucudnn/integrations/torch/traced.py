@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ...fallback import fall_back
+from ...core.fallback import fall_back
 from . import ops
 from .call import pack, resolve, unpacked
 from .context import default_context

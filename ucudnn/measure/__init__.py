@@ -1,0 +1,4 @@
+"""Measuring: the benchmark that times a kernel's candidates at each micro-batch size, the SQLite
+database that keeps what was measured (cache/), and benchmarking on several GPUs (parallel/).
+
+May import: core, optimizers, execute (docs/architecture.md; tests/test_imports.py checks)."""
