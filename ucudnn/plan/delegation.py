@@ -32,9 +32,11 @@ from ..core.problem import ConvProblem
 
 # What a converted F+BD+BF step costs the host beyond torch's own layer, in ms: 0.35-0.49 ms
 # synced vs torch's 0.04-0.17 ms per AlexNet layer, and 4.6 ms over ResNet-50's 53 layers in AMP
-# (~0.09 ms a layer) on the H100's host (docs/torch.md). The smaller figure keeps ucudnn on a
-# layer wherever its kernels win clearly.
-HOST_COST_MS = 0.05
+# (~0.09 ms a layer) on the H100's host (docs/torch.md); about 0.2-0.3 ms a layer under cProfile
+# in r3d_18's host-paced step on the H200's, where layers taken for savings of 0.1-0.15 ms made
+# the step slower than torch's (docs/results.md, "Forty steps"). A layer is kept where its
+# kernels save more than this.
+HOST_COST_MS = 0.15
 
 
 # Free memory (device free plus the framework's cached blocks) beyond which torch's benchmark mode

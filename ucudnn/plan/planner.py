@@ -147,6 +147,7 @@ class Planner:
         self._own_timings: dict[tuple[ConvKind, Hashable, int], OwnTiming] = {}
         self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
         self._in_step_ms: dict[tuple[ConvKind, Hashable, int], float] = {}  # ... as (kind, call, room) report them
+        self._least_in_step: dict[tuple[Hashable, tuple], float] = {}  # (call, kinds) -> least ms of any of its sites
         self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest observe()
         self._lessened: set = set()  # observed sites whose rooms were lessened as their planning began (_lessen)
         self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
@@ -444,14 +445,14 @@ class Planner:
         """The site's own kernels as they ran in its observed calls (observe, observed_end): per
         kind its share of its group's least time (the forward kernel; the backward kernels
         together), within its room, since it ran there; each group's time kept for summary().
-        [] where a group was not seen whole (no backward ran in the observed calls) or a mark
-        cannot be read: then they are timed (_own_timing). Kept until the layer is decided (a
-        sweep may span several slices of plan_pending)."""
-        in_step = self._in_step.get(site)
-        try:
-            groups = {} if in_step is None else in_step.ms(self.framework.elapsed_ms)
-        except RuntimeError:  # a mark the device never reached
-            groups = {}
+        The framework runs one plan for a call wherever its sites are (torch's benchmark mode
+        keeps a plan per problem, not per moment), so a group's time is the least any site of the
+        call took (_in_step_least): one window can hold a stall of the host's (r3d_18's first
+        64-channel layer: 0.97 ms a forward in its window, 0.41 ms in the next layer's, 0.30 ms
+        steady; docs/results.md, "Forty steps"). [] where a group was not seen whole (no backward
+        ran in the observed calls) or a mark cannot be read: then they are timed (_own_timing).
+        Kept until the layer is decided (a sweep may span several slices of plan_pending)."""
+        groups = self._in_step_least(site)
         for kinds, ms in groups.items():
             for kind in kinds:
                 self._in_step_ms[kind, site.call, self._room(site, kind)] = ms
@@ -459,6 +460,28 @@ class Planner:
         if set(shares) != set(site.kinds):
             return []
         return [OwnTiming(shares[kind], 0, room) for kind, room in zip(site.kinds, rooms)]
+
+    def _in_step_least(self, site) -> dict[tuple, float]:
+        """Per group of kinds the site saw whole in its observed calls, the least time of that
+        group over the sites of its call seen so far (those waiting now, and those decided before)."""
+        own = self._windows_ms(site)
+        for other in self._in_step:
+            if other is not site and other.call == site.call:
+                self._keep_least(other.call, self._windows_ms(other))
+        self._keep_least(site.call, own)
+        return {kinds: self._least_in_step[site.call, kinds] for kinds in own}
+
+    def _windows_ms(self, site) -> dict[tuple, float]:
+        """The site's least window per group of kinds (InStep.ms); none where a mark cannot be read."""
+        in_step = self._in_step.get(site)
+        try:
+            return {} if in_step is None else in_step.ms(self.framework.elapsed_ms)
+        except RuntimeError:  # a mark the device never reached
+            return {}
+
+    def _keep_least(self, call, groups: dict[tuple, float]) -> None:
+        for kinds, ms in groups.items():
+            self._least_in_step[call, kinds] = min(self._least_in_step.get((call, kinds), ms), ms)
 
     @property
     def _observations(self) -> int:
@@ -727,6 +750,7 @@ class Planner:
             self._own_timings.clear()
             self._in_step.clear()
             self._in_step_ms.clear()
+            self._least_in_step.clear()
             self._outside_seen.clear()
             self._lessened.clear()
             self._set_aside.clear()
