@@ -64,7 +64,7 @@ class FakeBenchmarker:
 
 def slower(monkeypatch, kind, factor: float) -> None:
     """FakeBenchmarker's candidates of `kind` `factor` times slower than its model says (a BD
-    with no fast plan within the limit, as docs/results.md's "Like for like" found one)."""
+    with no fast plan within the limit, as docs/results-archive.md's "Like for like" found one)."""
     measure = FakeBenchmarker.measure
 
     def slowed(self, problem, *args, **kwargs):

@@ -26,7 +26,7 @@ from .gpu import cupy
 
 # per kernel: address sets in use at once. A kernel shared by several layers (ResNet-50's repeated
 # blocks), each with its own tensors and borrowed workspace, cycles through more than 8 per
-# iteration: at 8, ResNet-50 in AMP re-captured ~20 graphs every iteration (docs/results.md,
+# iteration: at 8, ResNet-50 in AMP re-captured ~20 graphs every iteration (docs/results-archive.md,
 # "PyTorch: delegating layers ucudnn would not speed up").
 MAX_GRAPHS = 32
 MAX_SEEN = 64  # per kernel: address sets seen once, waiting for a second sight
@@ -35,7 +35,7 @@ MAX_SEEN = 64  # per kernel: address sets seen once, waiting for a second sight
 # after CHURN_CAPTURES captures with fewer than CHURN_REPLAYS launches per capture (the launch
 # right after a capture counts), new address sets run directly until replays catch up. (ResNet-50
 # in AMP, every layer converted: ~20 captures and 22 direct runs an iteration, against 136
-# replays: docs/results.md, "PyTorch: delegating layers ucudnn would not speed up".)
+# replays: docs/results-archive.md, "PyTorch: delegating layers ucudnn would not speed up".)
 CHURN_CAPTURES = MAX_GRAPHS
 CHURN_REPLAYS = 2
 

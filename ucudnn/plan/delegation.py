@@ -59,7 +59,7 @@ class OwnTiming(NamedTuple):
 # A window's start mark first holds the device this long (Framework.mark's hold_s): where the step
 # is host-paced the device would otherwise wait between the mark and the kernel, and the window
 # would time the host. Unheld, densenet121's 1x1 convolutions took 0.19-0.41 ms a window against
-# 0.03-0.05 ms timed apart, and 102 of its 298 kernels were swept for it (docs/results.md, "Six
+# 0.03-0.05 ms timed apart, and 102 of its 298 kernels were swept for it (docs/results-archive.md, "Six
 # models"). A window's host time (a mark, torch's dispatch, an autograd node) is 0.05-0.3 ms.
 IN_STEP_HOLD_S = 0.5e-3
 
@@ -115,7 +115,7 @@ def settled_by_own(own: Sequence[OwnTiming], rooms: Sequence[int], favourites_fi
 # Under pressure a long layer is swept only where torch's kernels in the step ran slower than
 # cuDNN's favourites (fitting their rooms) timed once at the whole batch by more than this factor:
 # a sweep costs 0.3-6.7 s a kernel, and fcn_resnet50's 15 such sweeps all ended delegated
-# (docs/results.md, "Torch's kernels judged as they ran in the step"), where wav2vec2's found
+# (docs/results-archive.md, "Torch's kernels judged as they ran in the step"), where wav2vec2's found
 # plans 5-10x faster than torch's kernels in the step.
 FAVOURITE_SLACK = 1.25
 

@@ -18,14 +18,16 @@ kernel that the framework's did not, the allocator's rounding and blocks it cann
 workspace that still cannot be had is planned again within less (ucudnn.plan.planner.Planner._shrink).
 A workspace that can be had only by the framework's allocator giving all its cached blocks back
 to the device (a flush: a device sync, then pages mapped again; 3.9 ms or more a flush in
-wav2vec2's step, docs/results.md) costs more than a smaller plan, up to FLUSH_MS: once planning
-is done, the planned kernels are watched (Framework.flushes) in the first step and in each step
-after one that flushed, over the next WATCHED_STEPS steps (FlushWatch); one that flushed is
-planned within half its workspace as the next step starts, unless that plan is predicted to be
-slower by more than a flush costs. Each plan that changes moves the cached blocks the next step
-finds: a kernel that did not flush in one step can in a later one (docs/results.md). A room
-observed as one number cannot say in which cached blocks its bytes lie. quantized() rounds down
-to a grid of eight steps per power of two, so that kernels at nearby moments share one plan.
+wav2vec2's step, docs/results-archive.md, "Flushes") costs more than a smaller plan, up to
+FLUSH_MS: once planning is done, the planned kernels are watched (Framework.flushes) in the first
+step and in each step after one that flushed, over the next WATCHED_STEPS steps (FlushWatch); one
+that flushed is planned within half its workspace as the next step starts, unless that plan is
+predicted to be slower by more than a flush costs. Each plan that changes moves the cached blocks
+the next step finds: a kernel that did not flush in one step can in a later one
+(docs/results-archive.md, "The flush watch by step"); the step settles once no plan changes
+(docs/results.md, "Forty steps"). A room observed as one number cannot say in which cached blocks
+its bytes lie. quantized() rounds down to a grid of eight steps per power of two, so that kernels
+at nearby moments share one plan.
 
 WD's division at such moments: with a step's kernels running one after another, each moment
 holds one kernel, so a division constrained moment by moment gives each kernel its moment's
@@ -43,7 +45,7 @@ MARGIN_BYTES = 16 * 2**20
 MARGIN_DIVISOR = 16
 WATCHED_STEPS = 16  # steps after planning in which kernels are watched for flushes (FlushWatch)
 # What a flush costs a step, the least measured: wav2vec2 at 64 MiB, torch 48.5 ms with none a step
-# against 68.0 with 5 (docs/results.md, "Flushes")
+# against 68.0 with 5 (docs/results-archive.md, "Flushes")
 FLUSH_MS = 3.9
 _STEPS = 8  # grid steps per power of two
 

@@ -235,10 +235,11 @@ class Planner:
         """ucudnn's kernels that flushed in the last step, weighed as this one starts, when the
         step's activations are gone and sizes the kernel's sweep did not need can be measured
         (in the middle of the step its moment leaves little free, and the sizes at hand within
-        half gave wav2vec2's kernels plans up to 4 ms slower: docs/results.md): planned within
-        less (_shrink) where the plan within half is predicted to take at most FLUSH_MS longer,
-        else kept as planned and watched no more. Oldest first, for about PLANNING_SLICE_S (at
-        least one); the rest wait for the next step. One planning scope a device (_scopes)."""
+        half gave wav2vec2's kernels plans up to 4 ms slower: docs/results-archive.md, "The flush
+        watch by step"): planned within less (_shrink) where the plan within half is predicted to
+        take at most FLUSH_MS longer, else kept as planned and watched no more. Oldest first, for
+        about PLANNING_SLICE_S (at least one); the rest wait for the next step. One planning scope
+        a device (_scopes)."""
         budget = _Slice(time.perf_counter() + PLANNING_SLICE_S)
         with self._scopes() as planning:
             while self._flushed_kernels and not budget.spent():
@@ -426,8 +427,8 @@ class Planner:
         """Once, as an observed site's planning begins: its rooms less what the process came to
         hold outside the framework's pool since the latest observation on its device (planning
         loads cuDNN's handle and the code of every kernel it times: a process that planned
-        wav2vec2 held 20 MiB more there than torch's own, docs/results.md), which the step's
-        moments no longer have free."""
+        wav2vec2 held 20 MiB more there than torch's own, docs/results-archive.md, "Torch's
+        kernels judged as they ran in the step"), which the step's moments no longer have free."""
         device = site.call.device
         if site in self._lessened or device not in self._outside_seen:
             return

@@ -6,7 +6,7 @@ named by engine id and knobs (`get_plan_name_at_index`). Listing a candidate's w
 plan built (0.05-1.5 s per graph for all of them), so plans are built one by one as asked for: a
 handle builds only the plans it runs, a pruned search (ucudnn.optimizers.search) only those it may time, and
 the benchmarker drops the graphs of each kernel it has measured (`release`). Building on 8 threads,
-a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, docs/results.md).
+a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, docs/results-archive.md, "The engine backend's remaining bars").
 """
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ class TorchFramework:
         fragment the pool the step runs in. Once per outermost scope, not per kernel
         (Planner.plan_pending opens one around its slice), so that each kernel's blocker
         (time_own) reuses the last one's cached block rather than being mapped afresh: timing
-        torch's kernels went from 57-69 to 47-50 ms a kernel (docs/results.md, "Six models")."""
+        torch's kernels went from 57-69 to 47-50 ms a kernel (docs/results-archive.md, "Six models")."""
         self._planning_depth += 1
         try:
             with allocator_scope:
