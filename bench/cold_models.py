@@ -2,7 +2,8 @@
 torch's own, in fresh processes, from an empty benchmark database and then from the filled one.
 
 Models (built here, not in ucudnn.core.nets): timm resnet50d, efficientnet_b0 and convnext_tiny in AMP
-fp16 channels_last at B = 32, torchvision resnet50 in fp32 at B = 64 (`pretrained=False`). For each:
+fp16 channels_last at B = 32, torchvision resnet50 in fp32 at B = 64 (`pretrained=False`); torchvision
+alexnet in fp32 at B = 256 where --models names it (gpu_suite.sh's `coldstart`). For each:
 (t) torch: a fresh process, cudnn.benchmark on, times its first and second training iteration
     (forward, cross-entropy, backward, SGD step; synchronized; wall clock, cuDNN start-up included),
     after the model's ucudnn processes; --torch-runs of them, the fastest counting.
@@ -58,15 +59,16 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_ab import median_iteration_ms  # noqa: E402
+from bench.common import median_iteration_ms, relative_error  # noqa: E402
 
 MODELS = {  # name -> (source, precision, batch)
     "resnet50d": ("timm", "amp", 32),
     "efficientnet_b0": ("timm", "amp", 32),
     "convnext_tiny": ("timm", "amp", 32),
     "resnet50": ("torchvision", "fp32", 64),
+    "alexnet": ("torchvision", "fp32", 256),  # the `coldstart` stage alone: AlexNet's cold start
 }
+DEFAULT_MODELS = "resnet50d,efficientnet_b0,convnext_tiny,resnet50"
 LIMITS = ("64MiB", "8MiB")
 STEADY_LIMIT = "64MiB"  # the bars: the steady state at 64 MiB, the pruned search against a full one at 8 MiB
 RESULT = "RESULT "
@@ -78,12 +80,6 @@ CHILD_TIMEOUT_S = 300.0  # no one process may take the whole deadline
 
 
 # --- pure parts ---------------------------------------------------------------------------------
-
-def relative_error(got, want) -> float:
-    """||got - want|| / ||want|| of two gradients (float64)."""
-    scale = float(want.double().norm())
-    return float((got.double() - want.double()).norm()) / max(scale, 1e-30)
-
 
 def verdicts(torch_run: dict, cold: dict, warm: dict, full: dict | None, limit: str) -> dict:
     """Each bar of the module's docstring: met (True/False) or not measured (None)."""
@@ -544,7 +540,7 @@ def measured(args, log: Path, out: Path, model: str, limit: str, left) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=DEFAULT_MODELS)
     p.add_argument("--limits", default=",".join(LIMITS))
     p.add_argument("--deadline", type=float, default=560)
     p.add_argument("--rounds", type=int, default=5)

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
-#   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new vstorch
-#                                          record-direct layers-alexnet layers-alexnet64 layers-resnet50
-#                                          layers-direct wd paper train shapes coldstart
-#                                          memory hostpath zerocost zerocost-ddp tables sweepprofile trainab coldphases coldmodels
-#                                          ndlayers streams carveout pressure
+#   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new record-direct
+#                                          layers-alexnet layers-alexnet64 layers-resnet50 layers-fp16
+#                                          layers-direct paper coldstart zerocost zerocost-ddp tables
+#                                          sweepprofile trainab coldphases coldmodels ndlayers streams pressure
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -46,23 +45,19 @@ for stage in "${stages[@]}"; do
   case $stage in
     env) run env python3 bench/env_report.py ;;
     tests) UCUDNN_TEST_TIMES="$OUT/test-times.tsv" run tests python3 -m pytest -m gpu -v -s -rs --durations=25 ${GPU_TESTS:-tests} ;;
-    # layers and wd start from the shipped recording (cache/), so they measure only what it lacks;
+    # layers start from the shipped recording (cache/), so they measure only what it lacks;
     # graph execution (the default) unless the stage says direct
     layers-alexnet) seed_layers; run layers-alexnet python3 bench/layers.py --out "$OUT" --nets alexnet:256 --cache "$OUT/layers.db" ;;
     layers-resnet50) seed_layers; run layers-resnet50 python3 bench/layers.py --out "$OUT" --nets resnet50:64 --policies ${RESNET_POLICIES:-powerOfTwo,all} --cache "$OUT/layers.db" ;;
     # the 64 MiB row of docs/results.md's AlexNet figures alone (fp32, WR powerOfTwo, graph execution)
     layers-alexnet64) seed_layers; run layers-alexnet64 python3 bench/layers.py --out "$OUT" --nets alexnet:256 --limits 64MiB --policies powerOfTwo --no-overhead --cache "$OUT/layers.db" ;;
     layers-fp16) seed_layers; run layers-fp16 python3 bench/layers.py --out "$OUT" --nets alexnet:256 --limits 8MiB,64MiB --policies powerOfTwo --dtype float16 --layout nhwc --no-overhead --cache "$OUT/layers.db" ;;
-    # layers whose samples sit off the slice alignment: torch under pressure vs ucudnn.torch (SLICES_ARGS)
     # independent nodes on several streams in one CUDA graph, and the concurrent backward (STREAMS_ARGS)
     streams) run streams python3 bench/streams.py --out "$OUT" --deadline "$(budget ${STREAMS_S:-400})" ${STREAMS_ARGS:-} ;;
     # whole models under a blocker leaving their need + L: torch vs ucudnn.torch, a fresh process per variant (PRESSURE_ARGS)
     pressure) run pressure python3 bench/pressure.py --out "$OUT" --deadline "$(budget ${PRESSURE_S:-540})" ${PRESSURE_ARGS:-} ;;
-    # BF beside BD per ResNet-50 layer, each kernel held to a share of the SMs (CARVEOUT_ARGS)
-    carveout) run carveout python3 bench/carveout.py --out "$OUT" --deadline "$(budget ${CARVEOUT_S:-300})" ${CARVEOUT_ARGS:-} ;;
     # 1-D, 3-D and transposed layers: torch under pressure vs their ucudnn.torch twins (ND_ARGS)
     ndlayers) run ndlayers python3 bench/nd_layers.py --out "$OUT" --deadline "$(budget ${ND_S:-540})" ${ND_ARGS:-} ;;
-    slices) seed_train; run slices python3 bench/slices.py --out "$OUT" --cache /tmp/train-cache.db ${SLICES_ARGS:-} ;;
     layers-direct) seed_layers; run layers-direct python3 bench/layers.py --out "$OUT" --nets alexnet:256 --policies powerOfTwo --execution direct --cache "$OUT/layers.db" ;;
     # the shipped recording: adds the measurements for graph (record) or direct execution to cache/
     record) run record python3 bench/record.py --out cache ${RECORD_SPECS:+--specs "$RECORD_SPECS"} ${RECORD_BACKEND:+--backend "$RECORD_BACKEND"}; cp cache/*.db "$OUT/" ;;
@@ -71,10 +66,6 @@ for stage in "${stages[@]}"; do
     record-new) mkdir -p "$OUT/recorded"; [ -n "${RECORD_SEED:-}" ] && cp "$RECORD_SEED" "$OUT/recorded/"
                 run record-new python3 bench/record.py --out "$OUT/recorded" ${RECORD_SPECS:+--specs "$RECORD_SPECS"} ${RECORD_BACKEND:+--backend "$RECORD_BACKEND"} ;;
     record-direct) run record-direct python3 bench/record.py --out cache --execution direct; cp cache/*.db "$OUT/" ;;
-    # torch's own kernels beside ucudnn.Handle (unlimited, WR per limit), per kernel, on the shipped
-    # recording (VS_TORCH_ARGS: e.g. --net torchvision:alexnet --dtype float16 --layout nhwc)
-    vstorch) run vstorch python3 bench/vs_torch.py --out "$OUT" --cache "$(ls cache/*.db | tail -n 1)" ${VS_TORCH_ARGS:-} ;;
-    wd) run wd python3 bench/wd_gpu.py --out "$OUT" ;;
     # the paper's timed figures executed here (`ucudnn paper FIG --execute`) into $OUT/paper/figFIG-executed.*,
     # one run a figure (PAPER_FIGURES: which; 8 and 14 are plans, as in the paper), measuring only what the
     # database lacks: PAPER_SEED (one an earlier call brought back, carried), else a copy of the shipped
@@ -85,30 +76,24 @@ for stage in "${stages[@]}"; do
              run "paper-$figure" python3 -m ucudnn paper "$figure" --execute --out "$OUT/paper" --cache /tmp/paper-cache.db
            done
            cp /tmp/paper-cache.db "$OUT/paper-measured.db" ;;
-    # torch vs ucudnn.torch with memory free and under pressure; ucudnn's variants start from a copy
-    # of the shipped recording (see seed_train)
-    train) seed_train; run train python3 bench/train_step.py --out "$OUT" --cache /tmp/train-cache.db --deadline $(( ${DEADLINE:-3600} - SECONDS - 40 )) ${TRAIN_ARGS:-} ;;
-    # torch and ucudnn.torch trained in turns in one process, memory free, with an A/A control (TRAINAB_ARGS)
+    # torch and ucudnn.torch trained in turns in one process, memory free, with an A/A control (TRAINAB_ARGS);
+    # ucudnn's copies start from a copy of the shipped recording (see seed_train)
     trainab) seed_train; run trainab python3 bench/train_ab.py --out "$OUT" --cache /tmp/train-cache.db --deadline "$(budget 400)" ${TRAINAB_ARGS:-} ;;
-    # where a converted iteration spends its host time (PROFILE_ARGS: e.g. --net alexnet --batch 256)
-    profile) seed_train; run profile python3 bench/train_profile.py --out "$OUT" --cache /tmp/train-cache.db ${PROFILE_ARGS:-} ;;
-    # ucudnn.torch vs torch per conv training step on 24 random shapes, at 4 GiB (a limit that does not bind)
-    shapes) run shapes python3 bench/torch_shapes.py --out "$OUT" --deadline "$(budget ${SHAPES_S:-170})" ;;
-    memory) seed_train; run memory python3 bench/memory_overhead.py --out "$OUT" --cache /tmp/train-cache.db ${MEMORY_ARGS:-} ;;
     # where ucudnn cannot gain: compiled, exported, host us per call (ZERO_ARGS); and under DistributedDataParallel
     # on every GPU of the machine (torchrun)
     zerocost) run zerocost python3 bench/zero_cost.py --out "$OUT" ${ZERO_ARGS:-} ;;
     zerocost-ddp) run zerocost-ddp torchrun --standalone --nproc_per_node "$(python3 -c "import torch; print(torch.cuda.device_count())")" bench/zero_cost.py \
                     --out "$OUT" --sections ddp ;;
-    hostpath) run hostpath python3 bench/host_path.py --out "$OUT" --deadline "$(budget 240)" ${HOSTPATH_ARGS:-} ;;
-    # AlexNet: optimize from an empty cache, then fresh processes to their first iteration (ucudnn, torch alone)
-    coldstart) run coldstart python3 bench/cold_start.py --out "$OUT" --deadline "$(budget 200)" ;;
+    # AlexNet fp32 B=256 at 64 MiB: its first iteration from an empty database, then a fresh process on
+    # the filled one, against torch's own (cold_models.py, each in a fresh process)
+    coldstart) run coldstart python3 bench/cold_models.py --out "$OUT/coldstart" --deadline "$(budget 300)" --models alexnet \
+                 --limits 64MiB --no-full ;;
     # timm and torchvision models from an empty database: first iterations vs torch's, warm, steady, full sweep (COLD_ARGS)
     # torch's own first iteration in phases, alone and after delegation's timing of its kernels (PHASES_MODELS)
     coldphases) run coldphases python3 bench/cold_models.py --out "$OUT/phases" --deadline "$(budget ${PHASES_S:-200})" --models ${PHASES_MODELS:-efficientnet_b0} --limits= --timed --torch-runs 1 ;;
     coldmodels) run coldmodels python3 bench/cold_models.py --out "$OUT" --deadline "$(budget ${COLD_S:-560})" ${COLD_ARGS:-} ;;
     # the shipped torchvision conv tables traced here (torchvision is installed) into the tree, checked, and to $OUT
-    tables) run tables python3 bench/torchvision_tables.py; cp ucudnn/core/nets/torchvision.json "$OUT/"
+    tables) run tables python3 -m ucudnn.core.nets.torchvision; cp ucudnn/core/nets/torchvision.json "$OUT/"
             run tables-test python3 -m pytest -q -p no:cacheprovider tests/test_nets.py ;;
     # the engine sweep of Caffe AlexNet under cProfile
     sweepprofile) rm -f /tmp/sweep-profile.db

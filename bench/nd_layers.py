@@ -1,5 +1,5 @@
 """1-D, 3-D and transposed layers under memory pressure: torch alone against the layer through
-ucudnn.torch, side by side in one process (bench/slices.py's `measured`, per layer and limit):
+ucudnn.torch, side by side in one process (bench/layer_pressure.py's `measured`, per layer and limit):
 one training step (F with bias, BD, BF), torch's with memory free, torch's with only the limit
 free beyond the step's own tensors (a blocker allocation), a second copy of torch's layer under
 the same blocker (the A/A control), and ucudnn's twin of the layer (ucudnn.integrations.torch.
@@ -107,8 +107,7 @@ def run_layer(name: str, free: int, cache: str) -> dict:
     import torch
     from torch import nn
 
-    from conv_step import Case
-    from slices import measured
+    from bench.layer_pressure import Case, measured
 
     kind, spec, shape, precision = LAYERS[name]
     row = {"layer": name, "kind": kind, "input": list(shape), "precision": precision}
@@ -141,7 +140,6 @@ def in_child(name: str, limit: str, cache: str, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from ucudnn import parse_size
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

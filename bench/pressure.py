@@ -36,13 +36,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-MiB = 2**20
+from bench.common import ALLOC_CONF, MiB, child_env, outside_pool_bytes
+
 STEADY = 8  # the last iterations whose median is the steady time
 PHASE = ["start"]  # what a child process was doing, for its error
-# torch's caching allocator with expandable segments, as the pressure figures were taken: without,
-# blocks split at the peak leave torch's own step out of memory under a 64 MiB headroom
-ALLOC_CONF = "expandable_segments:True"
 UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto"), "classes": {}}
 TORCH_VARIANTS = ("free", "torch", "control")
 
@@ -187,13 +184,6 @@ def alloc_retries(device) -> int:
     return TorchFramework.flushes(device)
 
 
-def outside(device) -> int:
-    import torch
-
-    free, total = torch.cuda.mem_get_info(device)
-    return total - free - torch.cuda.memory_reserved(device)
-
-
 def run_need(args) -> dict:
     """The model's tensors' peak with every convolution at zero workspace, planned, and what the
     process holds outside torch's allocator beyond its start."""
@@ -204,7 +194,7 @@ def run_need(args) -> dict:
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     torch.empty(1, device=device)
-    start_outside = outside(device)
+    start_outside = outside_pool_bytes(device)
     model, x, amp = build(args.model, device)
     # undivided: at zero workspace micro-batching changes no tensor, and a sweep of one size is the
     # cheapest (every size of efficientnet_b0's 243 kernels took over 300 s)
@@ -219,7 +209,7 @@ def run_need(args) -> dict:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    peak, held = torch.cuda.max_memory_allocated(device), outside(device) - start_outside
+    peak, held = torch.cuda.max_memory_allocated(device), outside_pool_bytes(device) - start_outside
     return dict(peak_mib=peak / MiB, outside_mib=held / MiB, need=peak + held)
 
 
@@ -254,11 +244,11 @@ def run_variant(args) -> dict:
         torch.cuda.synchronize()
         host.append(time.perf_counter() - began)
         events.append(pair)
-        outside_mib.append(outside(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
+        outside_mib.append(outside_pool_bytes(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
         retries.append(alloc_retries(device))
     ms = [a.elapsed_time(b) for a, b in events]
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
-                  peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside(device) / MiB,
+                  peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside_pool_bytes(device) / MiB,
                   retries=alloc_retries(device), outside_by_iteration=outside_mib,
                   retries_by_iteration=retries,
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
@@ -425,8 +415,7 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
                "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
                ] + (["--profile"] if args.profile else []) + (["--trace-flushes"] if args.trace_flushes else []) \
                + ["--profile-planning", str(args.profile_planning), "--profile-steady", str(args.profile_steady)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(child_env(os.environ), UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf)
     began = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)

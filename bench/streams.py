@@ -30,9 +30,10 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
+
+from bench.common import alternate_rounds, median_iteration_ms, relative_error
 
 BARS = {1: 1.5, 32: 1.2}  # batch -> the least speedup of a graph on several streams (GoogLeNet, Inception-v3)
 BARRED = ("googlenet", "inception_v3")
@@ -130,10 +131,9 @@ def graphed(run, example):
 
 def replay_ms(replays: dict, rounds: int = 7, repeats: int = 20) -> dict[str, float]:
     """Median ms of one replay of each graph, the graphs taking turns round by round
-    (torch_shapes.alternate_rounds, timed by CUDA events)."""
+    (common.alternate_rounds, timed by CUDA events)."""
     import torch
 
-    from torch_shapes import alternate_rounds
     from ucudnn.execute import gpu
 
     stream = torch.cuda.current_stream().cuda_stream
@@ -170,19 +170,11 @@ def half_model(name: str, batch: int):
 
 def gradient_difference(module, reference) -> float:
     """The weight gradients of `module` against `reference`'s, all of them as one vector
-    (relative_difference): a parameter whose gradient nearly cancels weighs what it holds."""
+    (relative_error): a parameter whose gradient nearly cancels weighs what it holds."""
     import torch
 
     pairs = [(a.grad, b.grad) for a, b in zip(module.parameters(), reference.parameters()) if b.grad is not None]
-    return relative_difference(torch.cat([a.flatten() for a, _ in pairs]), torch.cat([b.flatten() for _, b in pairs]))
-
-
-def relative_difference(got, want) -> float:
-    """|got - want| / |want| in float32 norms: inf where either is not finite."""
-    got, want = got.float(), want.float()
-    if not (got.isfinite().all() and want.isfinite().all()):
-        return float("inf")
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+    return relative_error(torch.cat([a.flatten() for a, _ in pairs]), torch.cat([b.flatten() for _, b in pairs]))
 
 
 def side_by_side(runs: list, example):
@@ -237,7 +229,7 @@ def inference_row(name: str, batch: int, streams: int, copies: tuple[int, ...] =
         together = {n: side_by_side([model] * n, x) for n in copies}
         one(), many(), equal()
         torch.cuda.synchronize()
-        row["output_difference"] = max(relative_difference(g, want) for g in (got, got_equal))
+        row["output_difference"] = max(relative_error(g, want) for g in (got, got_equal))
         return timed_row(row, one, many, streamed.plan, equal, together)
 
 
@@ -326,8 +318,6 @@ def backward_variants(module, delegated: bool = False):
 def backward_row(rounds: int = 5, iters: int = 10) -> dict:
     import torch
     import torchvision
-
-    from train_ab import median_iteration_ms
 
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None).cuda().to(memory_format=torch.channels_last)
@@ -447,7 +437,6 @@ def layer_pairs(out: Path, deadline: float) -> dict:
 
 
 def main(argv=None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out")
     parser.add_argument("--models", default="googlenet,inception_v3,resnet50,alexnet")

@@ -1,8 +1,8 @@
 """Training iterations of torch and of ucudnn.torch interleaved in one process, memory free
-(issue 13) or under memory pressure (issue 18).
+or under memory pressure.
 
-`bench/train_step.py` runs each variant in a process of its own, and in AMP torch's own iteration
-differs between processes by up to 20% (ResNet-50 B=64: 21.3-34.7 ms over four processes):
+Run in processes of their own, torch's own AMP iteration differs between processes by up to 20%
+(ResNet-50 B=64: 21.3-34.7 ms over four processes; docs/results.md):
 cudnn.benchmark picks among near-ties afresh in each process, and a GradScaler step synchronises
 with the host every iteration, so the host's pace shows. That noise is larger than the bars
 (>= 0.95x). Here one process builds the network once and deep-copies it: `ucudnn@SPEC` for each
@@ -17,7 +17,7 @@ take turns in --rounds rounds of --iters iterations back to back, who goes first
 CUDA event after each iteration. Delegated layers therefore run the very plans torch's benchmark
 chose for torch's model.
 
---free L puts every copy under the pressure of train_step.py, in one process: a child process
+--free L puts every copy under pressure, in one process: a child process
 first trains the same copies with no convolution workspace (every copy converted, WR at 0, no
 delegation) and takes torch's peak allocated bytes over a rotation of turns (every copy's
 parameters, gradients and optimizer state, one iteration's activations), then a blocker
@@ -52,14 +52,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from torch_shapes import turns  # noqa: E402
-from train_profile import program_counts  # noqa: E402
-from train_step import (ALLOC_CONF, MiB, allocator_counts, block, build, child_env, condensed,  # noqa: E402
-                        outside_pool_bytes, training_step)
+from bench.common import (ALLOC_CONF, MiB, allocator_counts, block, build, child_env, condensed, cuda_mark,
+                          interleave, iteration_ms, outside_pool_bytes, program_counts, training_step)
 
 
 class Watch:
@@ -83,49 +79,6 @@ class Watch:
         retries = allocator_counts()["num_alloc_retries"] - self._counts["num_alloc_retries"]
         self.rounds.setdefault(name, []).append(
             dict(peak_mib=(torch.cuda.max_memory_allocated() - self.blocked) / MiB, retries=retries))
-
-
-def interleave(steps: dict[str, Callable[[], object]], rounds: int, iters: int, mark: Callable[[], Any],
-               watch: Watch | None = None) -> dict:
-    """Per variant, per round, the marks around its iterations: `mark()` (a recorded CUDA event)
-    before the round and after each iteration. The variants take turns (torch_shapes.turns);
-    `watch` sees each round begin and end."""
-    marks: dict[str, list[list[Any]]] = {name: [] for name in steps}
-    for name in turns(list(steps), rounds):
-        if watch:
-            watch.begin(name)
-        step, held = steps[name], [mark()]
-        for _ in range(iters):
-            step()
-            held.append(mark())
-        marks[name].append(held)
-        if watch:
-            watch.end(name)
-    return marks
-
-
-def cuda_mark() -> Any:
-    """A CUDA event recorded now on the current stream: interleave's mark."""
-    import torch
-
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
-
-
-def median_iteration_ms(steps: dict[str, Callable[[], object]], rounds: int, iters: int) -> dict[str, float]:
-    """Median milliseconds per iteration of each step, the steps taking turns (interleave)."""
-    import torch
-
-    marks = interleave(steps, rounds, iters, cuda_mark)
-    torch.cuda.synchronize()
-    return {n: statistics.median(t for r in per_round for t in r) for n, per_round in iteration_ms(marks).items()}
-
-
-def iteration_ms(marks: dict) -> dict[str, list[list[float]]]:
-    """Milliseconds of every iteration, from the marks of interleave() (once they completed)."""
-    return {name: [[a.elapsed_time(b) for a, b in zip(held, held[1:])] for held in rounds]
-            for name, rounds in marks.items()}
 
 
 def ratios(torch_rounds: list[float], rounds: list[float]) -> dict[str, float]:
@@ -303,8 +256,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
     models, steps, x = settled_copies(net, batch, precision, args)
     specs = args.limits.split(",")
     pressure: dict = {}
-    blocker = (block(SimpleNamespace(footprint_of="allocated", footprint=peak, free_bytes=args.free_bytes),
-                     device, pressure) if args.free else None)
+    blocker = block(device, peak, args.free_bytes, pressure) if args.free else None
     contexts = {f"ucudnn@{spec}": convert(models[f"ucudnn@{spec}"], convert_keywords(spec, x), precision == "amp",
                                           args.cache) for spec in specs}
     began = time.perf_counter()
@@ -403,7 +355,7 @@ def configs(nets: str, precisions: str) -> list[tuple[str, int, str]]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.free:  # before CUDA starts: torch's default segments fragment too much for any pressure (train_step.py)
+    if args.free:  # before CUDA starts: torch's default segments fragment too much for any pressure (common.ALLOC_CONF)
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
     import torch
 

@@ -31,7 +31,6 @@ import argparse
 import copy
 import json
 import os
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -41,19 +40,13 @@ import torch.nn.functional as F
 
 import ucudnn.torch as ut
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_ab import median_iteration_ms  # noqa: E402
-from train_step import build, condensed, training_step  # noqa: E402
+from bench.common import build, condensed, median_iteration_ms, relative_error, training_step
 
 
 def model_of(name: str, batch: int, amp: bool, device):
-    """train_step.build's model, batch and targets, seeded: every section starts from the same weights."""
+    """common.build's model, batch and targets, seeded: every section starts from the same weights."""
     torch.manual_seed(0)
     return build(name, batch, amp, device)
-
-
-def relative(a, b) -> float:
-    return (torch.linalg.vector_norm(a.double() - b.double()) / torch.linalg.vector_norm(b.double())).item()
 
 
 def one_step_gradients(model, x, target, amp: bool):
@@ -88,7 +81,7 @@ def compiled_resnet50(args) -> dict:
         began = time.perf_counter()
         loss, got = one_step_gradients(m, x, target, amp)
         row[f"{name}_first_step_s"] = time.perf_counter() - began
-        row[f"{name}_loss_rel"], row[f"{name}_grad_rel"] = relative(loss, want_loss), relative(got, want)
+        row[f"{name}_loss_rel"], row[f"{name}_grad_rel"] = relative_error(loss, want_loss), relative_error(got, want)
     steps = {name: training_step(m, x, target, amp) for name, m in compiled.items()}
     for _ in range(3):
         for step in steps.values():
@@ -121,7 +114,7 @@ def compiled_micro_batched(args) -> dict:
     for name, m in (("eager", eager), ("compiled", compiled)):
         step = training_step(m, x, target, False)
         losses[name] = [float(step()) for _ in range(args.iters)]
-    return dict(loss_rel=relative(loss, want_loss), grad_rel=relative(got, want), losses=losses,
+    return dict(loss_rel=relative_error(loss, want_loss), grad_rel=relative_error(got, want), losses=losses,
                 loss_curve_rel=max(abs(a - b) / abs(b) for a, b in zip(losses["compiled"], losses["eager"])),
                 ucudnn=counts(ours))
 
@@ -138,7 +131,7 @@ def exported(args) -> dict:
     with torch.no_grad():
         got = program.module()(x)
     return dict(ucudnn_ops=text.count("ucudnn.convolution"), convolutions=text.count("aten.convolution"),
-                output_rel=relative(got, want))
+                output_rel=relative_error(got, want))
 
 
 def host(args) -> dict:

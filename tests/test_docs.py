@@ -1,5 +1,5 @@
 """The docs say what the code does now: docs/cli.md's examples print what they show (re-run by
-bench/docs_examples.py), and docs/results.md's counts are those of the shipped file."""
+tests/docs_examples.py), and docs/results.md's counts are those of the shipped file."""
 from __future__ import annotations
 
 import contextlib
@@ -15,11 +15,11 @@ import pytest
 from ucudnn.measure.cache import SCHEMA_VERSION, BenchmarkDatabase, recorded_path, recorded_paths
 
 REPO = Path(__file__).resolve().parents[1]
-REGENERATE = "python3 bench/docs_examples.py"
+REGENERATE = "python3 tests/docs_examples.py"
 
 
 def _docs_examples():
-    spec = importlib.util.spec_from_file_location("docs_examples", REPO / "bench" / "docs_examples.py")
+    spec = importlib.util.spec_from_file_location("docs_examples", REPO / "tests" / "docs_examples.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

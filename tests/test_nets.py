@@ -154,6 +154,17 @@ def test_shipped_torchvision_resnet50_matches_the_builtin_table():
     assert {x.geometry: x.count for x in shipped.layers} == {x.geometry: x.count for x in builtin.layers}
 
 
+def test_the_shipped_tables_are_the_common_models():
+    """`python3 -m ucudnn.core.nets.torchvision` traces tv.COMMON into the shipped file."""
+    assert sorted(tv.shipped_names()) == sorted(tv.COMMON)
+
+
+def test_write_shipped_writes_the_traced_tables(tmp_path, monkeypatch):
+    monkeypatch.setattr(tv, "tables", lambda names: {"torchvision": "x", "networks": dict.fromkeys(names)})
+    content = tv.write_shipped(tmp_path / "tables.json")
+    assert json.loads((tmp_path / "tables.json").read_text()) == content and list(content["networks"]) == list(tv.COMMON)
+
+
 @pytest.mark.skipif(not tv.available(), reason=f"{' and '.join(tv.missing_packages())} not installed")
 @pytest.mark.parametrize("name", tv.shipped_names())
 def test_shipped_torchvision_tables_equal_a_fresh_trace(name):

@@ -1,15 +1,14 @@
 """Desirable sets: the set-valued DP against brute force, and against WR."""
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import synthetic_networks
 from ucudnn.plan.config import batch_sizes
 from ucudnn.core.errors import NoAlgorithmError
 from ucudnn.core.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, KernelTable, Measurement
@@ -19,15 +18,6 @@ from ucudnn.optimizers.wr import optimize_wr
 from ucudnn.core.staging import Slices
 
 
-def _load_bench():
-    path = Path(__file__).resolve().parents[1] / "bench" / "wd_solve.py"
-    spec = importlib.util.spec_from_file_location("wd_solve", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-wd_solve = _load_bench()
 WORKSPACES = (0, 100, 256, 300, 512, 1000, 2048)
 
 
@@ -146,7 +136,7 @@ def test_alexnet_sized_kernel_with_every_micro_batch_size_is_fast():
     """B = 256, the `all` policy, 7 algorithms (one unsupported of 8): well under a second."""
     rng = np.random.default_rng(0)
     sizes = batch_sizes("all", 256)
-    table = wd_solve.synthetic_table(sizes, 0.2, 2**20, True, rng)
+    table = synthetic_networks.synthetic_table(sizes, 0.2, 2**20, True, rng)
     start = time.perf_counter()
     front = desirable_set(table, 256, sizes, None)
     seconds = time.perf_counter() - start

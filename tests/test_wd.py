@@ -10,7 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from test_pareto import all_configurations, kernels, policies, wd_solve
+import synthetic_networks as wd_networks
+from test_pareto import all_configurations, kernels, policies
 from ucudnn.plan.config import batch_sizes
 from ucudnn.core.errors import ConfigError, InfeasibleError, NoAlgorithmError
 from ucudnn.core.measurements import UNSUPPORTED, KernelTable, Measurement
@@ -33,8 +34,8 @@ class Measured:
 
 
 def wd(kernels: list[Measured], *args, **kwargs):
-    """optimize_wd over `kernels`, each a Kernel of its own key (bench/wd_solve.synthetic_kernel) with its table."""
-    network = [wd_solve.synthetic_kernel(k.name, i, k.batch, k.count) for i, k in enumerate(kernels)]
+    """optimize_wd over `kernels`, each a Kernel of its own key (synthetic_networks.synthetic_kernel) with its table."""
+    network = [wd_networks.synthetic_kernel(k.name, i, k.batch, k.count) for i, k in enumerate(kernels)]
     tables = {n.problem.key: k.table for n, k in zip(network, kernels)}
     return optimize_wd(network, tables, *args, **kwargs)
 
@@ -222,7 +223,7 @@ def test_unknown_or_missing_solver_is_named_with_the_available_ones():
 def test_other_solvers_reach_cbc_optimum(solver):
     if solver not in available_solvers():
         pytest.skip(f"ILP solver {solver} is not installed ({'pip install highspy' if solver == 'highs' else 'glpsol'})")
-    kernels, tables = wd_solve.synthetic_network(kernels=12, seed=1)
+    kernels, tables = wd_networks.synthetic_network(kernels=12, seed=1)
     sizes = functools.partial(batch_sizes, "powerOfTwo")
     for limit in (12 * MiB, 48 * MiB, 200 * MiB):
         cbc, other = (optimize_wd(kernels, tables, sizes, limit, s) for s in ("cbc", solver))
@@ -261,7 +262,7 @@ def test_resnet50_sized_solve_is_fast():
     """160 kernels, B = 32, powerOfTwo, 8 algorithms (one unsupported, two for 3x3 only), 16 MiB a
     kernel (ResNet-50's 2,544 MiB in the paper): desirable sets, model and solve within 0.5 s.
     Best of three, as timings on a shared machine are noisy."""
-    kernels, tables = wd_solve.synthetic_network(kernels=160, batch=32, seed=0)
+    kernels, tables = wd_networks.synthetic_network(kernels=160, batch=32, seed=0)
     sizes = functools.partial(batch_sizes, "powerOfTwo")
     walls, result = [], None
     for _ in range(3):
@@ -280,7 +281,7 @@ def test_recorded_resnet50_solve_is_fast():
 
     if recorded_path() is None:
         pytest.skip("no recorded measurements are shipped in cache/")
-    kernels, tables = wd_solve.recorded_network(str(recorded_path()), "resnet50", 32, "H100")
+    kernels, tables = wd_networks.recorded_network(str(recorded_path()), "resnet50", 32, "H100")
     sizes = functools.partial(batch_sizes, "powerOfTwo")
     walls, result = [], None
     for _ in range(3):

@@ -1,8 +1,9 @@
 """torchvision models as Networks: conv shapes traced from one dummy input with forward hooks.
 
 Tracing needs torch and torchvision (~12 s of imports on the H100 host), so the tables of common
-models ship traced (torchvision.json, written by `bench/torchvision_tables.py`; a test checks
-them against a fresh trace where torchvision is installed). Other models are traced on demand."""
+models ship traced (torchvision.json, written by `python3 -m ucudnn.core.nets.torchvision` where torch
+and torchvision are installed; a test checks them against a fresh trace there). Other models are
+traced on demand."""
 from __future__ import annotations
 
 import functools
@@ -15,6 +16,11 @@ from .layers import ConvLayer, Network
 
 SHIPPED = Path(__file__).with_name("torchvision.json")
 INPUT_SIZE = 224
+# the models shipped traced: the common ones a user names
+COMMON = ("alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "googlenet", "inception_v3", "mnasnet1_0",
+          "mobilenet_v2", "mobilenet_v3_large", "regnet_y_400mf", "resnet18", "resnet34", "resnet50", "resnet101",
+          "resnet152", "resnext50_32x4d", "shufflenet_v2_x1_0", "squeezenet1_0", "vgg11", "vgg16", "vgg19",
+          "wide_resnet50_2")
 
 
 def missing_packages() -> list[str]:
@@ -89,3 +95,14 @@ def tables(names: list[str]) -> dict:
 
     return {"torchvision": torchvision.__version__, "input_size": INPUT_SIZE,
             "networks": {name: trace(name).to_json() for name in names}}
+
+
+def write_shipped(path: Path = SHIPPED) -> dict:
+    """Trace the COMMON models into `path` (the shipped file by default); its content."""
+    content = tables(list(COMMON))
+    path.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return content
+
+
+if __name__ == "__main__":
+    print(f"{len(COMMON)} tables (torchvision {write_shipped()['torchvision']}) -> {SHIPPED}")

@@ -1,6 +1,6 @@
 """torch's own cuDNN handle, lent to ucudnn.torch so that it makes none of its own.
 
-A cuDNN handle holds ~10 MiB of device memory (H100, cuDNN 9.19: bench/memory_overhead.py). Where
+A cuDNN handle holds ~10 MiB of device memory (H100, cuDNN 9.19: docs/results.md). Where
 memory is short, every MiB outside torch's pool is one that torch's backward cannot have
 (docs/torch.md, "Under memory pressure"). torch keeps a handle per device and thread but does not
 give it to Python. libtorch_cuda exports the C++ function that hands it out,

@@ -1,26 +1,14 @@
-"""How long the WD optimizer takes: desirable sets, ILP variables, build and solve seconds.
-
-    PYTHONPATH=. python bench/wd_solve.py [--database FILE.db [--network resnet50] [--gpu NAME]]
-                             [--kernels 160] [--batch 32] [--policy powerOfTwo]
-                             [--limit-per-kernel 16MiB | --limit 2544MiB] [--solver cbc] [--seed 0]
-
-With --database it runs on recorded measurements of a network's kernels (identical layers as one
-kernel with a count); without, on a synthetic network of ResNet-50's size (160 kernels).
-`report(kernels, tables, ...)` times any kernels with their measurement tables.
-"""
+"""Networks of made-up measurements for WD and the desirable sets: cuDNN's forward algorithms'
+shapes with per-kernel noise, at ResNet-50's size by default; and a recorded network's kernels with
+their measurements from a benchmark database (identical layers as one kernel with a count)."""
 from __future__ import annotations
 
-import argparse
-import functools
-import time
 from typing import Sequence
 
 import numpy as np
 
-
-from ucudnn.plan.config import batch_sizes, format_size, parse_size
+from ucudnn.plan.config import batch_sizes
 from ucudnn.core.measurements import UNSUPPORTED, KernelTable, Measurement
-from ucudnn.optimizers.wd import WDResult, optimize_wd
 from ucudnn.core.problem import ConvKind, ConvProblem, Kernel
 
 Tables = dict[str, KernelTable]  # by problem.key
@@ -86,44 +74,3 @@ def recorded_network(database: str, network: str = "resnet50", batch: int = 32,
             raise SystemExit(f"{database} holds no measurements{f' on a {gpu}' if gpu else ''}")
         tables = db.tables([k.problem for k in kernels], devices[0])
     return kernels, tables
-
-
-def report(kernels: Sequence[Kernel], tables: Tables, policy: str, total_limit: int,
-           solver: str = "cbc") -> WDResult:
-    """Solve WD for `kernels` and print what it took."""
-    start = time.perf_counter()
-    result = optimize_wd(kernels, tables, functools.partial(batch_sizes, policy), total_limit, solver)
-    wall = time.perf_counter() - start
-    print(f"{len(kernels)} kernels, {policy}, limit {format_size(total_limit)}, solver {result.solver}")
-    print(f"  desirable configurations: {sum(result.desirable_sizes.values())} "
-          f"(max {max(result.desirable_sizes.values())} per kernel)")
-    print(f"  ILP variables: {result.variables}")
-    print(f"  build {result.build_seconds * 1e3:.1f} ms, solve {result.solve_seconds * 1e3:.1f} ms, "
-          f"wall {wall * 1e3:.1f} ms")
-    print(f"  total time {result.total_time_ms:.3f} ms, workspace {format_size(result.total_workspace)}")
-    return result
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database", help="recorded measurements (SQLite); default: synthetic")
-    parser.add_argument("--network", default="resnet50")
-    parser.add_argument("--gpu", help="the recorded GPU to use (a part of its name)")
-    parser.add_argument("--kernels", type=int, default=160)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--policy", default="powerOfTwo")
-    parser.add_argument("--limit-per-kernel", default="16MiB", help="the total is this times the kernels")
-    parser.add_argument("--limit", help="the total workspace limit (instead of --limit-per-kernel)")
-    parser.add_argument("--solver", default="cbc")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.database:
-        kernels, tables = recorded_network(args.database, args.network, args.batch, args.gpu)
-    else:
-        kernels, tables = synthetic_network(args.kernels, args.batch, args.policy, args.seed)
-    limit = parse_size(args.limit) if args.limit else parse_size(args.limit_per_kernel) * len(kernels)
-    report(kernels, tables, args.policy, limit, args.solver)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,8 @@
 """Re-run every example command of docs/cli.md and rewrite its output in place, so the page shows
 what this checkout prints (run it after re-recording the shipped database):
 
-    python3 bench/docs_examples.py          # rewrite docs/cli.md (and the plots under docs/img/)
-    python3 bench/docs_examples.py --check  # exit 1, with a diff, where the page differs
+    python3 tests/docs_examples.py          # rewrite docs/cli.md (and the plots under docs/img/)
+    python3 tests/docs_examples.py --check  # exit 1, with a diff, where the page differs
 
 An example is a ```console block whose first line is `$ COMMAND`; the rest of the block is the
 output. `$ cat FILE` blocks are inputs: their text becomes FILE for the commands after them.

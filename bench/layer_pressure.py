@@ -1,59 +1,71 @@
-"""Layers whose samples sit off the 256-byte slice alignment, under memory pressure (bar: Caffe
-AlexNet conv1 fp16 >= 20x over torch with L free, the Inception-v3 stem fp16 >= 3x).
-
-For each layer, one training step (F with bias, BD, BF; bench/conv_step.py), in one process:
-  torch free      - torch's own step, memory free (cudnn.benchmark on)
-  torch pressure  - the same with only L free beyond the step's own tensors (a blocker allocation)
-  ucudnn          - the layer through ucudnn.torch at L per kernel, under the same blocker
-The step's own tensors are its peak with a copy converted at zero workspace; the layer is planned
-(its kernels benchmarked into the database) before the blocker, so the timed copy plans from
-the database, as a second process would. Results (y, dx, dw)
-of ucudnn and of torch are compared with a float64 step on the GPU. Also: the copy model of
-ucudnn.core.staging against device-to-device copies replayed in a CUDA graph.
-
-    python3 bench/slices.py --out OUT [--free 8MiB] [--layers caffe_conv1,inception_stem,inception_stem_fp32]
-"""
+"""One layer's training step (F with bias, BD, BF) under memory pressure, torch's against ucudnn's
+twin of the layer, in one process: what bench/nd_layers.py measures per layer and limit.
+`measured` says what is timed; `Case` is the layer, its input and a fixed output gradient."""
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
-import json
-import sys
 import time
-from pathlib import Path
-from types import SimpleNamespace
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conv_step import Case  # noqa: E402
-from probe_setup import median_ms  # noqa: E402
-from train_step import block  # noqa: E402
-
-import ucudnn.torch  # noqa: E402
-from ucudnn import parse_size  # noqa: E402
-from ucudnn.plan.config import Settings  # noqa: E402
-from ucudnn.integrations.torch import TorchFramework  # noqa: E402
-from ucudnn.integrations.torch.layers import TWINS  # noqa: E402
-from ucudnn.core.staging import copy_ms  # noqa: E402
-
-MiB = 2**20
-LAYERS = {  # name: (nn.Conv2d keywords, input shape, AMP fp16 channels_last)
-    "caffe_conv1": (dict(in_channels=3, out_channels=96, kernel_size=11, stride=4), (256, 3, 227, 227), True),
-    "inception_stem": (dict(in_channels=3, out_channels=32, kernel_size=3, stride=2), (128, 3, 299, 299), True),
-    "inception_stem_fp32": (dict(in_channels=3, out_channels=32, kernel_size=3, stride=2), (128, 3, 299, 299), False),
-}
+import ucudnn.torch
+from bench.common import MiB, block, median_ms, relative_error
+from ucudnn.plan.config import Settings
+from ucudnn.integrations.torch import TorchFramework
+from ucudnn.integrations.torch.layers import TWINS
 
 
-def log(message: str) -> None:
-    print(message, flush=True)
+class Case:
+    """One layer (keyword arguments of `layer`, nn.Conv2d by default) at one input shape and
+    precision: its module, an input that needs a gradient, a fixed output gradient, and a
+    training step of a module. `amp`: float16 channels-last input and module (channels_last_3d
+    for 3-D layers; 1-D ones have none), run under autocast; else float32, packed."""
+
+    def __init__(self, spec: dict, input_shape: tuple[int, ...], amp: bool, device: str = "cuda", seed: int = 0,
+                 layer: type = nn.Conv2d):
+        self.amp = amp
+        self.device = torch.device(device)
+        last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(input_shape), torch.contiguous_format)
+        fmt = last if amp else torch.contiguous_format
+        dtype = torch.float16 if amp else torch.float32
+        torch.manual_seed(seed)
+        self.module = layer(**spec).to(self.device).to(memory_format=fmt)
+        self.x = torch.randn(input_shape, device=self.device, dtype=dtype).contiguous(memory_format=fmt)
+        self.x.requires_grad_()
+        with torch.no_grad(), self.autocast():
+            self.dy = torch.randn_like(self.module(self.x))
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp)
+
+    def forward(self, module: nn.Module) -> Tensor:
+        with self.autocast():
+            return module(self.x)
+
+    def step(self, module: nn.Module) -> None:
+        self.forward(module).backward(self.dy)
+        self.clear(module)
+
+    def outputs(self, module: nn.Module) -> dict[str, Tensor]:
+        """y, dx, dw (and db where the layer has a bias) of one step of `module`."""
+        y = self.forward(module)
+        y.backward(self.dy)
+        out = {"y": y.detach(), "dx": self.x.grad, "dw": module.weight.grad}
+        if module.bias is not None:
+            out["db"] = module.bias.grad
+        self.clear(module)
+        return out
+
+    def clear(self, module: nn.Module) -> None:
+        for p in (self.x, *module.parameters()):
+            p.grad = None
 
 
 def step_ms(case: Case, module: nn.Module) -> float:
     """Median of CUDA-event timings of 10 training steps after 3 of warm-up."""
-    return median_ms(lambda: case.step(module), torch.cuda.current_stream().cuda_stream, 3, 10)
+    return median_ms(lambda: case.step(module))
 
 
 def converted(case: Case, limit: int, cache: str, delegate: bool = True, search: str = "pruned") -> nn.Module:
@@ -67,12 +79,11 @@ def converted(case: Case, limit: int, cache: str, delegate: bool = True, search:
 
 
 def pressed(case: Case, free: int, peak: int, result: dict) -> torch.Tensor:
-    """The blocker (train_step.block) with torch's step run once under it, placed again once where
+    """The blocker (common.block) with torch's step run once under it, placed again once where
     that step ran out: the first steps under pressure load cuDNN's kernels for the plans torch
     tries, and the loaded code takes device memory that the first placement counted as free."""
     for attempt in (1, 2):
-        blocker = block(SimpleNamespace(footprint_of="allocated", footprint=torch.cuda.memory_allocated() + peak,
-                                        free_bytes=free), torch.device("cuda"), result)
+        blocker = block(torch.device("cuda"), torch.cuda.memory_allocated() + peak, free, result)
         try:
             case.step(case.module)
             torch.cuda.synchronize()
@@ -153,13 +164,7 @@ def errors(case: Case, outputs: dict) -> dict[str, float]:
     y = m(x)
     y.backward(case.dy.double())
     reference = {"y": y.detach(), "dx": x.grad, "dw": m.weight.grad}
-    return {k: float((outputs[k].double() - ref).norm() / ref.norm()) for k, ref in reference.items()}
-
-
-def layer(name: str, free: int, cache: str) -> dict:
-    spec, shape, amp = LAYERS[name]
-    result = dict(layer=name, input=list(shape), precision="amp fp16 channels_last" if amp else "fp32 nchw")
-    return measured(Case(spec, shape, amp), free, cache, result)
+    return {k: relative_error(outputs[k], ref) for k, ref in reference.items()}
 
 
 def measured(case: Case, free: int, cache: str, result: dict) -> dict:
@@ -205,62 +210,8 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     torch.cuda.empty_cache()
     result["ucudnn_errors"] = errors(case, outputs)
     result["speedup_under_pressure"] = result["torch_pressure_ms"] / result["ucudnn_ms"]
-    log(f"{result['layer']}: torch free {result['torch_free_ms']:.2f} ms, torch at {free / MiB:.0f} MiB free "
-        f"{result['torch_pressure_ms']:.2f} ms, ucudnn {result['ucudnn_ms']:.2f} ms "
-        f"({result['speedup_under_pressure']:.1f}x); dW error ucudnn {result['ucudnn_errors']['dw']:.1e} "
-        f"torch {result['torch_errors']['dw']:.1e}")
+    print(f"{result['layer']}: torch free {result['torch_free_ms']:.2f} ms, torch at {free / MiB:.0f} MiB free "
+          f"{result['torch_pressure_ms']:.2f} ms, ucudnn {result['ucudnn_ms']:.2f} ms "
+          f"({result['speedup_under_pressure']:.1f}x); dW error ucudnn {result['ucudnn_errors']['dw']:.1e} "
+          f"torch {result['torch_errors']['dw']:.1e}", flush=True)
     return result
-
-
-def copies(sizes_mib=(0.25, 1, 4, 16, 64), per_graph: int = 20) -> list[dict]:
-    """Device-to-device copies replayed in a CUDA graph, ms per copy, beside ucudnn.core.staging's model."""
-    rows = []
-    for mib in sizes_mib:
-        n = int(mib * MiB)
-        src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            dst.copy_(src)
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(per_graph):
-                    dst.copy_(src)
-        measured = median_ms(graph.replay, torch.cuda.current_stream().cuda_stream, 2, 10) / per_graph
-        rows.append(dict(mib=mib, measured_ms=measured, model_ms=copy_ms(n)))
-        log(f"copy {mib} MiB: {rows[-1]['measured_ms']:.4f} ms, model {rows[-1]['model_ms']:.4f} ms")
-    return rows
-
-
-def markdown(report: dict) -> str:
-    lines = [f"Device: {report['device']}; {report['date']}", "",
-             "| layer | precision | torch, memory free | torch, L free | ucudnn.torch at L | speedup | dW error ucudnn / torch |",
-             "|---|---|---|---|---|---|---|"]
-    for r in report["layers"]:
-        lines.append(f"| {r['layer']} {tuple(r['input'])} | {r['precision']} | {r['torch_free_ms']:.2f} ms | "
-                     f"{r['torch_pressure_ms']:.2f} ms | {r['ucudnn_ms']:.2f} ms | {r['speedup_under_pressure']:.1f}x | "
-                     f"{r['ucudnn_errors']['dw']:.1e} / {r['torch_errors']['dw']:.1e} |")
-    lines += ["", "| copy | measured ms | model ms |", "|---|---|---|"]
-    lines += [f"| {c['mib']} MiB | {c['measured_ms']:.4f} | {c['model_ms']:.4f} |" for c in report["copies"]]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="out")
-    parser.add_argument("--free", default="8MiB", help="memory left free beyond the step's tensors, and ucudnn's limit")
-    parser.add_argument("--layers", default=",".join(LAYERS))
-    parser.add_argument("--cache", default=None, help="benchmark database (default OUT/slices.db)")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = args.cache or str(out / "slices.db")
-    report = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), copies=copies(), layers=[])
-    for name in args.layers.split(","):
-        report["layers"].append(layer(name, parse_size(args.free), cache))
-        (out / "slices.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "slices.md").write_text(markdown(report))
-    print(markdown(report))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
