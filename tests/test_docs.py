@@ -103,3 +103,18 @@ def test_cli_md_describes_every_field_of_a_network_file():
     section = (REPO / "docs" / "cli.md").read_text().split("**A network file**")[1].split("```")[0]
     assert [f.name for f in fields(ConvLayer) if f"`{f.name}`" not in section] == []
     assert "`[depth, height, width]`" in section and "`[length]`" in section
+
+
+def _relative_links(page: Path) -> list[str]:
+    """The targets of the page's Markdown links that name a path in the repository (no scheme,
+    no bare anchor), without their anchor."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8"))
+    return [t.split("#")[0] for t in targets if "://" not in t and not t.startswith(("#", "mailto:"))]
+
+
+def test_every_link_of_the_docs_names_a_path_that_exists():
+    """Moving modules, retiring scripts and raw outputs must not leave a page pointing nowhere."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "bench").rglob("*.md"))]
+    missing = [f"{page.relative_to(REPO)}: {target}" for page in pages for target in _relative_links(page)
+               if target and not (page.parent / target).exists()]
+    assert missing == []
