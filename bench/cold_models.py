@@ -31,12 +31,6 @@ relative error <= max(1e-2, 3x the control's)).
     PYTHONPATH=. python3 bench/cold_models.py --out OUT [--models resnet50d,...] [--limits 64MiB,8MiB]
         [--deadline 560] [--rounds 5] [--iters 10] [--planning first_call]
 
-With --timed, two more fresh processes per model time torch's own first iteration in phases
-(forward, backward, optimizer step): one alone, one after timing torch's own kernels of every conv
-as delegation does (`TorchFramework.time_own`, on new operands). If that timing fills the plan
-cache torch's layers read, the phases after it shrink by torch's benchmark; if not, a converted
-cold start pays torch's benchmark twice.
-
 By default (planning="between_iterations") every layer runs torch's own convolution in the
 first iteration, nothing timed there, and is planned at the start of the next ones (about 1 s
 each, at least one layer): (c) and (w) also report the iterations until nothing waits
@@ -59,7 +53,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bench.common import median_iteration_ms, relative_error  # noqa: E402
+from bench.common import host_profile, median_iteration_ms, relative_error  # noqa: E402
 
 MODELS = {  # name -> (source, precision, batch)
     "resnet50d": ("timm", "amp", 32),
@@ -106,7 +100,7 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| model | limit | torch first (s) | cold first (s) | ratio | warm first (s) | planning (s) | "
              "kernels swept / delegated unswept | steady torch/ucudnn | pruned/full predicted | worst grad err "
              "(control) |", "|" + "---|" * 11]
-    for r in (r for r in rows if "limit" in r):  # rows of --timed and the page cache's have none
+    for r in (r for r in rows if "limit" in r):  # the page cache's row has none
         cold, warm, v = r.get("cold", {}), r.get("warm", {}), r.get("verdicts", {})
         s = cold.get("summary", {})
         grads = cold.get("grads") or {}
@@ -181,62 +175,6 @@ def stepper(model, x, target, amp: bool):
         for run in steps:
             run()
     return step
-
-
-def conv_problems(model, x, amp: bool) -> list:
-    """Every conv kernel (F, BD, BF) of a training step of `model` on `x` as ucudnn.torch sees
-    it (AMP: fp16 channels_last; else fp32 NCHW), found by a forward pass on the meta device, so
-    no CUDA work runs; a layer with padding given as a string is left out."""
-    import torch
-
-    from ucudnn.integrations.torch.call import math_type
-    from ucudnn.core.problem import ConvKind, ConvProblem
-
-    inputs = {}
-
-    def note(name):
-        def hook(module, args):  # returns None: the call goes on with its own arguments
-            inputs.setdefault(name, tuple(args[0].shape))
-        return hook
-
-    meta = copy.deepcopy(model).to("meta")
-    for name, m in meta.named_modules():
-        if isinstance(m, torch.nn.Conv2d):
-            m.register_forward_pre_hook(note(name))
-    with torch.no_grad():
-        meta(x.to("meta"))
-    dtype, layout = ("float16", "nhwc") if amp else ("float32", "nchw")
-    problems = {}
-    for name, m in model.named_modules():
-        if name in inputs and not isinstance(m.padding, str):
-            for kind in ConvKind:
-                p = ConvProblem(kind, inputs[name], tuple(m.weight.shape), pads=m.padding, strides=m.stride,
-                                dilations=m.dilation, groups=m.groups, dtype=dtype, math=math_type(dtype), layout=layout)
-                problems[p.key] = p
-    return list(problems.values())
-
-
-def timed_then_torch(model, x, target, amp: bool, kernels_first: bool) -> dict:
-    """torch's own first iteration in phases (forward, backward, optimizer step; each synced),
-    after torch's own kernels were timed as delegation times them where `kernels_first`."""
-    import torch
-
-    from ucudnn.integrations.torch.kernels import TorchFramework
-
-    out = {"kernels_first": kernels_first}
-    if kernels_first:
-        problems, framework = conv_problems(model, x, amp), TorchFramework()
-        began = time.perf_counter()
-        for p in problems:
-            framework.time_own(p, x.device)
-        torch.cuda.synchronize()
-        out.update(kernels=len(problems), timing_s=time.perf_counter() - began)
-    steps = phases(model, x, target, amp)
-    for phase, run in steps.items():
-        out[phase] = timed_s(run)
-    out["first_s"] = sum(out[phase] for phase in steps)
-    out["second_s"] = timed_s(stepper(model, x, target, amp))
-    return out
 
 
 def timed_s(step) -> float:
@@ -316,30 +254,12 @@ def host_timed(steps: dict) -> tuple[dict, dict[str, list[float]]]:
     return {name: timed(name, step) for name, step in steps.items()}, host
 
 
-def host_profile(steps: dict, iters: int, top: int = 15) -> dict[str, list[str]]:
-    """The functions taking most host time (cProfile, by own time) over `iters` calls of each step."""
-    import cProfile
-    import io
-    import pstats
-
-    out = {}
-    for name, step in steps.items():
-        profile = cProfile.Profile()
-        profile.runcall(lambda: [step() for _ in range(iters)])
-        text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
-        out[name] = [line for line in text.getvalue().splitlines() if line.strip()][-top:]
-    return out
-
-
 def child(args) -> dict:
     import torch
 
     torch.backends.cudnn.benchmark = True
     torch.zeros(1, device="cuda")  # the CUDA context, as every process starts it before training
     model, x, target, amp = build(args.model)
-    if args.child == "timed":
-        return timed_then_torch(model, x, target, amp, args.kernels_first)
     out = {}
     if args.child != "torch":
         import ucudnn.torch as ut
@@ -348,7 +268,7 @@ def child(args) -> dict:
     step = stepper(model, x, target, amp)
     out["first_s"] = timed_s(step)
     out["second_s"] = timed_s(step)
-    if args.child == "torch" or args.first_only:
+    if args.child == "torch":
         return out
     out["until_planned_s"] = []  # planning between iterations: the iterations that still plan
     while ut.context_of(model).summary()["pending"] and len(out["until_planned_s"]) < 60:
@@ -371,7 +291,8 @@ def child(args) -> dict:
         for s in steps.values():
             s()
         out["steady"] = steady(steps, args.rounds, args.iters)
-        out["host_profile"] = host_profile({n: steps[n] for n in ("ucudnn", "torch")}, args.iters)
+        out["host_profile"] = {n: host_profile(lambda s=steps[n]: [s() for _ in range(args.iters)], 1, 15, ("tottime",))[1]
+                               for n in ("ucudnn", "torch")}
     return out
 
 
@@ -417,15 +338,12 @@ def full_sweep(args) -> dict:
 
 # --- the parent ---------------------------------------------------------------------------------
 
-def jit_caches(args) -> dict[str, str]:
-    """Environment variables giving a child process JIT caches of its own, empty (with
-    --jit-cache fresh, the default), so that it compiles what a process on a fresh machine
-    compiles: the CUDA driver's (CUDA_CACHE_PATH, where runtime-compiled kernels land) and
-    CuPy's (CUPY_CACHE_DIR). A process's first iteration was 17-22 s longer where no earlier
+def jit_caches() -> dict[str, str]:
+    """Environment variables giving a child process JIT caches of its own, empty, so that it
+    compiles what a process on a fresh machine compiles: the CUDA driver's (CUDA_CACHE_PATH,
+    where runtime-compiled kernels land) and CuPy's (CUPY_CACHE_DIR). A process's first iteration was 17-22 s longer where no earlier
     process had run the model on that machine, whether torch's or ucudnn's, with the libraries
-    already read (docs/results.md, "Cold start"). {} with --jit-cache shared."""
-    if args.jit_cache != "fresh":
-        return {}
+    already read (docs/results.md, "Cold start")."""
     folder = tempfile.mkdtemp(prefix="cold-models-jit-")
     return {"CUDA_CACHE_PATH": folder, "CUPY_CACHE_DIR": str(Path(folder) / "cupy")}
 
@@ -466,24 +384,19 @@ def parent(args) -> None:
 
     rows.append({"page_cache": read_libraries()})
 
-    limits = [limit for limit in args.limits.split(",") if limit]  # --limits= : torch (and --timed) alone
+    limits = [limit for limit in args.limits.split(",") if limit]  # --limits= : torch alone
     for model in args.models.split(","):
         model_rows = [measured(args, log, out, model, limit, left) for limit in limits if left() >= 30]
         rows.extend(model_rows)
         save()
         # torch after ucudnn's processes: they read the model's cuDNN kernels from disk first
         # (a first process on a machine took 60.2 s for efficientnet_b0, the next 29.2 s)
-        runs = [run_child(args, log, left(), jit_caches(args), child="torch", model=model) for _ in range(args.torch_runs)]
+        runs = [run_child(args, log, left(), jit_caches(), child="torch", model=model) for _ in range(args.torch_runs)]
         torch_run = min(runs, key=lambda r: r.get("first_s", float("inf")))
         torch_run["first_s_each"] = [r.get("first_s") for r in runs]
         for row in model_rows:
             row["torch"] = torch_run
             row["verdicts"] = verdicts(torch_run, row["cold"], row["warm"], row["full"], row["limit"])
-        if args.timed:  # torch alone in phases, then after its kernels were timed as delegation does
-            timed = [run_child(args, log, left(), jit_caches(args), child="timed", model=model, **flags)
-                     for flags in ({}, {"kernels_first": True})]
-            rows.append({"model": model, "torch": torch_run, "timed": timed})
-            print(f"{model}: torch first {torch_run.get('first_s')} s; in phases {timed}", flush=True)
         save()
         print(markdown(model_rows), flush=True)
     print(markdown(rows))
@@ -516,11 +429,8 @@ def measured(args, log: Path, out: Path, model: str, limit: str, left) -> dict:
     db = out / "db" / f"{model}-{limit}.db"
     db.parent.mkdir(exist_ok=True)
     db.unlink(missing_ok=True)
-    jit = jit_caches(args)  # the warm process is the same user's second: it keeps the cold one's caches
-    cold = run_child(args, log, left(), jit, child="cold", model=model, limit=limit, cache=db, planning=args.planning,
-                     first_only=args.first_only or None)
-    if args.first_only:
-        return {"model": model, "limit": limit, "torch": {}, "cold": cold, "warm": {}, "full": None}
+    jit = jit_caches()  # the warm process is the same user's second: it keeps the cold one's caches
+    cold = run_child(args, log, left(), jit, child="cold", model=model, limit=limit, cache=db, planning=args.planning)
     warm = run_child(args, log, left(), jit, child="warm", model=model, limit=limit, cache=db, planning=args.planning,
                      steady=steady or None)
     full, swept = None, cold.pop("swept_problems", None)
@@ -548,19 +458,12 @@ def parse_args(argv=None):
     p.add_argument("--no-full", dest="full", action="store_false", help="skip the offline full sweep (f)")
     p.add_argument("--torch-runs", type=int, default=2, help="torch's processes per model, the fastest counting "
                    "(1 where the machine has run these libraries before: its page cache is warm)")
-    p.add_argument("--timed", action="store_true", help="also time torch's kernels as delegation does, then "
-                   "torch's own first iteration, in a fresh process")
-    p.add_argument("--child", choices=("torch", "cold", "warm", "full", "timed"))
-    p.add_argument("--kernels-first", action="store_true", help="(timed) time torch's kernels before its iteration")
+    p.add_argument("--child", choices=("torch", "cold", "warm", "full"))
     p.add_argument("--model", choices=tuple(MODELS))
     p.add_argument("--limit")
     p.add_argument("--cache")
     p.add_argument("--problems")
     p.add_argument("--steady", action="store_true")
-    p.add_argument("--jit-cache", choices=("fresh", "shared"), default="fresh",
-                   help="fresh: each cold and torch process starts with empty JIT caches, as on a fresh machine")
-    p.add_argument("--first-only", action="store_true", help="cold processes only, to their second iteration: "
-                   "the first-iteration bars alone")
     p.add_argument("--planning", help="ucudnn.torch.convert's planning setting (default: ucudnn's)")
     return p.parse_args(argv)
 

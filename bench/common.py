@@ -226,3 +226,30 @@ def median_ms(run: Callable[[], None], warmup: int = 3, repeats: int = 10) -> fl
     stream = torch.cuda.current_stream().cuda_stream
     gpu.time_calls(run, warmup, stream)
     return statistics.median(gpu.time_calls(run, repeats, stream))
+
+
+def host_profile(step: Callable[[], None], iterations: int, top: int = 30,
+                 orders: tuple[str, ...] = ("tottime", "cumulative")) -> tuple[list[float], str]:
+    """`iterations` calls of `step` under cProfile: each call's host seconds, and the top functions
+    by each of `orders` (own time, cumulative time) as text."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    profiler, host = cProfile.Profile(), []
+    for _ in range(iterations):
+        began = time.perf_counter()
+        profiler.runcall(step)
+        host.append(time.perf_counter() - began)
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    for order in orders:
+        stats.sort_stats(order).print_stats(top)
+    return host, out.getvalue()
+
+
+def first_line(error: Exception) -> str:
+    """An error's first line, whole: torch's out-of-memory message goes on to say what torch held
+    and what it reserved unused."""
+    return str(error).splitlines()[0][:600]

@@ -3,7 +3,7 @@
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new record-direct
 #                                          layers-alexnet layers-alexnet64 layers-resnet50 layers-fp16
 #                                          layers-direct paper coldstart zerocost zerocost-ddp tables
-#                                          sweepprofile trainab coldphases coldmodels ndlayers streams pressure
+#                                          trainab coldmodels ndlayers streams pressure
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -89,18 +89,10 @@ for stage in "${stages[@]}"; do
     coldstart) run coldstart python3 bench/cold_models.py --out "$OUT/coldstart" --deadline "$(budget 300)" --models alexnet \
                  --limits 64MiB --no-full ;;
     # timm and torchvision models from an empty database: first iterations vs torch's, warm, steady, full sweep (COLD_ARGS)
-    # torch's own first iteration in phases, alone and after delegation's timing of its kernels (PHASES_MODELS)
-    coldphases) run coldphases python3 bench/cold_models.py --out "$OUT/phases" --deadline "$(budget ${PHASES_S:-200})" --models ${PHASES_MODELS:-efficientnet_b0} --limits= --timed --torch-runs 1 ;;
     coldmodels) run coldmodels python3 bench/cold_models.py --out "$OUT" --deadline "$(budget ${COLD_S:-560})" ${COLD_ARGS:-} ;;
     # the shipped torchvision conv tables traced here (torchvision is installed) into the tree, checked, and to $OUT
     tables) run tables python3 -m ucudnn.core.nets.torchvision; cp ucudnn/core/nets/torchvision.json "$OUT/"
             run tables-test python3 -m pytest -q -p no:cacheprovider tests/test_nets.py ;;
-    # the engine sweep of Caffe AlexNet under cProfile
-    sweepprofile) rm -f /tmp/sweep-profile.db
-                  run sweepprofile python3 -m cProfile -o /tmp/sweep.prof -m ucudnn bench --net alexnet --batch 256 \
-                    --policy powerOfTwo --backend engines --cache /tmp/sweep-profile.db --json
-                  run sweepprofile-stats python3 -c "import pstats; s = pstats.Stats('/tmp/sweep.prof'); \
-                    s.sort_stats('tottime').print_stats(45); s.sort_stats('cumulative').print_stats(70)" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

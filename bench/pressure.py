@@ -11,16 +11,13 @@ SGD and, for AMP, a gradient scaler):
    timed on the host after a device sync (the first steps' planning included), the steady time
    the median of the last 8 by CUDA events. Variants: `free` (torch, no blocker), `torch`,
    `control` (torch again: the A/A control), `ucudnn` (`convert(model)`, its defaults), `wd`
-   (`convert(model, optimizer="wd", total_limit="auto")`) and `classes` (an experiment on flushes:
-   ucudnn with its workspaces borrowed in a few sizes, borrow_in_classes; in the log, not the table).
+   (`convert(model, optimizer="wd", total_limit="auto")`).
 3. ucudnn's variants then take one more step's gradients through ucudnn and through torch's own
    layers (the classes put back) on the same weights and batch, and compare them; `--explain`
-   prints per kernel the room its moment left, ucudnn's limit and plan, and torch's kernel
-   timed under that pressure and as it ran in the step (its layer's observed calls: the backward
-   kernels together).
+   prints ucudnn.reports.kernels' table of what each kernel's moment left and what ran there.
 
-    PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,fcn_resnet50,r3d_18:128MiB+512MiB,...]
-        [--limits 64MiB,512MiB] [--iters 20] [--need MODEL=BYTES,...] [--profile] [--profile-planning N] [--profile-steady N] [--variants free,torch,control,ucudnn,wd] [--explain]
+    PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,r3d_18:128MiB+512MiB,...]
+        [--limits 64MiB,512MiB] [--iters 40] [--need MODEL=BYTES,...] [--variants ...] [--explain]
 
 Writes OUT/pressure.json (every process's result) and OUT/pressure.md (the table) after each model.
 """
@@ -36,11 +33,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import ALLOC_CONF, MiB, child_env, outside_pool_bytes
+from bench.common import ALLOC_CONF, MiB, child_env, first_line, host_profile, outside_pool_bytes
+from ucudnn.reports import kernels
 
 STEADY = 8  # the last iterations whose median is the steady time
 PHASE = ["start"]  # what a child process was doing, for its error
-UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto"), "classes": {}}
+UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
 TORCH_VARIANTS = ("free", "torch", "control")
 
 # name -> (builder, batch, precision, input shape per sample, channels_last, loss)
@@ -56,30 +54,6 @@ MODELS = {
 
 
 # --- one process ----------------------------------------------------------------------------------
-
-def size_class(nbytes: int, divisions: int = 4) -> int:
-    """`nbytes` rounded up to one of `divisions` steps per power of two (320 MiB for 303 or 311)."""
-    if nbytes <= 2**21:
-        return nbytes
-    step = (1 << (nbytes - 1).bit_length()) // 2 // divisions
-    return -(-nbytes // step) * step
-
-
-def borrow_in_classes() -> None:
-    """The `classes` variant, an experiment on flushes: ucudnn's workspaces borrowed in a few sizes
-    (size_class), so that the block one leaves in torch's cache can hold the next kernel's instead
-    of splitting the pool into holes of many sizes; the exact size where the class cannot be had."""
-    from ucudnn.integrations.torch.kernels import TorchFramework
-
-    exact = TorchFramework.borrow
-
-    def borrow(self, nbytes, device):
-        try:
-            return exact(self, size_class(nbytes), device)[:nbytes]
-        except MemoryError:
-            return exact(self, nbytes, device)
-    TorchFramework.borrow = borrow
-
 
 def build(name: str, device):
     """The model (training mode, no pretrained weights) and a batch of its input."""
@@ -112,8 +86,7 @@ def loss_of(out):
     """A scalar from whatever the model returns: the mean square of every floating output."""
     import torch
 
-    if isinstance(out, dict):
-        out = list(out.values())
+    out = list(out.values()) if isinstance(out, dict) else out
     if isinstance(out, (tuple, list)):
         return sum(loss_of(o) for o in out if not torch.is_tensor(o) or o.is_floating_point())
     return out.float().pow(2).mean()
@@ -176,14 +149,6 @@ def blocker(device, leave: int):
     return torch.empty((free - leave) // (2 * MiB) * 2 * MiB, dtype=torch.uint8, device=device)
 
 
-def alloc_retries(device) -> int:
-    """How often torch's allocator has given its whole cache back and retried an allocation so far
-    (ucudnn's own reading of it, TorchFramework.flushes)."""
-    from ucudnn.integrations.torch import TorchFramework
-
-    return TorchFramework.flushes(device)
-
-
 def run_need(args) -> dict:
     """The model's tensors' peak with every convolution at zero workspace, planned, and what the
     process holds outside torch's allocator beyond its start."""
@@ -216,6 +181,8 @@ def run_need(args) -> dict:
 def run_variant(args) -> dict:
     import torch
 
+    from ucudnn.integrations.torch import TorchFramework as Torch
+
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     torch.empty(1, device=device)
@@ -227,13 +194,8 @@ def run_variant(args) -> dict:
         import ucudnn.torch as ut
 
         ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS[args.variant])
-        if args.variant == "classes":
-            borrow_in_classes()
     step = trainer(model, x, args.model, amp)
     host, events, outside_mib, retries = [], [], [], []  # per iteration: host s, CUDA events, outside MiB, retries so far
-    if args.profile_planning and args.variant in UCUDNN_VARIANTS:  # its first iterations, where it plans
-        PHASE[0] = "planning profile"
-        result["planning_host_s"], result["planning_profile"] = host_profile(step, args.profile_planning)
     for i in range(args.iters):
         PHASE[0] = f"iteration {i + 1}"
         began = time.perf_counter()
@@ -245,11 +207,11 @@ def run_variant(args) -> dict:
         host.append(time.perf_counter() - began)
         events.append(pair)
         outside_mib.append(outside_pool_bytes(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
-        retries.append(alloc_retries(device))
+        retries.append(Torch.flushes(device))
     ms = [a.elapsed_time(b) for a, b in events]
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
                   peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside_pool_bytes(device) / MiB,
-                  retries=alloc_retries(device), outside_by_iteration=outside_mib,
+                  retries=Torch.flushes(device), outside_by_iteration=outside_mib,
                   retries_by_iteration=retries,
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
     result["reserved_mib"] = torch.cuda.memory_reserved(device) / MiB
@@ -270,13 +232,13 @@ def run_variant(args) -> dict:
         try:
             result["profile"] = top_kernels(step)
         except torch.cuda.OutOfMemoryError as exc:  # the profiler's own device buffers come from the headroom
-            result["profile_error"] = oom_message(exc)
+            result["profile_error"] = first_line(exc)
     PHASE[0] = "gradient check"
     if args.variant in UCUDNN_VARIANTS or args.variant == "control":
         try:
             result.update(gradient_check(model, x, args, amp))
         except torch.cuda.OutOfMemoryError as exc:  # the check's extra pass, not the training step
-            result["gradient_error"] = oom_message(exc)
+            result["gradient_error"] = first_line(exc)
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
         from ucudnn.integrations.torch.layers import Converted
@@ -318,36 +280,32 @@ def flushes_by_kernel(step, device) -> dict:
     """One more step with each of ucudnn's kernel runs watched (Planner.run: the workspace borrowed
     from torch's pool, a shrink where it cannot be had): per kernel (its description, as
     summary() names it), how many times running it made the allocator give its whole cache back
-    and retry (alloc_retries), and the step's retries in all (those outside ucudnn's kernels
-    included)."""
+    and retry (TorchFramework.flushes), and the step's retries in all (those outside ucudnn's
+    kernels included)."""
     import torch
 
+    from ucudnn.integrations.torch import TorchFramework
     from ucudnn.plan.planner import Planner
 
+    flushes = TorchFramework.flushes
     by_kernel: dict[str, int] = {}
     run = Planner.run
 
     def watched(planner, site, kind, x, w, y):
-        before = alloc_retries(device)
+        before = flushes(device)
         written = run(planner, site, kind, x, w, y)
         name = site.call.problem(kind).describe()
-        by_kernel[name] = by_kernel.get(name, 0) + alloc_retries(device) - before
+        by_kernel[name] = by_kernel.get(name, 0) + flushes(device) - before
         return written
 
-    before = alloc_retries(device)
+    before = flushes(device)
     Planner.run = watched
     try:
         step()
         torch.cuda.synchronize()
     finally:
         Planner.run = run
-    return dict(by_kernel=by_kernel, step=alloc_retries(device) - before)
-
-
-def oom_message(exc: Exception) -> str:
-    """An error's first line, whole: torch's out-of-memory message goes on to say what torch held
-    and what it reserved unused."""
-    return str(exc).splitlines()[0][:600]
+    return dict(by_kernel=by_kernel, step=flushes(device) - before)
 
 
 def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
@@ -368,26 +326,6 @@ def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
     return dict(kernels=[(e.key[:90], e.self_device_time_total / 1e3 / steps, e.count / steps) for e in kernels[:top]],
                 convolutions=[(f"{e.key} {e.input_shapes}"[:160], e.device_time_total / 1e3 / steps, e.count / steps)
                               for e in ops[:top]])
-
-
-def host_profile(step, iterations: int, top: int = 30) -> tuple[list, str]:
-    """`iterations` steps under cProfile: the top functions by their own time and by cumulative
-    time, as text, and the steps' host seconds."""
-    import cProfile
-    import io
-    import pstats
-
-    profiler = cProfile.Profile()
-    host = []
-    for _ in range(iterations):
-        began = time.perf_counter()
-        profiler.runcall(step)
-        host.append(time.perf_counter() - began)
-    out = io.StringIO()
-    stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    return host, out.getvalue()[-16000:]
 
 
 def gradient_check(model, x, args, amp: bool) -> dict:
@@ -414,7 +352,7 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
     command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
                "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
                ] + (["--profile"] if args.profile else []) + (["--trace-flushes"] if args.trace_flushes else []) \
-               + ["--profile-planning", str(args.profile_planning), "--profile-steady", str(args.profile_steady)]
+               + ["--profile-steady", str(args.profile_steady)]
     env = dict(child_env(os.environ), UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf)
     began = time.perf_counter()
     try:
@@ -431,7 +369,7 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
 def table(rows: list[dict]) -> str:
     """The Markdown table: per model and L, steady ms of each variant and ucudnn's ratios."""
     lines = ["| model | L | torch free | torch | control (A/A) | ucudnn | wd auto | torch / ucudnn | "
-             "torch / free | first 20 s: torch, ucudnn | grad rel (ucudnn, A/A) |", "|" + "---|" * 11]
+             "torch / free | all steps' host s: torch, ucudnn | grad rel (ucudnn, A/A) |", "|" + "---|" * 11]
     by = {(r["model"], r["limit_mib"], r["variant"]): r for r in rows}
 
     def ms(r):
@@ -452,71 +390,18 @@ def table(rows: list[dict]) -> str:
 
 
 def explain(row: dict) -> str:
-    """Per kernel of a ucudnn variant: the room its moment left, ucudnn's limit and plan, torch's kernel."""
-    lines = ["| kind | kernel | room MiB | limit MiB | ucudnn plan | workspace MiB | predicted ms | torch ms | "
-             "torch in the step ms | cuDNN's favourite ms | torch workspace MiB | runs | flushes a step |",
-             "|" + "---|" * 13]
-    flushes = row.get("flushes", {}).get("by_kernel", {})
-    for k in row.get("kernels", []):
-        mib = lambda v: "-" if v is None else f"{v / MiB:.0f}"  # noqa: E731
-        lines.append(f"| {k['kind']} | {k['kernel'][:60]} | {mib(k.get('room'))} | {mib(k.get('limit'))} | "
-                     f"{k.get('configuration', k['via'])} | {mib(k.get('workspace'))} | "
-                     f"{k.get('predicted_ms', float('nan')):.3f} | {k.get('own_ms', float('nan')):.3f} | "
-                     f"{k.get('in_step_ms', float('nan')):.3f} | {k.get('favourite_ms', float('nan')):.3f} | "
-                     f"{mib(k.get('own_workspace'))} | {'torch' if k['delegated'] else k['via']} | "
-                     f"{flushes.get(k['kernel'], '-')} |")
-    if "flushes" in row:
-        lines.append(f"\nThe allocator's retries in one step: {row['flushes']['step']}, "
-                     f"{sum(flushes.values())} of them borrowing ucudnn's workspaces.")
-    if row.get("flush_watch"):
-        watch = row["flush_watch"]
-        lines.append(f"The flush watch: {watch['watched']} of {watch['steps']} steps watched; kept as planned "
-                     f"although they flushed: {', '.join(k[:60] for k in watch['kept']) or 'none'}.")
-    lines += [f"- shrunk: {s['kernel'][:60]}, {s['failed'] / MiB:.0f} -> {s['limit'] / MiB:.0f} MiB ({s.get('why', '?')})"
-              for s in row.get("shrinks", [])]
-    return "\n".join(lines)
+    """Per kernel of a ucudnn variant: the room its moment left, ucudnn's limit and plan, torch's
+    kernel (ucudnn.reports.kernels), and the allocator's retries in one step."""
+    flushes = row.get("flushes", {})
+    retries = (f"\nThe allocator's retries in one step: {flushes['step']}, {sum(flushes['by_kernel'].values())} of "
+               "them borrowing ucudnn's workspaces.") if flushes else ""
+    return kernels.table(row, flushes.get("by_kernel")) + retries
 
 
 def flush_lines(row: dict) -> str:
     """The flushes of --trace-flushes, one a line."""
     return "\n".join(f"- flush: {f['bytes'] / MiB:.1f} MiB asked, {f['given_back'] / MiB:.0f} MiB given back, "
                      f"at {' < '.join(f['where']) or '?'}" for f in row.get("flush_trace", []))
-
-
-def plot(row: dict, path: str, title: str) -> None:
-    """A ucudnn variant's kernels in planning order: the room each one's moment left, ucudnn's
-    limit, the workspace of the plan that runs (ucudnn's, or torch's where the layer is
-    delegated), and beneath, torch's time at that moment against ucudnn's predicted time."""
-    from matplotlib.figure import Figure
-
-    kernels = row["kernels"]
-    x = range(len(kernels))
-    figure = Figure(figsize=(max(8, len(kernels) * 0.35), 6.5))
-    memory, times = figure.subplots(2, 1, sharex=True)
-    mib = lambda key: [(k.get(key) or 0) / MiB for k in kernels]  # noqa: E731
-    runs = [k.get("own_workspace", math.nan) / MiB if k["delegated"] or k["via"] != "ucudnn"  # torch's: where timed apart
-            else (k.get("workspace") or 0) / MiB for k in kernels]
-    memory.bar(x, mib("room"), color="#cfe2f3", label="room: free at its moment, beside its output")
-    memory.plot(x, mib("limit"), "k_", markersize=10, label="ucudnn's limit (room less the margin)")
-    memory.bar(x, runs, width=0.4, color=["#999999" if k["delegated"] else "#1f77b4" for k in kernels],
-               label="workspace of the plan that runs (grey: torch's own, delegated)")
-    memory.set_yscale("symlog", linthresh=1)
-    memory.set_ylabel("MiB")
-    memory.legend(fontsize=7, loc="upper right")
-    memory.set_title(title, fontsize=9)
-    times.plot(x, [k.get("own_ms", math.nan) for k in kernels], "o", color="#999999",
-               label="torch's kernel at that moment, timed apart")
-    times.plot(x, [k.get("in_step_ms", math.nan) for k in kernels], "^", color="#999999", fillstyle="none",
-               label="torch's kernels in the step (F; BD and BF together)")
-    times.plot(x, [k.get("predicted_ms", float("nan")) for k in kernels], "x", color="#1f77b4",
-               label="ucudnn's plan (predicted)")
-    times.set_yscale("log")
-    times.set_ylabel("ms")
-    times.legend(fontsize=7)
-    times.set_xticks(list(x), [k["kind"] for k in kernels],
-                     fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
 
 
 def parent(args) -> None:
@@ -552,9 +437,8 @@ def parent(args) -> None:
                 print(flush_lines(row), flush=True)
             for name, ms, n in [*row.get("profile", {}).get("kernels", []), *row.get("profile", {}).get("convolutions", [])]:
                 print(f"    {ms:8.2f} ms {n:5.0f}x  {name}", flush=True)
-            for profile in ("planning_profile", "steady_profile"):
-                if profile in row:
-                    print(row[profile], flush=True)
+            if "steady_profile" in row:
+                print(row["steady_profile"], flush=True)
         (out / "pressure.json").write_text(json.dumps(rows, indent=1))
         (out / "pressure.md").write_text(table([r for r in rows if r["variant"] != "need"]) + "\n")
     print(table([r for r in rows if r["variant"] != "need"]))
@@ -568,7 +452,8 @@ def main(argv=None) -> None:
     p.add_argument("--models", default="wav2vec2,fcn_resnet50,r3d_18,fpn_resnet50,efficientnet_b0,densenet121")
     p.add_argument("--limits", default="64MiB,512MiB")
     p.add_argument("--variants", default="free,torch,control,ucudnn,wd")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=40,
+                   help="steps a variant runs: wav2vec2 at 64 MiB settled after 30 (docs/results.md, \"Forty steps\")")
     p.add_argument("--cache", default="/tmp/pressure-cache.db")
     p.add_argument("--deadline", type=float, default=3000)
     p.add_argument("--explain", action="store_true", help="print each ucudnn variant's kernels")
@@ -577,8 +462,6 @@ def main(argv=None) -> None:
     p.add_argument("--profile", action="store_true", help="each variant's top GPU kernels and convolutions over 3 steps")
     p.add_argument("--trace-flushes", action="store_true",
                    help="one more step under torch's memory history: each flush and the allocation behind it")
-    p.add_argument("--profile-planning", type=int, default=0, metavar="N",
-                   help="ucudnn's variants: their first N iterations under cProfile (before the timed ones)")
     p.add_argument("--profile-steady", type=int, default=0, metavar="N",
                    help="every variant: N more iterations under cProfile after the timed ones")
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
@@ -598,13 +481,13 @@ def main(argv=None) -> None:
             import traceback
 
             frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)]
-            result = dict(error=f"{type(exc).__name__}: {oom_message(exc)}", at=" < ".join(frames[::-1][:8]),
+            result = dict(error=f"{type(exc).__name__}: {first_line(exc)}", at=" < ".join(frames[::-1][:8]),
                           phase=PHASE[0])
         Path(args.result).write_text(json.dumps(result))
         return
     if args.plot:
         row = json.loads(Path(args.plot[0]).read_text())
-        plot(row, args.plot[1], f"{Path(args.plot[0]).stem}: {row['steady_ms']:.1f} ms a step")
+        kernels.plot_kernels(row, args.plot[1], f"{Path(args.plot[0]).stem}: {row['steady_ms']:.1f} ms a step")
         return
     limits = [parse_size(v) for v in args.limits.split(",")]
     args.models = [(model, [parse_size(v) for v in own.split("+")] if own else limits)  # MODEL:L+L: its own limits

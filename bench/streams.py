@@ -14,15 +14,8 @@ issue's bars):
     the same copy without, and a second serial copy (the A/A control), taking turns (train_ab's
     interleave), medians. Bar: >= 1.05x.
 
-(c) with --layers: where (b)'s concurrency pays, layer by layer: each distinct convolution of
-    ResNet-50 AMP B = 32 (fp16 channels_last; the stem, whose input needs no gradient, left out)
-    converted alone, its training step (F, then BD and BF) captured as one CUDA graph serial and
-    with BF beside BD, and a second serial copy (A/A); replays taking turns, medians. Summed over
-    the layers' occurrences: what the backward would gain were BF put beside BD only where that
-    was faster (selective_speedup), against all of them (concurrent_speedup).
-
     PYTHONPATH=. python3 bench/streams.py --out OUT [--models googlenet,inception_v3,resnet50,alexnet]
-        [--batches 1,8,32] [--streams 4] [--no-backward] [--layers]
+        [--batches 1,8,32] [--streams 4] [--no-backward]
 """
 from __future__ import annotations
 
@@ -359,83 +352,6 @@ def backward_row(rounds: int = 5, iters: int = 10) -> dict:
             "delegated_kernels": delegated[0], "kernels": delegated[1]}
 
 
-def resnet50_convolutions(batch: int) -> list[tuple[object, tuple[int, ...], int]]:
-    """ResNet-50's distinct convolutions after its stem, each with its input shape at `batch`
-    (224x224) and how many times the model calls it."""
-    import torch
-    import torchvision
-
-    torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None).cuda().half().to(memory_format=torch.channels_last)
-    found: dict[tuple, list] = {}
-
-    def hook(module, inputs, output):
-        key = (repr(module), tuple(inputs[0].shape))
-        found.setdefault(key, [module, tuple(inputs[0].shape), 0])[2] += 1
-    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m is not model.conv1]
-    handles = [c.register_forward_hook(hook) for c in convs]
-    with torch.no_grad():
-        model(torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16).contiguous(
-            memory_format=torch.channels_last))
-    for h in handles:
-        h.remove()
-    return [tuple(v) for v in found.values()]
-
-
-def layer_pair_row(layer, shape: tuple[int, ...], count: int) -> dict:
-    """One converted layer's training step as one CUDA graph: serial, BF beside BD, A/A."""
-    import torch
-
-    x = torch.randn(shape, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    x.requires_grad_()
-    replays = {}
-    for name, twin in backward_variants(layer):
-        dy = torch.randn_like(twin(x.detach()))
-
-        def run(static, m=twin, dy=dy):
-            y = m(static)
-            y.backward(dy)
-            return y
-        replays[name] = graphed(run, x)[0]
-    ms = replay_ms(replays)
-    return {"layer": repr(layer), "input": list(shape), "count": count, **{f"{k}_ms": v for k, v in ms.items()}}
-
-
-def selective(rows: list[dict]) -> dict:
-    """The layers' steps summed over their occurrences: serial, all concurrent, and each layer
-    the faster way (BF beside BD only where that was faster); speedups over serial."""
-    serial = sum(r["count"] * r["serial_ms"] for r in rows)
-    concurrent = sum(r["count"] * r["concurrent_ms"] for r in rows)
-    best = sum(r["count"] * min(r["serial_ms"], r["concurrent_ms"]) for r in rows)
-    return {"serial_ms": serial, "concurrent_ms": concurrent, "selective_ms": best,
-            "concurrent_speedup": serial / concurrent, "selective_speedup": serial / best,
-            "faster_concurrent": sum(r["concurrent_ms"] < r["serial_ms"] for r in rows), "layers": len(rows)}
-
-
-def pairs_markdown(rows: list[dict], total: dict) -> str:
-    lines = ["| layer | input | calls | serial (ms) | BF beside BD (ms) | speedup | A/A |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['layer']} | {tuple(r['input'])} | {r['count']} | {r['serial_ms']:.3f} | {r['concurrent_ms']:.3f} | "
-              f"{r['serial_ms'] / r['concurrent_ms']:.2f}x | {r['serial_ms'] / r['control_ms']:.3f} |" for r in rows]
-    lines += ["", f"Summed over calls: serial {total['serial_ms']:.2f} ms, all concurrent {total['concurrent_ms']:.2f} "
-              f"({total['concurrent_speedup']:.3f}x), each layer the faster way {total['selective_ms']:.2f} "
-              f"({total['selective_speedup']:.3f}x; {total['faster_concurrent']} of {total['layers']} layers concurrent)"]
-    return "\n".join(lines) + "\n"
-
-
-def layer_pairs(out: Path, deadline: float) -> dict:
-    rows = []
-    for layer, shape, count in resnet50_convolutions(32):
-        if time.time() > deadline:
-            break
-        rows.append(layer_pair_row(layer, shape, count))
-        print(pairs_markdown(rows[-1:], selective(rows[-1:])).splitlines()[2], flush=True)
-    result = {"layers": rows, "total": selective(rows) if rows else None}
-    (out / "streams-layers.json").write_text(json.dumps(result, indent=1))
-    if rows:
-        (out / "streams-layers.md").write_text(pairs_markdown(rows, result["total"]))
-    return result
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out")
@@ -444,17 +360,12 @@ def main(argv=None) -> int:
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--training", default="googlenet:32", help="MODEL:BATCH,... graphed training steps")
     parser.add_argument("--no-backward", dest="backward", action="store_false")
-    parser.add_argument("--layers", action="store_true", help="only (c): the concurrent backward layer by layer")
     parser.add_argument("--copies", default="2,4", help="N,...: each row's ceiling, N independent copies side by side")
     parser.add_argument("--deadline", type=float, default=560)
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began, rows, backward = time.time(), [], None
-    if args.layers:
-        total = layer_pairs(out, began + args.deadline)["total"]
-        print(json.dumps(total))
-        return 0
     copies = tuple(int(n) for n in args.copies.split(",") if n)
     runs = [(inference_row, m, b) for m in args.models.split(",") for b in map(int, args.batches.split(","))]
     runs += [(training_row, m, int(b)) for m, b in (s.split(":") for s in args.training.split(",") if s)]

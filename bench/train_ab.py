@@ -1,5 +1,5 @@
 """Training iterations of torch and of ucudnn.torch interleaved in one process, memory free
-or under memory pressure.
+(whole models under memory pressure: bench/pressure.py, a fresh process per variant).
 
 Run in processes of their own, torch's own AMP iteration differs between processes by up to 20%
 (ResNet-50 B=64: 21.3-34.7 ms over four processes; docs/results.md):
@@ -17,27 +17,17 @@ take turns in --rounds rounds of --iters iterations back to back, who goes first
 CUDA event after each iteration. Delegated layers therefore run the very plans torch's benchmark
 chose for torch's model.
 
---free L puts every copy under pressure, in one process: a child process
-first trains the same copies with no convolution workspace (every copy converted, WR at 0, no
-delegation) and takes torch's peak allocated bytes over a rotation of turns (every copy's
-parameters, gradients and optimizer state, one iteration's activations), then a blocker
-allocation leaves that plus L free before the copies are converted and warmed up. torch's
-benchmark mode then drops every plan whose workspace does not fit, and ucudnn plans under the same
-pressure. Every copy takes its share of the pressure (the allocator's blocks move between them):
---no-control leaves the control out where torch's own model cannot train beside three.
-
 Reported per network, precision and variant: the median ms per iteration over the rounds,
 torch/variant round by round (median, min, max), the median of the rounds' first iterations apart
 from the rest (a model that ran after another finds the caching allocator's blocks elsewhere:
 ucudnn's CUDA graphs, kept per set of addresses, may be captured anew), torch's peak allocated
-bytes during the variant's rounds (blocker excluded; every copy's persistent tensors included,
-the same for all) and the caching allocator's retries per iteration (each a device sync: memory
+bytes during the variant's rounds (every copy's persistent tensors included, the same for all) and the caching allocator's retries per iteration (each a device sync: memory
 pressure's cost to torch), and ucudnn's kernels (delegated, micro-batched) with its graph replays,
 captures and direct runs in the timed rounds. Results go to OUT/train_ab.json and OUT/train_ab.md
 after each network.
 
     PYTHONPATH=. python3 bench/train_ab.py --out OUT [--nets alexnet:256,resnet50:64]
-        [--precisions fp32,amp] [--limits 64MiB,4GiB,wd:64MiB] [--free 64MiB] [--rounds 9]
+        [--precisions fp32,amp] [--limits 64MiB,4GiB,wd:64MiB] [--rounds 9]
         [--iters 10] [--cache DB]
 """
 from __future__ import annotations
@@ -48,23 +38,21 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import (ALLOC_CONF, MiB, allocator_counts, block, build, child_env, condensed, cuda_mark,
-                          interleave, iteration_ms, outside_pool_bytes, program_counts, training_step)
+from bench.common import (MiB, allocator_counts, build, condensed, cuda_mark, first_line, interleave, iteration_ms,
+                          outside_pool_bytes, program_counts, training_step)
 
 
 class Watch:
-    """Per variant, per round: torch's peak allocated bytes while it ran (less `blocked`, the
-    blocker's) and the caching allocator's retries (each a device sync), read on the host right
+    """Per variant, per round: torch's peak allocated bytes while it ran and the caching allocator's retries (each a device sync), read on the host right
     after the round was queued (the allocator counts on the host)."""
 
-    def __init__(self, blocked: int = 0):
-        self.blocked, self.rounds = blocked, {}
+    def __init__(self):
+        self.rounds = {}
 
     def begin(self, name: str) -> None:
         import torch
@@ -78,7 +66,7 @@ class Watch:
 
         retries = allocator_counts()["num_alloc_retries"] - self._counts["num_alloc_retries"]
         self.rounds.setdefault(name, []).append(
-            dict(peak_mib=(torch.cuda.max_memory_allocated() - self.blocked) / MiB, retries=retries))
+            dict(peak_mib=torch.cuda.max_memory_allocated() / MiB, retries=retries))
 
 
 def ratios(torch_rounds: list[float], rounds: list[float]) -> dict[str, float]:
@@ -110,10 +98,8 @@ def summarise(net: str, batch: int, precision: str, iterations: dict[str, list[l
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
-    pressure = (f"Under pressure: free memory left at the copies' own peak + {meta['free']}"
-                if meta.get("free") else "Memory free")
     lines = [f"# torch and ucudnn.torch interleaved in one process ({meta['gpu']}, torch {meta['torch']})\n",
-             f"{pressure}; ms per iteration: median over {meta['rounds']} rotating rounds of {meta['iters']} "
+             "Memory free; ms per iteration: median over {meta['rounds']} rotating rounds of {meta['iters']} "
              "iterations (a round's mean); torch/variant per round; first / rest: median of the rounds' first "
              "iterations / of the others; peak: torch's allocated MiB during the variant's rounds (every copy's "
              "tensors); retries: the allocator's per iteration. `control` is torch's model again (A/A).\n",
@@ -182,10 +168,6 @@ def settle(steps: dict) -> None:
             step()
 
 
-def first_line(error: Exception) -> str:
-    return str(error).splitlines()[0][:300]
-
-
 def warm_up(steps: dict, iterations: int) -> tuple[dict[str, float], dict[str, str]]:
     """`iterations` of each copy in turn (torch's model first): its first loss, or, where it runs
     out of memory, why (that copy is left out from then on, the others go on)."""
@@ -219,50 +201,17 @@ def settled_copies(net: str, batch: int, precision: str, args) -> tuple[dict, di
     return models, steps, x
 
 
-def tensors_peak(net: str, batch: int, precision: str, args) -> int:
-    """torch's peak allocated bytes over a rotation of turns of every copy with no convolution
-    workspace (each converted, WR at 0, no delegation): what the copies' tensors take at most."""
-    import torch
-
-    models, steps, _ = settled_copies(net, batch, precision, args)
-    for m in models.values():
-        convert(m, dict(workspace_limit=0, delegate=False), precision == "amp", args.cache)
-    for _ in range(args.warmup):
-        for step in steps.values():
-            step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    interleave(steps, len(steps), 2, lambda: None)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated()
-
-
-def footprint(net: str, batch: int, precision: str, args) -> int:
-    """tensors_peak in a child process (this one's plan caches must not see a memory-free run)."""
-    result = Path(args.out) / f"footprint-{net}-{precision}.json"
-    command = [sys.executable, __file__, "--footprint-of-run", str(result), "--out", args.out,
-               "--nets", f"{net}:{batch}", "--precisions", precision, "--limits", args.limits,
-               "--warmup", str(args.warmup)] + (["--cache", args.cache] if args.cache else []) + (
-               [] if args.control else ["--no-control"])
-    subprocess.run(command, env=child_env(os.environ), check=True, timeout=300)
-    return json.loads(result.read_text())["peak_bytes"]
-
-
 def measure(net: str, batch: int, precision: str, args) -> dict:
     import torch
 
-    device = torch.device("cuda")
-    peak = footprint(net, batch, precision, args) if args.free else None
     models, steps, x = settled_copies(net, batch, precision, args)
     specs = args.limits.split(",")
-    pressure: dict = {}
-    blocker = block(device, peak, args.free_bytes, pressure) if args.free else None
     contexts = {f"ucudnn@{spec}": convert(models[f"ucudnn@{spec}"], convert_keywords(spec, x), precision == "amp",
                                           args.cache) for spec in specs}
     began = time.perf_counter()
     first_losses, failed = warm_up(steps, args.warmup)  # torch's model first
     if "torch" in failed:
-        raise RuntimeError(f"torch's own model failed under this pressure: {failed['torch']}")
+        raise RuntimeError(f"torch's own model failed: {failed['torch']}")
     for name in failed:
         del steps[name], models[name]
         contexts.pop(name, None)
@@ -271,7 +220,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
     warm_s = time.perf_counter() - began
 
     before = {name: program_counts(c) for name, c in contexts.items()}
-    watch = Watch(blocker.numel() if blocker is not None else 0)
+    watch = Watch()
     try:
         marks = interleave(steps, args.rounds, args.iters, cuda_mark, watch)
         torch.cuda.synchronize()
@@ -282,9 +231,9 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
         after, summaries[name] = program_counts(context), condensed(context.summary())
         notes[name] = kernels_note(summaries[name], {k: after[k] - before[name][k] for k in after})
     row = summarise(net, batch, precision, iteration_ms(marks), notes,
-                    dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries, pressure=pressure,
+                    dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries,
                          outside_pool_mib=outside_pool_bytes() / MiB, failed=failed), watch.rounds)
-    del models, steps, contexts, blocker
+    del models, steps, contexts
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return row
@@ -299,7 +248,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--precisions", default="fp32,amp")
     parser.add_argument("--limits", default="64MiB",
                         help="a converted copy for each: SIZE (WR per kernel), wd:SIZE or wd:auto (WD's total)")
-    parser.add_argument("--free", default=None, help="memory pressure: free memory left beyond the copies' own peak")
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="no A/A control copy (under tight pressure: one copy less to hold)")
     parser.add_argument("--rounds", type=int, default=9)
@@ -307,9 +255,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--cache", default=None, help="ucudnn's benchmark database")
     parser.add_argument("--deadline", type=float, default=540.0, help="seconds; no new network after it")
-    parser.add_argument("--footprint-of-run", default=None, help=argparse.SUPPRESS)  # child: write tensors_peak
     args = parser.parse_args(argv)
-    args.free_bytes = parse_size(args.free, "--free") if args.free else 0
     for spec in args.limits.split(","):  # a bad entry fails here, before any GPU work
         keywords = convert_keywords(spec, None)
         limit = keywords.get("workspace_limit", keywords.get("total_limit"))
@@ -355,20 +301,13 @@ def configs(nets: str, precisions: str) -> list[tuple[str, int, str]]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.free:  # before CUDA starts: torch's default segments fragment too much for any pressure (common.ALLOC_CONF)
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
     import torch
 
     torch.backends.cudnn.benchmark = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.footprint_of_run:
-        (net, batch, precision), = configs(args.nets, args.precisions)
-        peak = tensors_peak(net, batch, precision, args)
-        Path(args.footprint_of_run).write_text(json.dumps(dict(peak_bytes=peak)))
-        return
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                limits=args.limits, rounds=args.rounds, iters=args.iters, free=args.free,
+                limits=args.limits, rounds=args.rounds, iters=args.iters,
                 alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     measure_all(configs(args.nets, args.precisions), lambda *config: measure(*config, args), meta, out,
                 args.deadline)

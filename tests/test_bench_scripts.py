@@ -21,11 +21,11 @@ SCRIPTS = {
     "layers": ["--nets", "--limits", "--policies", "--execution", "--dtype", "--layout", "--no-overhead", "--cache"],
     "record": ["--out", "--specs", "--execution", "--backend"],
     "pressure": ["--models", "--limits", "--iters", "--need", "--profile-steady", "--variants", "--explain"],
-    "streams": ["--models", "--batches", "--streams", "--training", "--copies", "--layers", "--no-backward"],
+    "streams": ["--models", "--batches", "--streams", "--training", "--copies", "--no-backward"],
     "nd_layers": ["--limits", "--layers", "--deadline"],
-    "train_ab": ["--nets", "--precisions", "--limits", "--free", "--rounds", "--iters", "--no-control"],
+    "train_ab": ["--nets", "--precisions", "--limits", "--rounds", "--iters", "--no-control"],
     "zero_cost": ["--sections"],
-    "cold_models": ["--models", "--limits", "--timed", "--torch-runs", "--no-full", "--first-only"],
+    "cold_models": ["--models", "--limits", "--torch-runs", "--no-full"],
 }
 
 
@@ -53,12 +53,12 @@ def test_env_report_imports():
 
 def test_train_ab_and_cold_models_parse_what_the_suite_passes():
     ab = importlib.import_module("bench.train_ab")
-    args = ab.parse_args(["--out", "o", "--limits", "64MiB,wd:32MiB,wd:auto", "--free", "96MiB", "--rounds", "9"])
-    assert args.free_bytes == 96 * MiB and args.rounds == 9 and not ab.parse_args(["--out", "o", "--no-control"]).control
+    args = ab.parse_args(["--out", "o", "--limits", "64MiB,wd:32MiB,wd:auto", "--rounds", "9"])
+    assert args.rounds == 9 and not ab.parse_args(["--out", "o", "--no-control"]).control
     cold = importlib.import_module("bench.cold_models")
     args = cold.parse_args(["--out", "o", "--models", "alexnet", "--limits", "64MiB", "--no-full"])
     assert (args.models, args.limits, args.full) == ("alexnet", "64MiB", False)
-    assert cold.parse_args(["--out", "o", "--limits=", "--timed", "--torch-runs", "1"]).limits == ""
+    assert cold.parse_args(["--out", "o", "--limits=", "--torch-runs", "1"]).limits == ""
 
 
 # --- bench.common ------------------------------------------------------------------------------------

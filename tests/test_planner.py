@@ -389,22 +389,34 @@ def test_a_slice_of_planning_holds_one_planning_scope_around_its_kernels(tmp_pat
     assert framework.scopes == []
 
 
+def on_a_clock(tmp_path) -> tuple[NumpyArrays, Planner]:
+    """A framework whose marks read a fake clock (`now`, ms), and a planner with limits from the
+    memory timeline over it."""
+    framework = NumpyArrays(own_ms=0.0, free=64 * 2**20)
+    framework.now = 0.0
+    return framework, Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+
+
+def observed_call(plans, framework, site, forward_ms: float, backward_ms: float) -> None:
+    """One observed call of the site's layer on the fake clock: its forward takes `forward_ms`,
+    its backward kernels together `backward_ms` (as InStep's windows see them)."""
+    assert plans.route(site)  # its forward starts ...
+    framework.now += forward_ms
+    plans.observed_end(site, site.kinds[:1])  # ... and ends
+    plans.observe(site, site.kinds[1:])
+    framework.now += backward_ms
+    plans.observed_end(site, site.kinds[1:])
+
+
 def test_a_layer_s_own_kernels_are_reported_as_they_ran_in_its_observed_calls(tmp_path, rng):
     """While a layer waits for its plan, the time from each of its kernel groups' start to its end
     (the forward kernel; the backward kernels together) is marked in each observed call; the
     least per group is reported on each of its kinds, beside the timing on operands of its own.
     Each window's start holds the device first, so that it times the device, not the host."""
-    framework = NumpyArrays(own_ms=0.0, free=64 * 2**20)
-    framework.now = 0.0
-    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    framework, plans = on_a_clock(tmp_path)
     site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
     for forward_ms, backward_ms in ((3.0, 9.0), (2.0, 11.0)):
-        assert plans.route(site)  # its forward starts ...
-        framework.now += forward_ms
-        plans.observed_end(site, site.kinds[:1])  # ... and ends
-        plans.observe(site, site.kinds[1:])
-        framework.now += backward_ms
-        plans.observed_end(site, site.kinds[1:])
+        observed_call(plans, framework, site, forward_ms, backward_ms)
     plans.plan_pending()
     got = {k["kind"]: k["in_step_ms"] for k in plans.summary()["kernels"]}
     assert got == {"F": 2.0, "BD": 9.0, "BF": 9.0}
@@ -416,19 +428,12 @@ def test_layers_of_one_call_are_judged_on_the_least_window_any_of_them_took(tmp_
     a plan per problem), so a window that held a stall of the host is not the plan's time: r3d_18's
     first 64-channel layer took 0.97 ms a forward in its window, the next layer of the same shape
     0.41 ms, and 0.30 ms steady (docs/results.md, "Forty steps")."""
-    framework = NumpyArrays(own_ms=0.0, free=64 * 2**20)
-    framework.now = 0.0
-    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    framework, plans = on_a_clock(tmp_path)
     call = Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3)))
     first, second = Site(call), Site(call)
     for _ in range(RECORDED_CALLS):
         for site, forward_ms, backward_ms in ((first, 0.97, 0.63), (second, 0.41, 0.59)):
-            assert plans.route(site)
-            framework.now += forward_ms
-            plans.observed_end(site, site.kinds[:1])
-            plans.observe(site, site.kinds[1:])
-            framework.now += backward_ms
-            plans.observed_end(site, site.kinds[1:])
+            observed_call(plans, framework, site, forward_ms, backward_ms)
     plans.plan_pending()
     got = {k["kind"]: k["in_step_ms"] for k in plans.summary()["kernels"]}
     assert got == {"F": pytest.approx(0.41), "BD": pytest.approx(0.59), "BF": pytest.approx(0.59)}
@@ -440,17 +445,10 @@ def test_a_layer_slow_in_the_step_is_judged_on_that_across_slices_of_planning(tm
     cache settled for a slow plan at the kernel's moment: wav2vec2's last layer, 78 ms a backward
     in the step, 0.3 ms timed apart). The step's windows decide, also where the layer's sweep
     spans several slices of plan_pending, and nothing is timed apart."""
-    framework = NumpyArrays(own_ms=0.0, free=64 * 2**20)
-    framework.now = 0.0
-    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    framework, plans = on_a_clock(tmp_path)
     site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
     for _ in range(RECORDED_CALLS):
-        assert plans.route(site)
-        framework.now += 0.01
-        plans.observed_end(site, site.kinds[:1])
-        plans.observe(site, site.kinds[1:])
-        framework.now += 78.0
-        plans.observed_end(site, site.kinds[1:])
+        observed_call(plans, framework, site, 0.01, 78.0)
     slices = 1
     while plans.plan_pending(0.0):  # a slice runs out after each kernel planned
         slices += 1
@@ -494,3 +492,24 @@ def test_a_window_missing_a_mark_is_no_window():
     in_step.start((F,), 2.0)
     in_step.end((F,), 2.5)
     assert in_step.ms(lambda a, b: b - a) == {(F,): 0.5}
+
+
+def test_where_the_time_goes_reads_the_summary_kernel_by_kernel(tmp_path, rng):
+    """ucudnn.reports.kernels: a row per kernel of the planner's summary with its room, limit,
+    plan and the framework's own time, and the plot of them, from the summary as it is."""
+    from ucudnn.reports import kernels
+
+    framework, plans = on_a_clock(tmp_path)
+    site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
+    for _ in range(RECORDED_CALLS):
+        observed_call(plans, framework, site, 5.0, 9.0)
+    plans.plan_pending()
+    summary = plans.summary()
+    rows = kernels.table(summary).splitlines()
+    assert rows[0].startswith("| kind | kernel | room MiB | limit MiB | ucudnn plan |")
+    body = [r for r in rows[2:] if r.startswith("| ")]
+    assert [r.split(" | ")[0] for r in body] == ["| F", "| BD", "| BF"]
+    assert all(" | ucudnn | -" in r for r in body)  # runs ucudnn's plans; no flushes counted
+    pytest.importorskip("matplotlib")
+    kernels.plot_kernels(summary, tmp_path / "kernels.png", "a layer")
+    assert (tmp_path / "kernels.png").stat().st_size > 0

@@ -25,7 +25,7 @@ OTHERS = "others"
 ROTATED_BARS = 10  # a panel of more bars than this names them vertically  # the part of a stacked bar that sums the smaller ones: "12 others"
 
 
-def _figure(**options) -> Figure:
+def new_figure(**options) -> Figure:
     """A new matplotlib Figure, outside pyplot; ConfigError saying how to install matplotlib."""
     try:
         from matplotlib.figure import Figure
@@ -36,7 +36,7 @@ def _figure(**options) -> Figure:
 
 def check_plot_path(path: str | Path) -> None:
     """A ConfigError, before any planning, for a file name whose extension matplotlib cannot write."""
-    _figure()
+    new_figure()
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = FigureCanvasBase.get_supported_filetypes()
@@ -51,7 +51,7 @@ def _titled(title: str, what: str) -> str:
     return f"{title}: {what}" if title else what
 
 
-def _saved(figure: Figure, path: str | Path | None) -> Figure:
+def saved(figure: Figure, path: str | Path | None) -> Figure:
     """`figure`, written to `path` first unless that is None."""
     if path is None:
         return figure
@@ -182,7 +182,7 @@ def plot_report(report: Report, row: KernelReport, front: list[Configuration], p
     (`front`: its desirable set) with its candidates named below it, per-layer times and, for WD,
     the workspace division."""
     legend_inches = _legend_inches(front)
-    figure = _figure(figsize=(14, 9 + legend_inches))
+    figure = new_figure(figsize=(14, 9 + legend_inches))
     grid = figure.add_gridspec(3, 2, height_ratios=(4.5, legend_inches, 4.5))
     draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, :]),
                row, front, report.limit)
@@ -192,7 +192,7 @@ def plot_report(report: Report, row: KernelReport, front: list[Configuration], p
     else:
         draw_layer_times(figure.add_subplot(grid[2, :]), report)
     figure.suptitle(title)
-    return _saved(figure, path)
+    return saved(figure, path)
 
 
 def _legend_inches(configurations: list[Configuration]) -> float:
@@ -206,12 +206,12 @@ def plot_front(row: KernelReport, front: list[Configuration], limit: int, path: 
     """Fig. 8 alone, saved to `path` unless None: `row`'s desirable configurations `front` within
     `limit` bytes, its plan starred, each one's micro-batches, the candidates named below."""
     legend_inches, height = _legend_inches(front), max(4.5, 0.16 * len(front))  # a readable label per configuration
-    figure = _figure(figsize=(14, height + legend_inches))
+    figure = new_figure(figsize=(14, height + legend_inches))
     grid = figure.add_gridspec(2, 2, height_ratios=(height, legend_inches))
     draw_front(figure.add_subplot(grid[0, 0]), figure.add_subplot(grid[0, 1]), figure.add_subplot(grid[1, :]),
                row, front, limit)
     figure.suptitle(title)
-    return _saved(figure, path)
+    return saved(figure, path)
 
 
 def plot_configurations(configurations: dict[str, Configuration], path: str | Path | None = None,
@@ -219,7 +219,7 @@ def plot_configurations(configurations: dict[str, Configuration], path: str | Pa
     """Fig. 9, saved to `path` unless None: a row per named configuration, a box per micro-batch
     as wide as its measured time and labelled with its samples, coloured by candidate."""
     legend_inches = _legend_inches(list(configurations.values()))
-    figure = _figure(figsize=(12, 1.5 + 0.6 * len(configurations) + legend_inches))
+    figure = new_figure(figsize=(12, 1.5 + 0.6 * len(configurations) + legend_inches))
     grid = figure.add_gridspec(2, 1, height_ratios=(1 + 0.6 * len(configurations), legend_inches))
     ax, legend_ax = figure.add_subplot(grid[0]), figure.add_subplot(grid[1])
     candidates = _draw_parts(ax, list(configurations.values()), width=lambda m: m.time_ms, sizes=True)
@@ -229,7 +229,7 @@ def plot_configurations(configurations: dict[str, Configuration], path: str | Pa
     legend_ax.axis("off")
     legend_ax.legend(handles=candidates, loc="upper center", ncol=LEGEND_COLUMNS, fontsize="small",
                      title="candidates", title_fontsize="small")
-    return _saved(figure, path)
+    return saved(figure, path)
 
 
 def plot_stacked(panels: dict[str, dict[str, dict[str, float]]], unit: str, path: str | Path | None = None,
@@ -238,7 +238,7 @@ def plot_stacked(panels: dict[str, dict[str, dict[str, float]]], unit: str, path
     None: in each panel a bar per entry, stacked by its parts (every bar of a panel has the same
     parts), as the per-layer times of `ucudnn optimize --plot` are."""
     widest = max(len(bars) for bars in panels.values())
-    figure = _figure(figsize=(max(8.0, 1.0 + 0.8 * widest), 0.5 + 5.0 * len(panels)))
+    figure = new_figure(figsize=(max(8.0, 1.0 + 0.8 * widest), 0.5 + 5.0 * len(panels)))
     for ax, (name, bars) in zip(figure.subplots(len(panels), 1, squeeze=False)[:, 0], panels.items()):
         _stacked(ax, bars, unit)
         ax.set_title(name)
@@ -246,14 +246,14 @@ def plot_stacked(panels: dict[str, dict[str, dict[str, float]]], unit: str, path
             ax.tick_params(axis="x", labelrotation=90)
             ax.legend(fontsize="small", ncol=STACKED_COLUMNS, loc="upper right")
     figure.suptitle(title)
-    return _saved(figure, path)
+    return saved(figure, path)
 
 
 def plot_division(result, path: str | Path | None = None, title: str = "") -> Figure:
     """Fig. 14 from a WDResult, saved to `path` unless None: each kernel's segment of the
     network's workspace buffer, as a bar from its offset to its end, labelled with its configuration."""
     names = list(result.segments)
-    figure = _figure(figsize=(12, 1.5 + 0.3 * len(names)))
+    figure = new_figure(figsize=(12, 1.5 + 0.3 * len(names)))
     ax = figure.subplots()
     segments = [result.segments[n] for n in names]
     ax.barh(range(len(names)), [s.size / MIB for s in segments], left=[s.offset / MIB for s in segments],
@@ -266,7 +266,7 @@ def plot_division(result, path: str | Path | None = None, title: str = "") -> Fi
     ax.set(xlabel="offset in the workspace buffer (MiB)",
            xlim=(0, max(result.total_workspace / MIB, 1e-3) * 1.25),
            title=_titled(title, f"{format_size(result.total_workspace)} in {len(names)} segments"))
-    return _saved(figure, path)
+    return saved(figure, path)
 
 
 def plot_schedule(plan, path: str | Path | None = None, title: str = "") -> Figure:
@@ -274,7 +274,7 @@ def plot_schedule(plan, path: str | Path | None = None, title: str = "") -> Figu
     a row per stream, a bar per node from its predicted start to its end, the critical path's
     nodes outlined."""
     critical = set(plan.critical_path)
-    figure = _figure(figsize=(12, 1.5 + 0.5 * plan.streams))
+    figure = new_figure(figsize=(12, 1.5 + 0.5 * plan.streams))
     ax = figure.subplots()
     for stream, names in plan.order.items():
         for i, name in enumerate(names):
@@ -286,4 +286,4 @@ def plot_schedule(plan, path: str | Path | None = None, title: str = "") -> Figu
     ax.invert_yaxis()
     ax.set(xlabel="predicted time (ms)", title=_titled(title, f"{plan.makespan_ms:.3f} ms on {plan.streams} "
                                                        f"streams (critical path {plan.critical_ms:.3f} ms, outlined)"))
-    return _saved(figure, path)
+    return saved(figure, path)
