@@ -114,7 +114,7 @@ import matplotlib
 matplotlib.use("svg")
 from matplotlib.figure import Figure
 from test_wd import MiB, Measured, _table, wd
-from ucudnn import plots
+from ucudnn.reports import plots
 result = wd([Measured("small", _table(MiB), 4), Measured("big", _table(MiB, scale=10), 4)], (1, 2, 4), 6 * MiB)
 assert isinstance(plots.plot_division(result, title="test"), Figure)
 assert isinstance(plots.plot_division(result, {str(tmp_path / "d.png")!r}, "test"), Figure)
