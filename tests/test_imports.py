@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "ucudnn"
 
 
@@ -128,3 +130,61 @@ def test_every_layer_is_a_package_with_its_rule():
     for name in LAYERS:
         doc = (PACKAGE / name / "__init__.py").read_text(encoding="utf-8")
         assert "May import:" in doc, name
+
+
+def calls_up_to_the_tables(argv: list[str]) -> tuple[list[str], set[str]]:
+    """`ucudnn` run with `argv` until plan.sources.tables_for returns (its arguments followed to
+    the tables): each first call from a ucudnn module into one that imports it, transitively (a
+    call back up the import graph: a callback), and the modules entered."""
+    import contextlib
+    import io
+    import sys
+
+    import ucudnn.plan.sources as sources
+    from ucudnn.cli import main
+
+    graph = import_graph()
+
+    def below(module: str, seen: set[str]) -> set[str]:
+        for target in graph.get(module, ()):
+            if target not in seen:
+                seen.add(target)
+                below(target, seen)
+        return seen
+    imported = {module: below(module, set()) for module in graph}
+    up, entered, seen, done = [], set(), set(), []
+
+    def profile(frame, event, arg):
+        module = frame.f_globals.get("__name__", "")
+        if done or not module.startswith("ucudnn"):
+            return
+        if event == "return" and frame.f_code is sources.tables_for.__code__:
+            done.append(True)
+        if event != "call" or frame.f_code in seen:
+            return
+        seen.add(frame.f_code)
+        entered.add(module)
+        caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
+        if caller in imported.get(module, ()):
+            up.append(f"{caller} -> {module}.{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(argv)
+    finally:
+        sys.setprofile(None)
+    return up, entered
+
+
+def test_optimize_s_arguments_reach_the_tables_calling_back_up_at_most_four_times():
+    """One place decides where measurements come from (plan.sources) and the rest receives what it
+    opened: lower layers call back up only through what they are handed (docs/architecture.md)."""
+    from ucudnn.measure.cache import recorded_path
+
+    if recorded_path() is None:
+        pytest.skip("no recorded measurements are shipped in cache/ yet")
+    up, entered = calls_up_to_the_tables(["optimize", "--net", "alexnet", "--batch", "256", "--workspace", "64MiB"])
+    assert len(up) <= 4, up
+    assert "ucudnn.measure.benchmark -> ucudnn.plan.sources.<lambda>" in up  # the sizes a policy times, handed down
+    assert "ucudnn.plan.sources" in entered and len(entered) < 30, sorted(entered)
