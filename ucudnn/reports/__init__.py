@@ -1,4 +1,5 @@
-"""Reports of plans for people: tables (report), plots, and what the measurements cover.
+"""Reports of plans for people: tables (report), plots, what the measurements cover (coverage),
+and where a converted model's time goes, kernel by kernel (kernels).
 
 May import: core, optimizers, execute, measure, plan (docs/architecture.md; tests/test_imports.py
 checks)."""
