@@ -291,8 +291,7 @@ def child(args) -> dict:
         for s in steps.values():
             s()
         out["steady"] = steady(steps, args.rounds, args.iters)
-        out["host_profile"] = {n: host_profile(lambda s=steps[n]: [s() for _ in range(args.iters)], 1, 15, ("tottime",))[1]
-                               for n in ("ucudnn", "torch")}
+        out["host_profile"] = {n: host_profile(steps[n], args.iters, 15, ("tottime",))[1] for n in ("ucudnn", "torch")}
     return out
 
 

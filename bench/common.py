@@ -141,15 +141,6 @@ def allocator_counts() -> dict[str, int]:
     return {key: stats.get(key, 0) for key in ALLOCATOR_COUNTERS}
 
 
-def outside_pool_bytes(device=None) -> int:
-    """Device memory in use outside torch's caching allocator (CUDA context, cuDNN handles and
-    code, CuPy, CUDA graphs): total - free - torch's reserved bytes (a blocker is torch's)."""
-    import torch
-
-    free, total = torch.cuda.mem_get_info(device)
-    return total - free - torch.cuda.memory_reserved(device)
-
-
 # --- timing: variants in turns -------------------------------------------------------------------------
 
 def turns(names: list[str], rounds: int) -> Iterator[str]:

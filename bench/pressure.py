@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import ALLOC_CONF, MiB, child_env, first_line, host_profile, outside_pool_bytes
+from bench.common import ALLOC_CONF, MiB, child_env, first_line, host_profile
 from ucudnn.reports import kernels
 
 STEADY = 8  # the last iterations whose median is the steady time
@@ -155,11 +155,12 @@ def run_need(args) -> dict:
     import torch
 
     import ucudnn.torch as ut
+    from ucudnn.integrations.torch import TorchFramework as Torch
 
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     torch.empty(1, device=device)
-    start_outside = outside_pool_bytes(device)
+    start_outside = Torch.outside_bytes(device)
     model, x, amp = build(args.model, device)
     # undivided: at zero workspace micro-batching changes no tensor, and a sweep of one size is the
     # cheapest (every size of efficientnet_b0's 243 kernels took over 300 s)
@@ -174,7 +175,7 @@ def run_need(args) -> dict:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    peak, held = torch.cuda.max_memory_allocated(device), outside_pool_bytes(device) - start_outside
+    peak, held = torch.cuda.max_memory_allocated(device), Torch.outside_bytes(device) - start_outside
     return dict(peak_mib=peak / MiB, outside_mib=held / MiB, need=peak + held)
 
 
@@ -206,11 +207,11 @@ def run_variant(args) -> dict:
         torch.cuda.synchronize()
         host.append(time.perf_counter() - began)
         events.append(pair)
-        outside_mib.append(outside_pool_bytes(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
+        outside_mib.append(Torch.outside_bytes(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
         retries.append(Torch.flushes(device))
     ms = [a.elapsed_time(b) for a, b in events]
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
-                  peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=outside_pool_bytes(device) / MiB,
+                  peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=Torch.outside_bytes(device) / MiB,
                   retries=Torch.flushes(device), outside_by_iteration=outside_mib,
                   retries_by_iteration=retries,
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (MiB, allocator_counts, build, condensed, cuda_mark, first_line, interleave, iteration_ms,
-                          outside_pool_bytes, program_counts, training_step)
+                          program_counts, training_step)
 
 
 class Watch:
@@ -204,6 +204,8 @@ def settled_copies(net: str, batch: int, precision: str, args) -> tuple[dict, di
 def measure(net: str, batch: int, precision: str, args) -> dict:
     import torch
 
+    from ucudnn.integrations.torch import TorchFramework
+
     models, steps, x = settled_copies(net, batch, precision, args)
     specs = args.limits.split(",")
     contexts = {f"ucudnn@{spec}": convert(models[f"ucudnn@{spec}"], convert_keywords(spec, x), precision == "amp",
@@ -232,7 +234,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
         notes[name] = kernels_note(summaries[name], {k: after[k] - before[name][k] for k in after})
     row = summarise(net, batch, precision, iteration_ms(marks), notes,
                     dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries,
-                         outside_pool_mib=outside_pool_bytes() / MiB, failed=failed), watch.rounds)
+                         outside_pool_mib=TorchFramework.outside_bytes() / MiB, failed=failed), watch.rounds)
     del models, steps, contexts
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

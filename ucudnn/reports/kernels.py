@@ -8,12 +8,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from .plots import new_figure, saved
+from .plots import MIB, new_figure, saved
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-MIB = 2**20
 COLUMNS = ("kind", "kernel", "room MiB", "limit MiB", "ucudnn plan", "workspace MiB", "predicted ms", "torch ms",
            "torch in the step ms", "cuDNN's favourite ms", "torch workspace MiB", "runs", "flushes a step")
 

@@ -281,7 +281,8 @@ class TorchFramework:
         cached = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
         return torch.cuda.mem_get_info(device)[0] + cached - stats["inactive_split_bytes.all.current"]
 
-    def outside_bytes(self, device: torch.device) -> int:
+    @staticmethod
+    def outside_bytes(device: torch.device | None = None) -> int:
         """What the process holds on the device beyond torch's pool (CUDA's context, kernels'
         code as it is loaded, libraries' handles and buffers): one cudaMemGetInfo, no sync."""
         free, total = torch.cuda.mem_get_info(device)
