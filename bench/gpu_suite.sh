@@ -2,7 +2,7 @@
 # Every GPU test and benchmark of ucudnn in one call on the device machine; results under $OUT.
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new record-direct
 #                                          layers-alexnet layers-alexnet64 layers-resnet50 layers-fp16
-#                                          layers-direct paper coldstart zerocost zerocost-ddp tables
+#                                          layers-direct paper paper-bench coldstart zerocost zerocost-ddp tables
 #                                          trainab coldmodels ndlayers streams pressure
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
@@ -71,9 +71,23 @@ for stage in "${stages[@]}"; do
     # database lacks: PAPER_SEED (one an earlier call brought back, carried), else a copy of the shipped
     # recording. It comes back as paper-measured.db: each measurement is committed as it is taken, so a call
     # cut off by its timeout leaves the next one less to measure
+    # With PAPER_NO_MEASURE=1 nothing is measured: the figures plan from what the database holds (paper-bench
+    # filled it, on every GPU at once) and name what it lacks
     paper) [ -f /tmp/paper-cache.db ] || cp "${PAPER_SEED:-$(ls cache/*.db | tail -n 1)}" /tmp/paper-cache.db
            for figure in ${PAPER_FIGURES:-1 9 10 11 12 13}; do
-             run "paper-$figure" python3 -m ucudnn paper "$figure" --execute --out "$OUT/paper" --cache /tmp/paper-cache.db
+             run "paper-$figure" python3 -m ucudnn paper "$figure" --execute ${PAPER_NO_MEASURE:+--no-measure} \
+               --out "$OUT/paper" --cache /tmp/paper-cache.db
+           done
+           [ -n "${PAPER_NO_MEASURE:-}" ] || cp /tmp/paper-cache.db "$OUT/paper-measured.db" ;;
+    # what the paper's figures plan from, measured on every GPU of the machine at once (`ucudnn bench
+    # --devices`) into /tmp/paper-cache.db (PAPER_SEED if given, else empty), brought back as paper-measured.db;
+    # PAPER_BENCH: NET:BATCH:POLICY ... (default: what Figs. 10-13 plan)
+    paper-bench) [ -f /tmp/paper-cache.db ] || [ -z "${PAPER_SEED:-}" ] || cp "$PAPER_SEED" /tmp/paper-cache.db
+           devices=$(python3 -c "import torch; print(','.join(map(str, range(torch.cuda.device_count()))))")
+           for spec in ${PAPER_BENCH:-alexnet:256:all resnet18:128:powerOfTwo resnet50:32:all resnet50:64:powerOfTwo densenet40:256:powerOfTwo}; do
+             IFS=: read -r net batch policy <<< "$spec"
+             run "paper-bench-$net-$batch-$policy" python3 -m ucudnn bench --net "$net" --batch "$batch" --policy "$policy" \
+               --devices "$devices" --cache /tmp/paper-cache.db
            done
            cp /tmp/paper-cache.db "$OUT/paper-measured.db" ;;
     # torch and ucudnn.torch trained in turns in one process, memory free, with an A/A control (TRAINAB_ARGS);

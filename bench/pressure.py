@@ -17,7 +17,7 @@ SGD and, for AMP, a gradient scaler):
    prints ucudnn.reports.kernels' table of what each kernel's moment left and what ran there.
 
     PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,r3d_18:128MiB+512MiB,...]
-        [--limits 64MiB,512MiB] [--iters 40] [--need MODEL=BYTES,...] [--variants ...] [--explain]
+        [--limits 64MiB,512MiB] [--iters 40] [--rounds 1] [--need MODEL=BYTES,...] [--variants ...] [--explain]
 
 Writes OUT/pressure.json (every process's result) and OUT/pressure.md (the table) after each model.
 """
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import ALLOC_CONF, MiB, child_env, first_line, host_profile
+from bench.common import ALLOC_CONF, MiB, child_env, first_line, host_profile, turns
 from ucudnn.reports import kernels
 
 STEADY = 8  # the last iterations whose median is the steady time
@@ -89,7 +89,7 @@ def loss_of(out):
     out = list(out.values()) if isinstance(out, dict) else out
     if isinstance(out, (tuple, list)):
         return sum(loss_of(o) for o in out if not torch.is_tensor(o) or o.is_floating_point())
-    return out.float().pow(2).mean()
+    return out.to(torch.promote_types(out.dtype, torch.float32)).pow(2).mean()  # float64 stays float64
 
 
 def forward(model, x, name: str):
@@ -112,16 +112,16 @@ def trainer(model, x, name: str, amp: bool):
     return step
 
 
-def gradients(model, x, name: str, amp: bool):
-    """One step's parameter gradients as one float64 vector (loss scaled by 1024 under AMP, as a
-    gradient scaler would, so that fp16 gradients do not vanish), with the random generators
+def gradients(model, x, name: str, amp: bool, scale: float = 1.0):
+    """One step's parameter gradients as one float64 vector (loss times `scale`: 1024 under AMP, as
+    a gradient scaler would, so that fp16 gradients do not vanish), with the random generators
     seeded first, so that dropout draws the same masks each time."""
     import torch
 
     torch.manual_seed(1)
     model.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-        loss = loss_of(forward(model, x, name)) * (1024.0 if amp else 1.0)
+        loss = loss_of(forward(model, x, name)) * scale
     loss.backward()
     grads = [p.grad.detach().double().flatten().cpu() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
@@ -234,12 +234,6 @@ def run_variant(args) -> dict:
             result["profile"] = top_kernels(step)
         except torch.cuda.OutOfMemoryError as exc:  # the profiler's own device buffers come from the headroom
             result["profile_error"] = first_line(exc)
-    PHASE[0] = "gradient check"
-    if args.variant in UCUDNN_VARIANTS or args.variant == "control":
-        try:
-            result.update(gradient_check(model, x, args, amp))
-        except torch.cuda.OutOfMemoryError as exc:  # the check's extra pass, not the training step
-            result["gradient_error"] = first_line(exc)
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
         from ucudnn.integrations.torch.layers import Converted
@@ -249,6 +243,18 @@ def run_variant(args) -> dict:
                       planning_s=summary["planning_s"], pending=summary["pending"],
                       flush_watch=summary.get("flush_watch"),
                       converted=sum(isinstance(m, Converted) for m in model.modules()))
+    PHASE[0] = "gradient check"
+    if args.variant in UCUDNN_VARIANTS or args.variant == "control":
+        held = [wall]
+        del wall
+
+        def release():
+            held.clear()
+            torch.cuda.empty_cache()
+        try:
+            result.update(gradient_check(model, x, args, amp, release))
+        except torch.cuda.OutOfMemoryError as exc:  # the check's extra passes, not the training step
+            result["gradient_error"] = first_line(exc)
     return result
 
 
@@ -329,26 +335,39 @@ def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
                               for e in ops[:top]])
 
 
-def gradient_check(model, x, args, amp: bool) -> dict:
-    """The relative difference of one step's gradients through the model as it runs and through
-    torch's own layers (same weights, same batch); for `control`, torch's against itself."""
+def gradient_check(model, x, args, amp: bool, release) -> dict:
+    """One step's gradients through the model as it runs (`mine`) and through torch's own layers
+    (`theirs`; same weights, same batch; for `control`, torch's against itself): their relative
+    difference, and each one's relative error against the same step in float64 through torch's
+    layers, taken after `release()` has given the blocker back (float64 needs the room). That
+    error is what decides: a difference between two fp16 runs shows only that they differ."""
+
+    scale = 1024.0 if amp else 1.0
+    mine = gradients(model, x, args.model, amp, scale)
+    swapped = as_torch(model)
+    theirs = gradients(model, x, args.model, amp, scale)
+    result = dict(gradient_rel=rel(mine, theirs))
+    release()
+    model.double()  # the process's last use of the model: its classes stay torch's
+    exact = gradients(model, x.double(), args.model, False, scale)
+    for m, cls in swapped:
+        m.__class__ = cls
+    return dict(result, gradient_fp64_rel=rel(mine, exact), torch_fp64_rel=rel(theirs, exact))
+
+
+def rel(got, want) -> float:
+    """||got - want|| / ||want||."""
     import torch
 
-    mine = gradients(model, x, args.model, amp)
-    swapped = as_torch(model)
-    try:
-        theirs = gradients(model, x, args.model, amp)
-    finally:
-        for m, cls in swapped:
-            m.__class__ = cls
-    return dict(gradient_rel=(torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs)).item())
+    return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
 
 
 # --- the parent ----------------------------------------------------------------------------------
 
-def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 300, cache: str = "") -> dict:
+def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 300, cache: str = "",
+          round_index: int = 0) -> dict:
     """One fresh process; its result, or what went wrong (out of memory included)."""
-    out = Path(args.out) / f"pressure-{args.model_now}-{variant}-{limit // MiB}.json"
+    out = Path(args.out) / f"pressure-{args.model_now}-{variant}-{limit // MiB}{f'-r{round_index}' if round_index else ''}.json"
     out.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
                "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
@@ -364,29 +383,48 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
     if done.returncode or not row:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         row["error"] = row.get("error") or " | ".join(tail) or f"exit {done.returncode}"
-    return dict(row, variant=variant, limit_mib=limit / MiB, wall_s=time.perf_counter() - began)
+    return dict(row, variant=variant, limit_mib=limit / MiB, wall_s=time.perf_counter() - began, round=round_index)
 
 
 def table(rows: list[dict]) -> str:
-    """The Markdown table: per model and L, steady ms of each variant and ucudnn's ratios."""
+    """The Markdown table: per model and L, each variant's steady ms (the median over its rounds,
+    their range beside it) and ucudnn's ratios of those medians."""
     lines = ["| model | L | torch free | torch | control (A/A) | ucudnn | wd auto | torch / ucudnn | "
-             "torch / free | all steps' host s: torch, ucudnn | grad rel (ucudnn, A/A) |", "|" + "---|" * 11]
-    by = {(r["model"], r["limit_mib"], r["variant"]): r for r in rows}
+             "torch / free | all steps' host s: torch, ucudnn | grad rel (ucudnn, A/A) | "
+             "grad rel to float64 (ucudnn, torch) |", "|" + "---|" * 12]
+    by: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by.setdefault((r["model"], r["limit_mib"], r["variant"]), []).append(r)
 
-    def ms(r):
-        return "-" if r is None else r.get("error", "")[:60] if "error" in r else f"{r['steady_ms']:.1f}"
+    def ok(rs):
+        return [r for r in rs or () if "error" not in r]
+
+    def steady(rs):
+        return statistics.median(r["steady_ms"] for r in ok(rs))
+
+    def ms(rs):
+        if not rs:
+            return "-"
+        if not ok(rs):
+            return rs[0]["error"][:60]
+        times, failed = sorted(r["steady_ms"] for r in ok(rs)), [r["error"] for r in rs if "error" in r]
+        spread = f" ({times[0]:.1f}-{times[-1]:.1f}, {len(times)} runs)" if len(times) > 1 else ""
+        failures = f"; {len(failed)} failed: {failed[0][:40]}" if failed else ""  # never hidden by the median
+        return f"{steady(rs):.1f}{spread}{failures}"
+
+    def of(rs, key):
+        return next((r[key] for r in ok(rs) if key in r), math.nan)
     for model in dict.fromkeys(r["model"] for r in rows):
         free = by.get((model, 0.0, "free"))
         for limit in sorted({r["limit_mib"] for r in rows if r["model"] == model and r["limit_mib"]}):
             t, c, u, w = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd"))
-            ok = lambda r: r is not None and "error" not in r  # noqa: E731
-            ratio = f"{t['steady_ms'] / u['steady_ms']:.2f}x" if ok(t) and ok(u) else "-"
-            loss = f"{t['steady_ms'] / free['steady_ms']:.2f}x" if ok(t) and ok(free) else "-"
-            first = f"{t['first_s']:.1f}, {u['first_s']:.1f}" if ok(t) and ok(u) else "-"
-            grads = (f"{u.get('gradient_rel', math.nan):.1e}, {c.get('gradient_rel', math.nan):.1e}"
-                     if ok(u) and ok(c) else "-")
+            ratio = f"{steady(t) / steady(u):.2f}x" if ok(t) and ok(u) else "-"
+            loss = f"{steady(t) / steady(free):.2f}x" if ok(t) and ok(free) else "-"
+            first = f"{of(t, 'first_s'):.1f}, {of(u, 'first_s'):.1f}" if ok(t) and ok(u) else "-"
+            grads = f"{of(u, 'gradient_rel'):.1e}, {of(c, 'gradient_rel'):.1e}" if ok(u) and ok(c) else "-"
+            exact = f"{of(u, 'gradient_fp64_rel'):.1e}, {of(u, 'torch_fp64_rel'):.1e}" if ok(u) else "-"
             lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
-                         f"{ratio} | {loss} | {first} | {grads} |")
+                         f"{ratio} | {loss} | {first} | {grads} | {exact} |")
     return "\n".join(lines)
 
 
@@ -405,6 +443,20 @@ def flush_lines(row: dict) -> str:
                      f"at {' < '.join(f['where']) or '?'}" for f in row.get("flush_trace", []))
 
 
+def runs(variants: list[str], limits: list[int], rounds: int) -> list[tuple[str, int, int]]:
+    """(variant, limit, round) of each process, in order: `free` once; at each limit, the variants
+    in `rounds` rounds taking turns (bench.common.turns: torch's step under a blocker is bistable,
+    and a later process may meet a warmer machine), `control` and `wd` at the first limit only."""
+    plan = [("free", 0, 0)] if "free" in variants else []
+    for limit in limits:
+        these = [v for v in variants if v != "free" and not (v in ("control", "wd") and limit != limits[0])]
+        done = {v: 0 for v in these}
+        for v in turns(these, rounds):
+            plan.append((v, limit, done[v]))
+            done[v] += 1
+    return plan
+
+
 def parent(args) -> None:
     rows, out = [], Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -415,20 +467,20 @@ def parent(args) -> None:
         if time.perf_counter() > deadline:
             rows.append(dict(model=model, variant="need", limit_mib=0, error="deadline"))
             continue
-        Path(args.cache).unlink(missing_ok=True)  # every model's ucudnn plans from a cold database
+        caches = [args.cache] + [f"{args.cache}.r{r}" for r in range(1, args.rounds)]  # a round each
+        for cache in caches:
+            Path(cache).unlink(missing_ok=True)  # every ucudnn process plans from a cold database
         need = dict(need=args.need_of[model], given=True, variant="need", limit_mib=0.0) if model in args.need_of else \
             child(args, "need", cache=args.cache + ".need")
         rows.append(dict(need, model=model))
         print(f"{model}: need {need}", flush=True)
         if "error" in need:
             continue
-        plan = [("free", 0)] if "free" in variants else []
-        for limit in limits:
-            plan += [(v, limit) for v in variants if v != "free" and not (v in ("control", "wd") and limit != limits[0])]
-        for variant, limit in plan:
+        for variant, limit, round_index in runs(variants, limits, args.rounds):
             if time.perf_counter() > deadline:
                 break
-            row = dict(child(args, variant, limit, need["need"]), model=model)
+            row = dict(child(args, variant, limit, need["need"], cache=caches[round_index], round_index=round_index),
+                       model=model)
             rows.append(row)
             brief = row.get("error") or f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s, free at the end {row.get('free_at_end_mib', 0):.0f} MiB"
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
@@ -455,6 +507,8 @@ def main(argv=None) -> None:
     p.add_argument("--variants", default="free,torch,control,ucudnn,wd")
     p.add_argument("--iters", type=int, default=40,
                    help="steps a variant runs: wav2vec2 at 64 MiB settled after 30 (docs/results.md, \"Forty steps\")")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="processes of each variant at each limit, taking turns; the table gives their median")
     p.add_argument("--cache", default="/tmp/pressure-cache.db")
     p.add_argument("--deadline", type=float, default=3000)
     p.add_argument("--explain", action="store_true", help="print each ucudnn variant's kernels")

@@ -20,7 +20,7 @@ MiB = 2**20
 SCRIPTS = {
     "layers": ["--nets", "--limits", "--policies", "--execution", "--dtype", "--layout", "--no-overhead", "--cache"],
     "record": ["--out", "--specs", "--execution", "--backend"],
-    "pressure": ["--models", "--limits", "--iters", "--need", "--profile-steady", "--variants", "--explain"],
+    "pressure": ["--models", "--limits", "--iters", "--rounds", "--need", "--profile-steady", "--variants", "--explain"],
     "streams": ["--models", "--batches", "--streams", "--training", "--copies", "--no-backward"],
     "nd_layers": ["--limits", "--layers", "--deadline"],
     "train_ab": ["--nets", "--precisions", "--limits", "--rounds", "--iters", "--no-control"],
@@ -59,6 +59,22 @@ def test_train_ab_and_cold_models_parse_what_the_suite_passes():
     args = cold.parse_args(["--out", "o", "--models", "alexnet", "--limits", "64MiB", "--no-full"])
     assert (args.models, args.limits, args.full) == ("alexnet", "64MiB", False)
     assert cold.parse_args(["--out", "o", "--limits=", "--torch-runs", "1"]).limits == ""
+
+
+def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds():
+    pressure = importlib.import_module("bench.pressure")
+    plan = pressure.runs(["free", "torch", "control", "ucudnn"], [64 * MiB, 512 * MiB], 2)
+    assert plan == [("free", 0, 0),
+                    ("torch", 64 * MiB, 0), ("control", 64 * MiB, 0), ("ucudnn", 64 * MiB, 0),
+                    ("control", 64 * MiB, 1), ("ucudnn", 64 * MiB, 1), ("torch", 64 * MiB, 1),
+                    ("torch", 512 * MiB, 0), ("ucudnn", 512 * MiB, 0), ("ucudnn", 512 * MiB, 1), ("torch", 512 * MiB, 1)]
+    row = dict(model="m", limit_mib=64.0, first_s=1.0, gradient_rel=0.0, gradient_fp64_rel=2e-3, torch_fp64_rel=1e-3)
+    rows = [dict(row, variant="torch", steady_ms=ms) for ms in (10.0, 30.0, 14.0)]
+    rows += [dict(row, variant="ucudnn", steady_ms=ms) for ms in (7.0, 8.0)] + [dict(row, variant="control", steady_ms=12.0)]
+    rows.append(dict(model="m", limit_mib=64.0, variant="ucudnn", error="CUDA out of memory"))
+    line = pressure.table(rows).splitlines()[-1]
+    assert "| 14.0 (10.0-30.0, 3 runs) | 12.0 | 7.5 (7.0-8.0, 2 runs); 1 failed: CUDA out of memory |" in line
+    assert "| 1.87x |" in line and "| 2.0e-03, 1.0e-03 |" in line
 
 
 # --- bench.common ------------------------------------------------------------------------------------

@@ -181,6 +181,24 @@ def test_an_executed_figure_measures_and_runs_every_configuration_it_shows(tmp_p
     assert (tmp_path / "measured.db").exists()
 
 
+def test_executing_without_measuring_plans_from_the_database_and_names_what_it_lacks(tmp_path):
+    """--no-measure: a database `ucudnn bench` filled (here: one executed figure's) is used as it
+    is; nothing is measured, every plan it holds is executed, and a plan it lacks is named."""
+    _executed(tmp_path, _Timer(), "9")
+    settings, timer, bench = Settings(cache_path=str(tmp_path / "measured.db")), _Timer(), FakeBenchmarker(
+        backends=("legacy", "engines"))
+    with Executed(settings, bench, timer, measure_missing=False) as evidence:
+        results, paths = write_figures(["9", "10"], evidence, tmp_path / "again")
+    assert bench.calls == 0 and timer.runs
+    assert {row[2] for row in results["9"].tables[0].rows} <= {c.describe() for _, c in timer.runs}
+    assert "ucudnn bench --net alexnet --batch 256" in paths[2].read_text()  # fig10-executed.md: what it lacks
+
+
+def test_no_measure_belongs_to_execute(capsys, tmp_path):
+    assert main(["paper", "9", "--no-measure", "--out", str(tmp_path)]) == 2
+    assert "--execute" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("figure", ["1", "14"])
 def test_the_executed_path_of_one_kernel_and_of_wd_runs_on_a_stand_in_gpu(tmp_path, figure):
     timer = _Timer()

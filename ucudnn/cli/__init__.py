@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--execute", action="store_true", help=(
         "measure on this GPU what the cache lacks and run every configuration, as the paper did, into "
         "figFIG-executed.md and .png (default: predicted from recorded measurements, no GPU needed)"))
+    p.add_argument("--no-measure", dest="measure", action="store_false", help=(
+        "with --execute: measure nothing, plan from what the cache holds for this GPU (fill it first with "
+        "`ucudnn bench --devices 0,1,...` on several GPUs at once); a plan it lacks is left out and named"))
 
     p = _command(commands, "nets", "list the built-in networks, or one network's conv layers",
                  "ucudnn nets resnet50", nets, [_JSON], description=NETWORK_FILE)

@@ -149,7 +149,10 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
 def paper(args) -> int:
     settings = Settings.load(cache_path=args.cache)
     numbers = list(FIGURES) if args.figure == "all" else [args.figure]
-    evidence = Executed(settings, progress=ProgressBar({})) if args.execute else Predicted(settings)
+    if not args.measure and not args.execute:
+        raise ConfigError("--no-measure says what --execute measures; add --execute, or leave --no-measure out")
+    evidence = Executed(settings, progress=ProgressBar({}), measure_missing=args.measure) if args.execute \
+        else Predicted(settings)
     with evidence:
         results, paths = write_figures(numbers, evidence, args.out)
         print(f"{evidence.describe()}; {evidence.timing()}\n")

@@ -146,14 +146,17 @@ class Executed(Evidence):
     """Measurements taken on this GPU into the settings' cache where it lacks them, by a full
     search (every candidate at every size, as the paper's WR benchmarks and as `ucudnn bench`
     recorded the shipped file), and every configuration executed as the handle runs it (median of
-    timed runs). `benchmarker` and `timer` stand in for the GPU's (tests); `progress` hears of
-    each kernel measured (sources.Progress: the CLI's bar)."""
+    timed runs). With `measure_missing` False nothing is measured: plans come from what the cache
+    holds for this GPU (filled first by `ucudnn bench`, on several GPUs at once), and a plan it
+    lacks is left out, as a predicted figure leaves out what the recording lacks. `benchmarker`
+    and `timer` stand in for the GPU's (tests); `progress` hears of each kernel measured
+    (sources.Progress: the CLI's bar)."""
 
     label = "executed"
     executed = True
 
     def __init__(self, settings: Settings | None = None, benchmarker=None, timer=None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, measure_missing: bool = True):
         super().__init__(replace(settings or Settings.load(), search="full"))
         if benchmarker is None or timer is None:
             if not gpu_available():
@@ -164,11 +167,14 @@ class Executed(Evidence):
             timer = ConfigurationTimer(benchmarker.handle, stream=benchmarker.stream,
                                        execution=self.base.execution, backend="all")
         self.benchmarker, self.timer, self.progress = benchmarker, timer, progress
+        self.measure_missing = measure_missing
         self.source = Cache(self.base.cache_path)
         self.device, self.database = benchmarker.device, self.source.path
         self._times: dict[tuple[str, Configuration], float] = {}
 
     def measure(self, settings: Settings) -> Measure:
+        if not self.measure_missing:
+            return lambda problems, cap: complete_tables(problems, settings, cap, self.source, None, device=self.device)
         return lambda problems, cap: complete_tables(problems, settings, cap, self.source, self.benchmarker,
                                                      self.progress)
 

@@ -115,9 +115,11 @@ def alexnet(evidence: Evidence) -> Result:
         Headline("... at 8 MiB", "none", at(8 * MIB)),
         Headline("... at 512 MiB", "negligible", at(512 * MIB)),
         Headline("workspace: undivided at 512 MiB, all at 64 MiB", "2.87 GiB, 0.70 GiB",
-                 tuple(f"{format_size(u.workspace)}, {format_size(a.workspace)}" for u, a in footprint.values())),
+                 tuple(NOT_RECORDED if None in pair else f"{format_size(pair[0].workspace)}, {format_size(pair[1].workspace)}"
+                       for pair in footprint.values())),
         Headline("time: all at 64 MiB over undivided at 512 MiB", "1.04x",
-                 tuple(ratio(evidence.total_ms(a) / evidence.total_ms(u)) for u, a in footprint.values())),
+                 tuple(NOT_RECORDED if None in pair else ratio(evidence.total_ms(pair[1]) / evidence.total_ms(pair[0]))
+                       for pair in footprint.values())),
     ]
     notes = [SCOPE, *_notes(evidence, network, sweep, 1.63)]
     return _wr_result(evidence, sweeps, headlines, notes, "Fig. 10: AlexNet (u undivided, p powerOfTwo, a all)",

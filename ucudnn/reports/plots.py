@@ -143,7 +143,10 @@ def _largest_parts(bars: dict[str, dict[str, float]], most: int) -> dict[str, di
 def _stacked(ax, bars: dict[str, dict[str, float]], unit: str) -> None:
     """One bar per entry of `bars`, stacked by its parts (same parts, same colours), each part in
     the legend below the panel: at most STACKED_PARTS of them, so that no two share a colour;
-    the rest, if any, as one light grey part."""
+    the rest, if any, as one light grey part; none at all says so."""
+    if not bars:
+        ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+        return
     bars = _largest_parts(bars, STACKED_PARTS)
     parts = list(next(iter(bars.values())))
     bottoms = [0.0] * len(bars)
