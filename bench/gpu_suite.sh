@@ -87,7 +87,7 @@ for stage in "${stages[@]}"; do
            for spec in ${PAPER_BENCH:-alexnet:256:all resnet18:128:powerOfTwo resnet50:32:all resnet50:64:powerOfTwo densenet40:256:powerOfTwo}; do
              IFS=: read -r net batch policy <<< "$spec"
              run "paper-bench-$net-$batch-$policy" python3 -m ucudnn bench --net "$net" --batch "$batch" --policy "$policy" \
-               --devices "$devices" --cache /tmp/paper-cache.db
+               --devices "$devices" --timing "${PAPER_TIMING:-default}" --cache /tmp/paper-cache.db
            done
            cp /tmp/paper-cache.db "$OUT/paper-measured.db" ;;
     # torch and ucudnn.torch trained in turns in one process, memory free, with an A/A control (TRAINAB_ARGS);

@@ -1098,3 +1098,24 @@ def test_an_error_about_the_database_names_the_variable_that_chose_it(tmp_path):
     assert result.returncode == 2 and "UCUDNN_CACHE" not in result.stderr  # the flag named it
     result = run("optimize", "--offline", "--net", "alexnet", env_extra={"UCUDNN_WORKSPACE_LIMIT": "lots"})
     assert result.returncode == 2 and one_line_naming(result.stderr, "UCUDNN_WORKSPACE_LIMIT='lots' is not a size")
+
+
+def test_sigterm_stops_a_command_after_its_cleanup_with_the_shells_status(capsys):
+    """`timeout` and schedulers send SIGTERM: the command's `finally` blocks run (a sweep merges
+    what its workers measured) and it exits 143, as a command the signal ends would."""
+    import argparse
+    import signal
+
+    from ucudnn.cli import _run
+
+    before, cleaned = signal.getsignal(signal.SIGTERM), []
+
+    def run(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            cleaned.append(True)
+    assert _run(argparse.Namespace(run=run, cache=None)) == 143 and cleaned
+    assert "stopped by SIGTERM; what was measured is kept" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before

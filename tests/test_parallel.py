@@ -6,8 +6,12 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import shutil
 import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +84,26 @@ class CrashingBenchmarker(FakeBenchmarker):
 
 def crashing_factory(device: int, crash_on: int, after: int, how: str, marker: str) -> FakeBenchmarker:
     return CrashingBenchmarker(after, how, marker) if device == crash_on else FakeBenchmarker()
+
+
+class StoppingBenchmarker(FakeBenchmarker):
+    """Sends its parent SIGTERM at its call number `after` + 1, then measures on slowly."""
+
+    def __init__(self, after: int):
+        super().__init__()
+        self.after, self.count = after, 0
+
+    def measure(self, problem, sizes, cap, backend=None, best=None, skip=()):
+        self.count += 1
+        if self.count == self.after + 1:
+            os.kill(os.getppid(), signal.SIGTERM)
+        if self.count > self.after:
+            time.sleep(0.5)
+        return super().measure(problem, sizes, cap, backend)
+
+
+def stopping_factory(device: int, after: int) -> FakeBenchmarker:
+    return StoppingBenchmarker(after) if device == 0 else FakeBenchmarker()
 
 
 def must_not_run(job, events) -> None:
@@ -295,6 +319,35 @@ def test_gpus_of_different_models_are_refused(tmp_path):
         pool(tmp_path / "mixed.db", devices=[0, 1], probe=probe, worker=must_not_run)
     with pytest.raises(ConfigError, match=r"GPU\(s\) 1 listed more than once"):
         pool(tmp_path / "twice.db", devices=[0, 1, 1], worker=must_not_run)
+
+
+def test_a_sweep_stopped_by_sigterm_keeps_what_its_workers_measured(tmp_path, single):
+    """`timeout` or a scheduler's time limit sends SIGTERM: the CLI raises it as Stopped where the
+    sweep is, which stops the workers and merges their shards before the command exits."""
+    from ucudnn.cli import Stopped, _stopped_by_sigterm
+
+    factory = functools.partial(stopping_factory, after=3)
+    with pytest.raises(Stopped), _stopped_by_sigterm():
+        pool(tmp_path / "stopped.db", devices=[0, 1], benchmarker_factory=factory)
+    kernels, measurements = rows(tmp_path / "stopped.db")
+    assert 0 < len(measurements) < len(single[1]) and not leftovers(tmp_path)
+    pool(tmp_path / "stopped.db", devices=[0, 1])  # the same command goes on from there
+    assert rows(tmp_path / "stopped.db") == single
+
+
+def test_shards_a_killed_run_left_are_merged_by_the_next_run_on_its_host(tmp_path, single):
+    from ucudnn.measure.parallel.pool import _host
+
+    pool(tmp_path / "whole.db")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for owner in (dead, str(os.getpid())):  # a killed run's folder, and a live one's
+        folder = tmp_path / f"target.db.shards-{_host()}-{owner}-abcd"
+        folder.mkdir()
+        shutil.copy(tmp_path / "whole.db", folder / f"{_host()}-0.db")
+    pool(tmp_path / "target.db", worker=must_not_run)  # nothing left to measure once merged
+    assert rows(tmp_path / "target.db") == single
+    assert [p.name for p in leftovers(tmp_path)] == [f"target.db.shards-{_host()}-{os.getpid()}-abcd"]
 
 
 def test_merging_shards_removes_what_a_worker_killed_while_making_its_shard_left(tmp_path):

@@ -8,9 +8,12 @@ here; the commands are in `commands` and `cache_commands`, what they print in `o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -230,11 +233,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm():
+    """SIGTERM (`timeout`, a batch scheduler's time limit) raises Stopped in the main thread, so
+    that a command's `finally` blocks run as they do for Ctrl-C: a sweep stops its workers and
+    merges what they measured (docs/parallel.md). Python's default for SIGTERM ends the process
+    with none of them run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped()
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run(args) -> int:
     try:
-        status = args.run(args)
+        with _stopped_by_sigterm():
+            status = args.run(args)
         sys.stdout.flush()  # short output is written here, not at exit where a broken pipe can't be caught
         return status
+    except KeyboardInterrupt as exc:
+        # the shell's status of a command a signal ends: 128 + SIGTERM (15) or SIGINT (2)
+        print(f"ucudnn: stopped by {'SIGTERM' if isinstance(exc, Stopped) else 'Ctrl-C'}; what was measured "
+              "is kept in the cache, and the same command goes on from there", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT)
     except UcudnnError as exc:
         print(f"ucudnn: error: {_with_origin(str(exc), args)}", file=sys.stderr)
     except BrokenPipeError:

@@ -2,8 +2,10 @@
 file of its own, merged into the target database after each round."""
 from __future__ import annotations
 
+import glob
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import tempfile
 from dataclasses import dataclass
@@ -30,9 +32,39 @@ EXIT_GRACE_S = 60  # how long a worker that closed its pipe may take to exit bef
 
 
 def new_shard_dir(target: Path) -> Path:
-    """A fresh folder next to the target for the shards of one run."""
+    """A fresh folder next to the target for the shards of one run, named by this host and
+    process (`<db>.shards-<host>-<pid>-XXXX`), so that a later run can tell a dead run's."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{target.name}.shards-", dir=target.parent))
+    return Path(tempfile.mkdtemp(prefix=f"{target.name}.shards-{_host()}-{os.getpid()}-", dir=target.parent))
+
+
+def recover_shards(target: Path) -> int:
+    """Merge into `target` the shards a killed run on this host left beside it (its process gone:
+    SIGKILL, the out-of-memory killer, a node's reboot) and remove their folders; measurements
+    merged. Folders of live processes and of other hosts are left to their owners."""
+    merged = 0
+    for folder in sorted(target.parent.glob(f"{glob.escape(target.name)}.shards-{glob.escape(_host())}-*")):
+        pid = folder.name.rsplit(".shards-", 1)[1][len(_host()) + 1:].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            merged += merge_shards(folder, target)
+            remove_if_empty(folder)
+    if merged:
+        LOGGER.info(f"merged {merged} measurements that a killed run left beside {target}")
+    return merged
+
+
+def _host() -> str:
+    return shard_path(".").stem  # this host's name as shard files spell it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def merge_shards(folder: Path, target: Path) -> int:
@@ -176,6 +208,7 @@ def bench_on_devices(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: 
     infos = [(probe or cuda_probe)(d).for_execution(execution) for d in devices]
     check_one_model([(f"GPU {d}", info) for d, info in zip(devices, infos)])
     target = resolve_path(path)
+    recover_shards(target)
     if len(devices) == 1:
         return _bench_in_process(problems, sizes_for, cap, target, factory(devices[0]), backends, progress)
 
