@@ -11,10 +11,13 @@ SGD and, for AMP, a gradient scaler):
    timed on the host after a device sync (the first steps' planning included), the steady time
    the median of the last 8 by CUDA events. Variants: `free` (torch, no blocker), `torch`,
    `control` (torch again: the A/A control), `ucudnn` (`convert(model)`, its defaults), `wd`
-   (`convert(model, optimizer="wd", total_limit="auto")`).
-3. ucudnn's variants then take one more step's gradients through ucudnn and through torch's own
-   layers (the classes put back) on the same weights and batch, and compare them; `--explain`
-   prints ucudnn.reports.kernels' table of what each kernel's moment left and what ran there.
+   (`convert(model, optimizer="wd", total_limit="auto")`). With --rounds N each variant runs N
+   processes at each limit, the variants taking turns; the table gives their median and range.
+3. ucudnn's variants (and `control`) then take one step's gradients from the weights they were
+   built with, through ucudnn and through torch's own layers (the classes put back), and, with the
+   blocker given back, through torch's layers in float64: the table gives their difference and
+   each one's error against float64; `--explain` prints ucudnn.reports.kernels' table of what
+   each kernel's moment left and what ran there.
 
     PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,r3d_18:128MiB+512MiB,...]
         [--limits 64MiB,512MiB] [--iters 40] [--rounds 1] [--need MODEL=BYTES,...] [--variants ...] [--explain]
@@ -190,6 +193,7 @@ def run_variant(args) -> dict:
     wall = None if args.variant == "free" else blocker(device, args.need + args.limit)  # held to the end
     PHASE[0] = "build"
     model, x, amp = build(args.model, device)
+    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # the gradient check's weights
     result = dict(blocker_mib=0 if wall is None else wall.numel() / MiB)
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
@@ -252,6 +256,7 @@ def run_variant(args) -> dict:
             held.clear()
             torch.cuda.empty_cache()
         try:
+            model.load_state_dict(initial)  # trained weights may have diverged (fpn_resnet50's loss: nan)
             result.update(gradient_check(model, x, args, amp, release))
         except torch.cuda.OutOfMemoryError as exc:  # the check's extra passes, not the training step
             result["gradient_error"] = first_line(exc)
@@ -336,11 +341,11 @@ def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
 
 
 def gradient_check(model, x, args, amp: bool, release) -> dict:
-    """One step's gradients through the model as it runs (`mine`) and through torch's own layers
-    (`theirs`; same weights, same batch; for `control`, torch's against itself): their relative
-    difference, and each one's relative error against the same step in float64 through torch's
-    layers, taken after `release()` has given the blocker back (float64 needs the room). That
-    error is what decides: a difference between two fp16 runs shows only that they differ."""
+    """One step's gradients (from the weights the model was built with) through the model as it
+    runs (`mine`) and through torch's own layers (`theirs`; same batch; for `control`, torch's
+    against itself): their relative difference, and each one's relative error against the same
+    step in float64 through torch's layers, taken after `release()` has given the blocker back
+    (float64 needs the room). That error decides: two fp16 runs that differ show only that."""
 
     scale = 1024.0 if amp else 1.0
     mine = gradients(model, x, args.model, amp, scale)
