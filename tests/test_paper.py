@@ -192,6 +192,8 @@ def test_executing_without_measuring_plans_from_the_database_and_names_what_it_l
     assert bench.calls == 0 and timer.runs
     assert {row[2] for row in results["9"].tables[0].rows} <= {c.describe() for _, c in timer.runs}
     assert "ucudnn bench --net alexnet --batch 256" in paths[2].read_text()  # fig10-executed.md: what it lacks
+    assert "`ucudnn paper 9 --execute --no-measure` writes" in paths[0].read_text()
+    assert "none taken here" in paths[0].read_text()
 
 
 def test_no_measure_belongs_to_execute(capsys, tmp_path):

@@ -37,6 +37,7 @@ class Evidence:
     them) and the times of a plan by layer; `close()` (or a with block) releases the measurements."""
 
     label = ""  # its word in pages: "ms (predicted)"
+    flags = ""  # the command's flags that choose it: `ucudnn paper FIG{flags}`
     executed = False
     device: Provenance | None = None  # of the measurements used last
     database: Path
@@ -168,6 +169,7 @@ class Executed(Evidence):
                                        execution=self.base.execution, backend="all")
         self.benchmarker, self.timer, self.progress = benchmarker, timer, progress
         self.measure_missing = measure_missing
+        self.flags = " --execute" + ("" if measure_missing else " --no-measure")
         self.source = Cache(self.base.cache_path)
         self.device, self.database = benchmarker.device, self.source.path
         self._times: dict[tuple[str, Configuration], float] = {}
@@ -198,7 +200,8 @@ class Executed(Evidence):
         return TorchFramework().time_own(kernel.problem, torch.device("cuda")).workspace
 
     def describe(self) -> str:
-        return f"executed on {self.device.describe()} (measurements in {self.database})"
+        taken = "measurements in" if self.measure_missing else "planned from the measurements, none taken here, in"
+        return f"executed on {self.device.describe()} ({taken} {self.database})"
 
     def timing(self) -> str:
         return "a configuration's time is the median of timed runs of it as the handle runs it"

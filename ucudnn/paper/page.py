@@ -90,7 +90,7 @@ class Figure:
 
     def command(self, evidence: Evidence) -> str:
         """The command that writes its page from `evidence`."""
-        return f"ucudnn paper {self.number}" + (" --execute" if evidence.executed else "")
+        return f"ucudnn paper {self.number}{evidence.flags}"
 
 
 def headline_table(rows: Sequence[tuple[str, Headline]]) -> str:
