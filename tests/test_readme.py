@@ -27,6 +27,16 @@ def test_readme_says_which_alexnet_its_headline_and_its_command_are():
     assert "Caffe" in section and "--net torchvision:alexnet" in section
 
 
+def test_every_number_of_the_readme_headline_is_a_figure_of_results_md():
+    """README's headline numbers (ratios and milliseconds) are docs/results.md's: one home per figure."""
+    import re
+
+    headline = (ROOT / "README.md").read_text().split("## On a fresh machine")[0]
+    results = (ROOT / "docs" / "results.md").read_text()
+    numbers = re.findall(r"(\d+\.\d+)(?:x| ms)", headline)
+    assert len(numbers) >= 10 and [n for n in numbers if n not in results] == []
+
+
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert _commands()[1] in ci
