@@ -71,17 +71,15 @@ for stage in "${stages[@]}"; do
     # database lacks: PAPER_SEED (one an earlier call brought back, carried), else a copy of the shipped
     # recording. It comes back as paper-measured.db: each measurement is committed as it is taken, so a call
     # cut off by its timeout leaves the next one less to measure
-    # With PAPER_NO_MEASURE=1 nothing is measured: the figures plan from what the database holds (paper-bench
-    # filled it, on every GPU at once) and name what it lacks
+    # (PAPER_NO_MEASURE=1: nothing measured, the figures plan from what paper-bench put in the database)
     paper) [ -f /tmp/paper-cache.db ] || cp "${PAPER_SEED:-$(ls cache/*.db | tail -n 1)}" /tmp/paper-cache.db
            for figure in ${PAPER_FIGURES:-1 9 10 11 12 13}; do
              run "paper-$figure" python3 -m ucudnn paper "$figure" --execute ${PAPER_NO_MEASURE:+--no-measure} \
                --out "$OUT/paper" --cache /tmp/paper-cache.db
            done
            [ -n "${PAPER_NO_MEASURE:-}" ] || cp /tmp/paper-cache.db "$OUT/paper-measured.db" ;;
-    # what the paper's figures plan from, measured on every GPU of the machine at once (`ucudnn bench
-    # --devices`) into /tmp/paper-cache.db (PAPER_SEED if given, else empty), brought back as paper-measured.db;
-    # PAPER_BENCH: NET:BATCH:POLICY ... (default: what Figs. 10-13 plan)
+    # what the figures plan from, measured on every GPU at once (`ucudnn bench --devices`) into the database
+    # above (PAPER_SEED, else empty), brought back; PAPER_BENCH: NET:BATCH:POLICY ... (default: Figs. 10-13's)
     paper-bench) [ -f /tmp/paper-cache.db ] || [ -z "${PAPER_SEED:-}" ] || cp "$PAPER_SEED" /tmp/paper-cache.db
            devices=$(python3 -c "import torch; print(','.join(map(str, range(torch.cuda.device_count()))))")
            for spec in ${PAPER_BENCH:-alexnet:256:all resnet18:128:powerOfTwo resnet50:32:all resnet50:64:powerOfTwo densenet40:256:powerOfTwo}; do

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import ALLOC_CONF, MiB, child_env, first_line, host_profile, turns
+from bench.common import ALLOC_CONF, MiB, block, child_env, first_line, host_profile, relative_error, turns
 from ucudnn.reports import kernels
 
 STEADY = 8  # the last iterations whose median is the steady time
@@ -131,25 +131,12 @@ def gradients(model, x, name: str, amp: bool, scale: float = 1.0):
     return torch.cat(grads)  # on the host: a second pass under the blocker has no room for it
 
 
-def as_torch(model):
-    """Put torch's own layer classes back on a converted model; the (layer, converted class) pairs."""
+def as_torch(model) -> None:
+    """Put torch's own layer classes back on a converted model, for good."""
     from ucudnn.integrations.torch.layers import Converted
 
-    swapped = [(m, type(m)) for m in model.modules() if isinstance(m, Converted)]
-    for m, cls in swapped:
-        m.__class__ = cls.torch_class
-    return swapped
-
-
-def blocker(device, leave: int):
-    """A tensor holding all but `leave` bytes of what is free now."""
-    import torch
-
-    torch.cuda.synchronize()
-    free = torch.cuda.mem_get_info(device)[0]
-    if free <= leave:
-        raise ValueError(f"{free / MiB:.0f} MiB free, cannot leave {leave / MiB:.0f} MiB")
-    return torch.empty((free - leave) // (2 * MiB) * 2 * MiB, dtype=torch.uint8, device=device)
+    for m in [m for m in model.modules() if isinstance(m, Converted)]:
+        m.__class__ = type(m).torch_class
 
 
 def run_need(args) -> dict:
@@ -190,11 +177,11 @@ def run_variant(args) -> dict:
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     torch.empty(1, device=device)
-    wall = None if args.variant == "free" else blocker(device, args.need + args.limit)  # held to the end
+    result: dict = {"blocker_mib": 0}
+    wall = None if args.variant == "free" else block(device, args.need, args.limit, result)  # held to the end
     PHASE[0] = "build"
     model, x, amp = build(args.model, device)
     initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # the gradient check's weights
-    result = dict(blocker_mib=0 if wall is None else wall.numel() / MiB)
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
 
@@ -229,9 +216,6 @@ def run_variant(args) -> dict:
     if args.profile_steady:  # after the timed steps: where a steady step's host time goes
         PHASE[0] = "steady profile"
         result["steady_host_s"], result["steady_profile"] = host_profile(step, args.profile_steady)
-    if args.trace_flushes:
-        PHASE[0] = "flush trace"
-        result["flush_trace"] = flush_trace(step, device)
     if args.profile:
         PHASE[0] = "profile"
         try:
@@ -261,31 +245,6 @@ def run_variant(args) -> dict:
         except torch.cuda.OutOfMemoryError as exc:  # the check's extra passes, not the training step
             result["gradient_error"] = first_line(exc)
     return result
-
-
-def flush_trace(step, device, frames: int = 6) -> list[dict]:
-    """One more step under torch's memory history: each flush (the allocator unmapping its free
-    cached pages to serve an allocation), with the allocation that set it off (its bytes, the
-    step's Python frames nearest to it) and the bytes it gave back."""
-    import torch
-
-    torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
-    try:
-        step()
-        torch.cuda.synchronize()
-        trace = torch.cuda.memory._snapshot()["device_traces"][device.index or 0]
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    flushes, given_back = [], 0
-    for entry in trace:
-        if entry["action"] in ("segment_unmap", "segment_free"):
-            given_back += entry["size"]
-        elif entry["action"] == "alloc" and given_back:
-            where = [f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']} {f['name']}" for f in entry.get("frames", [])
-                     if f["filename"].endswith(".py") and "/torch/" not in f["filename"]][:frames]
-            flushes.append(dict(bytes=entry["size"], given_back=given_back, where=where))
-            given_back = 0
-    return flushes
 
 
 def flushes_by_kernel(step, device) -> dict:
@@ -346,25 +305,14 @@ def gradient_check(model, x, args, amp: bool, release) -> dict:
     against itself): their relative difference, and each one's relative error against the same
     step in float64 through torch's layers, taken after `release()` has given the blocker back
     (float64 needs the room). That error decides: two fp16 runs that differ show only that."""
-
     scale = 1024.0 if amp else 1.0
     mine = gradients(model, x, args.model, amp, scale)
-    swapped = as_torch(model)
+    as_torch(model)  # for good: this is the process's last use of the model
     theirs = gradients(model, x, args.model, amp, scale)
-    result = dict(gradient_rel=rel(mine, theirs))
+    result = dict(gradient_rel=relative_error(mine, theirs))
     release()
-    model.double()  # the process's last use of the model: its classes stay torch's
-    exact = gradients(model, x.double(), args.model, False, scale)
-    for m, cls in swapped:
-        m.__class__ = cls
-    return dict(result, gradient_fp64_rel=rel(mine, exact), torch_fp64_rel=rel(theirs, exact))
-
-
-def rel(got, want) -> float:
-    """||got - want|| / ||want||."""
-    import torch
-
-    return (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
+    exact = gradients(model.double(), x.double(), args.model, False, scale)
+    return dict(result, gradient_fp64_rel=relative_error(mine, exact), torch_fp64_rel=relative_error(theirs, exact))
 
 
 # --- the parent ----------------------------------------------------------------------------------
@@ -376,7 +324,7 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
     out.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--child", variant, "--model", args.model_now, "--limit", str(limit),
                "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
-               ] + (["--profile"] if args.profile else []) + (["--trace-flushes"] if args.trace_flushes else []) \
+               ] + (["--profile"] if args.profile else []) \
                + ["--profile-steady", str(args.profile_steady)]
     env = dict(child_env(os.environ), UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf)
     began = time.perf_counter()
@@ -442,12 +390,6 @@ def explain(row: dict) -> str:
     return kernels.table(row, flushes.get("by_kernel")) + retries
 
 
-def flush_lines(row: dict) -> str:
-    """The flushes of --trace-flushes, one a line."""
-    return "\n".join(f"- flush: {f['bytes'] / MiB:.1f} MiB asked, {f['given_back'] / MiB:.0f} MiB given back, "
-                     f"at {' < '.join(f['where']) or '?'}" for f in row.get("flush_trace", []))
-
-
 def runs(variants: list[str], limits: list[int], rounds: int) -> list[tuple[str, int, int]]:
     """(variant, limit, round) of each process, in order: `free` once; at each limit, the variants
     in `rounds` rounds taking turns (bench.common.turns: torch's step under a blocker is bistable,
@@ -491,8 +433,6 @@ def parent(args) -> None:
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
             if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
                 print(explain(row), flush=True)
-            if row.get("flush_trace"):
-                print(flush_lines(row), flush=True)
             for name, ms, n in [*row.get("profile", {}).get("kernels", []), *row.get("profile", {}).get("convolutions", [])]:
                 print(f"    {ms:8.2f} ms {n:5.0f}x  {name}", flush=True)
             if "steady_profile" in row:
@@ -520,8 +460,6 @@ def main(argv=None) -> None:
     p.add_argument("--need", dest="need_of", default="",
                    help="MODEL=BYTES,...: a need measured before (a `need` row), not measured again")
     p.add_argument("--profile", action="store_true", help="each variant's top GPU kernels and convolutions over 3 steps")
-    p.add_argument("--trace-flushes", action="store_true",
-                   help="one more step under torch's memory history: each flush and the allocation behind it")
     p.add_argument("--profile-steady", type=int, default=0, metavar="N",
                    help="every variant: N more iterations under cProfile after the timed ones")
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
