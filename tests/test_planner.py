@@ -480,6 +480,29 @@ def test_rooms_are_lessened_by_what_the_process_took_beside_the_pool_since_they_
     assert ("F", quantized(observed[0][F] - 40 * MiB)) in rooms
 
 
+def test_each_observed_window_is_reported_with_the_flushes_inside_it(tmp_path, rng):
+    """Where a window ran long, the summary says whether the allocator flushed inside it (a cost
+    the step pays) or not (r3d_18's early windows ran 2x its kernels: docs/results.md, "Rounds"),
+    window by window in call order; the flush count is read outside the window's marks."""
+    framework, plans = on_a_clock(tmp_path)
+    flushes = [0]
+    framework.flushes = lambda device: flushes[0]
+    site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
+    assert plans.route(site)  # the first call's forward: a flush inside its window
+    flushes[0] += 1
+    framework.now += 3.0
+    plans.observed_end(site, site.kinds[:1])
+    plans.observe(site, site.kinds[1:])
+    framework.now += 9.0
+    plans.observed_end(site, site.kinds[1:])
+    observed_call(plans, framework, site, 2.0, 11.0)
+    plans.plan_pending()
+    got = {k["kind"]: k["in_step_windows"] for k in plans.summary()["kernels"]}
+    assert got == {"F": [[3.0, 1], [2.0, 0]], "BD": [[9.0, 0], [11.0, 0]], "BF": [[9.0, 0], [11.0, 0]]}
+    from ucudnn.reports import kernels
+    assert "| 3.00 (1), 2.00 |" in kernels.table(plans.summary())
+
+
 def test_a_window_missing_a_mark_is_no_window():
     """No mark while a CUDA graph is captured (None): that call's window is left out."""
     from ucudnn.plan.delegation import InStep

@@ -68,25 +68,33 @@ class InStep:
     """A layer's own kernels as they ran in its observed calls (ucudnn.plan.memory): per group of
     kernels (the forward kernel; the backward kernels together, one autograd node), the marks
     (Planner.Framework.mark) where it started, after holding the device (IN_STEP_HOLD_S), and
-    ended in each call. What the step itself paid, at its moment."""
+    ended in each call, and the framework's flushes (Framework.flushes) read beside them. What the
+    step itself paid, at its moment."""
 
     def __init__(self):
-        self._open: dict[tuple, Any] = {}
-        self._windows: dict[tuple, list[tuple[Any, Any]]] = {}
+        self._open: dict[tuple, tuple[Any, int]] = {}
+        self._windows: dict[tuple, list[tuple[Any, Any, int]]] = {}
 
-    def start(self, kinds: tuple, mark: Any) -> None:
-        self._open[kinds] = mark
+    def start(self, kinds: tuple, mark: Any, flushes: int = 0) -> None:
+        self._open[kinds] = mark, flushes
 
-    def end(self, kinds: tuple, mark: Any) -> None:
-        """A window from the group's open start to `mark`; none where either is missing (None:
-        no mark could be taken, e.g. while a CUDA graph is captured)."""
-        start = self._open.pop(kinds, None)
+    def end(self, kinds: tuple, mark: Any, flushes: int = 0) -> None:
+        """A window from the group's open start to `mark`, with the flushes between; none where
+        either mark is missing (None: no mark could be taken, e.g. while a CUDA graph is captured)."""
+        start, before = self._open.pop(kinds, (None, 0))
         if start is not None and mark is not None:
-            self._windows.setdefault(kinds, []).append((start, mark))
+            self._windows.setdefault(kinds, []).append((start, mark, flushes - before))
 
     def ms(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, float]:
         """Per group of kinds, the least milliseconds between its marks over the calls."""
-        return {kinds: min(elapsed_ms(a, b) for a, b in windows) for kinds, windows in self._windows.items()}
+        return {kinds: min(ms for ms, _ in each) for kinds, each in self.each(elapsed_ms).items()}
+
+    def each(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, list[tuple[float, int]]]:
+        """Per group of kinds, each call's window in call order: its milliseconds and the flushes
+        in it (what a window that ran long paid: a flush is a cost the step pays, a window long
+        with none is not explained by the allocator)."""
+        return {kinds: [(elapsed_ms(a, b), flushes) for a, b, flushes in windows]
+                for kinds, windows in self._windows.items()}
 
 
 # Under pressure, torch's benchmark mode may settle for a slow plan although cuDNN's favourite

@@ -147,6 +147,7 @@ class Planner:
         self._own_timings: dict[tuple[ConvKind, Hashable, int], OwnTiming] = {}
         self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
         self._in_step_ms: dict[tuple[ConvKind, Hashable, int], float] = {}  # ... as (kind, call, room) report them
+        self._in_step_windows: dict[tuple[ConvKind, Hashable, int], list] = {}  # ... each window: (ms, flushes)
         self._least_in_step: dict[tuple[Hashable, tuple], float] = {}  # (call, kinds) -> least ms of any of its sites
         self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest observe()
         self._lessened: set = set()  # observed sites whose rooms were lessened as their planning began (_lessen)
@@ -421,7 +422,8 @@ class Planner:
         for kind in kinds:
             site.free[kind] = min(site.free.get(kind, room), room)
         self._outside_seen[call.device] = self.framework.outside_bytes(call.device)
-        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S))
+        flushes = self.framework.flushes(call.device)  # read before the mark: no host time inside the window
+        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), flushes)
 
     def _lessen(self, site) -> None:
         """Once, as an observed site's planning begins: its rooms less what the process came to
@@ -440,7 +442,8 @@ class Planner:
     def observed_end(self, site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds`, observed as they started (observe), have ended now."""
         if site in self._in_step:
-            self._in_step[site].end(kinds, self.framework.mark(site.call.device))
+            mark = self.framework.mark(site.call.device)
+            self._in_step[site].end(kinds, mark, self.framework.flushes(site.call.device))
 
     def _seen_in_step(self, site, rooms: list[int]) -> list[OwnTiming]:
         """The site's own kernels as they ran in its observed calls (observe, observed_end): per
@@ -453,10 +456,11 @@ class Planner:
         steady; docs/results.md, "Forty steps"). [] where a group was not seen whole (no backward
         ran in the observed calls) or a mark cannot be read: then they are timed (_own_timing).
         Kept until the layer is decided (a sweep may span several slices of plan_pending)."""
-        groups = self._in_step_least(site)
+        groups, windows = self._in_step_least(site), self._windows(site)
         for kinds, ms in groups.items():
             for kind in kinds:
                 self._in_step_ms[kind, site.call, self._room(site, kind)] = ms
+                self._in_step_windows[kind, site.call, self._room(site, kind)] = windows.get(kinds, [])
         shares = {kind: ms / len(kinds) for kinds, ms in groups.items() for kind in kinds}
         if set(shares) != set(site.kinds):
             return []
@@ -474,9 +478,13 @@ class Planner:
 
     def _windows_ms(self, site) -> dict[tuple, float]:
         """The site's least window per group of kinds (InStep.ms); none where a mark cannot be read."""
+        return {kinds: min(ms for ms, _ in each) for kinds, each in self._windows(site).items()}
+
+    def _windows(self, site) -> dict[tuple, list[tuple[float, int]]]:
+        """The site's windows per group of kinds (InStep.each); none where a mark cannot be read."""
         in_step = self._in_step.get(site)
         try:
-            return {} if in_step is None else in_step.ms(self.framework.elapsed_ms)
+            return {} if in_step is None else in_step.each(self.framework.elapsed_ms)
         except RuntimeError:  # a mark the device never reached
             return {}
 
@@ -751,6 +759,7 @@ class Planner:
             self._own_timings.clear()
             self._in_step.clear()
             self._in_step_ms.clear()
+            self._in_step_windows.clear()
             self._least_in_step.clear()
             self._outside_seen.clear()
             self._lessened.clear()
@@ -800,8 +809,9 @@ class Planner:
             out.update(room=room, limit=workspace_limit(room))
         if own is not None:
             out.update(own_ms=own.ms, own_workspace=own.workspace)
-        if (kind, call, room) in self._in_step_ms:  # its group's time in the step (InStep)
+        if (kind, call, room) in self._in_step_ms:  # its group's time in the step (InStep), and its site's windows
             out["in_step_ms"] = self._in_step_ms[kind, call, room]
+            out["in_step_windows"] = [[ms, flushes] for ms, flushes in self._in_step_windows[kind, call, room]]
         if (kind, call) in self._favourite_times:  # cuDNN's favourite, timed where its layer was pressed
             out["favourite_ms"] = self._favourite_times[kind, call]
         if kernel is not None and kernel.via == UCUDNN:
