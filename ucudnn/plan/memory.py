@@ -13,7 +13,7 @@ then planned within what its moment leaves:
 
 A room observed before planning is lessened, as the layer's planning begins, by what the process
 came to hold outside the framework's pool since (cuDNN's handle and the code of the kernels
-planning timed: Planner._lessen). The margin covers what the converted call allocates around the
+planning timed: Moments.lessen). The margin covers what the converted call allocates around the
 kernel that the framework's did not, the allocator's rounding and blocks it cannot merge; a
 workspace that still cannot be had is planned again within less (ucudnn.plan.planner.Planner._shrink).
 A workspace that can be had only by the framework's allocator giving all its cached blocks back

@@ -38,12 +38,13 @@ from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, 
 
 from .assignment import NO_MEMORY
 from .config import Settings
-from .delegation import (IN_STEP_HOLD_S, InStep, OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster,
-                         pressed, settled_by_own, stored_timing, worth_delegating)
+from .delegation import (OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster, pressed, settled_by_own,
+                         stored_timing, worth_delegating)
 from ..core.errors import DeviceMemoryError
 from ..core.fallback import UNPLANNABLE, fall_back
 from ..core.measurements import OK
 from .memory import FLUSH_MS, RECORDED_CALLS, WATCHED_STEPS, FlushWatch, Memory, quantized, workspace_limit
+from .moments import Moments
 from ..core.problem import ConvKind, ConvProblem
 from ..core.progress import Progress
 from ..core.transposition import as_forward, faster
@@ -145,12 +146,7 @@ class Planner:
         # (kind, call, room) -> its kernel, its framework's own timing (_room: with `auto` by moment)
         self._kernels: dict[tuple[ConvKind, Hashable, int], Any] = {}
         self._own_timings: dict[tuple[ConvKind, Hashable, int], OwnTiming] = {}
-        self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
-        self._in_step_ms: dict[tuple[ConvKind, Hashable, int], float] = {}  # ... as (kind, call, room) report them
-        self._in_step_windows: dict[tuple[ConvKind, Hashable, int], list] = {}  # ... each window: (ms, flushes)
-        self._least_in_step: dict[tuple[Hashable, tuple], float] = {}  # (call, kinds) -> least ms of any of its sites
-        self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest observe()
-        self._lessened: set = set()  # observed sites whose rooms were lessened as their planning began (_lessen)
+        self._moments = Moments(framework)  # what the observed calls saw (with `auto`)
         self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
         self._favourite_times: dict[tuple[ConvKind, Hashable], float] = {}  # ... and its time, where a layer is pressed
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
@@ -375,7 +371,7 @@ class Planner:
                     self._delegated[key] = self._planned_layer(site)
                 site.delegated = self._delegated[key]
             self._pending.pop(site, None)
-            self._in_step.pop(site, None)
+            self._moments.forget(site)
         return site.delegated
 
     def _decide(self, site) -> bool:
@@ -415,82 +411,12 @@ class Planner:
         return site.delegated is None and self.auto and site in self._pending and site.observed <= RECORDED_CALLS
 
     def observe(self, site, kinds: tuple[ConvKind, ...]) -> None:
-        """The site's `kinds` start now: each one's room is what the framework could allocate
-        less what those kernels write (their outputs, made before they run), the least seen kept."""
-        call = site.call
-        room = self.framework.free_bytes(call.device) - sum(call.problem(k).written_bytes() for k in kinds)
-        for kind in kinds:
-            site.free[kind] = min(site.free.get(kind, room), room)
-        self._outside_seen[call.device] = self.framework.outside_bytes(call.device)
-        flushes = self.framework.flushes(call.device)  # read before the mark: no host time inside the window
-        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), flushes)
-
-    def _lessen(self, site) -> None:
-        """Once, as an observed site's planning begins: its rooms less what the process came to
-        hold outside the framework's pool since the latest observation on its device (planning
-        loads cuDNN's handle and the code of every kernel it times: a process that planned
-        wav2vec2 held 20 MiB more there than torch's own, docs/results-archive.md, "Torch's
-        kernels judged as they ran in the step"), which the step's moments no longer have free."""
-        device = site.call.device
-        if site in self._lessened or device not in self._outside_seen:
-            return
-        self._lessened.add(site)
-        grown = max(0, self.framework.outside_bytes(device) - self._outside_seen[device])
-        for kind in site.free:
-            site.free[kind] -= grown
+        """The site's `kinds` start now (Moments.start: their rooms, their windows open)."""
+        self._moments.start(site, kinds)
 
     def observed_end(self, site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds`, observed as they started (observe), have ended now."""
-        if site in self._in_step:
-            mark = self.framework.mark(site.call.device)
-            self._in_step[site].end(kinds, mark, self.framework.flushes(site.call.device))
-
-    def _seen_in_step(self, site, rooms: list[int]) -> list[OwnTiming]:
-        """The site's own kernels as they ran in its observed calls (observe, observed_end): per
-        kind its share of its group's least time (the forward kernel; the backward kernels
-        together), within its room, since it ran there; each group's time kept for summary().
-        The framework runs one plan for a call wherever its sites are (torch's benchmark mode
-        keeps a plan per problem, not per moment), so a group's time is the least any site of the
-        call took (_in_step_least): one window can hold a stall of the host's (r3d_18's first
-        64-channel layer: 0.97 ms a forward in its window, 0.41 ms in the next layer's, 0.30 ms
-        steady; docs/results.md, "Forty steps"). [] where a group was not seen whole (no backward
-        ran in the observed calls) or a mark cannot be read: then they are timed (_own_timing).
-        Kept until the layer is decided (a sweep may span several slices of plan_pending)."""
-        groups, windows = self._in_step_least(site), self._windows(site)
-        for kinds, ms in groups.items():
-            for kind in kinds:
-                self._in_step_ms[kind, site.call, self._room(site, kind)] = ms
-                self._in_step_windows[kind, site.call, self._room(site, kind)] = windows.get(kinds, [])
-        shares = {kind: ms / len(kinds) for kinds, ms in groups.items() for kind in kinds}
-        if set(shares) != set(site.kinds):
-            return []
-        return [OwnTiming(shares[kind], 0, room) for kind, room in zip(site.kinds, rooms)]
-
-    def _in_step_least(self, site) -> dict[tuple, float]:
-        """Per group of kinds the site saw whole in its observed calls, the least time of that
-        group over the sites of its call seen so far (those waiting now, and those decided before)."""
-        own = self._windows_ms(site)
-        for other in self._in_step:
-            if other is not site and other.call == site.call:
-                self._keep_least(other.call, self._windows_ms(other))
-        self._keep_least(site.call, own)
-        return {kinds: self._least_in_step[site.call, kinds] for kinds in own}
-
-    def _windows_ms(self, site) -> dict[tuple, float]:
-        """The site's least window per group of kinds (InStep.ms); none where a mark cannot be read."""
-        return {kinds: min(ms for ms, _ in each) for kinds, each in self._windows(site).items()}
-
-    def _windows(self, site) -> dict[tuple, list[tuple[float, int]]]:
-        """The site's windows per group of kinds (InStep.each); none where a mark cannot be read."""
-        in_step = self._in_step.get(site)
-        try:
-            return {} if in_step is None else in_step.each(self.framework.elapsed_ms)
-        except RuntimeError:  # a mark the device never reached
-            return {}
-
-    def _keep_least(self, call, groups: dict[tuple, float]) -> None:
-        for kinds, ms in groups.items():
-            self._least_in_step[call, kinds] = min(self._least_in_step.get((call, kinds), ms), ms)
+        self._moments.end(site, kinds)
 
     @property
     def _observations(self) -> int:
@@ -514,12 +440,12 @@ class Planner:
 
     def _planned_layer(self, site) -> bool | None:
         """Plan the site's layer; whether it runs the framework's own convolution. With delegation
-        on, its own kernels decide first, as they ran in the step (_seen_in_step) or else timed
+        on, its own kernels decide first, as they ran in the step (Moments.seen) or else timed
         now, and where they settle the layer (_settled) it runs them with no sweep; else its
         kernels are swept and weighed against the same timings. None: plan_pending's slice ran out
         between two of its kernels (the next slice goes on)."""
         rooms = [self._room(site, kind) for kind in site.kinds]
-        seen = self._seen_in_step(site, rooms)
+        seen = self._moments.seen(site, rooms)
         own = (seen or [self._own_timing(site, kind) for kind in site.kinds]) if self.delegate else []
         groups = [[0], list(range(1, len(site.kinds)))] if seen and len(site.kinds) > 1 else [[i] for i in range(len(own))]
         if self.delegate and self._settled(site, own, rooms, groups):
@@ -587,7 +513,7 @@ class Planner:
     def _planned_pending(self, site) -> bool:
         """Plan one waiting layer (plan_pending); whether it is planned (False: the slice ran out
         between two of its kernels)."""
-        self._lessen(site)
+        self._moments.lessen(site)
         key = self._layer_key(site)
         if key in self._delegated:  # decided for another layer of the same call and rooms
             delegated = self._delegated[key]
@@ -595,7 +521,7 @@ class Planner:
             delegated = self._planned_layer(site)
         if delegated is None:
             return False
-        self._in_step.pop(site, None)
+        self._moments.forget(site)
         self._delegated[key] = delegated
         del self._pending[site]
         site.delegated = None
@@ -757,12 +683,7 @@ class Planner:
             self._unswept.clear()
             self._pending.clear()
             self._own_timings.clear()
-            self._in_step.clear()
-            self._in_step_ms.clear()
-            self._in_step_windows.clear()
-            self._least_in_step.clear()
-            self._outside_seen.clear()
-            self._lessened.clear()
+            self._moments = Moments(self.framework)
             self._set_aside.clear()
             self._watch = FlushWatch()
             self._flushed_kernels.clear()
@@ -779,7 +700,7 @@ class Planner:
         s = self.settings
         delegated = {(kind, call, room) for (call, kinds, rooms), yes in self._delegated.items() if yes
                      for kind, room in zip(kinds, rooms)}
-        keys = dict.fromkeys([*self._kernels, *self._own_timings, *self._in_step_ms])
+        keys = dict.fromkeys([*self._kernels, *self._own_timings, *self._moments.in_step_ms])
         out = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
                    workspace_limit="auto" if self.auto else s.workspace_limit, delegate=self.delegate,
                    planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
@@ -809,9 +730,9 @@ class Planner:
             out.update(room=room, limit=workspace_limit(room))
         if own is not None:
             out.update(own_ms=own.ms, own_workspace=own.workspace)
-        if (kind, call, room) in self._in_step_ms:  # its group's time in the step (InStep), and its site's windows
-            out["in_step_ms"] = self._in_step_ms[kind, call, room]
-            out["in_step_windows"] = [[ms, flushes] for ms, flushes in self._in_step_windows[kind, call, room]]
+        if (kind, call, room) in self._moments.in_step_ms:  # its group's time in the step, and its site's windows
+            out["in_step_ms"] = self._moments.in_step_ms[kind, call, room]
+            out["in_step_windows"] = [[ms, flushes] for ms, flushes in self._moments.in_step_windows[kind, call, room]]
         if (kind, call) in self._favourite_times:  # cuDNN's favourite, timed where its layer was pressed
             out["favourite_ms"] = self._favourite_times[kind, call]
         if kernel is not None and kernel.via == UCUDNN:

@@ -1,0 +1,111 @@
+"""A layer's observed calls, with limits from the memory timeline (ucudnn.plan.memory): the room
+each of its kernels' moments left, and the framework's own kernels as they ran there
+(delegation.InStep), judged on the least time any layer of the same call took. The Planner
+observes through `Moments` while a layer waits for its plan and judges the layer on what it saw."""
+from __future__ import annotations
+
+from typing import Any, Hashable, Sequence
+
+from ..core.problem import ConvKind
+from .delegation import IN_STEP_HOLD_S, InStep, OwnTiming
+
+Key = tuple[ConvKind, Hashable, int]  # (kind, call, room), as the Planner keys kernels
+
+
+class Moments:
+    """What the observed calls of the layers waiting for a plan saw, on `framework`
+    (planner.Framework): the least room of each kernel (on the site: `site.free`), the windows
+    of its own kernels, and what the process held outside the framework's pool at the latest
+    observation of each device. `in_step_ms` and `in_step_windows` keep, per (kind, call, room),
+    what a layer was judged on, for Planner.summary()."""
+
+    def __init__(self, framework):
+        self.framework = framework
+        self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
+        self._least: dict[tuple[Hashable, tuple], float] = {}  # (call, kinds) -> least ms of any of its sites
+        self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest start()
+        self._lessened: set = set()  # sites whose rooms were lessened as their planning began (lessen)
+        self.in_step_ms: dict[Key, float] = {}
+        self.in_step_windows: dict[Key, list[tuple[float, int]]] = {}  # the site's own windows: (ms, flushes)
+
+    def start(self, site, kinds: tuple[ConvKind, ...]) -> None:
+        """The site's `kinds` start now: each one's room is what the framework could allocate
+        less what those kernels write (their outputs, made before they run), the least seen kept;
+        their window opens (the flushes read before the mark: no host time inside the window)."""
+        call = site.call
+        room = self.framework.free_bytes(call.device) - sum(call.problem(k).written_bytes() for k in kinds)
+        for kind in kinds:
+            site.free[kind] = min(site.free.get(kind, room), room)
+        self._outside_seen[call.device] = self.framework.outside_bytes(call.device)
+        flushes = self.framework.flushes(call.device)
+        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), flushes)
+
+    def end(self, site, kinds: tuple[ConvKind, ...]) -> None:
+        """The site's `kinds`, observed as they started (start), have ended now."""
+        if site in self._in_step:
+            mark = self.framework.mark(site.call.device)
+            self._in_step[site].end(kinds, mark, self.framework.flushes(site.call.device))
+
+    def lessen(self, site) -> None:
+        """Once, as an observed site's planning begins: its rooms less what the process came to
+        hold outside the framework's pool since the latest observation on its device (planning
+        loads cuDNN's handle and the code of every kernel it times: a process that planned
+        wav2vec2 held 20 MiB more there than torch's own, docs/results-archive.md, "Torch's
+        kernels judged as they ran in the step"), which the step's moments no longer have free."""
+        device = site.call.device
+        if site in self._lessened or device not in self._outside_seen:
+            return
+        self._lessened.add(site)
+        grown = max(0, self.framework.outside_bytes(device) - self._outside_seen[device])
+        for kind in site.free:
+            site.free[kind] -= grown
+
+    def seen(self, site, rooms: Sequence[int]) -> list[OwnTiming]:
+        """The site's own kernels as they ran in its observed calls: per kind (at its room in
+        `rooms`, in site.kinds' order) its share of its group's least time (the forward kernel;
+        the backward kernels together), within its room, since it ran there; kept for summary().
+        The framework runs one plan for a call wherever its sites are (torch's benchmark mode
+        keeps a plan per problem, not per moment), so a group's time is the least any site of the
+        call took (_least_of_call): one window can hold a stall of the host's (r3d_18's first
+        64-channel layer: 0.97 ms a forward in its window, 0.41 ms in the next layer's, 0.30 ms
+        steady; docs/results.md, "Forty steps"). [] where a group was not seen whole (no backward
+        ran in the observed calls) or a mark cannot be read: then they are timed apart."""
+        groups, windows, room_of = self._least_of_call(site), self._windows(site), dict(zip(site.kinds, rooms))
+        for kinds, ms in groups.items():
+            for kind in kinds:
+                self.in_step_ms[kind, site.call, room_of[kind]] = ms
+                self.in_step_windows[kind, site.call, room_of[kind]] = windows.get(kinds, [])
+        shares = {kind: ms / len(kinds) for kinds, ms in groups.items() for kind in kinds}
+        if set(shares) != set(site.kinds):
+            return []
+        return [OwnTiming(shares[kind], 0, room) for kind, room in zip(site.kinds, rooms)]
+
+    def forget(self, site) -> None:
+        """The site is decided: its windows are no longer needed (the least of its call stays)."""
+        self._in_step.pop(site, None)
+
+    def _least_of_call(self, site) -> dict[tuple, float]:
+        """Per group of kinds the site saw whole in its observed calls, the least time of that
+        group over the sites of its call seen so far (those waiting now, and those decided before)."""
+        own = self._windows_ms(site)
+        for other in self._in_step:
+            if other is not site and other.call == site.call:
+                self._keep_least(other.call, self._windows_ms(other))
+        self._keep_least(site.call, own)
+        return {kinds: self._least[site.call, kinds] for kinds in own}
+
+    def _windows_ms(self, site) -> dict[tuple, float]:
+        """The site's least window per group of kinds (InStep.ms); none where a mark cannot be read."""
+        return {kinds: min(ms for ms, _ in each) for kinds, each in self._windows(site).items()}
+
+    def _windows(self, site) -> dict[tuple, list[tuple[float, int]]]:
+        """The site's windows per group of kinds (InStep.each); none where a mark cannot be read."""
+        in_step = self._in_step.get(site)
+        try:
+            return {} if in_step is None else in_step.each(self.framework.elapsed_ms)
+        except RuntimeError:  # a mark the device never reached
+            return {}
+
+    def _keep_least(self, call, groups: dict[tuple, float]) -> None:
+        for kinds, ms in groups.items():
+            self._least[call, kinds] = min(self._least.get((call, kinds), ms), ms)
