@@ -341,13 +341,14 @@ def test_shards_a_killed_run_left_are_merged_by_the_next_run_on_its_host(tmp_pat
     pool(tmp_path / "whole.db")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    for owner in (dead, str(os.getpid())):  # a killed run's folder, and a live one's
-        folder = tmp_path / f"target.db.shards-{_host()}-{owner}-abcd"
+    live, other_host = f"target.db.shards-{_host()}-{os.getpid()}-abcd", f"target.db.shards-{_host()}-{dead}-{dead}-ab"
+    for name in (f"target.db.shards-{_host()}-{dead}-abcd", live, other_host):  # a killed run's, a live one's,
+        folder = tmp_path / name  # and host "<this host>-<dead>"'s, whose process this host cannot see
         folder.mkdir()
         shutil.copy(tmp_path / "whole.db", folder / f"{_host()}-0.db")
     pool(tmp_path / "target.db", worker=must_not_run)  # nothing left to measure once merged
     assert rows(tmp_path / "target.db") == single
-    assert [p.name for p in leftovers(tmp_path)] == [f"target.db.shards-{_host()}-{os.getpid()}-abcd"]
+    assert sorted(p.name for p in leftovers(tmp_path)) == sorted([live, other_host])
 
 
 def test_merging_shards_removes_what_a_worker_killed_while_making_its_shard_left(tmp_path):

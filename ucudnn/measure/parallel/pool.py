@@ -6,6 +6,7 @@ import glob
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import signal
 import tempfile
 from dataclasses import dataclass
@@ -42,10 +43,10 @@ def recover_shards(target: Path) -> int:
     """Merge into `target` the shards a killed run on this host left beside it (its process gone:
     SIGKILL, the out-of-memory killer, a node's reboot) and remove their folders; measurements
     merged. Folders of live processes and of other hosts are left to their owners."""
-    merged = 0
-    for folder in sorted(target.parent.glob(f"{glob.escape(target.name)}.shards-{glob.escape(_host())}-*")):
-        pid = folder.name.rsplit(".shards-", 1)[1][len(_host()) + 1:].split("-", 1)[0]
-        if folder.is_dir() and pid.isdigit() and not _alive(int(pid)):
+    merged, own = 0, re.compile(rf"{re.escape(target.name)}\.shards-{re.escape(_host())}-(\d+)-\w+")
+    for folder in sorted(target.parent.glob(f"{glob.escape(target.name)}.shards-*")):
+        found = own.fullmatch(folder.name)  # not host "node-12"'s folder, seen from host "node"
+        if found and folder.is_dir() and not _alive(int(found[1])):
             merged += merge_shards(folder, target)
             remove_if_empty(folder)
     if merged:
