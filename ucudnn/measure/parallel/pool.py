@@ -60,11 +60,11 @@ def _host() -> str:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # no signal: whether the process exists
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's
-        return True
+        pass
     return True
 
 
