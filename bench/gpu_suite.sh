@@ -29,6 +29,7 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, go on
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || { echo "!!! $name failed (exit $?)"; status=1; }
   echo "=== $name done in $((SECONDS - start)) s"; tail -n 25 "$OUT/$name.log"
 }
+gpus() { python3 -c "import torch; print(torch.cuda.device_count())"; }  # GPUs of the machine
 budget() {  # budget SECONDS: that many, or less where DEADLINE leaves less (a script's own --deadline)
   local left=$(( ${DEADLINE:-3600} - SECONDS - 40 )); echo $(( left < $1 ? left : $1 ))
 }
@@ -81,7 +82,7 @@ for stage in "${stages[@]}"; do
     # what the figures plan from, measured on every GPU at once (`ucudnn bench --devices`) into the database
     # above (PAPER_SEED, else empty), brought back; PAPER_BENCH: NET:BATCH:POLICY ... (default: Figs. 10-13's)
     paper-bench) [ -f /tmp/paper-cache.db ] || [ -z "${PAPER_SEED:-}" ] || cp "$PAPER_SEED" /tmp/paper-cache.db
-           devices=$(python3 -c "import torch; print(','.join(map(str, range(torch.cuda.device_count()))))")
+           devices=$(seq -s, 0 $(( $(gpus) - 1 )))
            for spec in ${PAPER_BENCH:-alexnet:256:all resnet18:128:powerOfTwo resnet50:32:all resnet50:64:powerOfTwo densenet40:256:powerOfTwo}; do
              IFS=: read -r net batch policy <<< "$spec"
              run "paper-bench-$net-$batch-$policy" python3 -m ucudnn bench --net "$net" --batch "$batch" --policy "$policy" \
@@ -94,7 +95,7 @@ for stage in "${stages[@]}"; do
     # where ucudnn cannot gain: compiled, exported, host us per call (ZERO_ARGS); and under DistributedDataParallel
     # on every GPU of the machine (torchrun)
     zerocost) run zerocost python3 bench/zero_cost.py --out "$OUT" ${ZERO_ARGS:-} ;;
-    zerocost-ddp) run zerocost-ddp torchrun --standalone --nproc_per_node "$(python3 -c "import torch; print(torch.cuda.device_count())")" bench/zero_cost.py \
+    zerocost-ddp) run zerocost-ddp torchrun --standalone --nproc_per_node "$(gpus)" bench/zero_cost.py \
                     --out "$OUT" --sections ddp ;;
     # AlexNet fp32 B=256 at 64 MiB: its first iteration from an empty database, then a fresh process on
     # the filled one, against torch's own (cold_models.py, each in a fresh process)

@@ -181,7 +181,8 @@ def run_variant(args) -> dict:
     wall = None if args.variant == "free" else block(device, args.need, args.limit, result)  # held to the end
     PHASE[0] = "build"
     model, x, amp = build(args.model, device)
-    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # the gradient check's weights
+    checked = args.variant in UCUDNN_VARIANTS or args.variant == "control"  # its gradients checked at the end
+    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if checked else {}  # from these
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
 
@@ -232,12 +233,10 @@ def run_variant(args) -> dict:
                       flush_watch=summary.get("flush_watch"),
                       converted=sum(isinstance(m, Converted) for m in model.modules()))
     PHASE[0] = "gradient check"
-    if args.variant in UCUDNN_VARIANTS or args.variant == "control":
-        held = [wall]
-        del wall
-
+    if checked:
         def release():
-            held.clear()
+            nonlocal wall
+            wall = None
             torch.cuda.empty_cache()
         try:
             model.load_state_dict(initial)  # trained weights may have diverged (fpn_resnet50's loss: nan)

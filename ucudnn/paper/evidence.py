@@ -169,10 +169,13 @@ class Executed(Evidence):
                                        execution=self.base.execution, backend="all")
         self.benchmarker, self.timer, self.progress = benchmarker, timer, progress
         self.measure_missing = measure_missing
-        self.flags = " --execute" + ("" if measure_missing else " --no-measure")
         self.source = Cache(self.base.cache_path)
         self.device, self.database = benchmarker.device, self.source.path
         self._times: dict[tuple[str, Configuration], float] = {}
+
+    @property
+    def flags(self) -> str:
+        return " --execute" + ("" if self.measure_missing else " --no-measure")
 
     def measure(self, settings: Settings) -> Measure:
         if not self.measure_missing:

@@ -87,7 +87,7 @@ class InStep:
 
     def ms(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, float]:
         """Per group of kinds, the least milliseconds between its marks over the calls."""
-        return {kinds: min(ms for ms, _ in each) for kinds, each in self.each(elapsed_ms).items()}
+        return least(self.each(elapsed_ms))
 
     def each(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, list[tuple[float, int]]]:
         """Per group of kinds, each call's window in call order: its milliseconds and the flushes
@@ -95,6 +95,11 @@ class InStep:
         with none is not explained by the allocator)."""
         return {kinds: [(elapsed_ms(a, b), flushes) for a, b, flushes in windows]
                 for kinds, windows in self._windows.items()}
+
+
+def least(windows: dict[tuple, list[tuple[float, int]]]) -> dict[tuple, float]:
+    """Per group of kinds, the least milliseconds of its windows (InStep.each)."""
+    return {kinds: min(ms for ms, _ in each) for kinds, each in windows.items()}
 
 
 # Under pressure, torch's benchmark mode may settle for a slow plan although cuDNN's favourite

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Sequence
 
 from ..core.problem import ConvKind
-from .delegation import IN_STEP_HOLD_S, InStep, OwnTiming
+from .delegation import IN_STEP_HOLD_S, InStep, OwnTiming, least
 
 Key = tuple[ConvKind, Hashable, int]  # (kind, call, room), as the Planner keys kernels
 
@@ -96,7 +96,7 @@ class Moments:
 
     def _windows_ms(self, site) -> dict[tuple, float]:
         """The site's least window per group of kinds (InStep.ms); none where a mark cannot be read."""
-        return {kinds: min(ms for ms, _ in each) for kinds, each in self._windows(site).items()}
+        return least(self._windows(site))
 
     def _windows(self, site) -> dict[tuple, list[tuple[float, int]]]:
         """The site's windows per group of kinds (InStep.each); none where a mark cannot be read."""
