@@ -299,16 +299,26 @@ def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
 
 
 def gradient_check(model, x, args, amp: bool, release) -> dict:
-    """One step's gradients (from the weights the model was built with) through the model as it
-    runs (`mine`) and through torch's own layers (`theirs`; same batch; for `control`, torch's
-    against itself): their relative difference, and each one's relative error against the same
-    step in float64 through torch's layers, taken after `release()` has given the blocker back
-    (float64 needs the room). That error decides: two fp16 runs that differ show only that."""
+    """One step's gradients (from the weights the model was built with, dropout off: fp16 and
+    float64 draw different masks from one seed) through the model as it runs (`mine`) and through
+    torch's own layers (`theirs`; same batch; for `control`, torch's against itself): their
+    relative difference, and each one's relative error against the same step in float64 through
+    torch's layers, taken after `release()` has given the blocker back (float64 needs the room).
+    That error decides: two fp16 runs that differ show only that. Under AMP the loss is scaled as
+    a gradient scaler would: 1024, an eighth of that until the fp16 gradients are finite."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.eval()
     scale = 1024.0 if amp else 1.0
     mine = gradients(model, x, args.model, amp, scale)
+    while not mine.isfinite().all() and scale > 2**-10:
+        scale /= 8
+        mine = gradients(model, x, args.model, amp, scale)
     as_torch(model)  # for good: this is the process's last use of the model
     theirs = gradients(model, x, args.model, amp, scale)
-    result = dict(gradient_rel=relative_error(mine, theirs))
+    result = dict(gradient_rel=relative_error(mine, theirs), gradient_scale=scale)
     release()
     exact = gradients(model.double(), x.double(), args.model, False, scale)
     return dict(result, gradient_fp64_rel=relative_error(mine, exact), torch_fp64_rel=relative_error(theirs, exact))

@@ -134,6 +134,9 @@ class NumpyArrays:
     def flushes(self, device):
         return 0
 
+    def grown(self, device):
+        return 0
+
     @staticmethod
     def result_for(problem, like):
         return np.empty(problem.written_shape, like.dtype)
@@ -415,12 +418,12 @@ def test_a_layer_s_own_kernels_are_reported_as_they_ran_in_its_observed_calls(tm
     Each window's start holds the device first, so that it times the device, not the host."""
     framework, plans = on_a_clock(tmp_path)
     site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
-    for forward_ms, backward_ms in ((3.0, 9.0), (2.0, 11.0)):
+    for forward_ms, backward_ms in [(3.0, 9.0)] + [(2.0, 11.0)] * (RECORDED_CALLS - 1):
         observed_call(plans, framework, site, forward_ms, backward_ms)
     plans.plan_pending()
     got = {k["kind"]: k["in_step_ms"] for k in plans.summary()["kernels"]}
     assert got == {"F": 2.0, "BD": 9.0, "BF": 9.0}
-    assert framework.holds == [IN_STEP_HOLD_S, 0.0] * 4  # (start, end) of F and of BD+BF, twice
+    assert framework.holds == [IN_STEP_HOLD_S, 0.0] * 2 * RECORDED_CALLS  # (start, end) of F and of BD+BF, each call
 
 
 def test_layers_of_one_call_are_judged_on_the_least_window_any_of_them_took(tmp_path, rng):
@@ -480,27 +483,34 @@ def test_rooms_are_lessened_by_what_the_process_took_beside_the_pool_since_they_
     assert ("F", quantized(observed[0][F] - 40 * MiB)) in rooms
 
 
-def test_each_observed_window_is_reported_with_the_flushes_inside_it(tmp_path, rng):
+def test_each_observed_window_is_reported_with_what_the_allocator_did_inside_it(tmp_path, rng):
     """Where a window ran long, the summary says whether the allocator flushed inside it (a cost
-    the step pays) or not (r3d_18's early windows ran 2x its kernels: docs/results.md, "Rounds"),
-    window by window in call order; the flush count is read outside the window's marks."""
+    the step pays) or took memory from the device (the pool growing to the step's peak, paid
+    once), window by window in call order; the counts are read outside the window's marks."""
     framework, plans = on_a_clock(tmp_path)
-    flushes = [0]
-    framework.flushes = lambda device: flushes[0]
+    flushes, grown = [0], [0]
+    framework.flushes, framework.grown = (lambda device: flushes[0]), (lambda device: grown[0])
     site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
     assert plans.route(site)  # the first call's forward: a flush inside its window
     flushes[0] += 1
     framework.now += 3.0
     plans.observed_end(site, site.kinds[:1])
-    plans.observe(site, site.kinds[1:])
+    plans.observe(site, site.kinds[1:])  # its backward: the pool grows twice
+    grown[0] += 2
     framework.now += 9.0
     plans.observed_end(site, site.kinds[1:])
-    observed_call(plans, framework, site, 2.0, 11.0)
+    for _ in range(RECORDED_CALLS - 1):
+        observed_call(plans, framework, site, 2.0, 11.0)
     plans.plan_pending()
     got = {k["kind"]: k["in_step_windows"] for k in plans.summary()["kernels"]}
-    assert got == {"F": [[3.0, 1], [2.0, 0]], "BD": [[9.0, 0], [11.0, 0]], "BF": [[9.0, 0], [11.0, 0]]}
+    later = RECORDED_CALLS - 1
+    assert got == {"F": [[3.0, 1, 0]] + [[2.0, 0, 0]] * later, "BD": [[9.0, 0, 2]] + [[11.0, 0, 0]] * later,
+                   "BF": [[9.0, 0, 2]] + [[11.0, 0, 0]] * later}
     from ucudnn.reports import kernels
-    assert "| 3.00 (1), 2.00 |" in kernels.table(plans.summary())
+    table = kernels.table(plans.summary())
+    assert "| 3.00 (1, 0), 2.00" in table and "| 9.00 (0, 2), 11.00" in table
+    assert "| 3.00 (1, 0), 2.00 |" in kernels.table({"kernels": [dict(plans.summary()["kernels"][0],
+                                                                      in_step_windows=[[3.0, 1], [2.0, 0]])]})
 
 
 def test_a_window_missing_a_mark_is_no_window():

@@ -69,6 +69,9 @@ class NumpyFramework(TorchFramework):
     def flushes(self, device):  # none, unless a test's borrow says so (flush_at)
         return self.flushed
 
+    def grown(self, device):  # the pretend pool never grows
+        return 0
+
     def borrow(self, nbytes, device):
         """Workspace on the CPU; a borrow of more than `flush_at` bytes counts as a flush."""
         if nbytes > self.flush_at:

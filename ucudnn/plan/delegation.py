@@ -56,6 +56,27 @@ class OwnTiming(NamedTuple):
     free: int = 0
 
 
+class Allocator(NamedTuple):
+    """What the framework's allocator has done so far (Framework.flushes, Framework.grown): how
+    often it gave its whole cache back to serve an allocation, and how often it took memory from
+    the device (a cudaMalloc, or pages mapped); one minus another is what it did between them."""
+
+    flushes: int = 0
+    grown: int = 0
+
+    def __sub__(self, other: "Allocator") -> "Allocator":
+        return Allocator(self.flushes - other.flushes, self.grown - other.grown)
+
+
+class Window(NamedTuple):
+    """One observed call of a group of kernels (InStep.each): its milliseconds, and the
+    allocator's flushes and memory taken from the device inside it."""
+
+    ms: float
+    flushes: int = 0
+    grown: int = 0
+
+
 # A window's start mark first holds the device this long (Framework.mark's hold_s): where the step
 # is host-paced the device would otherwise wait between the mark and the kernel, and the window
 # would time the host. Unheld, densenet121's 1x1 convolutions took 0.19-0.41 ms a window against
@@ -68,38 +89,40 @@ class InStep:
     """A layer's own kernels as they ran in its observed calls (ucudnn.plan.memory): per group of
     kernels (the forward kernel; the backward kernels together, one autograd node), the marks
     (Planner.Framework.mark) where it started, after holding the device (IN_STEP_HOLD_S), and
-    ended in each call, and the framework's flushes (Framework.flushes) read beside them. What the
-    step itself paid, at its moment."""
+    ended in each call, and what the framework's allocator did between them (Allocator: its
+    flushes and the memory it took from the device), read beside them. What the step itself paid,
+    at its moment."""
 
     def __init__(self):
-        self._open: dict[tuple, tuple[Any, int]] = {}
-        self._windows: dict[tuple, list[tuple[Any, Any, int]]] = {}
+        self._open: dict[tuple, tuple[Any, Allocator]] = {}
+        self._windows: dict[tuple, list[tuple[Any, Any, Allocator]]] = {}
 
-    def start(self, kinds: tuple, mark: Any, flushes: int = 0) -> None:
-        self._open[kinds] = mark, flushes
+    def start(self, kinds: tuple, mark: Any, allocator: Allocator | None = None) -> None:
+        self._open[kinds] = mark, allocator or Allocator()
 
-    def end(self, kinds: tuple, mark: Any, flushes: int = 0) -> None:
-        """A window from the group's open start to `mark`, with the flushes between; none where
-        either mark is missing (None: no mark could be taken, e.g. while a CUDA graph is captured)."""
-        start, before = self._open.pop(kinds, (None, 0))
+    def end(self, kinds: tuple, mark: Any, allocator: Allocator | None = None) -> None:
+        """A window from the group's open start to `mark`, with what the allocator did between;
+        none where either mark is missing (None: no mark could be taken, e.g. while a CUDA graph
+        is captured)."""
+        start, before = self._open.pop(kinds, (None, Allocator()))
         if start is not None and mark is not None:
-            self._windows.setdefault(kinds, []).append((start, mark, flushes - before))
+            self._windows.setdefault(kinds, []).append((start, mark, (allocator or Allocator()) - before))
 
     def ms(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, float]:
         """Per group of kinds, the least milliseconds between its marks over the calls."""
         return least(self.each(elapsed_ms))
 
-    def each(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, list[tuple[float, int]]]:
-        """Per group of kinds, each call's window in call order: its milliseconds and the flushes
-        in it (what a window that ran long paid: a flush is a cost the step pays, a window long
-        with none is not explained by the allocator)."""
-        return {kinds: [(elapsed_ms(a, b), flushes) for a, b, flushes in windows]
+    def each(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, list[Window]]:
+        """Per group of kinds, each call's window in call order: its milliseconds and what the
+        allocator did in it (a flush is a cost the step pays each time its moment comes; memory
+        taken from the device, as the pool grows to the step's peak, is paid once)."""
+        return {kinds: [Window(elapsed_ms(a, b), *allocator) for a, b, allocator in windows]
                 for kinds, windows in self._windows.items()}
 
 
-def least(windows: dict[tuple, list[tuple[float, int]]]) -> dict[tuple, float]:
+def least(windows: dict[tuple, list[Window]]) -> dict[tuple, float]:
     """Per group of kinds, the least milliseconds of its windows (InStep.each)."""
-    return {kinds: min(ms for ms, _ in each) for kinds, each in windows.items()}
+    return {kinds: min(w.ms for w in each) for kinds, each in windows.items()}
 
 
 # Under pressure, torch's benchmark mode may settle for a slow plan although cuDNN's favourite

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Sequence
 
 from ..core.problem import ConvKind
-from .delegation import IN_STEP_HOLD_S, InStep, OwnTiming, least
+from .delegation import IN_STEP_HOLD_S, Allocator, InStep, OwnTiming, Window, least
 
 Key = tuple[ConvKind, Hashable, int]  # (kind, call, room), as the Planner keys kernels
 
@@ -26,25 +26,25 @@ class Moments:
         self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest start()
         self._lessened: set = set()  # sites whose rooms were lessened as their planning began (lessen)
         self.in_step_ms: dict[Key, float] = {}
-        self.in_step_windows: dict[Key, list[tuple[float, int]]] = {}  # the site's own windows: (ms, flushes)
+        self.in_step_windows: dict[Key, list[Window]] = {}  # the site's own windows
 
     def start(self, site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds` start now: each one's room is what the framework could allocate
         less what those kernels write (their outputs, made before they run), the least seen kept;
-        their window opens (the flushes read before the mark: no host time inside the window)."""
+        their window opens (the allocator's counts read before the mark: no host time inside the window)."""
         call = site.call
         room = self.framework.free_bytes(call.device) - sum(call.problem(k).written_bytes() for k in kinds)
         for kind in kinds:
             site.free[kind] = min(site.free.get(kind, room), room)
         self._outside_seen[call.device] = self.framework.outside_bytes(call.device)
-        flushes = self.framework.flushes(call.device)
-        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), flushes)
+        allocator = self._allocator(call.device)
+        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), allocator)
 
     def end(self, site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds`, observed as they started (start), have ended now."""
         if site in self._in_step:
             mark = self.framework.mark(site.call.device)
-            self._in_step[site].end(kinds, mark, self.framework.flushes(site.call.device))
+            self._in_step[site].end(kinds, mark, self._allocator(site.call.device))
 
     def lessen(self, site) -> None:
         """Once, as an observed site's planning begins: its rooms less what the process came to
@@ -98,7 +98,10 @@ class Moments:
         """The site's least window per group of kinds (InStep.ms); none where a mark cannot be read."""
         return least(self._windows(site))
 
-    def _windows(self, site) -> dict[tuple, list[tuple[float, int]]]:
+    def _allocator(self, device: Hashable) -> Allocator:
+        return Allocator(self.framework.flushes(device), self.framework.grown(device))
+
+    def _windows(self, site) -> dict[tuple, list[Window]]:
         """The site's windows per group of kinds (InStep.each); none where a mark cannot be read."""
         in_step = self._in_step.get(site)
         try:

@@ -83,6 +83,9 @@ class Framework(Protocol):
     def flushes(self, device: Hashable) -> int:
         """How often the framework's allocator has given its whole cache back to serve an allocation."""
 
+    def grown(self, device: Hashable) -> int:
+        """How often the framework's allocator has taken memory from the device (allocated, or pages mapped)."""
+
     def time_own(self, problem: ConvProblem, device: Hashable, free: int | None = None) -> OwnTiming:
         """The framework's own convolution of `problem` timed on new operands; with `free`, with
         only that many bytes free beyond its result (the rest held while it runs)."""
@@ -732,7 +735,7 @@ class Planner:
             out.update(own_ms=own.ms, own_workspace=own.workspace)
         if (kind, call, room) in self._moments.in_step_ms:  # its group's time in the step, and its site's windows
             out["in_step_ms"] = self._moments.in_step_ms[kind, call, room]
-            out["in_step_windows"] = [[ms, flushes] for ms, flushes in self._moments.in_step_windows[kind, call, room]]
+            out["in_step_windows"] = [list(w) for w in self._moments.in_step_windows[kind, call, room]]  # ms, flushes, grown
         if (kind, call) in self._favourite_times:  # cuDNN's favourite, timed where its layer was pressed
             out["favourite_ms"] = self._favourite_times[kind, call]
         if kernel is not None and kernel.via == UCUDNN:

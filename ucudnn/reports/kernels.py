@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLUMNS = ("kind", "kernel", "room MiB", "limit MiB", "ucudnn plan", "workspace MiB", "predicted ms", "torch ms",
-           "torch in the step ms", "its windows ms (flushes)", "cuDNN's favourite ms", "torch workspace MiB", "runs",
+           "torch in the step ms", "its windows ms (flushes, grown)", "cuDNN's favourite ms", "torch workspace MiB", "runs",
            "flushes a step")
 
 
@@ -23,8 +23,10 @@ def _mib(value: int | None) -> str:
 
 
 def _windows(windows) -> str:
-    """A kernel's group's windows in its observed calls, in call order: '0.98 (1), 0.62'."""
-    return ", ".join(f"{ms:.2f}" + (f" ({flushes})" if flushes else "") for ms, flushes in windows) or "-"
+    """A kernel's group's windows in its observed calls, in call order, with the allocator's
+    flushes and the memory it took from the device inside each where any: '0.98 (1, 2), 0.62'."""
+    return ", ".join(f"{ms:.2f}" + (f" ({flushes}, {sum(grown)})" if flushes or any(grown) else "")
+                     for ms, flushes, *grown in windows) or "-"  # a summary before `grown` holds two a window
 
 
 def _row(k: Mapping, flushes: Mapping[str, int]) -> str:

@@ -143,6 +143,12 @@ class TorchFramework:
         nested statistics: torch.cuda.memory_stats would flatten them all first."""
         return torch.cuda.memory.memory_stats_as_nested_dict(device).get("num_alloc_retries", 0)
 
+    @staticmethod
+    def grown(device: torch.device) -> int:
+        """How often torch's caching allocator has taken memory from the device (num_device_alloc:
+        cudaMalloc calls, or pages mapped into an expandable segment)."""
+        return torch.cuda.memory.memory_stats_as_nested_dict(device).get("num_device_alloc", 0)
+
     def borrow(self, nbytes: int, device: torch.device) -> Tensor:
         """Workspace from torch's caching allocator, on the current stream; where it cannot be
         had, DeviceMemoryError (a MemoryError), on which ucudnn plans within less."""
