@@ -116,9 +116,8 @@ def trainer(model, x, name: str, amp: bool):
 
 
 def gradients(model, x, name: str, amp: bool, scale: float = 1.0):
-    """One step's parameter gradients as one float64 vector (loss times `scale`: 1024 under AMP, as
-    a gradient scaler would, so that fp16 gradients do not vanish), with the random generators
-    seeded first, so that dropout draws the same masks each time."""
+    """One step's parameter gradients as one float64 vector (loss times `scale`, as a gradient
+    scaler's, so that fp16 gradients do not vanish), with the random generators seeded first."""
     import torch
 
     torch.manual_seed(1)
@@ -305,13 +304,14 @@ def gradient_check(model, x, args, amp: bool, release) -> dict:
     relative difference, and each one's relative error against the same step in float64 through
     torch's layers, taken after `release()` has given the blocker back (float64 needs the room).
     That error decides: two fp16 runs that differ show only that. Under AMP the loss is scaled as
-    a gradient scaler would: 1024, an eighth of that until the fp16 gradients are finite."""
+    a gradient scaler starts (2**16; fcn_resnet50's fp16 gradients vanish at 1024), an eighth of
+    that until they are finite."""
     import torch
 
     for module in model.modules():
         if isinstance(module, torch.nn.modules.dropout._DropoutNd):
             module.eval()
-    scale = 1024.0 if amp else 1.0
+    scale = 2.0**16 if amp else 1.0
     mine = gradients(model, x, args.model, amp, scale)
     while not mine.isfinite().all() and scale > 2**-10:
         scale /= 8

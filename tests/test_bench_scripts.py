@@ -161,19 +161,19 @@ def test_each_tests_seconds_are_kept_as_it_ends_where_asked(tmp_path, monkeypatc
 def test_pressure_s_gradient_check_turns_dropout_off_and_scales_the_loss_down_until_finite():
     """The gradient check draws no dropout masks (fp16 and float64 draw different ones from one
     seed) and, under AMP, scales the loss as a gradient scaler would: down by eighths from 1024
-    where the gradients overflow (fpn_resnet50's did at 1024)."""
+    from 2**16 where the gradients overflow (fpn_resnet50's did at 1024)."""
     torch = pytest.importorskip("torch")
     pressure = importlib.import_module("bench.pressure")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1, 1, bias=False), torch.nn.Dropout(0.5))
     with torch.no_grad():
-        model[0].weight.fill_(5e35)  # an output of 5e35: its gradient 2 * 5e35 * 1024 overflows float32, * 128 not
+        model[0].weight.fill_(1e34)  # its gradient 2 * 1e34 * 2**16 overflows float32, * 2**13 not
     x, released = torch.ones(1, 1), []
     args = types.SimpleNamespace(model="tiny")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pressure, "gradients", _float32_gradients(pressure.gradients))
         got = pressure.gradient_check(model, x, args, True, lambda: released.append(True))
-    assert got["gradient_scale"] == 128.0 and released == [True]
+    assert got["gradient_scale"] == 2.0**13 and released == [True]
     assert not model[1].training
     assert got["gradient_rel"] == 0.0 and got["gradient_fp64_rel"] < 1e-6, got
 
