@@ -45,23 +45,25 @@ def build(net: str, batch: int, amp: bool, device):
     return model, x, target
 
 
-def training_step(model, x, target, amp: bool) -> Step:
+def training_step(model, x, target, amp: bool, loss: Callable | None = None, lr: float = 1e-3) -> Step:
     """One SGD training iteration of `model` on (x, target) as a function (AMP: fp16 autocast and
-    a gradient scaler), returning the loss. Its optimizer lives as long as the function."""
+    a gradient scaler), returning the loss: `loss(model, x, target)`, cross-entropy unless given.
+    Its optimizer lives as long as the function."""
     import torch
     import torch.nn.functional as F
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    loss = loss or (lambda model, x, target: F.cross_entropy(model(x), target))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            loss = F.cross_entropy(model(x), target)
-        scaler.scale(loss).backward()
+            value = loss(model, x, target)
+        scaler.scale(value).backward()
         scaler.step(optimizer)
         scaler.update()
-        return loss.detach()
+        return value.detach()
     return step
 
 

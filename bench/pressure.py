@@ -36,7 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import ALLOC_CONF, MiB, block, child_env, first_line, host_profile, relative_error, turns
+from bench.common import (ALLOC_CONF, MiB, block, child_env, first_line, host_profile, relative_error,
+                          training_step, turns)
 from ucudnn.reports import kernels
 
 STEADY = 8  # the last iterations whose median is the steady time
@@ -100,19 +101,8 @@ def forward(model, x, name: str):
 
 
 def trainer(model, x, name: str, amp: bool):
-    import torch
-
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
-
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
-            loss = loss_of(forward(model, x, name))
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-    return step
+    """A training step (bench.common.training_step) on the mean square of the model's outputs."""
+    return training_step(model, x, None, amp, loss=lambda model, x, _: loss_of(forward(model, x, name)), lr=1e-4)
 
 
 def gradients(model, x, name: str, amp: bool, scale: float = 1.0):
@@ -202,14 +192,11 @@ def run_variant(args) -> dict:
         retries.append(Torch.flushes(device))
     ms = [a.elapsed_time(b) for a, b in events]
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
-                  peak_mib=torch.cuda.max_memory_allocated(device) / MiB, outside_mib=Torch.outside_bytes(device) / MiB,
-                  retries=Torch.flushes(device), outside_by_iteration=outside_mib,
-                  retries_by_iteration=retries,
-                  convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()))
-    result["reserved_mib"] = torch.cuda.memory_reserved(device) / MiB
-    # what the steps could still have had: at most need + L where the blocker holds
-    result["free_at_end_mib"] = (torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
-                                 - torch.cuda.memory_allocated(device)) / MiB
+                  outside_by_iteration=outside_mib, retries_by_iteration=retries,
+                  convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()),
+                  # what the steps could still have had: at most need + L where the blocker holds
+                  free_at_end_mib=(torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
+                                   - torch.cuda.memory_allocated(device)) / MiB)
     if args.variant in UCUDNN_VARIANTS:
         PHASE[0] = "retries by kernel"
         result["flushes"] = flushes_by_kernel(step, device)
@@ -246,11 +233,9 @@ def run_variant(args) -> dict:
 
 
 def flushes_by_kernel(step, device) -> dict:
-    """One more step with each of ucudnn's kernel runs watched (Planner.run: the workspace borrowed
-    from torch's pool, a shrink where it cannot be had): per kernel (its description, as
-    summary() names it), how many times running it made the allocator give its whole cache back
-    and retry (TorchFramework.flushes), and the step's retries in all (those outside ucudnn's
-    kernels included)."""
+    """One more step with each of ucudnn's kernel runs watched (Planner.run): per kernel (as
+    summary() names it), the allocator's flushes running it made (TorchFramework.flushes), and the
+    step's in all (those outside ucudnn's kernels included)."""
     import torch
 
     from ucudnn.integrations.torch import TorchFramework
@@ -298,14 +283,12 @@ def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
 
 
 def gradient_check(model, x, args, amp: bool, release) -> dict:
-    """One step's gradients (from the weights the model was built with, dropout off: fp16 and
-    float64 draw different masks from one seed) through the model as it runs (`mine`) and through
-    torch's own layers (`theirs`; same batch; for `control`, torch's against itself): their
-    relative difference, and each one's relative error against the same step in float64 through
-    torch's layers, taken after `release()` has given the blocker back (float64 needs the room).
-    That error decides: two fp16 runs that differ show only that. Under AMP the loss is scaled as
-    a gradient scaler starts (2**16; fcn_resnet50's fp16 gradients vanish at 1024), an eighth of
-    that until they are finite."""
+    """One step's gradients (from the initial weights, dropout off) through the model as it runs
+    (`mine`) and through torch's own layers (`theirs`; for `control`, torch's against itself):
+    their relative difference, and each one's relative error against the step in float64 through
+    torch's layers after `release()` gave the blocker back. That error decides: two fp16 runs that
+    differ show only that. Under AMP the loss is scaled as a gradient scaler starts (2**16), an
+    eighth of that until the fp16 gradients are finite."""
     import torch
 
     for module in model.modules():
@@ -474,11 +457,9 @@ def main(argv=None) -> None:
     p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
     p.add_argument("--plot", nargs=2, metavar=("RESULT_JSON", "PNG"),
                    help="draw a ucudnn variant's result (a pressure-*.json) as a timeline, and stop")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--child-need", dest="need", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
+    for hidden, kind, dest in (("--child", str, None), ("--model", str, None), ("--limit", int, None),
+                               ("--child-need", int, "need"), ("--result", str, None)):  # what a child process is told
+        p.add_argument(hidden, type=kind, dest=dest, default=0 if kind is int else None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         args.variant = args.child

@@ -183,3 +183,32 @@ def _float32_gradients(gradients):
     def on_cpu(model, x, name, amp, scale=1.0):
         return gradients(model, x, name, False, scale)
     return on_cpu
+
+
+def test_side_by_side_finds_the_cpus_near_each_gpu_and_nothing_where_it_cannot(tmp_path):
+    """bench/side_by_side.sh pins each job to its GPU's NUMA node: the CPUs sysfs lists for the
+    GPU's PCI device (nvidia-smi names it, upper case, with an eight-digit domain); where
+    nvidia-smi or the device is missing, no CPUs, and the job runs unpinned."""
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n[ "$4" = 1 ] && echo 00000000:9A:00.0 || exit 6\n')
+    smi.chmod(0o755)
+    device = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:9a:00.0"
+    device.mkdir(parents=True)
+    (device / "local_cpulist").write_text("32-63\n")
+    script = (BENCH / "side_by_side.sh").read_text()
+    near = script[script.index("near() {"):script.index("\n}\n", script.index("near() {")) + 3]
+
+    def cpus(gpu: int, path: str) -> str:
+        env = {"PATH": f"{path}:/usr/bin:/bin", "SYSFS": str(tmp_path / "sys")}
+        return subprocess.run(["bash", "-c", f"set -u\n{near}near {gpu}"], env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert cpus(1, str(tmp_path / "bin")) == "32-63"
+    assert cpus(0, str(tmp_path / "bin")) == ""  # nvidia-smi knows no such GPU
+    assert cpus(1, str(tmp_path / "none")) == ""  # no nvidia-smi

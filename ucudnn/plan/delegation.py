@@ -56,7 +56,7 @@ class OwnTiming(NamedTuple):
     free: int = 0
 
 
-class Allocator(NamedTuple):
+class AllocatorCounts(NamedTuple):
     """What the framework's allocator has done so far (Framework.flushes, Framework.grown): how
     often it gave its whole cache back to serve an allocation, and how often it took memory from
     the device (a cudaMalloc, or pages mapped); one minus another is what it did between them."""
@@ -64,8 +64,8 @@ class Allocator(NamedTuple):
     flushes: int = 0
     grown: int = 0
 
-    def __sub__(self, other: "Allocator") -> "Allocator":
-        return Allocator(self.flushes - other.flushes, self.grown - other.grown)
+    def __sub__(self, other: "AllocatorCounts") -> "AllocatorCounts":
+        return AllocatorCounts(self.flushes - other.flushes, self.grown - other.grown)
 
 
 class Window(NamedTuple):
@@ -89,24 +89,24 @@ class InStep:
     """A layer's own kernels as they ran in its observed calls (ucudnn.plan.memory): per group of
     kernels (the forward kernel; the backward kernels together, one autograd node), the marks
     (Planner.Framework.mark) where it started, after holding the device (IN_STEP_HOLD_S), and
-    ended in each call, and what the framework's allocator did between them (Allocator: its
+    ended in each call, and what the framework's allocator did between them (AllocatorCounts: its
     flushes and the memory it took from the device), read beside them. What the step itself paid,
     at its moment."""
 
     def __init__(self):
-        self._open: dict[tuple, tuple[Any, Allocator]] = {}
-        self._windows: dict[tuple, list[tuple[Any, Any, Allocator]]] = {}
+        self._open: dict[tuple, tuple[Any, AllocatorCounts]] = {}
+        self._windows: dict[tuple, list[tuple[Any, Any, AllocatorCounts]]] = {}
 
-    def start(self, kinds: tuple, mark: Any, allocator: Allocator | None = None) -> None:
-        self._open[kinds] = mark, allocator or Allocator()
+    def start(self, kinds: tuple, mark: Any, counts: AllocatorCounts | None = None) -> None:
+        self._open[kinds] = mark, counts or AllocatorCounts()
 
-    def end(self, kinds: tuple, mark: Any, allocator: Allocator | None = None) -> None:
+    def end(self, kinds: tuple, mark: Any, counts: AllocatorCounts | None = None) -> None:
         """A window from the group's open start to `mark`, with what the allocator did between;
         none where either mark is missing (None: no mark could be taken, e.g. while a CUDA graph
         is captured)."""
-        start, before = self._open.pop(kinds, (None, Allocator()))
+        start, before = self._open.pop(kinds, (None, AllocatorCounts()))
         if start is not None and mark is not None:
-            self._windows.setdefault(kinds, []).append((start, mark, (allocator or Allocator()) - before))
+            self._windows.setdefault(kinds, []).append((start, mark, (counts or AllocatorCounts()) - before))
 
     def ms(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, float]:
         """Per group of kinds, the least milliseconds between its marks over the calls."""
@@ -116,7 +116,7 @@ class InStep:
         """Per group of kinds, each call's window in call order: its milliseconds and what the
         allocator did in it (a flush is a cost the step pays each time its moment comes; memory
         taken from the device, as the pool grows to the step's peak, is paid once)."""
-        return {kinds: [Window(elapsed_ms(a, b), *allocator) for a, b, allocator in windows]
+        return {kinds: [Window(elapsed_ms(a, b), *counts) for a, b, counts in windows]
                 for kinds, windows in self._windows.items()}
 
 

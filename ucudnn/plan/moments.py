@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Sequence
 
 from ..core.problem import ConvKind
-from .delegation import IN_STEP_HOLD_S, Allocator, InStep, OwnTiming, Window, least
+from .delegation import IN_STEP_HOLD_S, AllocatorCounts, InStep, OwnTiming, Window, least
 
 Key = tuple[ConvKind, Hashable, int]  # (kind, call, room), as the Planner keys kernels
 
@@ -37,14 +37,14 @@ class Moments:
         for kind in kinds:
             site.free[kind] = min(site.free.get(kind, room), room)
         self._outside_seen[call.device] = self.framework.outside_bytes(call.device)
-        allocator = self._allocator(call.device)
-        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), allocator)
+        counts = self._counts(call.device)
+        self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), counts)
 
     def end(self, site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds`, observed as they started (start), have ended now."""
         if site in self._in_step:
             mark = self.framework.mark(site.call.device)
-            self._in_step[site].end(kinds, mark, self._allocator(site.call.device))
+            self._in_step[site].end(kinds, mark, self._counts(site.call.device))
 
     def lessen(self, site) -> None:
         """Once, as an observed site's planning begins: its rooms less what the process came to
@@ -98,8 +98,8 @@ class Moments:
         """The site's least window per group of kinds (InStep.ms); none where a mark cannot be read."""
         return least(self._windows(site))
 
-    def _allocator(self, device: Hashable) -> Allocator:
-        return Allocator(self.framework.flushes(device), self.framework.grown(device))
+    def _counts(self, device: Hashable) -> AllocatorCounts:
+        return AllocatorCounts(self.framework.flushes(device), self.framework.grown(device))
 
     def _windows(self, site) -> dict[tuple, list[Window]]:
         """The site's windows per group of kinds (InStep.each); none where a mark cannot be read."""
