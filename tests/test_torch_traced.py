@@ -292,3 +292,29 @@ def test_a_graph_is_traced_again_where_what_its_layers_were_decided_on_changes(t
     first = [site for site in ctx.sites._sites.values() if site.call.w_shape == (4, 3, 3, 3)]
     assert sorted((s.call.dtype, s.call.math, len(s.kinds)) for s in first) == [
         ("float16", "tensor_op", 2), ("float32", "default", 1), ("float32", "default", 2), ("float32", "fma", 2)]
+
+
+def test_importing_ucudnn_torch_leaves_dynamo_unloaded_and_the_first_traced_call_loads_it():
+    """An eager training process never loads torch._dynamo for ucudnn (about a second, and 127,000
+    objects every full garbage collection then walks): the traced path is imported by the first
+    traced call, inside dynamo's own tracing, with the graph whole."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, warnings, torch
+import ucudnn.torch as ut
+assert "torch._dynamo" not in sys.modules, "loaded by import ucudnn.torch"
+torch.manual_seed(0)
+plain = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+ours = ut.convert(__import__("copy").deepcopy(plain))
+x = torch.randn(2, 3, 8, 8)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    got = torch.compile(ours, fullgraph=True, backend="aot_eager")(x)
+torch.testing.assert_close(got, plain(x))
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "UCUDNN_PROGRESS": "0"})
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

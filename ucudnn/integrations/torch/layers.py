@@ -12,7 +12,7 @@ from torch.autograd.function import once_differentiable
 
 from ...core.errors import ConfigError, UcudnnWarning
 from ...plan.planner import LAYER
-from . import convolution, traced
+from . import convolution
 from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
 from ...core.fallback import fall_back
@@ -20,6 +20,14 @@ from .kernels import TorchFramework
 from .sites import Site, Steady, signature
 
 _is_compiling = torch.compiler.is_compiling  # True while torch.compile or torch.export traces
+
+
+def _traced():
+    """ucudnn.integrations.torch.traced, imported by the first traced call: it loads torch._dynamo
+    (about a second, and 127,000 objects that every full garbage collection of the training
+    process then walks), which an eager process never needs."""
+    from . import traced
+    return traced
 
 
 class _Convolution(torch.autograd.Function):
@@ -97,6 +105,7 @@ class Converted:
 
     def forward(self, input: Tensor) -> Tensor:
         if _is_compiling():  # a traced graph holds torch's layer or ucudnn's op (traced.py)
+            traced = _traced()
             if torch.compiler.is_dynamo_compiling() and not traced.sizes_known(input):
                 return traced.eager(self, input)
             decided = traced.decision(self, input)
