@@ -41,6 +41,7 @@ from bench.common import (ALLOC_CONF, MiB, block, child_env, first_line, host_pr
 from ucudnn.reports import kernels
 
 STEADY = 8  # the last iterations whose median is the steady time
+FIRST_20 = lambda row: sum(row["iteration_ms"][:20]) / 1e3  # noqa: E731 - planning's cost: the first 20 iterations' s
 PHASE = ["start"]  # what a child process was doing, for its error
 UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
 TORCH_VARIANTS = ("free", "torch", "control")
@@ -263,9 +264,8 @@ def flushes_by_kernel(step, device) -> dict:
 
 
 def top_kernels(step, steps: int = 3, top: int = 15) -> dict:
-    """Over `steps` steps under torch.profiler: the GPU kernels taking the most time (name, ms
-    per step, launches per step), and the convolution ops by input shapes taking the most GPU
-    time (which layer runs a slow kernel)."""
+    """Over `steps` steps under torch.profiler: the GPU kernels taking the most time (name, ms and
+    launches per step), and the convolution ops by input shapes (which layer runs a slow kernel)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -318,7 +318,7 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
                "--child-need", str(need), "--iters", str(args.iters), "--cache", cache or args.cache, "--result", str(out)
                ] + (["--profile"] if args.profile else []) \
                + ["--profile-steady", str(args.profile_steady)]
-    env = dict(child_env(os.environ), UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=args.alloc_conf)
+    env = dict(child_env(os.environ), UCUDNN_PROGRESS="0", PYTORCH_CUDA_ALLOC_CONF=ALLOC_CONF)
     began = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, timeout=timeout, capture_output=True, text=True)
@@ -333,9 +333,10 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
 
 def table(rows: list[dict]) -> str:
     """The Markdown table: per model and L, each variant's steady ms (the median over its rounds,
-    their range beside it) and ucudnn's ratios of those medians."""
+    their range beside it), ucudnn's ratios of those medians, and the median seconds of the first
+    20 iterations (synchronized each, planning included)."""
     lines = ["| model | L | torch free | torch | control (A/A) | ucudnn | wd auto | torch / ucudnn | "
-             "torch / free | all steps' host s: torch, ucudnn | grad rel (ucudnn, A/A) | "
+             "torch / free | first 20 s: torch, ucudnn | grad rel (ucudnn, A/A) | "
              "grad rel to float64 (ucudnn, torch) |", "|" + "---|" * 12]
     by: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -344,8 +345,8 @@ def table(rows: list[dict]) -> str:
     def ok(rs):
         return [r for r in rs or () if "error" not in r]
 
-    def steady(rs):
-        return statistics.median(r["steady_ms"] for r in ok(rs))
+    def steady(rs, value=lambda r: r["steady_ms"]):  # the median over the rounds
+        return statistics.median(value(r) for r in ok(rs))
 
     def ms(rs):
         if not rs:
@@ -365,7 +366,7 @@ def table(rows: list[dict]) -> str:
             t, c, u, w = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd"))
             ratio = f"{steady(t) / steady(u):.2f}x" if ok(t) and ok(u) else "-"
             loss = f"{steady(t) / steady(free):.2f}x" if ok(t) and ok(free) else "-"
-            first = f"{of(t, 'first_s'):.1f}, {of(u, 'first_s'):.1f}" if ok(t) and ok(u) else "-"
+            first = f"{steady(t, FIRST_20):.1f}, {steady(u, FIRST_20):.1f}" if ok(t) and ok(u) else "-"
             grads = f"{of(u, 'gradient_rel'):.1e}, {of(c, 'gradient_rel'):.1e}" if ok(u) and ok(c) else "-"
             exact = f"{of(u, 'gradient_fp64_rel'):.1e}, {of(u, 'torch_fp64_rel'):.1e}" if ok(u) else "-"
             lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
@@ -454,7 +455,6 @@ def main(argv=None) -> None:
     p.add_argument("--profile", action="store_true", help="each variant's top GPU kernels and convolutions over 3 steps")
     p.add_argument("--profile-steady", type=int, default=0, metavar="N",
                    help="every variant: N more iterations under cProfile after the timed ones")
-    p.add_argument("--alloc-conf", default=ALLOC_CONF, help="PYTORCH_CUDA_ALLOC_CONF of every process")
     p.add_argument("--plot", nargs=2, metavar=("RESULT_JSON", "PNG"),
                    help="draw a ucudnn variant's result (a pressure-*.json) as a timeline, and stop")
     for hidden, kind, dest in (("--child", str, None), ("--model", str, None), ("--limit", int, None),

@@ -68,13 +68,16 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
                     ("torch", 64 * MiB, 0), ("control", 64 * MiB, 0), ("ucudnn", 64 * MiB, 0),
                     ("control", 64 * MiB, 1), ("ucudnn", 64 * MiB, 1), ("torch", 64 * MiB, 1),
                     ("torch", 512 * MiB, 0), ("ucudnn", 512 * MiB, 0), ("ucudnn", 512 * MiB, 1), ("torch", 512 * MiB, 1)]
-    row = dict(model="m", limit_mib=64.0, first_s=1.0, gradient_rel=0.0, gradient_fp64_rel=2e-3, torch_fp64_rel=1e-3)
+    row = dict(model="m", limit_mib=64.0, first_s=1.0, gradient_rel=0.0, gradient_fp64_rel=2e-3, torch_fp64_rel=1e-3,
+               iteration_ms=[100.0] * 40)
     rows = [dict(row, variant="torch", steady_ms=ms) for ms in (10.0, 30.0, 14.0)]
-    rows += [dict(row, variant="ucudnn", steady_ms=ms) for ms in (7.0, 8.0)] + [dict(row, variant="control", steady_ms=12.0)]
+    rows += [dict(row, variant="ucudnn", steady_ms=ms, iteration_ms=[first] + [100.0] * 39)
+             for ms, first in ((7.0, 4100.0), (8.0, 5100.0))] + [dict(row, variant="control", steady_ms=12.0)]
     rows.append(dict(model="m", limit_mib=64.0, variant="ucudnn", error="CUDA out of memory"))
     line = pressure.table(rows).splitlines()[-1]
     assert "| 14.0 (10.0-30.0, 3 runs) | 12.0 | 7.5 (7.0-8.0, 2 runs); 1 failed: CUDA out of memory |" in line
     assert "| 1.87x |" in line and "| 2.0e-03, 1.0e-03 |" in line
+    assert "| 2.0, 6.5 |" in line  # the first 20 iterations' seconds: torch's, ucudnn's (the median of 6.0 and 7.0)
 
 
 # --- bench.common ------------------------------------------------------------------------------------
