@@ -12,7 +12,7 @@ FINAL=${OUT:-out}
 OUT=/tmp/side-by-side-env bash "$(dirname "$0")/gpu_suite.sh" env > /dev/null 2>&1
 near() {  # near GPU: the CPUs of its NUMA node (its PCI device's local_cpulist); nothing where unknown
   local bus; bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "$1" 2>/dev/null) || return 0
-  bus=${bus,,}; cat "${SYSFS:-/sys}/bus/pci/devices/${bus:4}/local_cpulist" 2>/dev/null || true
+  bus=${bus,,}; cat "${SYSFS:-/sys}/bus/pci/devices/${bus: -12}/local_cpulist" 2>/dev/null || true  # domain: 4 digits
 }
 suite() {  # suite OUT_DIR DEADLINE "VAR=value ... stage ..." [CPUS]: one gpu_suite.sh run, logged to OUT_DIR/suite.log
   mkdir -p "$1"

@@ -190,7 +190,7 @@ def _float32_gradients(gradients):
 
 def test_side_by_side_finds_the_cpus_near_each_gpu_and_nothing_where_it_cannot(tmp_path):
     """bench/side_by_side.sh pins each job to its GPU's NUMA node: the CPUs sysfs lists for the
-    GPU's PCI device (nvidia-smi names it, upper case, with an eight-digit domain); where
+    GPU's PCI device (nvidia-smi names it in upper case, its domain of eight digits or four); where
     nvidia-smi or the device is missing, no CPUs, and the job runs unpinned."""
     import shutil
     import subprocess
@@ -199,7 +199,7 @@ def test_side_by_side_finds_the_cpus_near_each_gpu_and_nothing_where_it_cannot(t
         pytest.skip("no bash")
     (tmp_path / "bin").mkdir()
     smi = tmp_path / "bin" / "nvidia-smi"
-    smi.write_text('#!/bin/sh\n[ "$4" = 1 ] && echo 00000000:9A:00.0 || exit 6\n')
+    smi.write_text('#!/bin/sh\ncase "$4" in 1) echo 00000000:9A:00.0 ;; 2) echo 0000:9A:00.0 ;; *) exit 6 ;; esac\n')
     smi.chmod(0o755)
     device = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:9a:00.0"
     device.mkdir(parents=True)
@@ -213,5 +213,6 @@ def test_side_by_side_finds_the_cpus_near_each_gpu_and_nothing_where_it_cannot(t
                               text=True, check=True).stdout.strip()
 
     assert cpus(1, str(tmp_path / "bin")) == "32-63"
+    assert cpus(2, str(tmp_path / "bin")) == "32-63"  # a four-digit domain, as some drivers print it
     assert cpus(0, str(tmp_path / "bin")) == ""  # nvidia-smi knows no such GPU
     assert cpus(1, str(tmp_path / "none")) == ""  # no nvidia-smi
