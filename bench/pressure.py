@@ -30,9 +30,11 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -179,6 +181,7 @@ def run_variant(args) -> dict:
         ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS[args.variant])
     step = trainer(model, x, args.model, amp)
     host, events, outside_mib, retries = [], [], [], []  # per iteration: host s, CUDA events, outside MiB, retries so far
+    usage = [_usage()]  # after each iteration: where the host's time went (_usage)
     for i in range(args.iters):
         PHASE[0] = f"iteration {i + 1}"
         began = time.perf_counter()
@@ -191,7 +194,10 @@ def run_variant(args) -> dict:
         events.append(pair)
         outside_mib.append(Torch.outside_bytes(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
         retries.append(Torch.flushes(device))
+        usage.append(_usage())
     ms = [a.elapsed_time(b) for a, b in events]
+    result["steady_host"] = {k: (usage[-1][k] - usage[-1 - STEADY][k]) / STEADY for k in usage[0]}
+    result["threads"] = [len(os.listdir("/proc/self/task")), threading.active_count()]  # the OS's, Python's
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
                   outside_by_iteration=outside_mib, retries_by_iteration=retries,
                   convolutions=sum(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()),
@@ -231,6 +237,13 @@ def run_variant(args) -> dict:
         except torch.cuda.OutOfMemoryError as exc:  # the check's extra passes, not the training step
             result["gradient_error"] = first_line(exc)
     return result
+
+
+def _usage() -> dict:
+    """The process's clocks, to tell a slow host from a busy one: wall, its CPU (every thread's) and
+    its main thread's seconds, and its involuntary context switches (preempted)."""
+    return dict(wall_s=time.perf_counter(), cpu_s=time.process_time(), main_s=time.thread_time(),
+                preempted=resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw)
 
 
 def flushes_by_kernel(step, device) -> dict:
@@ -423,6 +436,11 @@ def parent(args) -> None:
                        model=model)
             rows.append(row)
             brief = row.get("error") or f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s, free at the end {row.get('free_at_end_mib', 0):.0f} MiB"
+            if "steady_host" in row:  # a steady step's host: wall, CPU, main thread ms; preempted; threads
+                h = row["steady_host"]
+                brief += (f"; a steady step's host: {h['wall_s'] * 1e3:.1f} ms wall, {h['cpu_s'] * 1e3:.1f} CPU, "
+                          f"{h['main_s'] * 1e3:.1f} main thread, preempted {h['preempted']:.1f}x, "
+                          f"threads {row['threads']}")
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
             if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
                 print(explain(row), flush=True)
