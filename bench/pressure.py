@@ -174,7 +174,9 @@ def run_variant(args) -> dict:
     PHASE[0] = "build"
     model, x, amp = build(args.model, device)
     checked = args.variant in UCUDNN_VARIANTS or args.variant == "control"  # its gradients checked at the end
-    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if checked else {}  # from these
+    # every variant takes it, so that torch and its A/A control run the same process (the copy starts
+    # a CPU thread pool; when only the control took it, it ran 8-15% slower than torch, docs/results.md)
+    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
 
