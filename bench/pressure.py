@@ -11,8 +11,9 @@ SGD and, for AMP, a gradient scaler):
    timed on the host after a device sync (the first steps' planning included), the steady time
    the median of the last 8 by CUDA events. Variants: `free` (torch, no blocker), `torch`,
    `control` (torch again: the A/A control), `ucudnn` (`convert(model)`, its defaults), `wd`
-   (`convert(model, optimizer="wd", total_limit="auto")`). With --rounds N each variant runs N
-   processes at each limit, the variants taking turns; the table gives their median and range.
+   (`convert(model, optimizer="wd", total_limit="auto")`), `imported` and `planned` (PUT_BACK).
+   With --rounds N each variant runs N processes at each limit, the variants taking turns; the
+   table gives their median and range.
 3. ucudnn's variants (and `control`) then take one step's gradients from the weights they were
    built with, through ucudnn and through torch's own layers (the classes put back), and, with the
    blocker given back, through torch's layers in float64: the table gives their difference and
@@ -46,6 +47,9 @@ STEADY = 8  # the last iterations whose median is the steady time
 FIRST_20 = lambda row: sum(row["iteration_ms"][:20]) / 1e3  # noqa: E731 - planning's cost: the first 20 iterations' s
 PHASE = ["start"]  # what a child process was doing, for its error
 UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
+# converted as `ucudnn`, torch's classes put back at this share of the steps: what ucudnn's process
+# costs torch's layers, without ucudnn's layers (`imported`: nothing planned; `planned`: after planning)
+PUT_BACK = {"imported": 0.0, "planned": 0.5}
 TORCH_VARIANTS = ("free", "torch", "control")
 
 # name -> (builder, batch, precision, input shape per sample, channels_last, loss)
@@ -174,18 +178,20 @@ def run_variant(args) -> dict:
     PHASE[0] = "build"
     model, x, amp = build(args.model, device)
     checked = args.variant in UCUDNN_VARIANTS or args.variant == "control"  # its gradients checked at the end
-    # every variant takes it, so that torch and its A/A control run the same process (the copy starts
-    # a CPU thread pool; when only the control took it, it ran 8-15% slower than torch, docs/results.md)
+    # every variant takes it, so that torch and its A/A control run the same process (the copy starts a CPU thread pool)
     initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    if args.variant in UCUDNN_VARIANTS:
+    if args.variant in UCUDNN_VARIANTS or args.variant in PUT_BACK:
         import ucudnn.torch as ut
 
-        ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS[args.variant])
+        ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS.get(args.variant, {}))
+    back = round(PUT_BACK[args.variant] * args.iters) if args.variant in PUT_BACK else None
     step = trainer(model, x, args.model, amp)
     host, events, outside_mib, retries = [], [], [], []  # per iteration: host s, CUDA events, outside MiB, retries so far
     usage = [_usage()]  # after each iteration: where the host's time went (_usage)
     for i in range(args.iters):
         PHASE[0] = f"iteration {i + 1}"
+        if i == back:
+            as_torch(model)
         began = time.perf_counter()
         pair = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         pair[0].record()
@@ -352,7 +358,7 @@ def table(rows: list[dict]) -> str:
     20 iterations (synchronized each, planning included)."""
     lines = ["| model | L | torch free | torch | control (A/A) | ucudnn | wd auto | torch / ucudnn | "
              "torch / free | first 20 s: torch, ucudnn | grad rel (ucudnn, A/A) | "
-             "grad rel to float64 (ucudnn, torch) |", "|" + "---|" * 12]
+             "grad rel to float64 (ucudnn, torch) | put back: imported, planned |", "|" + "---|" * 13]
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         by.setdefault((r["model"], r["limit_mib"], r["variant"]), []).append(r)
@@ -378,14 +384,14 @@ def table(rows: list[dict]) -> str:
     for model in dict.fromkeys(r["model"] for r in rows):
         free = by.get((model, 0.0, "free"))
         for limit in sorted({r["limit_mib"] for r in rows if r["model"] == model and r["limit_mib"]}):
-            t, c, u, w = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd"))
+            t, c, u, w, i, p = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd", *PUT_BACK))
             ratio = f"{steady(t) / steady(u):.2f}x" if ok(t) and ok(u) else "-"
             loss = f"{steady(t) / steady(free):.2f}x" if ok(t) and ok(free) else "-"
             first = f"{steady(t, FIRST_20):.1f}, {steady(u, FIRST_20):.1f}" if ok(t) and ok(u) else "-"
             grads = f"{of(u, 'gradient_rel'):.1e}, {of(c, 'gradient_rel'):.1e}" if ok(u) and ok(c) else "-"
             exact = f"{of(u, 'gradient_fp64_rel'):.1e}, {of(u, 'torch_fp64_rel'):.1e}" if ok(u) else "-"
             lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
-                         f"{ratio} | {loss} | {first} | {grads} | {exact} |")
+                         f"{ratio} | {loss} | {first} | {grads} | {exact} | {ms(i)}, {ms(p)} |")
     return "\n".join(lines)
 
 
@@ -438,11 +444,8 @@ def parent(args) -> None:
                        model=model)
             rows.append(row)
             brief = row.get("error") or f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s, free at the end {row.get('free_at_end_mib', 0):.0f} MiB"
-            if "steady_host" in row:  # a steady step's host: wall, CPU, main thread ms; preempted; threads
-                h = row["steady_host"]
-                brief += (f"; a steady step's host: {h['wall_s'] * 1e3:.1f} ms wall, {h['cpu_s'] * 1e3:.1f} CPU, "
-                          f"{h['main_s'] * 1e3:.1f} main thread, preempted {h['preempted']:.1f}x, "
-                          f"threads {row['threads']}")
+            if "steady_host" in row:  # where a steady step's host time went (_usage)
+                brief += "; a steady step's host: " + ", ".join(f"{k} {v:.3g}" for k, v in row["steady_host"].items())
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
             if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
                 print(explain(row), flush=True)

@@ -99,7 +99,7 @@ def summarise(net: str, batch: int, precision: str, iterations: dict[str, list[l
 
 def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# torch and ucudnn.torch interleaved in one process ({meta['gpu']}, torch {meta['torch']})\n",
-             "Memory free; ms per iteration: median over {meta['rounds']} rotating rounds of {meta['iters']} "
+             f"Memory free; ms per iteration: median over {meta['rounds']} rotating rounds of {meta['iters']} "
              "iterations (a round's mean); torch/variant per round; first / rest: median of the rounds' first "
              "iterations / of the others; peak: torch's allocated MiB during the variant's rounds (every copy's "
              "tensors); retries: the allocator's per iteration. `control` is torch's model again (A/A).\n",

@@ -61,6 +61,13 @@ def test_train_ab_and_cold_models_parse_what_the_suite_passes():
     assert cold.parse_args(["--out", "o", "--limits=", "--torch-runs", "1"]).limits == ""
 
 
+def test_train_ab_s_table_names_its_rounds_and_iterations():
+    train_ab = importlib.import_module("bench.train_ab")
+    meta = dict(gpu="GPU", torch="2.x", rounds=15, iters=10)
+    text = train_ab.markdown(meta, [dict(net="n", batch=2, precision="amp", error="boom")])
+    assert "median over 15 rotating rounds of 10 iterations" in text and "{" not in text
+
+
 def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds():
     pressure = importlib.import_module("bench.pressure")
     plan = pressure.runs(["free", "torch", "control", "ucudnn"], [64 * MiB, 512 * MiB], 2)
@@ -74,10 +81,12 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
     rows += [dict(row, variant="ucudnn", steady_ms=ms, iteration_ms=[first] + [100.0] * 39)
              for ms, first in ((7.0, 4100.0), (8.0, 5100.0))] + [dict(row, variant="control", steady_ms=12.0)]
     rows.append(dict(model="m", limit_mib=64.0, variant="ucudnn", error="CUDA out of memory"))
+    rows += [dict(row, variant="imported", steady_ms=9.0), dict(row, variant="planned", steady_ms=11.0)]
     line = pressure.table(rows).splitlines()[-1]
     assert "| 14.0 (10.0-30.0, 3 runs) | 12.0 | 7.5 (7.0-8.0, 2 runs); 1 failed: CUDA out of memory |" in line
     assert "| 1.87x |" in line and "| 2.0e-03, 1.0e-03 |" in line
     assert "| 2.0, 6.5 |" in line  # the first 20 iterations' seconds: torch's, ucudnn's (the median of 6.0 and 7.0)
+    assert line.endswith("| 9.0, 11.0 |")  # torch's classes put back: before any step, after half of them
 
 
 # --- bench.common ------------------------------------------------------------------------------------
