@@ -5,8 +5,7 @@
 # suite.log), each with DEADLINE (default 570 s); then AFTER (the same form) on every GPU at once,
 # into $OUT/all/, within AFTER_DEADLINE (default 120 s). Wheels are installed once, first.
 # Each job runs on the CPUs of its GPU's NUMA node (taskset, logged in its cpus.log), so that its
-# processes meet one host: two unpinned processes of one job ran the same GPU kernels while every
-# host op of one took 1.7-3x longer (docs/results.md, "Three observed calls").
+# processes meet one host (on the H200x4 machines the node is every CPU: docs/gpu.md).
 set -u
 FINAL=${OUT:-out}
 OUT=/tmp/side-by-side-env bash "$(dirname "$0")/gpu_suite.sh" env > /dev/null 2>&1
