@@ -153,6 +153,20 @@ def turns(names: list[str], rounds: int) -> Iterator[str]:
         yield from names[shift:] + names[:shift]
 
 
+def chance(a: list[float], b: list[float], draws: int = 20000) -> float:
+    """How often the medians of `a` and `b`, their values dealt out afresh at random (seeded), lie
+    at least as far apart as they do: a two-sided permutation test. Near 1, the difference is what
+    processes of one kind show anyway."""
+    import random
+
+    deal, pool, far = random.Random(1), [*a, *b], abs(statistics.median(a) - statistics.median(b))
+    hits = 0
+    for _ in range(draws):
+        deal.shuffle(pool)
+        hits += abs(statistics.median(pool[:len(a)]) - statistics.median(pool[len(a):])) >= far - 1e-12
+    return hits / draws
+
+
 def alternate_rounds(variants: dict[str, Step], time_loop: Callable[[Callable[[], None]], float],
                      rounds: int, steps: int) -> dict[str, list[float]]:
     """Milliseconds per step of each variant in each round: `time_loop` times `steps` steps back

@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import (ALLOC_CONF, MiB, block, child_env, first_line, host_profile, relative_error,
+from bench.common import (ALLOC_CONF, MiB, block, chance, child_env, first_line, host_profile, relative_error,
                           training_step, turns)
 from ucudnn.reports import kernels
 
@@ -354,8 +354,10 @@ def child(args, variant: str, limit: int = 0, need: int = 0, timeout: float = 30
 
 def table(rows: list[dict]) -> str:
     """The Markdown table: per model and L, each variant's steady ms (the median over its rounds,
-    their range beside it), ucudnn's ratios of those medians, and the median seconds of the first
-    20 iterations (synchronized each, planning included)."""
+    their range beside it), ucudnn's ratios of those medians (torch / ucudnn also with the A/A's
+    processes pooled with torch's, and the chance of so wide a gap between processes of one kind:
+    common.chance), and the median seconds of the first 20 iterations (synchronized each, planning
+    included)."""
     lines = ["| model | L | torch free | torch | control (A/A) | ucudnn | wd auto | torch / ucudnn | "
              "torch / free | first 20 s: torch, ucudnn | grad rel (ucudnn, A/A) | "
              "grad rel to float64 (ucudnn, torch) | put back: imported, planned |", "|" + "---|" * 13]
@@ -386,6 +388,9 @@ def table(rows: list[dict]) -> str:
         for limit in sorted({r["limit_mib"] for r in rows if r["model"] == model and r["limit_mib"]}):
             t, c, u, w, i, p = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd", *PUT_BACK))
             ratio = f"{steady(t) / steady(u):.2f}x" if ok(t) and ok(u) else "-"
+            if ok(t) and ok(c) and ok(u):  # torch's processes with the A/A's, and how likely that by chance
+                theirs, ours = [r["steady_ms"] for r in ok(t) + ok(c)], [r["steady_ms"] for r in ok(u)]
+                ratio += f"; with the A/A's {statistics.median(theirs) / steady(u):.2f}x, p {chance(theirs, ours):.2f}"
             loss = f"{steady(t) / steady(free):.2f}x" if ok(t) and ok(free) else "-"
             first = f"{steady(t, FIRST_20):.1f}, {steady(u, FIRST_20):.1f}" if ok(t) and ok(u) else "-"
             grads = f"{of(u, 'gradient_rel'):.1e}, {of(c, 'gradient_rel'):.1e}" if ok(u) and ok(c) else "-"

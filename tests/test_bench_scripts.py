@@ -84,12 +84,18 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
     rows += [dict(row, variant="imported", steady_ms=9.0), dict(row, variant="planned", steady_ms=11.0)]
     line = pressure.table(rows).splitlines()[-1]
     assert "| 14.0 (10.0-30.0, 3 runs) | 12.0 | 7.5 (7.0-8.0, 2 runs); 1 failed: CUDA out of memory |" in line
-    assert "| 1.87x |" in line and "| 2.0e-03, 1.0e-03 |" in line
+    assert "| 1.87x; with the A/A's 1.73x, p 0.40 |" in line and "| 2.0e-03, 1.0e-03 |" in line
     assert "| 2.0, 6.5 |" in line  # the first 20 iterations' seconds: torch's, ucudnn's (the median of 6.0 and 7.0)
     assert line.endswith("| 9.0, 11.0 |")  # torch's classes put back: before any step, after half of them
 
 
 # --- bench.common ------------------------------------------------------------------------------------
+
+def test_chance_is_how_often_random_deals_lie_as_far_apart():
+    assert common.chance([30.0, 31.0, 29.0, 30.5], [30.0, 31.0, 29.0, 30.5]) == 1.0  # one kind of process
+    # three against three, all apart: 4 of the 20 deals have medians 9 or more apart (1,2,10 | 3,11,12 ...)
+    assert common.chance([1.0, 2.0, 3.0], [10.0, 11.0, 12.0]) == pytest.approx(4 / 20, abs=0.01)
+
 
 class Mark:
     """A CUDA event's stand-in: recorded at a fake clock's time."""
