@@ -5,6 +5,7 @@ parts load without it."""
 from __future__ import annotations
 
 import os
+import random
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -157,8 +158,6 @@ def chance(a: list[float], b: list[float], draws: int = 20000) -> float:
     """How often the medians of `a` and `b`, their values dealt out afresh at random (seeded), lie
     at least as far apart as they do: a two-sided permutation test. Near 1, the difference is what
     processes of one kind show anyway."""
-    import random
-
     deal, pool, far = random.Random(1), [*a, *b], abs(statistics.median(a) - statistics.median(b))
     hits = 0
     for _ in range(draws):
