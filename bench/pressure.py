@@ -307,8 +307,9 @@ def gradient_check(model, x, args, amp: bool, release) -> dict:
     """One step's gradients (from the initial weights, dropout off) through the model as it runs
     (`mine`) and through torch's own layers (`theirs`; for `control`, torch's against itself):
     their relative difference, and each one's relative error against the step in float64 through
-    torch's layers after `release()` gave the blocker back. That error decides: two fp16 runs that
-    differ show only that. Under AMP the loss is scaled as a gradient scaler starts (2**16), an
+    torch's layers after `release()` gave the blocker back, and under AMP torch's in float32's too
+    (is the error AMP's or the model's?). That error decides: two fp16 runs that differ show only
+    that. Under AMP the loss is scaled as a gradient scaler starts (2**16), an
     eighth of that until the fp16 gradients are finite."""
     import torch
 
@@ -325,7 +326,10 @@ def gradient_check(model, x, args, amp: bool, release) -> dict:
     result = dict(gradient_rel=relative_error(mine, theirs), gradient_scale=scale)
     release()
     exact = gradients(model.double(), x.double(), args.model, False, scale)
-    return dict(result, gradient_fp64_rel=relative_error(mine, exact), torch_fp64_rel=relative_error(theirs, exact))
+    result.update(gradient_fp64_rel=relative_error(mine, exact), torch_fp64_rel=relative_error(theirs, exact))
+    if amp:  # AMP's error, or the model's at any precision: torch's layers in float32 against float64
+        result["torch_fp32_fp64_rel"] = relative_error(gradients(model.float(), x.float(), args.model, False, scale), exact)
+    return result
 
 
 # --- the parent ----------------------------------------------------------------------------------
@@ -395,6 +399,8 @@ def table(rows: list[dict]) -> str:
             first = f"{steady(t, FIRST_20):.1f}, {steady(u, FIRST_20):.1f}" if ok(t) and ok(u) else "-"
             grads = f"{of(u, 'gradient_rel'):.1e}, {of(c, 'gradient_rel'):.1e}" if ok(u) and ok(c) else "-"
             exact = f"{of(u, 'gradient_fp64_rel'):.1e}, {of(u, 'torch_fp64_rel'):.1e}" if ok(u) else "-"
+            if ok(u) and not math.isnan(of(u, "torch_fp32_fp64_rel")):
+                exact += f" (torch in fp32: {of(u, 'torch_fp32_fp64_rel'):.1e})"
             lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
                          f"{ratio} | {loss} | {first} | {grads} | {exact} | {ms(i)}, {ms(p)} |")
     return "\n".join(lines)

@@ -76,6 +76,7 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
                     ("control", 64 * MiB, 1), ("ucudnn", 64 * MiB, 1), ("torch", 64 * MiB, 1),
                     ("torch", 512 * MiB, 0), ("ucudnn", 512 * MiB, 0), ("ucudnn", 512 * MiB, 1), ("torch", 512 * MiB, 1)]
     row = dict(model="m", limit_mib=64.0, first_s=1.0, gradient_rel=0.0, gradient_fp64_rel=2e-3, torch_fp64_rel=1e-3,
+               torch_fp32_fp64_rel=0.5,
                iteration_ms=[100.0] * 40)
     rows = [dict(row, variant="torch", steady_ms=ms) for ms in (10.0, 30.0, 14.0)]
     rows += [dict(row, variant="ucudnn", steady_ms=ms, iteration_ms=[first] + [100.0] * 39)
@@ -84,7 +85,7 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
     rows += [dict(row, variant="imported", steady_ms=9.0), dict(row, variant="planned", steady_ms=11.0)]
     line = pressure.table(rows).splitlines()[-1]
     assert "| 14.0 (10.0-30.0, 3 runs) | 12.0 | 7.5 (7.0-8.0, 2 runs); 1 failed: CUDA out of memory |" in line
-    assert "| 1.87x; with the A/A's 1.73x, p 0.40 |" in line and "| 2.0e-03, 1.0e-03 |" in line
+    assert "| 1.87x; with the A/A's 1.73x, p 0.40 |" in line and "| 2.0e-03, 1.0e-03 (torch in fp32: 5.0e-01) |" in line
     assert "| 2.0, 6.5 |" in line  # the first 20 iterations' seconds: torch's, ucudnn's (the median of 6.0 and 7.0)
     assert line.endswith("| 9.0, 11.0 |")  # torch's classes put back: before any step, after half of them
 
@@ -194,6 +195,7 @@ def test_pressure_s_gradient_check_turns_dropout_off_and_scales_the_loss_down_un
     assert got["gradient_scale"] == 2.0**13 and released == [True]
     assert not model[1].training
     assert got["gradient_rel"] == 0.0 and got["gradient_fp64_rel"] < 1e-6, got
+    assert got["torch_fp32_fp64_rel"] < 1e-6 and model[0].weight.dtype == torch.float32  # AMP's: float32 too
 
 
 def _float32_gradients(gradients):
