@@ -108,10 +108,6 @@ class InStep:
         if start is not None and mark is not None:
             self._windows.setdefault(kinds, []).append((start, mark, (counts or AllocatorCounts()) - before))
 
-    def ms(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, float]:
-        """Per group of kinds, the least milliseconds between its marks over the calls."""
-        return least(self.each(elapsed_ms))
-
     def each(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, list[Window]]:
         """Per group of kinds, each call's window in call order: its milliseconds and what the
         allocator did in it (a flush is a cost the step pays each time its moment comes; memory

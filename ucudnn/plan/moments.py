@@ -70,7 +70,8 @@ class Moments:
         64-channel layer: 0.97 ms a forward in its window, 0.41 ms in the next layer's, 0.30 ms
         steady; docs/results.md, "Forty steps"). [] where a group was not seen whole (no backward
         ran in the observed calls) or a mark cannot be read: then they are timed apart."""
-        groups, windows, room_of = self._least_of_call(site), self._windows(site), dict(zip(site.kinds, rooms))
+        windows, room_of = self._windows(site), dict(zip(site.kinds, rooms))
+        groups = self._least_of_call(site, least(windows))
         for kinds, ms in groups.items():
             for kind in kinds:
                 self.in_step_ms[kind, site.call, room_of[kind]] = ms
@@ -84,19 +85,15 @@ class Moments:
         """The site is decided: its windows are no longer needed (the least of its call stays)."""
         self._in_step.pop(site, None)
 
-    def _least_of_call(self, site) -> dict[tuple, float]:
-        """Per group of kinds the site saw whole in its observed calls, the least time of that
-        group over the sites of its call seen so far (those waiting now, and those decided before)."""
-        own = self._windows_ms(site)
+    def _least_of_call(self, site, own: dict[tuple, float]) -> dict[tuple, float]:
+        """Per group of kinds the site saw whole in its observed calls (`own`: its least windows),
+        the least time of that group over the sites of its call seen so far (those waiting now,
+        and those decided before)."""
         for other in self._in_step:
             if other is not site and other.call == site.call:
-                self._keep_least(other.call, self._windows_ms(other))
+                self._keep_least(other.call, least(self._windows(other)))
         self._keep_least(site.call, own)
         return {kinds: self._least[site.call, kinds] for kinds in own}
-
-    def _windows_ms(self, site) -> dict[tuple, float]:
-        """The site's least window per group of kinds (InStep.ms); none where a mark cannot be read."""
-        return least(self._windows(site))
 
     def _counts(self, device: Hashable) -> AllocatorCounts:
         return AllocatorCounts(self.framework.flushes(device), self.framework.grown(device))
