@@ -372,6 +372,9 @@ def table(rows: list[dict]) -> str:
     def ok(rs):
         return [r for r in rs or () if "error" not in r]
 
+    def times(rs):
+        return [r["steady_ms"] for r in ok(rs)]
+
     def steady(rs, value=lambda r: r["steady_ms"]):  # the median over the rounds
         return statistics.median(value(r) for r in ok(rs))
 
@@ -380,8 +383,8 @@ def table(rows: list[dict]) -> str:
             return "-"
         if not ok(rs):
             return rs[0]["error"][:60]
-        times, failed = sorted(r["steady_ms"] for r in ok(rs)), [r["error"] for r in rs if "error" in r]
-        spread = f" ({times[0]:.1f}-{times[-1]:.1f}, {len(times)} runs)" if len(times) > 1 else ""
+        each, failed = sorted(times(rs)), [r["error"] for r in rs if "error" in r]
+        spread = f" ({each[0]:.1f}-{each[-1]:.1f}, {len(each)} runs)" if len(each) > 1 else ""
         failures = f"; {len(failed)} failed: {failed[0][:40]}" if failed else ""  # never hidden by the median
         return f"{steady(rs):.1f}{spread}{failures}"
 
@@ -393,8 +396,7 @@ def table(rows: list[dict]) -> str:
             t, c, u, w, i, p = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd", *PUT_BACK))
             ratio = f"{steady(t) / steady(u):.2f}x" if ok(t) and ok(u) else "-"
             if ok(t) and ok(c) and ok(u):  # torch's processes with the A/A's, and how likely that by chance
-                theirs, ours = [r["steady_ms"] for r in ok(t) + ok(c)], [r["steady_ms"] for r in ok(u)]
-                ratio += f"; with the A/A's {statistics.median(theirs) / steady(u):.2f}x, p {chance(theirs, ours):.2f}"
+                ratio += f"; with the A/A's {steady(t + c) / steady(u):.2f}x, p {chance(times(t + c), times(u)):.2f}"
             loss = f"{steady(t) / steady(free):.2f}x" if ok(t) and ok(free) else "-"
             first = f"{steady(t, FIRST_20):.1f}, {steady(u, FIRST_20):.1f}" if ok(t) and ok(u) else "-"
             grads = f"{of(u, 'gradient_rel'):.1e}, {of(c, 'gradient_rel'):.1e}" if ok(u) and ok(c) else "-"
