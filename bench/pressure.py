@@ -11,9 +11,10 @@ SGD and, for AMP, a gradient scaler):
    timed on the host after a device sync (the first steps' planning included), the steady time
    the median of the last 8 by CUDA events. Variants: `free` (torch, no blocker), `torch`,
    `control` (torch again: the A/A control), `ucudnn` (`convert(model)`, its defaults), `wd`
-   (`convert(model, optimizer="wd", total_limit="auto")`), `imported` and `planned` (PUT_BACK).
+   (`convert(model, optimizer="wd", total_limit="auto")`), `imported` and `swapped` (SWAPS).
    With --rounds N each variant runs N processes at each limit, the variants taking turns; the
-   table gives their median and range.
+   table gives their median and range. Every process also times a tiny kernel's launch on its
+   host before and after its steps (`launch_us`): how fast a host it met.
 3. ucudnn's variants (and `control`) then take one step's gradients from the weights they were
    built with, through ucudnn and through torch's own layers (the classes put back), and, with the
    blocker given back, through torch's layers in float64: the table gives their difference and
@@ -47,9 +48,12 @@ STEADY = 8  # the last iterations whose median is the steady time
 FIRST_20 = lambda row: sum(row["iteration_ms"][:20]) / 1e3  # noqa: E731 - planning's cost: the first 20 iterations' s
 PHASE = ["start"]  # what a child process was doing, for its error
 UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
-# converted as `ucudnn`, torch's classes put back at this share of the steps: what ucudnn's process
-# costs torch's layers, without ucudnn's layers (`imported`: nothing planned; `planned`: after planning)
-PUT_BACK = {"imported": 0.0, "planned": 0.5}
+# converted as `ucudnn`; from this share of the steps on, the layers' classes cycle through the
+# pattern (t: torch's, u: ucudnn's). `imported`: torch's from the first step, nothing planned (what
+# ucudnn's process costs torch's layers); `swapped`: after half, planning done, both in turns, ABBA
+# so that neither gains from going first (the layers' cost within one process, free of the spread
+# between processes: docs/results.md)
+SWAPS = {"imported": (0.0, "t"), "swapped": (0.5, "tuut")}
 TORCH_VARIANTS = ("free", "torch", "control")
 
 # name -> (builder, batch, precision, input shape per sample, channels_last, loss)
@@ -135,6 +139,40 @@ def as_torch(model) -> None:
         m.__class__ = type(m).torch_class
 
 
+def arm(variant: str, i: int, iters: int) -> str:
+    """Whose classes a SWAPS variant's iteration `i` (of `iters`) runs: "u" (ucudnn's) before
+    its share of the steps, then its pattern's letters in turn."""
+    share, pattern = SWAPS[variant]
+    start = round(share * iters)
+    return "u" if i < start else pattern[(i - start) % len(pattern)]
+
+
+def in_one_process(row: dict) -> float:
+    """A `swapped` process's torch / ucudnn: the median over its adjacent pairs of one torch and
+    one ucudnn iteration (the ABBA turns) of the torch one's ms over the ucudnn one's."""
+    ms, arms = row["iteration_ms"], row["arms"]
+    start = arms.index("t")
+    pairs = [dict(zip(arms[i:i + 2], ms[i:i + 2])) for i in range(start, len(arms) - 1, 2)]
+    return statistics.median(p["t"] / p["u"] for p in pairs if len(p) == 2)
+
+
+def launch_us(batches: int = 5, launches: int = 400) -> float:
+    """µs the host takes to launch a tiny kernel (the median of `batches`, each of `launches`,
+    fewer than the launch queue holds, synchronized between): how fast a host this process met."""
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+    each = []
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        for _ in range(launches):
+            x.add_(1)
+        each.append((time.perf_counter() - began) / launches * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(each)
+
+
 def run_need(args) -> dict:
     """The model's tensors' peak with every convolution at zero workspace, planned, and what the
     process holds outside torch's allocator beyond its start."""
@@ -180,18 +218,23 @@ def run_variant(args) -> dict:
     checked = args.variant in UCUDNN_VARIANTS or args.variant == "control"  # its gradients checked at the end
     # every variant takes it, so that torch and its A/A control run the same process (the copy starts a CPU thread pool)
     initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    if args.variant in UCUDNN_VARIANTS or args.variant in PUT_BACK:
+    if args.variant in UCUDNN_VARIANTS or args.variant in SWAPS:
         import ucudnn.torch as ut
+        from ucudnn.integrations.torch.layers import Converted
 
         ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS.get(args.variant, {}))
-    back = round(PUT_BACK[args.variant] * args.iters) if args.variant in PUT_BACK else None
+        twins = [(m, type(m)) for m in model.modules() if isinstance(m, Converted)]
+    arms = ""  # a SWAPS variant's classes by iteration (arm)
     step = trainer(model, x, args.model, amp)
+    launch = [launch_us()]
     host, events, outside_mib, retries = [], [], [], []  # per iteration: host s, CUDA events, outside MiB, retries so far
     usage = [_usage()]  # after each iteration: where the host's time went (_usage)
     for i in range(args.iters):
         PHASE[0] = f"iteration {i + 1}"
-        if i == back:
-            as_torch(model)
+        if args.variant in SWAPS:
+            arms += arm(args.variant, i, args.iters)
+            for m, twin in twins:
+                m.__class__ = twin if arms[-1] == "u" else twin.torch_class
         began = time.perf_counter()
         pair = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         pair[0].record()
@@ -204,6 +247,8 @@ def run_variant(args) -> dict:
         retries.append(Torch.flushes(device))
         usage.append(_usage())
     ms = [a.elapsed_time(b) for a, b in events]
+    launch.append(launch_us())
+    result.update(launch_us=launch, arms=arms or None)
     result["steady_host"] = {k: (usage[-1][k] - usage[-1 - STEADY][k]) / STEADY for k in usage[0]}
     result["threads"] = [len(os.listdir("/proc/self/task")), threading.active_count()]  # the OS's, Python's
     result.update(iteration_ms=ms, steady_ms=statistics.median(ms[-STEADY:]), first_s=sum(host),
@@ -364,7 +409,7 @@ def table(rows: list[dict]) -> str:
     included)."""
     lines = ["| model | L | torch free | torch | control (A/A) | ucudnn | wd auto | torch / ucudnn | "
              "torch / free | first 20 s: torch, ucudnn | grad rel (ucudnn, A/A) | "
-             "grad rel to float64 (ucudnn, torch) | put back: imported, planned |", "|" + "---|" * 13]
+             "grad rel to float64 (ucudnn, torch) | imported | swapped: torch / ucudnn in one process |", "|" + "---|" * 14]
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         by.setdefault((r["model"], r["limit_mib"], r["variant"]), []).append(r)
@@ -390,10 +435,17 @@ def table(rows: list[dict]) -> str:
 
     def of(rs, key):
         return next((r[key] for r in ok(rs) if key in r), math.nan)
+
+    def swapped(rs):  # each process's torch / ucudnn (in_one_process): their median and range
+        each = sorted(in_one_process(r) for r in ok(rs))
+        if not each:
+            return ms(rs)
+        spread = f" ({each[0]:.3f}-{each[-1]:.3f}, {len(each)} runs)" if len(each) > 1 else ""
+        return f"{statistics.median(each):.3f}x{spread}"
     for model in dict.fromkeys(r["model"] for r in rows):
         free = by.get((model, 0.0, "free"))
         for limit in sorted({r["limit_mib"] for r in rows if r["model"] == model and r["limit_mib"]}):
-            t, c, u, w, i, p = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd", *PUT_BACK))
+            t, c, u, w, i, s = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd", *SWAPS))
             ratio = f"{steady(t) / steady(u):.2f}x" if ok(t) and ok(u) else "-"
             if ok(t) and ok(c) and ok(u):  # torch's processes with the A/A's, and how likely that by chance
                 ratio += f"; with the A/A's {steady(t + c) / steady(u):.2f}x, p {chance(times(t + c), times(u)):.2f}"
@@ -404,7 +456,7 @@ def table(rows: list[dict]) -> str:
             if ok(u) and not math.isnan(of(u, "torch_fp32_fp64_rel")):
                 exact += f" (torch in fp32: {of(u, 'torch_fp32_fp64_rel'):.1e})"
             lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
-                         f"{ratio} | {loss} | {first} | {grads} | {exact} | {ms(i)}, {ms(p)} |")
+                         f"{ratio} | {loss} | {first} | {grads} | {exact} | {ms(i)} | {swapped(s)} |")
     return "\n".join(lines)
 
 
@@ -457,8 +509,9 @@ def parent(args) -> None:
                        model=model)
             rows.append(row)
             brief = row.get("error") or f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s, free at the end {row.get('free_at_end_mib', 0):.0f} MiB"
-            if "steady_host" in row:  # where a steady step's host time went (_usage)
+            if "steady_host" in row:  # where a steady step's host time went (_usage), and how fast a host (launch_us)
                 brief += "; a steady step's host: " + ", ".join(f"{k} {v:.3g}" for k, v in row["steady_host"].items())
+                brief += "; µs a launch before, after: " + ", ".join(f"{us:.2f}" for us in row["launch_us"])
             print(f"{model} {variant} L={limit // MiB} MiB: {brief}", flush=True)
             if args.explain and variant in UCUDNN_VARIANTS and "error" not in row:
                 print(explain(row), flush=True)

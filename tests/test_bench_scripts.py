@@ -82,12 +82,22 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
     rows += [dict(row, variant="ucudnn", steady_ms=ms, iteration_ms=[first] + [100.0] * 39)
              for ms, first in ((7.0, 4100.0), (8.0, 5100.0))] + [dict(row, variant="control", steady_ms=12.0)]
     rows.append(dict(model="m", limit_mib=64.0, variant="ucudnn", error="CUDA out of memory"))
-    rows += [dict(row, variant="imported", steady_ms=9.0), dict(row, variant="planned", steady_ms=11.0)]
+    rows.append(dict(row, variant="imported", steady_ms=9.0))
+    # swapped: ucudnn's classes for 2 iterations, then torch's and ucudnn's in ABBA turns; pairs (t, u) and
+    # (u, t) of 10/8, 9/10, 12/8: its in-process torch / ucudnn is their median ratio, 1.25; and 1.0 in another
+    rows += [dict(row, variant="swapped", steady_ms=0.0, arms="uutuuttu", iteration_ms=[50, 50, 10, 8, 10, 9, 12, 8]),
+             dict(row, variant="swapped", steady_ms=0.0, arms="tuut", iteration_ms=[5, 5, 6, 6])]
     line = pressure.table(rows).splitlines()[-1]
     assert "| 14.0 (10.0-30.0, 3 runs) | 12.0 | 7.5 (7.0-8.0, 2 runs); 1 failed: CUDA out of memory |" in line
     assert "| 1.87x; with the A/A's 1.73x, p 0.40 |" in line and "| 2.0e-03, 1.0e-03 (torch in fp32: 5.0e-01) |" in line
     assert "| 2.0, 6.5 |" in line  # the first 20 iterations' seconds: torch's, ucudnn's (the median of 6.0 and 7.0)
-    assert line.endswith("| 9.0, 11.0 |")  # torch's classes put back: before any step, after half of them
+    assert line.endswith("| 9.0 | 1.125x (1.000-1.250, 2 runs) |")  # imported; swapped: the median of 1.25 and 1.0
+
+
+def test_swapped_runs_ucudnn_s_classes_for_half_the_steps_then_both_in_abba_turns():
+    pressure = importlib.import_module("bench.pressure")
+    assert "".join(pressure.arm("swapped", i, 12) for i in range(12)) == "uuuuuu" + "tuuttu"
+    assert "".join(pressure.arm("imported", i, 4) for i in range(4)) == "tttt"
 
 
 # --- bench.common ------------------------------------------------------------------------------------
