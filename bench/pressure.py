@@ -148,12 +148,15 @@ def arm(variant: str, i: int, iters: int) -> str:
 
 
 def in_one_process(row: dict) -> float:
-    """A `swapped` process's torch / ucudnn: the median over its adjacent pairs of one torch and
-    one ucudnn iteration (the ABBA turns) of the torch one's ms over the ucudnn one's."""
+    """A `swapped` process's torch / ucudnn: the median of its ms ratios of a torch iteration to a
+    ucudnn one, paired within each turn (t u u t) so that both or neither of a pair follow a change
+    of classes (a step right after one can run slower either way: docs/results.md): the first t with
+    the second u, the second t with the first u; drift cancels, one pair's t going first, the other's u."""
     ms, arms = row["iteration_ms"], row["arms"]
+    assert SWAPS["swapped"][1] == "tuut", "the pairs below are those of this turn"
     start = arms.index("t")
-    pairs = [dict(zip(arms[i:i + 2], ms[i:i + 2])) for i in range(start, len(arms) - 1, 2)]
-    return statistics.median(p["t"] / p["u"] for p in pairs if len(p) == 2)
+    turns = range(start, len(arms) - 3, 4)
+    return statistics.median([ms[i] / ms[i + 2] for i in turns] + [ms[i + 3] / ms[i + 1] for i in turns])
 
 
 def launch_us(batches: int = 5, launches: int = 400) -> float:
@@ -223,7 +226,7 @@ def run_variant(args) -> dict:
         from ucudnn.integrations.torch.layers import Converted
 
         ut.convert(model, cache_path=args.cache, **UCUDNN_VARIANTS.get(args.variant, {}))
-        twins = [(m, type(m)) for m in model.modules() if isinstance(m, Converted)]
+        layers = [m for m in model.modules() if isinstance(m, Converted)]
     arms = ""  # a SWAPS variant's classes by iteration (arm)
     step = trainer(model, x, args.model, amp)
     launch = [launch_us()]
@@ -231,10 +234,12 @@ def run_variant(args) -> dict:
     usage = [_usage()]  # after each iteration: where the host's time went (_usage)
     for i in range(args.iters):
         PHASE[0] = f"iteration {i + 1}"
-        if args.variant in SWAPS:
+        if args.variant in SWAPS:  # ucudnn's arm: the classes it left (a retired layer: torch's, Context.retire)
+            if arms[-1:] in ("", "u"):
+                left = [(m, type(m)) for m in layers]
             arms += arm(args.variant, i, args.iters)
-            for m, twin in twins:
-                m.__class__ = twin if arms[-1] == "u" else twin.torch_class
+            for m, cls in left:
+                m.__class__ = cls if arms[-1] == "u" else getattr(cls, "torch_class", cls)
         began = time.perf_counter()
         pair = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         pair[0].record()
@@ -277,7 +282,8 @@ def run_variant(args) -> dict:
         result.update(kernels=summary["kernels"], shrinks=summary["shrinks"], runs=summary["runs"],
                       planning_s=summary["planning_s"], pending=summary["pending"],
                       flush_watch=summary.get("flush_watch"),
-                      converted=sum(isinstance(m, Converted) for m in model.modules()))
+                      retired=summary["retired"],  # converted, then torch's class again (Context.retire)
+                      converted=sum(isinstance(m, Converted) for m in model.modules()) + summary["retired"])
     PHASE[0] = "gradient check"
     if checked:
         def release():
@@ -503,8 +509,8 @@ def parent(args) -> None:
         if "error" in need:
             continue
         for variant, limit, round_index in runs(variants, limits, args.rounds):
-            if time.perf_counter() > deadline:
-                break
+            if time.perf_counter() + max((r.get("wall_s", 0) for r in rows), default=0) > deadline:
+                break  # a process is started only where the time left holds the longest so far
             row = dict(child(args, variant, limit, need["need"], cache=caches[round_index], round_index=round_index),
                        model=model)
             rows.append(row)

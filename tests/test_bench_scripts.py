@@ -83,10 +83,11 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
              for ms, first in ((7.0, 4100.0), (8.0, 5100.0))] + [dict(row, variant="control", steady_ms=12.0)]
     rows.append(dict(model="m", limit_mib=64.0, variant="ucudnn", error="CUDA out of memory"))
     rows.append(dict(row, variant="imported", steady_ms=9.0))
-    # swapped: ucudnn's classes for 2 iterations, then torch's and ucudnn's in ABBA turns; pairs (t, u) and
-    # (u, t) of 10/8, 9/10, 12/8: its in-process torch / ucudnn is their median ratio, 1.25; and 1.0 in another
-    rows += [dict(row, variant="swapped", steady_ms=0.0, arms="uutuuttu", iteration_ms=[50, 50, 10, 8, 10, 9, 12, 8]),
-             dict(row, variant="swapped", steady_ms=0.0, arms="tuut", iteration_ms=[5, 5, 6, 6])]
+    # swapped: ucudnn's classes for 2 iterations, then torch's and ucudnn's in turns (t u u t), each t
+    # paired with the u as far from a change of classes: 10/8 four times, 1.25; and 1.0 in another process
+    rows += [dict(row, variant="swapped", steady_ms=0.0, arms="uutuuttuut",
+                  iteration_ms=[50, 50, 10, 8, 8, 10, 10, 8, 8, 10]),
+             dict(row, variant="swapped", steady_ms=0.0, arms="tuut", iteration_ms=[5, 5, 5, 5])]
     line = pressure.table(rows).splitlines()[-1]
     assert "| 14.0 (10.0-30.0, 3 runs) | 12.0 | 7.5 (7.0-8.0, 2 runs); 1 failed: CUDA out of memory |" in line
     assert "| 1.87x; with the A/A's 1.73x, p 0.40 |" in line and "| 2.0e-03, 1.0e-03 (torch in fp32: 5.0e-01) |" in line

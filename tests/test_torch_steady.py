@@ -77,7 +77,9 @@ def test_a_steady_delegated_call_skips_resolve_the_lookup_and_the_planner(tmp_pa
     for _ in range(3):
         got = step(model, x)
     assert counts == {"resolve": 0, "lookup": 0, "route": 0}
-    assert dict(context.runs) == {LAYER: 2 * 5}  # every call counted, steady ones too
+    # every call ucudnn saw counted, steady ones too; the second layer retired after its
+    # RETIRE_AFTER steady calls (the fourth step's) and ran the fifth as torch's own layer, unseen
+    assert layers.RETIRE_AFTER == 2 and dict(context.runs) == {LAYER: 5 + 4}
     for a, b in zip(got, step(plain, x)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # torch's own layer
 
@@ -164,3 +166,100 @@ def test_copies_of_a_steady_model_leave_its_steady_calls_behind(copied, tmp_path
     if copied == "deepcopy":  # the same context, counted there
         twin(x)
         assert context.runs[LAYER] == 2 * 3
+
+
+# --- retired layers: torch's class again --------------------------------------------------------
+
+def test_a_delegated_layer_whose_calls_hold_steady_is_torch_s_own_layer_again_but_the_lead_s(tmp_path):
+    """The second layer, steady for RETIRE_AFTER calls, takes nn.Conv2d's class back; the first,
+    whose calls start iterations and watch for change, stays converted. The model computes what
+    torch's does, context_of still finds the context, and summary() counts the retired layer."""
+    context = delegating(tmp_path)
+    plain = two_layers()
+    model = ut.convert(copy.deepcopy(plain), context=context)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2 + layers.RETIRE_AFTER):
+        step(model, x)
+    assert type(model[2]) is nn.Conv2d and type(model[0]) is ut.Conv2d
+    assert ut.context_of(model) is context and context.summary()["retired"] == 1
+    for a, b in zip(step(model, x), step(plain, x)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def steady_then(tmp_path, change=None):
+    """A two-layer model run until its second layer retired, then `change` (entered on a stack)
+    and one more call: the model, its context and the input of that call."""
+    context = delegating(tmp_path)
+    model = ut.convert(two_layers(), context=context)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2 + layers.RETIRE_AFTER):
+        step(model, x)
+    assert type(model[2]) is nn.Conv2d
+    return model, context, x
+
+
+@pytest.mark.parametrize("change", ["shape", "grad mode", "autocast"])
+def test_a_change_of_the_lead_layer_s_calls_converts_the_retired_layers_again(change, tmp_path):
+    """A new batch shape, grad mode or autocast changes every call of the step, the lead's too:
+    the retired layers are converted again and examine their calls (new sites), until steady."""
+    model, context, x = steady_then(tmp_path)
+    with contextlib.ExitStack() as stack:
+        changed = CHANGES[change](model, context, tmp_path, stack)
+        x = changed if change == "shape" else x
+        resolved = context.sites.resolved
+        model(x)
+        assert type(model[2]) is ut.Conv2d and context.sites.resolved == resolved + 2  # both layers' new sites
+        for _ in range(1 + layers.RETIRE_AFTER):
+            model(x)
+        assert type(model[2]) is nn.Conv2d  # steady again, retired again
+    model(torch.randn(2, 3, 8, 8))  # and back: the lead's site changed again
+    assert type(model[2]) is ut.Conv2d
+
+
+def test_reset_and_recording_convert_the_retired_layers_again(tmp_path):
+    model, context, x = steady_then(tmp_path)
+    context.reset()
+    assert type(model[2]) is ut.Conv2d and context.summary()["retired"] == 0
+    for _ in range(2 + layers.RETIRE_AFTER):
+        model(x)
+    assert type(model[2]) is nn.Conv2d
+    with ut.network(model):  # recording: every layer's calls record
+        assert type(model[2]) is ut.Conv2d
+        model(x)
+
+
+def test_a_retired_layer_converted_into_another_context_is_not_the_first_s_to_restore(tmp_path):
+    model, context, x = steady_then(tmp_path)
+    other = delegating(tmp_path, "other.db")
+    ut.convert(model[2], context=other)
+    assert type(model[2]) is ut.Conv2d and model[2].ucudnn_context is other
+    for _ in range(2 + layers.RETIRE_AFTER):
+        model[2](torch.randn(2, 4, 8, 8))  # its own lead in `other`: never retired there
+    ut.convert(model[2], context=context)
+    context.restore()  # model[2] is converted, not torch's: left as it is
+    assert type(model[2]) is ut.Conv2d and model[2].ucudnn_context is context
+
+
+def test_layers_made_directly_and_layers_of_two_shapes_a_step_never_retire(tmp_path, monkeypatch):
+    """A ucudnn.torch.Conv2d made by hand stays one; a layer called with two shapes in a step
+    holds no Steady for long (each call replaces the other's), so it keeps being examined."""
+    context = delegating(tmp_path)
+    lead, twice = ut.convert(nn.Conv2d(3, 3, 1), context=context), ut.convert(nn.Conv2d(3, 3, 3, padding=1),
+                                                                           context=context)
+    direct = ut.Conv2d(3, 3, 1)  # of the default context, here `context`
+    monkeypatch.setattr(layers, "default_context", lambda: context)
+    for _ in range(4 + layers.RETIRE_AFTER):
+        y = lead(torch.randn(2, 3, 8, 8))
+        twice(twice(y)[:, :, :6])
+        direct(y)
+    assert type(twice) is ut.Conv2d and type(direct) is ut.Conv2d and direct._ucudnn_steady.held > layers.RETIRE_AFTER
+
+
+@pytest.mark.parametrize("copied", ["deepcopy", "pickle"])
+def test_copies_of_a_model_with_retired_layers_run_and_find_their_context(copied, tmp_path):
+    model, context, x = steady_then(tmp_path)
+    twin = copy.deepcopy(model) if copied == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert type(twin[2]) is nn.Conv2d and "_ucudnn_steady" not in twin[2].__dict__
+    found = ut.context_of(twin)
+    assert (found is context) == (copied == "deepcopy")
+    torch.testing.assert_close(twin(x), model(x), rtol=0, atol=0)

@@ -355,6 +355,10 @@ class Planner:
         and a reset of the sites take the flag back. The lead's calls start steps (_starts_step)."""
         return site.delegated is True and not self.progress.open and not (site is self._lead and self._lead_has_work())
 
+    def is_lead(self, site) -> bool:
+        """Whether `site` is the lead: the site whose calls start iterations (_leads)."""
+        return site is self._lead
+
     def _lead_has_work(self) -> bool:
         """Whether the lead site's calls have work as a step starts: layers wait for a plan, or
         the flush watch follows steps."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections import Counter
 from typing import Any, Callable, Iterator
 
@@ -50,6 +51,9 @@ class Context(Planner):
         self._learn_first_pass = self.wd
         self._seen: set[int] = set()
         self.fallbacks: Counter = Counter()  # reason -> layer calls that went to torch entirely
+        self._retired: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> its converted class
+        self._lead_layer: int | None = None  # id() of the layer of the lead site (Planner.is_lead)
+        self._lead_seen: Any = None  # the site of that layer's last call examined
 
     # Converted models share their context when deep-copied, and rebuild it when unpickled.
     def __deepcopy__(self, memo) -> "Context":
@@ -85,12 +89,44 @@ class Context(Planner):
         self.finalize()
         return False
 
+    # Retired layers: delegated layers made torch's own again, so that their calls cost what torch's do
+    def retire(self, module: nn.Module) -> None:
+        """Give a converted layer whose calls hold steady (delegated, nothing to plan: sites.Steady)
+        torch's own class back, so that its calls run torch's layer with nothing of ucudnn's in
+        between (a steady check costs microseconds a call, a few percent of a host-paced step:
+        docs/results.md); not the lead's layer, whose calls start iterations and watch for change
+        (saw). restore() converts it again."""
+        if id(module) != self._lead_layer:
+            self._retired[module] = type(module)
+            module.__dict__.pop("_ucudnn_steady", None)
+            module.__class__ = type(module).torch_class
+
+    def saw(self, module: nn.Module, site: Any) -> None:
+        """A converted layer's call was examined and routed to `site`. Where it is the lead's
+        layer and its site changed (a new batch shape, grad mode, autocast, precision: the whole
+        step's calls change with it), retired layers are restored to examine theirs afresh."""
+        if self.is_lead(site):
+            self._lead_layer = id(module)
+        if id(module) == self._lead_layer:
+            if site is not self._lead_seen:
+                self.restore()
+            self._lead_seen = site
+
+    def restore(self) -> None:
+        """Convert the retired layers again (those still torch's class and of this context):
+        their next calls are examined as any converted layer's."""
+        for module, twin in list(self._retired.items()):
+            if type(module) is twin.torch_class and module.__dict__.get("ucudnn_context") is self:
+                module.__class__ = twin
+        self._retired.clear()
+
     @contextlib.contextmanager
     def recording(self) -> Iterator["Context"]:
         """Layers only record their kernels inside; on a clean exit the kernels are planned (WD:
         the network, known kernels included, is solved once)."""
         if self.wd and self.solved():
             self.reset()  # learning again: solve the known kernels and the new ones together
+        self.restore()
         self.sites.reroute()  # every layer's calls record, steady ones too
         self._learn_first_pass, self._recording = False, True
         try:
@@ -101,13 +137,16 @@ class Context(Planner):
 
     def reset(self) -> None:
         """Forget every assignment and site: kernels are planned again on next use (WD: as one
-        network). Waits for the GPUs first, since running kernels may still use the old workspaces."""
+        network), retired layers restored. Waits for the GPUs first, since running kernels may still
+        use the old workspaces."""
         super().reset()
+        self.restore()
         self.sites.clear()
 
     def summary(self) -> dict:
-        """Planner.summary(), and the layer calls that went to torch entirely, by reason."""
-        return {**super().summary(), "fallbacks": dict(self.fallbacks)}
+        """Planner.summary() (its `runs` count the calls ucudnn saw: a retired layer's are torch's
+        alone), the layer calls that went to torch entirely, by reason, and the retired layers."""
+        return {**super().summary(), "fallbacks": dict(self.fallbacks), "retired": len(self._retired)}
 
     @property
     def limit_name(self) -> str:

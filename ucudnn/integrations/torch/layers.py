@@ -20,6 +20,7 @@ from .kernels import TorchFramework
 from .sites import Site, Steady, signature
 
 _is_compiling = torch.compiler.is_compiling  # True while torch.compile or torch.export traces
+RETIRE_AFTER = 2  # steady calls in a row after which a delegated layer is torch's own again (Context.retire)
 
 
 def _traced():
@@ -113,7 +114,11 @@ class Converted:
         steady = self._ucudnn_steady  # a layer left to torch runs torch's layer at once (sites.Steady)
         if steady is not None and steady.holds(self, input):
             steady.runs[steady.counted] += 1
-            return super().forward(input)
+            steady.held += 1
+            out = super().forward(input)
+            if steady.held == RETIRE_AFTER and steady.owner is not None:  # convert() made it: torch's class to return to
+                steady.owner.retire(self)
+            return out
         return self._forward(input)
 
     def _forward(self, input: Tensor) -> Tensor:
@@ -127,7 +132,9 @@ class Converted:
         if context.learn_call(self):
             context.record(site.call, site.kinds)
             return super().forward(input)
-        if context.route(site):
+        delegated = context.route(site)
+        context.saw(self, site)
+        if delegated:
             if site.steady and "weight" in self._parameters and not context.settings.concurrent_backward:
                 self._ucudnn_steady = Steady(self, input, site, context.runs, (context.framework.own, LAYER))
             out = self._own_forward(input, context)
@@ -285,7 +292,9 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     its kernels; then they are planned (WD: solved once). Run it under the autocast and grad mode
     of training. `delegate`: under WR, layers whose kernels ucudnn would not speed up (torch's
     own fit the limit and are about as fast) run torch's own convolution, which costs less host
-    time (see ucudnn.plan.delegation); False runs every layer through ucudnn.
+    time (see ucudnn.plan.delegation); False runs every layer through ucudnn. A layer left to
+    torch whose calls hold steady takes torch's class back (Context.retire: it then costs what
+    torch's layer costs) until the model's calls change or the context is reset.
     Subclasses of those layers are left alone (they may change forward)."""
     settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
     if context is not None and (any(v is not None for v in settings) or not delegate):
@@ -314,11 +323,16 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
 
 
 def _contexts(model: nn.Module) -> list[Context]:
+    """The contexts of the model's converted layers, retired ones (torch's class again) included."""
     found = {}
     for module in model.modules():
         if isinstance(module, Converted):
             context = module.ucudnn_context or default_context()
-            found[id(context)] = context
+        elif isinstance(module, tuple(TWINS)) and isinstance(module.__dict__.get("ucudnn_context"), Context):
+            context = module.__dict__["ucudnn_context"]
+        else:
+            continue
+        found[id(context)] = context
     return list(found.values())
 
 

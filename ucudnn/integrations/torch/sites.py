@@ -135,12 +135,13 @@ class Steady:
     made behind torch's back (`weight.data = ...`) is seen only at the next other change: the
     layer runs torch's own convolution meanwhile, which is right, if not re-examined."""
 
-    __slots__ = ("site", "owner", "weight", "device_type", "key", "runs", "counted")
+    __slots__ = ("site", "owner", "weight", "device_type", "key", "runs", "counted", "held")
 
     def __init__(self, module: nn.Module, input: Tensor, site: Site, runs: Counter, counted: tuple):
         self.site, self.owner, self.weight = site, module.ucudnn_context, module._parameters["weight"]
         self.device_type, self.runs, self.counted = site.call.device.type, runs, counted
         self.key = self._key(module, input)
+        self.held = 0  # later calls it held for (the layer retires after RETIRE_AFTER: Context.retire)
 
     def holds(self, module: nn.Module, input: Tensor) -> bool:
         """Whether calling `module` on `input` is this call again, with its site still steady."""
