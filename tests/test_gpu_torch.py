@@ -6,6 +6,7 @@ and a small CNN whose 20-step loss curve follows torch's."""
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import warnings
 
@@ -19,6 +20,7 @@ import ucudnn.torch as ut  # noqa: E402
 from ucudnn.core.errors import UcudnnWarning  # noqa: E402
 from ucudnn.core import fallback  # noqa: E402
 from ucudnn.integrations.torch import layers as ut_layers  # noqa: E402
+from ucudnn.integrations.torch.kernels import TorchFramework  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
@@ -275,7 +277,7 @@ def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):
         torch.testing.assert_close(concurrent, serial)
 
 
-def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(cache_path):
+def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(cache_path, monkeypatch):
     """GoogLeNet AMP channels_last B=16 converted with delegation on and concurrent_backward:
     the layers left to torch's own convolution run their BF beside BD too (on a side stream of
     the current one), and every gradient is torch's own model's within fp16 rounding. The loss is
@@ -292,6 +294,9 @@ def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(ca
                              concurrent_backward=True)
     context = ut.Context(settings)
     ours = ut.convert(copy.deepcopy(model), context=context)
+    sides, side_stream = [], TorchFramework.side_stream
+    monkeypatch.setattr(TorchFramework, "side_stream",
+                        lambda self, device: sides.append(device) or side_stream(self, device))
     grads = []
     for module in (model, ours):
         for _ in range(2):  # ours: the first plans (and decides delegation); the second runs as decided
@@ -303,9 +308,33 @@ def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(ca
             loss.backward()
         torch.cuda.synchronize()
         grads.append([xi.grad] + [p.grad for p in module.parameters() if p.dim() == 4])
-    assert context.runs[("torch", "layer")] > 0 and context.framework._side_streams
+    assert context.runs[("torch", "layer")] > 0 and sides
     for theirs, mine in zip(*grads):
         assert relative_error(mine, theirs) <= 1e-2
+
+
+def test_a_side_stream_outlives_the_context_that_made_it(cache_path):
+    """torch's allocator records an event on the stream a tensor was recorded on when the tensor
+    is freed: a weight gradient made on a context's side stream outlives that context, so the
+    side stream stays for the process, and the next context on the same current stream takes it."""
+    from ucudnn.integrations.torch import kernels
+    from ucudnn.plan.config import Settings
+
+    settings = Settings.load(workspace_limit="8MiB", planning="first_call", cache_path=cache_path,
+                             concurrent_backward=True)
+
+    def weight_gradient():
+        layer = ut.convert(nn.Conv2d(8, 8, 3, padding=1).cuda(), context=ut.Context(settings, delegate=False))
+        layer(torch.randn(4, 8, 16, 16, device="cuda", requires_grad=True)).sum().backward()
+        return layer.weight.grad
+    kept = weight_gradient()  # its layer and context are gone
+    gc.collect()
+    made = dict(kernels._SIDE_STREAMS)
+    assert made and all(side.query() in (True, False) for side in made.values())
+    del kept  # freed after its side stream's context: the stream must still be there
+    torch.cuda.synchronize()
+    weight_gradient()
+    assert kernels._SIDE_STREAMS == made
 
 
 @pytest.mark.parametrize("concurrent", [False, True])

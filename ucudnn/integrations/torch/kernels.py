@@ -63,6 +63,15 @@ def _no_persistent_workspace(nbytes: int) -> int:
     return 0
 
 
+# Context.beside's side streams, by (device, current stream), for the whole process: torch's allocator
+# keeps the stream a tensor was recorded on (record_stream) and records an event on it when the
+# tensor is freed, so a side stream must outlive every tensor recorded there, the layers and
+# contexts that made it included (torch.cuda.ExternalStream's contract); torch never destroys its
+# own streams either. The CuPy streams behind them are kept alive here.
+_SIDE_STREAMS: dict[tuple[torch.device, int], Any] = {}
+_MADE_STREAMS: list[Any] = []
+
+
 class TorchFramework:
     """torch's side of a ucudnn.plan.planner.Planner: kernels on CUDA tensors through ucudnn.Handle,
     on torch's current stream, and torch's own convolution (`own`)."""
@@ -71,8 +80,6 @@ class TorchFramework:
 
     def __init__(self):
         self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
-        self._side_streams: dict[tuple[torch.device, int], Any] = {}  # Context.beside's, by (device, stream)
-        self._made_streams: list[Any] = []  # the CuPy streams behind them, kept alive
         self._planning_depth = 0  # planning scopes open (_planning_scope)
 
     def runs_on(self, device: torch.device) -> bool:
@@ -197,16 +204,17 @@ class TorchFramework:
 
     @contextlib.contextmanager
     def side_stream(self, device: torch.device):
-        """Context.beside on CUDA: one side stream per device and current stream, made once and
-        handed to no one else (_own_stream), so that the layers of branches on several streams
-        (ucudnn.integrations.torch.streams) fork no dependencies into each other. `aside(*tensors)`
+        """Context.beside on CUDA: one side stream per device and current stream, made once for the
+        process (_SIDE_STREAMS) and handed to no one else (_own_stream), so that the layers of
+        branches on several streams (ucudnn.integrations.torch.streams) fork no dependencies into
+        each other. `aside(*tensors)`
         runs its body on it after the current stream's work so far, and marks the tensors as used
         there (record_stream), so that the caching allocator does not hand their memory out again
         before the side stream is done; at the end the current stream waits for the side stream."""
         current = torch.cuda.current_stream(device)
-        side = self._side_streams.get((device, current.cuda_stream))
+        side = _SIDE_STREAMS.get((device, current.cuda_stream))
         if side is None:
-            side = self._side_streams[device, current.cuda_stream] = self._own_stream(device)
+            side = _SIDE_STREAMS[device, current.cuda_stream] = self._own_stream(device)
 
         @contextlib.contextmanager
         def aside(*tensors: Tensor):
@@ -229,7 +237,7 @@ class TorchFramework:
         index = torch.cuda.current_device() if device.index is None else device.index
         with cupy.cuda.Device(index):
             made = cupy.cuda.Stream(non_blocking=True)
-        self._made_streams.append(made)
+        _MADE_STREAMS.append(made)
         return torch.cuda.ExternalStream(made.ptr, device=torch.device("cuda", index))
 
     def settled_memory(self, device: torch.device) -> Memory:
