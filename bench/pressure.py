@@ -49,11 +49,11 @@ FIRST_20 = lambda row: sum(row["iteration_ms"][:20]) / 1e3  # noqa: E731 - plann
 PHASE = ["start"]  # what a child process was doing, for its error
 UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
 # converted as `ucudnn`; from this share of the steps on, the layers' classes cycle through the
-# pattern (t: torch's, u: ucudnn's). `imported`: torch's from the first step, nothing planned (what
-# ucudnn's process costs torch's layers); `swapped`: after half, planning done, both in turns, ABBA
-# so that neither gains from going first (the layers' cost within one process, free of the spread
-# between processes: docs/results.md)
-SWAPS = {"imported": (0.0, "t"), "swapped": (0.5, "tuut")}
+# pattern (u: ucudnn's; t and T: torch's). `imported`: torch's from the first step, nothing planned
+# (what ucudnn's process costs torch's layers); `swapped`: after half, planning done, both in turns,
+# ABBA so that neither gains from going first (the layers' cost within one process, free of the
+# spread between processes: docs/results.md); `swapped_control`: its A/A, torch's classes in both arms
+SWAPS = {"imported": (0.0, "t"), "swapped": (0.5, "tuut"), "swapped_control": (0.5, "tTTt")}
 TORCH_VARIANTS = ("free", "torch", "control")
 
 # name -> (builder, batch, precision, input shape per sample, channels_last, loss)
@@ -148,13 +148,14 @@ def arm(variant: str, i: int, iters: int) -> str:
 
 
 def in_one_process(row: dict) -> float:
-    """A `swapped` process's torch / ucudnn: the median of its ms ratios of a torch iteration to a
-    ucudnn one, paired within each turn (t u u t) so that both or neither of a pair follow a change
-    of classes (a step right after one can run slower either way: docs/results.md): the first t with
-    the second u, the second t with the first u; drift cancels, one pair's t going first, the other's u."""
-    ms, arms = row["iteration_ms"], row["arms"]
-    assert SWAPS["swapped"][1] == "tuut", "the pairs below are those of this turn"
-    start = arms.index("t")
+    """A `swapped` process's torch / ucudnn (`swapped_control`'s torch / torch): the median of its
+    ms ratios of an iteration of the turn's first arm to one of its second, paired within each turn
+    (t u u t) so that both or neither of a pair follow a change of classes (a step right after one
+    can run slower either way: docs/results.md): the first t with the second u, the second t with
+    the first u; drift cancels, one pair's t going first, the other's u."""
+    ms, arms, pattern = row["iteration_ms"], row["arms"], SWAPS[row["variant"]][1]
+    assert pattern == pattern[0] + pattern[1] * 2 + pattern[0], f"{pattern}: the pairs below are those of a turn ABBA"
+    start = arms.index(pattern[0])
     turns = range(start, len(arms) - 3, 4)
     return statistics.median([ms[i] / ms[i + 2] for i in turns] + [ms[i + 3] / ms[i + 1] for i in turns])
 
@@ -451,7 +452,7 @@ def table(rows: list[dict]) -> str:
     for model in dict.fromkeys(r["model"] for r in rows):
         free = by.get((model, 0.0, "free"))
         for limit in sorted({r["limit_mib"] for r in rows if r["model"] == model and r["limit_mib"]}):
-            t, c, u, w, i, s = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd", *SWAPS))
+            t, c, u, w, i, s, a = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd", *SWAPS))
             ratio = f"{steady(t) / steady(u):.2f}x" if ok(t) and ok(u) else "-"
             if ok(t) and ok(c) and ok(u):  # torch's processes with the A/A's, and how likely that by chance
                 ratio += f"; with the A/A's {steady(t + c) / steady(u):.2f}x, p {chance(times(t + c), times(u)):.2f}"
@@ -461,8 +462,9 @@ def table(rows: list[dict]) -> str:
             exact = f"{of(u, 'gradient_fp64_rel'):.1e}, {of(u, 'torch_fp64_rel'):.1e}" if ok(u) else "-"
             if ok(u) and not math.isnan(of(u, "torch_fp32_fp64_rel")):
                 exact += f" (torch in fp32: {of(u, 'torch_fp32_fp64_rel'):.1e})"
+            inside = swapped(s) + (f"; A/A {swapped(a)}" if a else "")
             lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
-                         f"{ratio} | {loss} | {first} | {grads} | {exact} | {ms(i)} | {swapped(s)} |")
+                         f"{ratio} | {loss} | {first} | {grads} | {exact} | {ms(i)} | {inside} |")
     return "\n".join(lines)
 
 

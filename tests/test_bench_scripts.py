@@ -88,17 +88,20 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
     rows += [dict(row, variant="swapped", steady_ms=0.0, arms="uutuuttuut",
                   iteration_ms=[50, 50, 10, 8, 8, 10, 10, 8, 8, 10]),
              dict(row, variant="swapped", steady_ms=0.0, arms="tuut", iteration_ms=[5, 5, 5, 5])]
+    rows.append(dict(row, variant="swapped_control", steady_ms=0.0, arms="uutTTt", iteration_ms=[50, 50, 9, 10, 10, 9]))
     line = pressure.table(rows).splitlines()[-1]
     assert "| 14.0 (10.0-30.0, 3 runs) | 12.0 | 7.5 (7.0-8.0, 2 runs); 1 failed: CUDA out of memory |" in line
     assert "| 1.87x; with the A/A's 1.73x, p 0.40 |" in line and "| 2.0e-03, 1.0e-03 (torch in fp32: 5.0e-01) |" in line
     assert "| 2.0, 6.5 |" in line  # the first 20 iterations' seconds: torch's, ucudnn's (the median of 6.0 and 7.0)
-    assert line.endswith("| 9.0 | 1.125x (1.000-1.250, 2 runs) |")  # imported; swapped: the median of 1.25 and 1.0
+    # imported; swapped: the median of 1.25 and 1.0; its A/A: 9/10 and 9/10
+    assert line.endswith("| 9.0 | 1.125x (1.000-1.250, 2 runs); A/A 0.900x |")
 
 
 def test_swapped_runs_ucudnn_s_classes_for_half_the_steps_then_both_in_abba_turns():
     pressure = importlib.import_module("bench.pressure")
     assert "".join(pressure.arm("swapped", i, 12) for i in range(12)) == "uuuuuu" + "tuuttu"
     assert "".join(pressure.arm("imported", i, 4) for i in range(4)) == "tttt"
+    assert "".join(pressure.arm("swapped_control", i, 8) for i in range(8)) == "uuuu" + "tTTt"
 
 
 # --- bench.common ------------------------------------------------------------------------------------
