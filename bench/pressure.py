@@ -11,7 +11,8 @@ SGD and, for AMP, a gradient scaler):
    timed on the host after a device sync (the first steps' planning included), the steady time
    the median of the last 8 by CUDA events. Variants: `free` (torch, no blocker), `torch`,
    `control` (torch again: the A/A control), `ucudnn` (`convert(model)`, its defaults), `wd`
-   (`convert(model, optimizer="wd", total_limit="auto")`), `imported` and `swapped` (SWAPS).
+   (`convert(model, optimizer="wd", total_limit="auto")`), `imported`, `swapped` and its A/A
+   `swapped_control` (SWAPS).
    With --rounds N each variant runs N processes at each limit, the variants taking turns; the
    table gives their median and range. Every process also times a tiny kernel's launch on its
    host before and after its steps (`launch_us`): how fast a host it met.
