@@ -207,10 +207,10 @@ class TorchFramework:
         """Context.beside on CUDA: one side stream per device and current stream, made once for the
         process (_SIDE_STREAMS) and handed to no one else (_own_stream), so that the layers of
         branches on several streams (ucudnn.integrations.torch.streams) fork no dependencies into
-        each other. `aside(*tensors)`
-        runs its body on it after the current stream's work so far, and marks the tensors as used
-        there (record_stream), so that the caching allocator does not hand their memory out again
-        before the side stream is done; at the end the current stream waits for the side stream."""
+        each other. `aside(*tensors)` runs its body on it after the current stream's work so far,
+        and marks the tensors as used there (record_stream), so that the caching allocator does not
+        hand their memory out again before the side stream is done; at the end the current stream
+        waits for the side stream."""
         current = torch.cuda.current_stream(device)
         side = _SIDE_STREAMS.get((device, current.cuda_stream))
         if side is None:
