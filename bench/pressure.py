@@ -2,10 +2,12 @@
 
 For each model (torchvision, torchaudio and timm models nobody here wrote; training steps with
 SGD and, for AMP, a gradient scaler):
-1. `need`: a process converts the model with every convolution through ucudnn at zero workspace,
-   plans it, then takes torch's peak allocated bytes over three steps, plus what the process
-   came to hold outside torch's allocator (CUDA context growth, cuDNN and its kernels' code,
-   CuPy, graphs): what the model needs.
+1. `need`: the model's tensors' peak with every convolution at zero workspace (a process
+   converts it so, plans it, then takes torch's peak allocated bytes over three steps), plus what
+   torch's own process holds outside its allocator (the `free` process: free before the model,
+   less free after its steps, less torch's reserved bytes: cuDNN's handle, its kernels' code).
+   What ucudnn's process holds beside the pool (its handle, graphs, kernels' code) is not in it:
+   that must fit in L like the workspaces (docs/results.md, "Training wherever the tensors fit").
 2. Each variant in a fresh process: a blocker first, leaving `need` + L free (none for `free`),
    then the model, so that torch's benchmark mode meets the pressure too; --iters steps, each
    timed on the host after a device sync (the first steps' planning included), the steady time
@@ -23,7 +25,7 @@ SGD and, for AMP, a gradient scaler):
    each kernel's moment left and what ran there.
 
     PYTHONPATH=. python3 bench/pressure.py --out OUT [--models wav2vec2,r3d_18:128MiB+512MiB,...]
-        [--limits 64MiB,512MiB] [--iters 40] [--rounds 1] [--need MODEL=BYTES,...] [--variants ...] [--explain]
+        [--limits 0,64MiB,512MiB] [--iters 40] [--rounds 1] [--need MODEL=BYTES,...] [--variants ...] [--explain]
 
 Writes OUT/pressure.json (every process's result) and OUT/pressure.md (the table) after each model.
 """
@@ -48,6 +50,7 @@ from ucudnn.reports import kernels
 STEADY = 8  # the last iterations whose median is the steady time
 FIRST_20 = lambda row: sum(row["iteration_ms"][:20]) / 1e3  # noqa: E731 - planning's cost: the first 20 iterations' s
 PHASE = ["start"]  # what a child process was doing, for its error
+SO_FAR: dict = {}  # a child's per-iteration record so far, kept with its error
 UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
 # converted as `ucudnn`; from this share of the steps on, the layers' classes cycle through the
 # pattern (u: ucudnn's; t and T: torch's). `imported`: torch's from the first step, nothing planned
@@ -179,8 +182,8 @@ def launch_us(batches: int = 5, launches: int = 400) -> float:
 
 
 def run_need(args) -> dict:
-    """The model's tensors' peak with every convolution at zero workspace, planned, and what the
-    process holds outside torch's allocator beyond its start."""
+    """The model's tensors' peak with every convolution at zero workspace, planned (`peak`), and,
+    for the record, what this ucudnn process came to hold outside torch's allocator."""
     import torch
 
     import ucudnn.torch as ut
@@ -205,7 +208,7 @@ def run_need(args) -> dict:
         step()
     torch.cuda.synchronize()
     peak, held = torch.cuda.max_memory_allocated(device), Torch.outside_bytes(device) - start_outside
-    return dict(peak_mib=peak / MiB, outside_mib=held / MiB, need=peak + held)
+    return dict(peak_mib=peak / MiB, ucudnn_outside_mib=held / MiB, peak=peak)
 
 
 def run_variant(args) -> dict:
@@ -217,6 +220,7 @@ def run_variant(args) -> dict:
     torch.backends.cudnn.benchmark = True
     torch.empty(1, device=device)
     result: dict = {"blocker_mib": 0}
+    free_before = torch.cuda.mem_get_info(device)[0]
     wall = None if args.variant == "free" else block(device, args.need, args.limit, result)  # held to the end
     PHASE[0] = "build"
     model, x, amp = build(args.model, device)
@@ -252,8 +256,11 @@ def run_variant(args) -> dict:
         events.append(pair)
         outside_mib.append(Torch.outside_bytes(device) / MiB)  # what planning loads beside torch's pool (kernels' code, handles)
         retries.append(Torch.flushes(device))
+        SO_FAR.update(host_s=host, outside_by_iteration=outside_mib, retries_by_iteration=retries)
         usage.append(_usage())
     ms = [a.elapsed_time(b) for a, b in events]
+    if args.variant == "free":  # what torch's own process holds outside its pool: part of the need
+        result["torch_outside"] = free_before - torch.cuda.mem_get_info(device)[0] - torch.cuda.memory_reserved(device)
     launch.append(launch_us())
     result.update(launch_us=launch, arms=arms or None)
     result["steady_host"] = {k: (usage[-1][k] - usage[-1 - STEADY][k]) / STEADY for k in usage[0]}
@@ -417,7 +424,8 @@ def table(rows: list[dict]) -> str:
     included)."""
     lines = ["| model | L | torch free | torch | control (A/A) | ucudnn | wd auto | torch / ucudnn | "
              "torch / free | first 20 s: torch, ucudnn | grad rel (ucudnn, A/A) | "
-             "grad rel to float64 (ucudnn, torch) | imported | swapped: torch / ucudnn in one process |", "|" + "---|" * 14]
+             "grad rel to float64 (ucudnn, torch) | imported | swapped: torch / ucudnn in one process | "
+             "out of memory (torch, ucudnn) |", "|" + "---|" * 15]
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         by.setdefault((r["model"], r["limit_mib"], r["variant"]), []).append(r)
@@ -452,7 +460,7 @@ def table(rows: list[dict]) -> str:
         return f"{statistics.median(each):.3f}x{spread}"
     for model in dict.fromkeys(r["model"] for r in rows):
         free = by.get((model, 0.0, "free"))
-        for limit in sorted({r["limit_mib"] for r in rows if r["model"] == model and r["limit_mib"]}):
+        for limit in sorted({r["limit_mib"] for r in rows if r["model"] == model and r["variant"] not in ("free", "need")}):
             t, c, u, w, i, s, a = (by.get((model, limit, v)) for v in ("torch", "control", "ucudnn", "wd", *SWAPS))
             ratio = f"{steady(t) / steady(u):.2f}x" if ok(t) and ok(u) else "-"
             if ok(t) and ok(c) and ok(u):  # torch's processes with the A/A's, and how likely that by chance
@@ -465,8 +473,17 @@ def table(rows: list[dict]) -> str:
                 exact += f" (torch in fp32: {of(u, 'torch_fp32_fp64_rel'):.1e})"
             inside = swapped(s) + (f"; A/A {swapped(a)}" if a else "")
             lines.append(f"| {model} | {limit:.0f} MiB | {ms(free)} | {ms(t)} | {ms(c)} | {ms(u)} | {ms(w)} | "
-                         f"{ratio} | {loss} | {first} | {grads} | {exact} | {ms(i)} | {inside} |")
+                         f"{ratio} | {loss} | {first} | {grads} | {exact} | {ms(i)} | {inside} | "
+                         f"{out_of_memory(t)}, {out_of_memory(u)} |")
     return "\n".join(lines)
+
+
+def out_of_memory(rows: list[dict] | None) -> str:
+    """How many of a variant's processes ran out of device memory, of how many: '1/3'."""
+    if not rows:
+        return "-"
+    failed = sum("out of memory" in r.get("error", "").lower() or "OutOfMemory" in r.get("error", "") for r in rows)
+    return f"{failed}/{len(rows)}"
 
 
 def explain(row: dict) -> str:
@@ -492,6 +509,27 @@ def runs(variants: list[str], limits: list[int], rounds: int) -> list[tuple[str,
     return plan
 
 
+def measured_need(args, model: str, rows: list[dict]) -> dict:
+    """The model's need (`need`, bytes): the zero-workspace peak of a `need` process plus the
+    bytes a `free` process of torch holds outside its pool (both rows go into `rows`), or the
+    --need given."""
+    if model in args.need_of:
+        need = dict(need=args.need_of[model], given=True, variant="need", limit_mib=0.0, model=model)
+        rows.append(need)
+        return need
+    need = dict(child(args, "need", cache=args.cache + ".need"), model=model)
+    rows.append(need)
+    if "error" in need:
+        return need
+    free = dict(child(args, "free"), model=model)
+    rows.append(free)
+    if "error" in free:
+        return dict(need, error=f"torch's own process with memory free: {free['error']}")
+    need.update(need=need["peak"] + max(0, free["torch_outside"]), torch_outside_mib=free["torch_outside"] / MiB,
+                free=True)
+    return need
+
+
 def parent(args) -> None:
     rows, out = [], Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -505,13 +543,13 @@ def parent(args) -> None:
         caches = [args.cache] + [f"{args.cache}.r{r}" for r in range(1, args.rounds)]  # a round each
         for cache in caches:
             Path(cache).unlink(missing_ok=True)  # every ucudnn process plans from a cold database
-        need = dict(need=args.need_of[model], given=True, variant="need", limit_mib=0.0) if model in args.need_of else \
-            child(args, "need", cache=args.cache + ".need")
-        rows.append(dict(need, model=model))
+        need = measured_need(args, model, rows)
         print(f"{model}: need {need}", flush=True)
         if "error" in need:
             continue
         for variant, limit, round_index in runs(variants, limits, args.rounds):
+            if variant == "free" and "free" in need:
+                continue  # measure_need ran it
             if time.perf_counter() + max((r.get("wall_s", 0) for r in rows), default=0) > deadline:
                 break  # a process is started only where the time left holds the longest so far
             row = dict(child(args, variant, limit, need["need"], cache=caches[round_index], round_index=round_index),
@@ -539,7 +577,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="out")
     p.add_argument("--models", default="wav2vec2,fcn_resnet50,r3d_18,fpn_resnet50,efficientnet_b0,densenet121")
-    p.add_argument("--limits", default="64MiB,512MiB")
+    p.add_argument("--limits", default="0,64MiB,512MiB")
     p.add_argument("--variants", default="free,torch,control,ucudnn,wd")
     p.add_argument("--iters", type=int, default=40,
                    help="steps a variant runs: wav2vec2 at 64 MiB settled after 30 (docs/results.md, \"Forty steps\")")
@@ -567,7 +605,7 @@ def main(argv=None) -> None:
             import traceback
 
             frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_tb(exc.__traceback__)]
-            result = dict(error=f"{type(exc).__name__}: {first_line(exc)}", at=" < ".join(frames[::-1][:8]),
+            result = dict(SO_FAR, error=f"{type(exc).__name__}: {first_line(exc)}", at=" < ".join(frames[::-1][:8]),
                           phase=PHASE[0])
         Path(args.result).write_text(json.dumps(result))
         return

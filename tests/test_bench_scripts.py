@@ -4,6 +4,7 @@ sys.path edits) and parses the flags docs/results.md's commands use; bench.commo
 bench/gpu_suite.sh's stages."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import io
@@ -94,7 +95,24 @@ def test_pressure_runs_its_variants_in_turns_and_tables_the_median_of_its_rounds
     assert "| 1.87x; with the A/A's 1.73x, p 0.40 |" in line and "| 2.0e-03, 1.0e-03 (torch in fp32: 5.0e-01) |" in line
     assert "| 2.0, 6.5 |" in line  # the first 20 iterations' seconds: torch's, ucudnn's (the median of 6.0 and 7.0)
     # imported; swapped: the median of 1.25 and 1.0; its A/A: 9/10 and 9/10
-    assert line.endswith("| 9.0 | 1.125x (1.000-1.250, 2 runs); A/A 0.900x |")
+    assert line.endswith("| 9.0 | 1.125x (1.000-1.250, 2 runs); A/A 0.900x | 0/3, 1/3 |")  # out of memory: torch, ucudnn
+
+
+def test_pressure_s_need_is_the_zero_workspace_peak_plus_what_torch_s_own_process_holds_outside_its_pool(tmp_path):
+    pressure = importlib.import_module("bench.pressure")
+    made = []
+
+    def child(args, variant, *rest, **kw):
+        made.append(variant)
+        return dict(peak=1000 * MiB) if variant == "need" else dict(torch_outside=300 * MiB, steady_ms=1.0)
+    args = argparse.Namespace(need_of={}, cache=str(tmp_path / "c.db"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pressure, "child", child)
+        rows: list = []
+        need = pressure.measured_need(args, "m", rows)
+    assert made == ["need", "free"] and need["need"] == 1300 * MiB and [r["model"] for r in rows] == ["m", "m"]
+    args.need_of = {"m": 5}
+    assert pressure.measured_need(args, "m", [])["need"] == 5
 
 
 def test_swapped_runs_ucudnn_s_classes_for_half_the_steps_then_both_in_abba_turns():
