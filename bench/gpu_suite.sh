@@ -3,7 +3,7 @@
 #   bash bench/gpu_suite.sh [stage ...]    stages: env tests record record-new record-direct
 #                                          layers-alexnet layers-alexnet64 layers-resnet50 layers-fp16
 #                                          layers-direct paper paper-bench coldstart zerocost zerocost-ddp tables
-#                                          trainab coldmodels ndlayers streams pressure
+#                                          trainab coldmodels ndlayers streams pressure largest
 #                                          (default: env tests)
 # Carry .whl (pulp, sqlite-utils and their needs, as wheels) with the call.
 set -u
@@ -57,6 +57,8 @@ for stage in "${stages[@]}"; do
     streams) run streams python3 bench/streams.py --out "$OUT" --deadline "$(budget ${STREAMS_S:-400})" ${STREAMS_ARGS:-} ;;
     # whole models under a blocker leaving their need + L: torch vs ucudnn.torch, a fresh process per variant (PRESSURE_ARGS)
     pressure) run pressure python3 bench/pressure.py --out "$OUT" --deadline "$(budget ${PRESSURE_S:-540})" ${PRESSURE_ARGS:-} ;;
+    # how much more fits: the largest batch torch and ucudnn.torch train at under one budget, fresh processes (LARGEST_ARGS)
+    largest) run largest python3 bench/largest_batch.py --out "$OUT" --deadline "$(budget ${LARGEST_S:-540})" ${LARGEST_ARGS:-} ;;
     # 1-D, 3-D and transposed layers: torch under pressure vs their ucudnn.torch twins (ND_ARGS)
     ndlayers) run ndlayers python3 bench/nd_layers.py --out "$OUT" --deadline "$(budget ${ND_S:-540})" ${ND_ARGS:-} ;;
     layers-direct) seed_layers; run layers-direct python3 bench/layers.py --out "$OUT" --nets alexnet:256 --policies powerOfTwo --execution direct --cache "$OUT/layers.db" ;;

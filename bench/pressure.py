@@ -74,13 +74,15 @@ MODELS = {
 
 # --- one process ----------------------------------------------------------------------------------
 
-def build(name: str, device):
-    """The model (training mode, no pretrained weights) and a batch of its input."""
+def build(name: str, device, batch: int | None = None):
+    """The model (training mode, no pretrained weights) and a batch of its input (`batch`
+    samples; default: the model's own, MODELS)."""
     import importlib
 
     import torch
 
-    where, batch, precision, sample, channels_last = MODELS[name]
+    where, own_batch, precision, sample, channels_last = MODELS[name]
+    batch = batch or own_batch
     module, builder = where.split(":")
     make = None if module == "timm" else getattr(importlib.import_module(module), builder)
     if name == "fcn_resnet50":
@@ -287,7 +289,11 @@ def run_variant(args) -> dict:
         import ucudnn.torch as ut
         from ucudnn.integrations.torch.layers import Converted
 
-        summary = ut.context_of(model).summary()
+        from ucudnn.execute.graphs import GRAPH_MEMORY
+
+        context = ut.context_of(model)
+        summary = context.summary()
+        result.update(graph_mib=GRAPH_MEMORY.held / MiB, graph_budget=GRAPH_MEMORY.budget, pressed=context.pressed)
         result.update(kernels=summary["kernels"], shrinks=summary["shrinks"], runs=summary["runs"],
                       planning_s=summary["planning_s"], pending=summary["pending"],
                       flush_watch=summary.get("flush_watch"),

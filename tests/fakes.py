@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections import Counter
 
 from ucudnn.core.accumulation import accumulates
 from ucudnn.execute.backends import Backends, Candidate, backend_of
 from ucudnn.measure.benchmark import timing_step
 from ucudnn.core.device import Provenance
+from ucudnn.core.errors import NoAlgorithmError
 from ucudnn.core.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, Measurement
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
+from ucudnn.plan.assignment import Assignment
 
 FAKE_DEVICE = Provenance("Fake GPU", "0.0", 91900, 0, "testhost", execution="graph")
 
@@ -82,6 +86,17 @@ def favourite(problem) -> Candidate:
     b = problem.batch
     algo = min(ALGORITHMS, key=lambda a: ALGORITHMS[a][0] * b + ALGORITHMS[a][1])
     return Candidate(algo, int(ALGORITHMS[algo][2] * b * max(work, 1e-3)), OK)
+
+
+def heuristic(problem, limit: int):
+    """Handle.heuristic as the fakes rate it: the legacy candidates fastest first at the whole
+    batch, the first whose workspace there fits `limit`, undivided; NoAlgorithmError where none does."""
+    work, b = problem.flops() / problem.batch / 1e6, problem.batch
+    for algo in sorted(ALGORITHMS, key=lambda a: ALGORITHMS[a][0] * b + ALGORITHMS[a][1]):
+        workspace = int(ALGORITHMS[algo][2] * b * max(work, 1e-3))
+        if workspace <= limit:
+            return Assignment(Configuration((MicroConfig(algo, b, math.nan, workspace),)), 0, workspace)
+    raise NoAlgorithmError(f"no fake candidate within {limit} bytes")
 
 
 def favourite_ms(problem) -> float:

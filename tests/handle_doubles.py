@@ -3,7 +3,7 @@ Assignments over a fake benchmarker, and programs that run on flat NumPy arrays.
 from __future__ import annotations
 
 from executors import array_program
-from fakes import FakeAllocator, FakeBenchmarker, favourite, favourite_ms
+from fakes import FakeAllocator, FakeBenchmarker, favourite, favourite_ms, heuristic
 
 from ucudnn.plan.assignment import Assignments
 
@@ -23,6 +23,10 @@ class NumpyHandle:
 
     def favourite_ms(self, problem):
         return favourite_ms(problem)
+
+    def heuristic(self, problem, limit):
+        """The fakes' candidates in their order of speed at the whole batch: the first within `limit`."""
+        return heuristic(problem, limit)
 
     def query(self, problem):
         self.assignments.record(problem)

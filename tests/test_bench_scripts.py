@@ -27,6 +27,7 @@ SCRIPTS = {
     "train_ab": ["--nets", "--precisions", "--limits", "--rounds", "--iters", "--no-control"],
     "zero_cost": ["--sections"],
     "cold_models": ["--models", "--limits", "--torch-runs", "--no-full"],
+    "largest_batch": ["--models", "--need", "--iters", "--cap", "--deadline"],
 }
 
 
@@ -265,3 +266,28 @@ def test_side_by_side_finds_the_cpus_near_each_gpu_and_nothing_where_it_cannot(t
     assert cpus(2, str(tmp_path / "bin")) == "32-63"  # a four-digit domain, as some drivers print it
     assert cpus(0, str(tmp_path / "bin")) == ""  # nvidia-smi knows no such GPU
     assert cpus(1, str(tmp_path / "none")) == ""  # no nvidia-smi
+
+
+def test_largest_batch_doubles_until_a_failure_then_bisects_to_a_sixteenth():
+    largest = importlib.import_module("bench.largest_batch").largest
+    tried = []
+
+    def fits(limit):
+        def try_batch(b):
+            tried.append(b)
+            return b <= limit
+        return try_batch
+    lo, hi = largest(fits(100), 8, 1000)
+    assert tried[:5] == [8, 16, 32, 64, 128] and lo <= 100 < hi and hi - lo <= max(1, lo // 16)
+    assert largest(fits(5), 8, 64)[0] == 5  # below the model's own batch: bisected from zero
+    assert largest(fits(10**6), 8, 64) == (64, 65)  # every batch up to the cap fits
+    assert largest(fits(0), 8, 64)[0] == 0
+    assert largest(lambda b: None, 8, 64) == (0, 65)  # out of time before any probe
+
+
+def test_largest_batch_tables_each_variant_s_largest_passing_probe():
+    module = importlib.import_module("bench.largest_batch")
+    rows = [dict(model="m", variant="torch", batch=8, budget_mib=100.0, samples_per_s=80.0),
+            dict(model="m", variant="torch", batch=16, budget_mib=100.0, error="OutOfMemoryError"),
+            dict(model="m", variant="ucudnn", batch=16, budget_mib=100.0, samples_per_s=120.0)]
+    assert module.table(rows).splitlines()[-1] == "| m | 100 MiB | 8, 80 | 16, 120 | 2.00x |"

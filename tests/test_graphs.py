@@ -193,12 +193,18 @@ class FakeRuntime:
 
     def __init__(self, failures=(), failing="graphInstantiate"):
         self.failures, self.failing, self.calls = list(failures), failing, []
+        self.free, self.graph_bytes = 2**30, 0
 
     def __getattr__(self, name):  # every other runtime call: recorded, returns a handle
         return lambda *args: self._call(name)
 
     def graphInstantiate(self, graph):
-        return self._call("graphInstantiate")
+        instantiated = self._call("graphInstantiate")
+        self.free -= self.graph_bytes
+        return instantiated
+
+    def memGetInfo(self):  # the device's free and total bytes: each graph takes graph_bytes
+        return self.free, 2**40
 
     def _call(self, name):
         self.calls.append(name)

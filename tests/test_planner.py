@@ -92,6 +92,7 @@ class NumpyArrays:
         self.now = None  # what mark() reads, in ms (None: no marks; torch's kernels are timed, own_ms)
         self.holds = []  # per mark, how long the device was held before it
         self.outside = 0  # what outside_bytes() says: the process's bytes beside the framework's pool
+        self.released, self.bounds = [], []  # release() and bound_beside() calls
 
     def make_handle(self, settings, cache, device):
         return NumpyHandle(settings, cache)
@@ -143,6 +144,13 @@ class NumpyArrays:
 
     def synchronize(self, device):
         pass
+
+    def release(self, device):  # nothing held beside the pretend pool; each release listed
+        self.released.append(device)
+        return 0
+
+    def bound_beside(self, nbytes):  # each graph budget set, listed
+        self.bounds.append(nbytes)
 
     def mark(self, device, hold_s=0.0):  # the pretend device's clock: tests set and move `now`
         self.holds.append(hold_s)

@@ -29,6 +29,7 @@ class NumpyFramework(TorchFramework):
         self._planning = 0
         self.streams, self.marked, self.aside = [], [], False  # side_stream's log
         self.flushed, self.flush_at = 0, float("inf")  # flushes so far; borrows above flush_at flush
+        self.releases, self.bounds = 0, []  # release() calls, bound_beside() budgets
 
     @contextlib.contextmanager
     def planning(self, device):
@@ -109,6 +110,13 @@ class NumpyFramework(TorchFramework):
 
     def synchronize(self, device):
         pass
+
+    def release(self, device):  # nothing held beside the pretend pool; each release counted
+        self.releases += 1
+        return 0
+
+    def bound_beside(self, nbytes):  # each graph budget set, listed
+        self.bounds.append(nbytes)
 
 
 class Clocked(NumpyFramework):

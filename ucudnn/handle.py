@@ -13,6 +13,7 @@ import math
 from typing import Any, Callable
 
 from .execute import gpu
+from .core.errors import NoAlgorithmError
 from .execute.backends import Candidate, open_backends
 from .measure.benchmark import Benchmarker, ConfigurationTimer, CudnnBenchmarker
 from .execute.bindings import cudnn
@@ -108,6 +109,23 @@ class Handle:
             return backend.candidate(problem, backend.ranked(problem)[0])
         finally:
             backend.release()
+
+    def heuristic(self, problem: ConvProblem, limit: int) -> Assignment:
+        """`problem` undivided on cuDNN's heuristic favourite among the candidates whose workspace
+        fits `limit` bytes (zero workspace at worst), its workspace borrowed at each call: what
+        runs where memory has run out, with nothing timed or allocated to choose it.
+        NoAlgorithmError where no candidate of the backends in use fits."""
+        for name in self.backends.names:
+            backend = self.backends[name]
+            try:
+                for candidate in (backend.candidate(problem, c) for c in backend.ranked(problem)):  # lazily
+                    if candidate.status == OK and candidate.workspace <= limit:
+                        micro = MicroConfig(candidate.id, problem.batch, math.nan, candidate.workspace)
+                        return Assignment(Configuration((micro,)), 0, candidate.workspace)
+            finally:
+                backend.release()
+        raise NoAlgorithmError(f"no cuDNN candidate of {problem.describe()} runs within {limit} bytes of workspace; "
+                               "free device memory")
 
     def favourite_ms(self, problem: ConvProblem) -> float:
         """cuDNN's favourite (favourite()) on the whole batch, run as this handle runs a kernel

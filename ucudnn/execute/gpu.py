@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from typing import Any
 
@@ -17,6 +18,11 @@ def cupy():
             f"CuPy is not installed; install ucudnn with a GPU extra: {GPU_INSTALL}"
         ) from exc
     return cp
+
+
+def loaded() -> bool:
+    """Whether CuPy has been imported in this process (nothing of it to give back otherwise)."""
+    return "cupy" in sys.modules
 
 
 def device_info(device: int | None = None, frontend_version: str = "") -> Provenance:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Protocol
 
@@ -38,6 +39,40 @@ MAX_SEEN = 64  # per kernel: address sets seen once, waiting for a second sight
 # replays: docs/results-archive.md, "PyTorch: delegating layers ucudnn would not speed up".)
 CHURN_CAPTURES = MAX_GRAPHS
 CHURN_REPLAYS = 2
+
+
+class GraphMemory:
+    """The device memory that instantiated graphs hold beside any allocator's pool, process-wide:
+    the sum of each live graph's bytes as measured when it was instantiated (`held`). With a
+    `budget`, a program captures no new graph once `held` reaches it (its calls run directly);
+    `release()` gives every graph back. A framework sets the budget from the room its step leaves
+    (ucudnn.plan.planner.Planner), and 0 once the device has run out of memory."""
+
+    def __init__(self) -> None:
+        self.budget: int | None = None  # None: unbounded
+        self._programs: weakref.WeakSet = weakref.WeakSet()
+
+    def track(self, program: "GraphedProgram") -> None:
+        self._programs.add(program)
+
+    @property
+    def held(self) -> int:
+        return sum(p.graph_bytes for p in list(self._programs))
+
+    def admits(self) -> bool:
+        """Whether a new graph may be captured now."""
+        return self.budget is None or self.held < self.budget
+
+    def release(self) -> int:
+        """Give back every graph of every program (each is freed once any replay in flight ends);
+        the bytes they held."""
+        held = self.held
+        for program in list(self._programs):
+            program.drop()
+        return held
+
+
+GRAPH_MEMORY = GraphMemory()
 
 
 class Capturer(Protocol):
@@ -65,6 +100,19 @@ class GraphedProgram:
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self.capture_failure: str | None = None
         self.direct_runs = self.captures = self.replays = 0
+        self._bytes: dict[Hashable, int] = {}  # addresses -> its graph's device bytes
+        GRAPH_MEMORY.track(self)
+
+    @property
+    def graph_bytes(self) -> int:
+        """The device bytes this program's graphs hold (GraphMemory)."""
+        return sum(self._bytes.values())
+
+    def drop(self) -> None:
+        """Forget every graph (freed once any replay in flight ends); the next sights capture anew."""
+        self.graphs.clear()
+        self._bytes.clear()
+        self._seen.clear()
 
     def __call__(self, x: int, w: int, y: int, workspace: int = 0, workspace_size: int = 0) -> None:
         """Where the caller's stream is being captured, its graph takes the calls themselves (a
@@ -89,7 +137,7 @@ class GraphedProgram:
         return graph
 
     def _second_sight(self, addresses: Hashable) -> bool:
-        if self.capture_failure is not None or self._churning():
+        if self.capture_failure is not None or self._churning() or not GRAPH_MEMORY.admits():
             return False
         if addresses in self._seen:
             del self._seen[addresses]
@@ -115,8 +163,10 @@ class GraphedProgram:
             return None
         self.captures += 1
         self.graphs[addresses] = graph
+        self._bytes[addresses] = getattr(graph, "nbytes", 0)
         if len(self.graphs) > self.max_graphs:
-            self.graphs.popitem(last=False)  # the graph is freed once any replay in flight ends
+            oldest, _ = self.graphs.popitem(last=False)  # the graph is freed once any replay in flight ends
+            self._bytes.pop(oldest, None)
         return graph
 
 
@@ -127,10 +177,11 @@ _OUT_OF_MEMORY = 2  # cudaErrorMemoryAllocation
 
 
 class Graph:
-    """An instantiated CUDA graph: the work captured once, replayed by one launch."""
+    """An instantiated CUDA graph: the work captured once, replayed by one launch; `nbytes`, the
+    device memory its instantiation took (the device's free bytes before less after)."""
 
-    def __init__(self, executable: int):
-        self._executable = executable
+    def __init__(self, executable: int, nbytes: int = 0):
+        self._executable, self.nbytes = executable, nbytes
         self._destroy = cupy().cuda.runtime.graphExecDestroy
 
     def launch(self, stream: int) -> None:
@@ -169,7 +220,9 @@ class GraphCapturer:
                 raise
             graph = rt.streamEndCapture(self._private)  # raises if the capture was invalidated
             try:
-                return Graph(self._instantiate(graph))
+                free = rt.memGetInfo()[0]
+                executable = self._instantiate(graph)
+                return Graph(executable, max(0, free - rt.memGetInfo()[0]))
             finally:
                 rt.graphDestroy(graph)
         except Exception as exc:

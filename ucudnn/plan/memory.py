@@ -52,6 +52,10 @@ WATCHED_STEPS = 16  # steps after planning in which kernels are watched for flus
 # against 68.0 with 5 (docs/results-archive.md, "Flushes")
 FLUSH_MS = 3.9
 _STEPS = 8  # grid steps per power of two
+# The share of the step's least room that CUDA graphs may hold (graph_budget): graphs accumulated
+# beyond the room ran wav2vec2's step out of memory at 64 MiB (docs/results.md, "Training wherever
+# the tensors fit")
+GRAPH_SHARE = 4
 
 
 class FlushWatch:
@@ -99,6 +103,17 @@ def quantized(nbytes: int) -> int:
         return max(0, nbytes // mib * mib)
     step = 1 << (nbytes.bit_length() - 1 - 3)  # an eighth of the power of two below nbytes
     return nbytes // step * step
+
+
+def graph_budget(rooms: list[int]) -> int:
+    """What CUDA graphs may hold beside the framework's pool once a step's kernels are planned
+    within `rooms` (their moments' free bytes): a graph holds its bytes for the whole step, so
+    they come out of the least room, of which GRAPH_SHARE at most, less the margin; the kernel
+    whose workspace then cannot be had is planned within less (Planner._shrink). Graphs hold
+    nothing where no room is known."""
+    if not rooms:
+        return 0
+    return max(0, min(rooms) - MARGIN_BYTES) // GRAPH_SHARE
 
 
 def workspace_limit(room: int) -> int:

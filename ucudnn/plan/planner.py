@@ -41,9 +41,10 @@ from .config import Settings
 from .delegation import (OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster, pressed, settled_by_own,
                          stored_timing, worth_delegating)
 from ..core.errors import DeviceMemoryError
-from ..core.fallback import UNPLANNABLE, fall_back
+from ..core.fallback import UNPLANNABLE, fall_back, say_once
 from ..core.measurements import OK
-from .memory import FLUSH_MS, RECORDED_CALLS, WATCHED_STEPS, FlushWatch, Memory, quantized, workspace_limit
+from .memory import (FLUSH_MS, RECORDED_CALLS, WATCHED_STEPS, FlushWatch, Memory, graph_budget, quantized,
+                     workspace_limit)
 from .moments import Moments
 from ..core.problem import ConvKind, ConvProblem
 from ..core.progress import Progress
@@ -112,6 +113,13 @@ class Framework(Protocol):
     def synchronize(self, device: Hashable) -> None:
         """Wait for the device's work."""
 
+    def release(self, device: Hashable) -> int:
+        """Give back what ucudnn holds beside the framework's pool that it can make again (CUDA
+        graphs, cached blocks), and the framework's cached blocks; the graphs' bytes."""
+
+    def bound_beside(self, nbytes: int | None) -> None:
+        """What ucudnn may hold beside the framework's pool in CUDA graphs from now on (None: unbounded)."""
+
     def mark(self, device: Hashable, hold_s: float = 0.0) -> Any:
         """A point in the device's work queued so far (a recorded CUDA event); with `hold_s`, the
         device is first kept busy about that long, so that what the host queues next runs back
@@ -168,6 +176,10 @@ class Planner:
         self._pending: dict[Any, None] = {}
         self._lead: Any = None
         self._slice = _Slice(math.inf)  # plan_pending's budget while it runs; outside it, none
+        self._stand_ins: dict[tuple[ConvKind, Hashable], Any] = {}  # what a site waiting for its plan runs
+        self._rescues: set = set()  # kernels _rescued made: where their workspace cannot be had, none
+        self.pressed = False  # whether the device has run out of memory in a kernel (_release)
+        self._graphs_bounded: bool | None = None  # with `auto`: False while planning, True once graph_budget is set
 
     @property
     def wd(self) -> bool:
@@ -177,20 +189,82 @@ class Planner:
         """Run kernel `kind` of the site's call on x, w, y and return what it wrote: F writes y,
         BD x, BF w. The written operand may be None: the framework's own kernel then makes its
         result itself (no second tensor of its size at that moment), ucudnn's gets a new one.
-        Where its workspace cannot be borrowed, the kernel is planned within less (_shrink); so
-        it is where borrowing it flushed the framework's cache (_run)."""
-        kernel = site.kernels.get(kind)
-        if kernel is None:
-            kernel = self._site_kernel(site, kind)
-        elif self.progress.open:
-            self.progress.idle(self._planned_so_far)
-        self.runs[kernel.counted] += 1
+        A site waiting for its plan runs the framework's own kernel (_stand_in). Where memory
+        runs out (_out_of_memory), a smaller kernel runs; so it does where borrowing a workspace
+        flushed the framework's cache (_run)."""
+        if site in self._pending:  # counted as its layer's call (route)
+            kernel = self._stand_in(site, kind)
+        else:
+            kernel = site.kernels.get(kind)
+            if kernel is None:
+                kernel = self._site_kernel(site, kind)
+            elif self.progress.open:
+                self.progress.idle(self._planned_so_far)
+            self.runs[kernel.counted] += 1
         with self.framework.device_guard(site.call.device):
+            released = self.pressed  # what ucudnn held beside the pool went back already
             while True:
                 try:
                     return self._run(site, kind, kernel, x, w, y)
-                except DeviceMemoryError:
-                    kernel = self._shrink(site, kind, kernel)
+                except DeviceMemoryError as exc:
+                    if not released and not _borrows(kernel):
+                        released = self._release(site.call.device, exc)
+                    else:
+                        kernel = self._out_of_memory(site, kind, kernel, exc)
+
+    def _stand_in(self, site, kind: ConvKind):
+        """The kernel a site waiting for its plan runs: the framework's own, or where that ran out
+        of memory, ucudnn's within what was free (_rescued); one per call and kind."""
+        key = kind, site.call
+        if key not in self._stand_ins:
+            self._stand_ins[key] = self.framework.own_kernel(site.call.problem(kind))
+        return self._stand_ins[key]
+
+    def _release(self, device: Hashable, exc: DeviceMemoryError) -> bool:
+        """Memory ran out with no workspace to shrink: what ucudnn holds beside the framework's
+        pool (CUDA graphs, cached blocks) goes back, and no graph is captured from then on."""
+        held = self.framework.release(device)
+        self.framework.bound_beside(0)
+        self.pressed = True
+        say_once(f"ucudnn: {exc}; gave back {held / 2**20:.1f} MiB of CUDA graphs and the cached blocks, "
+                 "and runs every kernel directly from now on")
+        return True
+
+    def _out_of_memory(self, site, kind: ConvKind, failed, exc: DeviceMemoryError):
+        """The kernel that runs after `failed` ran out of memory (what ucudnn held beside the pool
+        already given back, _release): a planned kernel of ucudnn's within less (_shrink); else
+        ucudnn's kernel within what is free, chosen by cuDNN's heuristic with nothing timed
+        (_rescued). `exc` where no smaller kernel exists: the zero-workspace kernel itself
+        cannot run."""
+        waiting = site in self._pending
+        if _borrows(failed) and not waiting and failed not in self._rescues:
+            return self._shrink(site, kind, failed)
+        if failed.via == UCUDNN and not failed.assignment.workspace_size:
+            raise exc
+        limit = 0 if failed.via == UCUDNN else workspace_limit(self.framework.settled_memory(site.call.device).free)
+        kernel = self._rescued(site.call, kind, limit, exc)
+        if waiting:
+            self._stand_ins[kind, site.call] = kernel
+        else:
+            key = kind, site.call, self._room(site, kind)
+            if self._kernels.get(key) is site.kernels.get(kind):
+                self._kernels[key] = kernel
+            site.kernels[kind] = kernel
+        return kernel
+
+    def _rescued(self, call, kind: ConvKind, limit: int, exc: DeviceMemoryError):
+        """ucudnn's kernel of the call undivided, on cuDNN's heuristic favourite within `limit`
+        bytes of workspace (Handle.heuristic): nothing timed; `exc` where none runs there."""
+        problem = call.problem(kind)
+        try:
+            assignment = self.handle(call.device).heuristic(problem, limit)
+        except UNPLANNABLE:
+            raise exc from None
+        say_once(f"ucudnn: {exc}; {problem.describe()} runs on cuDNN's heuristic favourite within "
+                 f"{limit / 2**20:.1f} MiB from now on")
+        kernel = self.framework.kernel(problem, self.handle(call.device), assignment)
+        self._rescues.add(kernel)
+        return kernel
 
     def _run(self, site, kind: ConvKind, kernel, x, w, y) -> Any:
         """One run of `kernel`, watched for flushes of the framework's cache in the steps the
@@ -335,6 +409,9 @@ class Planner:
             self.plan_pending(PLANNING_SLICE_S)
         if self._pending:
             return
+        if self.auto and self._graphs_bounded is False and not self.pressed:
+            self._graphs_bounded = True
+            self.framework.bound_beside(graph_budget([room for _, _, rooms in self._delegated for room in rooms]))
         if self._flushed_kernels:
             self._weigh_flushed()
         if self.auto:  # read after weighing: its measuring may flush
@@ -354,6 +431,11 @@ class Planner:
         runs the framework's own convolution at once, counting the call in `runs` itself; _wait
         and a reset of the sites take the flag back. The lead's calls start steps (_starts_step)."""
         return site.delegated is True and not self.progress.open and not (site is self._lead and self._lead_has_work())
+
+    def waits(self, site) -> bool:
+        """Whether `site` waits for its plan (planning 'between_iterations'): its layer runs the
+        framework's own kernels through run(), which runs ucudnn's where they run out of memory."""
+        return site in self._pending
 
     def is_lead(self, site) -> bool:
         """Whether `site` is the lead: the site whose calls start iterations (_leads)."""
@@ -406,9 +488,13 @@ class Planner:
         return self._delegated[key]
 
     def _wait(self, site) -> None:
-        """Queue the site for plan_pending(); the first site's calls route again, to start it."""
+        """Queue the site for plan_pending(); the first site's calls route again, to start it.
+        With `auto`, CUDA graphs hold nothing new until planning is done and graph_budget is known."""
         self._pending[site] = None
         self._lead.steady = False
+        if self.auto and not self.pressed and self._graphs_bounded is not False:
+            self._graphs_bounded = False
+            self.framework.bound_beside(0)
 
     def observing(self, site) -> bool:
         """Whether this call's moments are observed: with `auto`, in the first RECORDED_CALLS calls
@@ -694,6 +780,7 @@ class Planner:
             self._set_aside.clear()
             self._watch = FlushWatch()
             self._flushed_kernels.clear()
+            self._stand_ins.clear()
             self._lead = None
 
     def solved(self) -> bool:
@@ -750,6 +837,12 @@ class Planner:
                        parts=len(configuration.micro), workspace=kernel.assignment.workspace_size,
                        predicted_ms=configuration.time_ms)
         return out
+
+
+def _borrows(kernel) -> bool:
+    """Whether `kernel` is ucudnn's and borrows a workspace at each call (one it may do without),
+    or runs a data gradient as a forward convolution (whose BD kernel may run instead)."""
+    return kernel.via == UCUDNN and (bool(kernel.assignment.workspace_size) or isinstance(kernel, _AsForward))
 
 
 class _AsForward:

@@ -10,9 +10,13 @@ transposed layer's output) and its y the other (_sides). Micro-batched kernels s
 which must start on the slice alignment (call.aligned; the callers align the input they keep)."""
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 from torch import Tensor
 
+from ...core.errors import DeviceMemoryError
 from ...core.problem import ConvKind
 from .call import layer_kinds, sliceable
 from .sites import Site
@@ -32,7 +36,8 @@ def gradient(site: Site, like: Tensor) -> Tensor:
 def forward(context, site: Site, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """The layer's output on an aligned `input`: its forward kernel (which makes the output:
     Planner.run), plus the bias."""
-    out = context.run(site, layer_kinds(site.call.transposed)[0], *_sides(site, input, weight, None))
+    with as_torch_out_of_memory():
+        out = context.run(site, layer_kinds(site.call.transposed)[0], *_sides(site, input, weight, None))
     if bias is not None:
         out.add_(bias.view(1, -1, *[1] * (out.dim() - 2)))
     return out
@@ -45,7 +50,7 @@ def backward(context, site: Site, input: Tensor, weight: Tensor, d_out: Tensor, 
     settings say so (Context.beside), into a gradient made here and marked used there."""
     d_out = sliceable(d_out, site.memory_format)
     d_input = dw = None
-    with context.beside(input.device) as aside:
+    with as_torch_out_of_memory(), context.beside(input.device) as aside:
         if weight_grad:
             dw = gradient(site, weight)
             with aside(input, dw, d_out):
@@ -53,6 +58,17 @@ def backward(context, site: Site, input: Tensor, weight: Tensor, d_out: Tensor, 
         if input_grad:
             d_input = context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, None, weight, d_out))
     return d_input, dw
+
+
+@contextlib.contextmanager
+def as_torch_out_of_memory() -> Iterator[None]:
+    """Inside, ucudnn's DeviceMemoryError (the zero-workspace kernel itself could not run: the
+    Planner tried every smaller one) reaches the user as torch's OutOfMemoryError, which
+    training loops and batch-size finders catch."""
+    try:
+        yield
+    except DeviceMemoryError as exc:
+        raise torch.cuda.OutOfMemoryError(str(exc)) from exc
 
 
 def bias_gradient(ctx, d_out: Tensor) -> Tensor | None:

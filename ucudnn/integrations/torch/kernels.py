@@ -138,10 +138,32 @@ class TorchFramework:
     @staticmethod
     def result_for(problem: ConvProblem, like: Tensor) -> Tensor:
         """A new tensor for what `problem`'s kernel writes: its shape, stored in its layout, with
-        the dtype and device of `like` (one of its operands)."""
+        the dtype and device of `like` (one of its operands); DeviceMemoryError where it cannot be had."""
         shape = problem.written_shape
-        return torch.empty(shape, dtype=like.dtype, device=like.device,
-                           memory_format=memory_format(problem.layout, len(shape)))
+        with out_of_memory_as(f"the result of {problem.describe()}", problem.written_bytes()):
+            return torch.empty(shape, dtype=like.dtype, device=like.device,
+                               memory_format=memory_format(problem.layout, len(shape)))
+
+    @staticmethod
+    def release(device: torch.device) -> int:
+        """Give back what ucudnn holds beside torch's pool that it can make again (CUDA graphs,
+        CuPy's cached blocks) and torch's cached blocks; the graphs' bytes."""
+        from ...execute import gpu
+        from ...execute.graphs import GRAPH_MEMORY
+
+        held = GRAPH_MEMORY.release()
+        if gpu.loaded():
+            gpu.free_pool()
+        torch.cuda.synchronize(device)  # graphs in flight free their memory once they end
+        torch.cuda.empty_cache()
+        return held
+
+    @staticmethod
+    def bound_beside(nbytes: int | None) -> None:
+        """What ucudnn may hold beside torch's pool in CUDA graphs from now on (None: unbounded)."""
+        from ...execute.graphs import GRAPH_MEMORY
+
+        GRAPH_MEMORY.budget = nbytes
 
     @staticmethod
     def flushes(device: torch.device) -> int:
@@ -380,8 +402,30 @@ class TorchKernel:
         # BD reads only x's shape and BF only w's: torch.nn.grad.conv2d_input passes them so
         x = y.new_empty(1).expand(p.x_shape) if x is None else x
         w = x.new_empty(1).expand(p.w_shape) if w is None else w
-        result = self._convolve(x, w, y)
+        with out_of_memory_as(f"{TORCH}'s own {p.describe()}", p.written_bytes()):
+            result = self._convolve(x, w, y)
         return result if written is None else written.copy_(result)
+
+
+# How cuDNN, called by torch, says that it could not get device memory (torch raises them as RuntimeError)
+CUDNN_OUT_OF_MEMORY = ("CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_INTERNAL_ERROR")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether torch ran out of device memory, or cuDNN failed for it (CUDNN_OUT_OF_MEMORY)."""
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or any(status in str(exc) for status in CUDNN_OUT_OF_MEMORY)
+
+
+@contextlib.contextmanager
+def out_of_memory_as(what: str, nbytes: int):
+    """Inside, torch running out of device memory (is_out_of_memory) raises DeviceMemoryError
+    for `what`, on which the Planner runs a smaller kernel."""
+    try:
+        yield
+    except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
+        if not is_out_of_memory(exc):
+            raise
+        raise DeviceMemoryError(f"{what} ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})", nbytes) from None
 
 
 def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor], Tensor]:

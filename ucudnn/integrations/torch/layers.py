@@ -16,7 +16,7 @@ from . import convolution
 from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
 from ...core.fallback import fall_back
-from .kernels import TorchFramework
+from .kernels import TorchFramework, is_out_of_memory
 from .sites import Site, Steady, signature
 
 _is_compiling = torch.compiler.is_compiling  # True while torch.compile or torch.export traces
@@ -137,13 +137,33 @@ class Converted:
         if delegated:
             if site.steady and "weight" in self._parameters and not context.settings.concurrent_backward:
                 self._ucudnn_steady = Steady(self, input, site, context.runs, (context.framework.own, LAYER))
-            out = self._own_forward(input, context)
+            out = self._own_forward_waiting(input, context, site) if context.waits(site) else \
+                self._own_forward(input, context)
             if context.observing(site):  # its moments (ucudnn.plan.memory) and its kernels' time in the step
                 context.observed_end(site, site.kinds[:1])
                 if out.requires_grad:
                     out.register_hook(functools.partial(_backward_starts, context, site))
                     _when_backward_ends(self, input, functools.partial(context.observed_end, site, site.kinds[1:]))
             return out
+        return self._through_ucudnn(input, context, site)
+
+    def _own_forward_waiting(self, input: Tensor, context: Context, site: Site) -> Tensor:
+        """torch's own forward of a layer waiting for its plan, as torch's layer runs it (its
+        kernels' moments and time in the step are what the plan is made from); where it runs out
+        of device memory, the call through the Planner, which runs ucudnn's kernel within what
+        is free in its place (Planner.run); once the device has run out of memory, through the
+        Planner at once."""
+        if context.pressed:
+            return self._through_ucudnn(input, context, site)
+        try:
+            return self._own_forward(input, context)
+        except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
+            if not is_out_of_memory(exc):
+                raise
+        return self._through_ucudnn(input, context, site)
+
+    def _through_ucudnn(self, input: Tensor, context: Context, site: Site) -> Tensor:
+        """The layer's convolution with each kernel run by the Planner (Planner.run)."""
         x, weight, bias = pack(self, input, site.dtype, site.memory_format)
         return unpacked(self, input, _Convolution.apply(x, weight, bias, context, site))
 
