@@ -350,6 +350,8 @@ BAD_LAYER = {"name": "c1", "in_channels": 3, "out_channels": 8, "kernel": 3, "in
      "layer c1: stride=None must be an integer or 2 integers [height, width]"),
     (json.dumps({"layers": [BAD_LAYER], "default_batch": 0}).encode(), "default_batch=0 must be an integer from 1"),
     (json.dumps({"layers": [{**BAD_LAYER, "stride": 0}]}).encode(), "layer c1: stride=0 must be"),
+    (json.dumps({"layers": [{**BAD_LAYER, "stride": [1, 2, 3, 4]}]}).encode(),
+     "layer c1: stride=[1, 2, 3, 4] has 4 values; a size is an integer or a list of 1, 2 or 3"),
     (json.dumps({"layers": [{**BAD_LAYER, "dilation": [1, 0]}]}).encode(), "layer c1: dilation=[1, 0] must be"),
     (json.dumps({"layers": [{**BAD_LAYER, "kernel": 0}]}).encode(), "layer c1: kernel=0 must be"),
     (json.dumps({"layers": [{**BAD_LAYER, "pad": -1}]}).encode(), "layer c1: pad=-1 must be"),
