@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import synthetic
@@ -62,6 +63,17 @@ def test_wd_beats_wr_at_the_same_total(kernels, tables):
     assert wd.workspace <= wd.limit
     assert wd.time_ms() <= wr.time_ms() + 1e-9  # WR's answer is feasible for WD
     assert wd.solver["variables"] > 0 and wd.solver["solver"] == "cbc"
+
+
+@pytest.mark.parametrize("optimizer", ["wr", "wd"])
+def test_a_plan_refuses_two_kernels_of_one_name_for_every_optimizer(kernels, tables, optimizer):
+    """WR planned two kernels of one name and different problems into one configuration, without
+    a word; WD refused them: a plan refuses them whatever its optimizer, in WD's words."""
+    twice = [kernels[0], replace(kernels[3], name=kernels[0].name)]
+    with pytest.raises(ConfigError) as error:
+        report(twice, tables, optimizer=optimizer)
+    assert str(error.value) == (f"kernel names ['{kernels[0].name}'] occur more than once; give every kernel its "
+                                "own name, or one kernel a count for identical occurrences")
 
 
 def test_wd_with_an_explicit_total(kernels, tables):

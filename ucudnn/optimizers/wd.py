@@ -21,7 +21,7 @@ import pulp
 
 from ..core.errors import ConfigError, InfeasibleError, NoAlgorithmError, UcudnnError
 from ..core.measurements import KernelTable
-from ..core.problem import Kernel, check_unique_names
+from ..core.problem import Kernel, check_kernels
 from ..core.staging import slices_of
 from ..core.workspace import ALIGNMENT, Segment, align_up, divide
 from .configuration import Configuration
@@ -95,7 +95,7 @@ def optimize_wd(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable],
     once); its time counts `count` times. `sizes`: the micro-batch sizes, or a function from a
     kernel's batch to them (e.g. functools.partial(batch_sizes, "powerOfTwo"))."""
     ilp_solver = make_solver(solver)
-    _check(kernels)
+    check_kernels(kernels)
     start = time.perf_counter()
     options = _desirable(kernels, tables, sizes, total_limit, alignment)
     desirable_seconds = time.perf_counter() - start
@@ -114,13 +114,6 @@ def optimize_wd(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable],
         solver=str(solver).lower(),
         segments=segments,
     )
-
-
-def _check(kernels: Sequence[Kernel]) -> None:
-    check_unique_names((k.name for k in kernels), "kernel")
-    for k in kernels:
-        if isinstance(k.count, bool) or not isinstance(k.count, int) or k.count < 1:
-            raise ConfigError(f"kernel {k.name!r} has count={k.count!r}; it must be a positive integer")
 
 
 def _desirable(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], sizes, limit: int,

@@ -13,7 +13,7 @@ from ..core.measurements import KernelTable
 from ..optimizers.configuration import Configuration
 from ..optimizers.wd import WDResult, optimize_wd
 from ..optimizers.wr import optimize_wr
-from ..core.problem import ConvProblem, Kernel
+from ..core.problem import ConvProblem, Kernel, check_kernels
 from ..core.staging import slices_of
 
 # The measuring step: tables (by problem.key) of `problems`, complete within a cap of bytes (None:
@@ -60,7 +60,10 @@ def plan(kernels: Sequence[Kernel], settings: Settings, measure: Measure, *, lim
     """The steps of a plan, in order:
     1. the limit: per kernel (WR) or the network's total (WD), as the settings say, unless given;
     2. the measurement tables of the kernels within it: `measure` (a database, or this GPU);
-    3. one solve by the settings' optimizer (WR: each kernel alone; WD: one ILP)."""
+    3. one solve by the settings' optimizer (WR: each kernel alone; WD: one ILP).
+    Kernels that are not one plan's (problem.check_kernels: a name twice) are refused first,
+    whatever the optimizer."""
+    check_kernels(kernels)
     limit = settings.limit(len(kernels)) if limit is None else limit
     tables = measure([k.problem for k in kernels], limit)
     return Plan(tuple(kernels), tables, solve(kernels, tables, settings, solver, limit))
