@@ -120,6 +120,50 @@ def test_a_flag_wins_over_the_environment_it_contradicts(db, flags, planned):
     assert (json.loads(result.stdout)["optimizer"], json.loads(result.stdout)["limit"]) == planned
 
 
+def test_the_solver_flag_picks_wds_ilp_solver(db):
+    plan = optimize(db, "--net", "alexnet", "--optimizer", "wd", "--solver", "highs")
+    assert plan["solver"]["solver"] == "highs"
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--optimizer", "wd", "--json",
+                 env_extra={"UCUDNN_SOLVER": "HiGHS"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["solver"]["solver"] == "highs"
+
+
+def test_paper_takes_the_solver_flag_too():
+    from ucudnn.cli import build_parser
+
+    assert build_parser().parse_args(["paper", "13", "--solver", "highs"]).solver == "highs"
+
+
+@pytest.fixture
+def pulp_4_without_cbc(monkeypatch):
+    """PuLP 4 without its cbc extra, on a machine with no cbc of its own (see test_wd.py's)."""
+    import pulp
+
+    monkeypatch.setattr(pulp.COIN_CMD, "available", lambda self: False)
+    monkeypatch.delattr(pulp, "PULP_CBC_CMD")
+
+
+def test_without_a_cbc_binary_optimize_solves_with_highs(capsys, db, pulp_4_without_cbc):
+    status, out, err = inline(capsys, "optimize", "--offline", "--cache", db, "--net", "alexnet", "--optimizer", "wd")
+    assert status == 0, err
+    assert re.search(r"WD: \d+ binary variables, built in [\d.]+ s, solved by highs in", out)
+    status, _, err = inline(capsys, "optimize", "--offline", "--cache", db, "--net", "alexnet", "--solver", "cbc",
+                            "--optimizer", "wd")
+    assert status == 2 and err.count("\n") == 1 and "'cbc' is not installed" in err and "installed: highs" in err
+
+
+def test_with_no_solver_installed_optimize_wd_says_how_to_install_one(capsys, db, pulp_4_without_cbc, monkeypatch):
+    import pulp
+
+    for solver in (pulp.HiGHS, pulp.GLPK_CMD):
+        monkeypatch.setattr(solver, "available", lambda self: False)
+    status, _, err = inline(capsys, "optimize", "--offline", "--cache", db, "--net", "alexnet", "--optimizer", "wd")
+    assert status == 2 and err.count("\n") == 1 and "no ILP solver for WD is installed" in err
+    status, _, err = inline(capsys, "optimize", "--offline", "--cache", db, "--net", "alexnet")
+    assert status == 0, err  # WR needs no ILP solver
+
+
 def test_variables_that_contradict_each_other_are_named(db):
     result = run("optimize", "--offline", "--cache", db, "--net", "alexnet",
                  env_extra={"UCUDNN_TOTAL_LIMIT": "120MiB", "UCUDNN_OPTIMIZER": "wr"})

@@ -102,3 +102,8 @@ def test_rows_by_name_and_the_slowest(kernels, tables):
                for r in p.rows)
     with pytest.raises(ConfigError, match="not in this network"):
         p.row("fc/F")
+
+
+def test_wd_solves_with_the_settings_solver(kernels, tables):
+    p = report(kernels, tables, optimizer="wd", total_limit="40MiB", solver="highs")
+    assert p.solver["solver"] == "highs" and p.workspace <= 40 * MIB

@@ -37,7 +37,7 @@ def _settings(args) -> Settings:
     return Settings.load(policy=args.policy, workspace_limit=getattr(args, "workspace", None),
                          total_limit=total, optimizer=optimizer,
                          cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None),
-                         search=getattr(args, "search", None))
+                         search=getattr(args, "search", None), solver=getattr(args, "solver", None))
 
 
 def kernels_of(args) -> tuple[Network, list[Kernel]]:
@@ -147,7 +147,7 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
 
 
 def paper(args) -> int:
-    settings = Settings.load(cache_path=args.cache)
+    settings = Settings.load(cache_path=args.cache, solver=args.solver)
     numbers = list(FIGURES) if args.figure == "all" else [args.figure]
     if not args.measure and not args.execute:
         raise ConfigError("--no-measure says what --execute measures; add --execute, or leave --no-measure out")

@@ -16,6 +16,7 @@ from ..core.problem import INT64_MAX
 from ..optimizers import DIVIDING, PER_KERNEL, Optimizer
 from ..optimizers import OPTIMIZERS as REGISTRY
 from ..optimizers.search import SEARCHES, Search, named
+from ..optimizers.solvers import FIRST_INSTALLED, SOLVERS
 
 POLICIES = ("all", "powerOfTwo", "undivided")
 OPTIMIZERS = tuple(REGISTRY)
@@ -113,6 +114,7 @@ class Settings:
     execution: str = "graph"  # how a kernel's calls run, and so how it is benchmarked (ucudnn.execute.graphs)
     backend: str = ""  # candidates from: all, engines, legacy; "": all where the frontend imports (ucudnn.execute.backends)
     search: str = "pruned"  # how much of the candidate space a benchmark times (ucudnn.optimizers.search)
+    solver: str = FIRST_INSTALLED  # WD's ILP solver; "": the first installed (ucudnn.optimizers.solvers)
     progress: bool = True  # a line on stderr while planning takes long (ucudnn.core.progress)
     planning: str = "between_iterations"  # ucudnn.torch: when a layer is planned (PLANNINGS)
     # ucudnn.torch: a converted layer's BF on a side stream beside its BD (each with a workspace of
@@ -216,6 +218,7 @@ _PARSERS = {
     "execution": lambda v, n: choice(v, EXECUTIONS, n),
     "backend": lambda v, n: choice(v, BACKEND_CHOICES, n),
     "search": lambda v, n: choice(v, tuple(SEARCHES), n),
+    "solver": lambda v, n: choice(v, tuple(SOLVERS), n),
     "progress": _flag,
     "planning": lambda v, n: choice(v, PLANNINGS, n),
     "concurrent_backward": _flag,
