@@ -164,6 +164,26 @@ def test_with_no_solver_installed_optimize_wd_says_how_to_install_one(capsys, db
     assert status == 0, err  # WR needs no ILP solver
 
 
+@pytest.mark.parametrize("variable", ["UCUDNN_WORKSPACE_LIMIT", "UCUDNN_TOTAL_LIMIT"])
+def test_a_limit_of_auto_plans_at_the_default_and_says_so(db, variable):
+    """auto, ucudnn.torch's limit from the memory timeline of a training step, failed as "'auto' is
+    not a size": offline there is no timeline, so the command says so in a line and plans at the default."""
+    result = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--json", env_extra={variable: "auto"})
+    assert result.returncode == 0, result.stderr
+    assert (json.loads(result.stdout)["optimizer"], json.loads(result.stdout)["limit"]) == ("wr", 64 * MIB)
+    assert result.stderr.count("\n") == 1 and f"{variable}=auto" in result.stderr and "64.0 MiB" in result.stderr
+    flagged = run("optimize", "--offline", "--cache", db, "--net", "alexnet", "--json", "--workspace", "8MiB",
+                  env_extra={variable: "auto"})
+    assert flagged.returncode == 0 and flagged.stderr == "" and json.loads(flagged.stdout)["limit"] == 8 * MIB
+
+
+def test_paper_reads_a_limit_of_auto_as_unset(capsys, monkeypatch, tmp_path):
+    """The paper's figures plan at the paper's limits, whatever the variables say."""
+    monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "auto")
+    assert main(["paper", "9", "--out", str(tmp_path)]) == 0
+    assert "not a size" not in capsys.readouterr().err
+
+
 def test_variables_that_contradict_each_other_are_named(db):
     result = run("optimize", "--offline", "--cache", db, "--net", "alexnet",
                  env_extra={"UCUDNN_TOTAL_LIMIT": "120MiB", "UCUDNN_OPTIMIZER": "wr"})

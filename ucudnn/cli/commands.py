@@ -2,15 +2,17 @@
 that shows networks (nets)."""
 from __future__ import annotations
 
+import os
 import textwrap
 import time
+import warnings
 from dataclasses import replace
 
 from ..execute import gpu
 from ..measure.cache.paths import cache_path
-from ..plan.config import Settings, format_size
+from ..plan.config import Settings, format_size, timeline_limits
 from ..reports.coverage import Request, explain_missing
-from ..core.errors import ConfigError, GpuUnavailableError
+from ..core.errors import ConfigError, GpuUnavailableError, UcudnnWarning
 from ..core.log import say_plan
 from ..core.nets import Network, find_kernel, get_network, list_networks, torchvision
 from ..optimizers import OPTIMIZERS
@@ -34,10 +36,25 @@ def _settings(args) -> Settings:
     if total is not None and getattr(args, "workspace", None) is not None:
         raise ConfigError("--workspace is not used beside --total-workspace: WD divides the total, and --workspace "
                           "only sets a total where none is given (the kernels times it); drop one of them")
-    return Settings.load(policy=args.policy, workspace_limit=getattr(args, "workspace", None),
+    return Settings.load(_environment(args), policy=args.policy, workspace_limit=getattr(args, "workspace", None),
                          total_limit=total, optimizer=optimizer,
                          cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None),
                          search=getattr(args, "search", None), solver=getattr(args, "solver", None))
+
+
+def _environment(args) -> dict[str, str]:
+    """The UCUDNN_* variables as a command reads them: a limit of auto (config.timeline_limits) is
+    unset, as no training step gives a memory timeline here. `optimize`, which plans at the limit,
+    says so in a line, unless a flag sets the limit."""
+    env = dict(os.environ)
+    for variable in timeline_limits(env):
+        del env[variable]
+        if args.command == "optimize" and args.workspace is None and args.total_workspace is None:
+            warnings.warn(f"ucudnn: {variable}=auto asks for limits from the memory timeline of a training step "
+                          f"(ucudnn.torch), which `ucudnn optimize` has not: it plans at the default, "
+                          f"{format_size(Settings.workspace_limit)} per kernel (--workspace SIZE sets another)",
+                          UcudnnWarning)
+    return env
 
 
 def kernels_of(args) -> tuple[Network, list[Kernel]]:
@@ -147,7 +164,7 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
 
 
 def paper(args) -> int:
-    settings = Settings.load(cache_path=args.cache, solver=args.solver)
+    settings = Settings.load(_environment(args), cache_path=args.cache, solver=args.solver)
     numbers = list(FIGURES) if args.figure == "all" else [args.figure]
     if not args.measure and not args.execute:
         raise ConfigError("--no-measure says what --execute measures; add --execute, or leave --no-measure out")
