@@ -24,7 +24,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run(*args: str, cwd: Path | None = None, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")} | (env_extra or {})
+    """The command in a subprocess, no UCUDNN_* variables set but UCUDNN_PROGRESS=0: the progress
+    line, which a command writes once it has taken seconds, would make stderr depend on the
+    machine's speed (test_*_reports_its_progress show it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")} | {"UCUDNN_PROGRESS": "0"}
+    env |= env_extra or {}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "ucudnn", *args], capture_output=True, text=True, env=env,
                           cwd=cwd, timeout=120)
@@ -182,6 +186,32 @@ def test_paper_reads_a_limit_of_auto_as_unset(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "auto")
     assert main(["paper", "9", "--out", str(tmp_path)]) == 0
     assert "not a size" not in capsys.readouterr().err
+
+
+@pytest.fixture
+def progress_at_once(monkeypatch):
+    """The progress line from the first step on, at every step (it waits AFTER_S seconds, and
+    writes a log a line every LOG_EVERY_S)."""
+    from ucudnn.core import progress
+
+    monkeypatch.setattr(progress, "AFTER_S", 0.0)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
+
+
+def test_paper_reports_its_progress(capsys, tmp_path, progress_at_once):
+    assert main(["paper", "9", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("ucudnn: planning, ") and "Fig. 9" in line for line in lines), lines
+    assert lines[-1].startswith("ucudnn: planned in ") and lines[-1].endswith(": 1 figure"), lines
+
+
+def test_optimize_reports_its_progress(capsys, db, progress_at_once, monkeypatch):
+    status, _, err = inline(capsys, "optimize", "--offline", "--cache", db, "--net", "alexnet")
+    lines = err.splitlines()
+    assert status == 0 and any(line.startswith("ucudnn: planning, ") and "alexnet" in line for line in lines), lines
+    assert lines[-1].startswith("ucudnn: planned in "), lines
+    monkeypatch.setenv("UCUDNN_PROGRESS", "0")
+    assert inline(capsys, "optimize", "--offline", "--cache", db, "--net", "alexnet")[2] == ""
 
 
 def test_variables_that_contradict_each_other_are_named(db):

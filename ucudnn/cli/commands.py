@@ -15,6 +15,7 @@ from ..reports.coverage import Request, explain_missing
 from ..core.errors import ConfigError, GpuUnavailableError, UcudnnWarning
 from ..core.log import say_plan
 from ..core.nets import Network, find_kernel, get_network, list_networks, torchvision
+from ..core.progress import Progress, counted
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..paper import CANDIDATES, FIGURES, Executed, Predicted, write_figures
@@ -72,7 +73,7 @@ def request_of(args, settings: Settings | None = None) -> Request:
     return Request(args.net, args.batch, args.dtype, args.layout, args.math, **planning)
 
 
-def _progress(kernels: list[Kernel]) -> ProgressBar:
+def _bar(kernels: list[Kernel]) -> ProgressBar:
     return ProgressBar({k.problem.key: k.name for k in kernels})
 
 
@@ -82,7 +83,7 @@ def bench(args) -> int:
     if not gpu_available():
         raise GpuUnavailableError("ucudnn bench measures on an NVIDIA GPU with cuDNN and none is usable here; "
                                   "`ucudnn optimize` plans from recorded measurements without one")
-    progress = _progress(kernels)
+    progress = _bar(kernels)
     start = time.monotonic()
     devices = bench_devices(args.devices, args.mpi)
     if args.mpi or args.timing != "default" or len(devices) > 1:
@@ -124,6 +125,8 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
 
 def optimize(args) -> int:
     settings = _settings(args)
+    line = Progress(settings.progress)  # a line on stderr once the command takes long
+    line.step("reading the network", args.net)
     network, kernels = kernels_of(args)
     if args.kernel and not args.plot:
         raise ConfigError("--kernel picks the kernel --plot draws; add --plot FILE.png or drop --kernel")
@@ -132,16 +135,22 @@ def optimize(args) -> int:
     measured = not args.offline and gpu_available()
     limit = settings.limit(len(kernels))
     request = request_of(args, settings)
+    planned = f"{network.name}, {counted(len(kernels), 'kernel')}, {settings.optimizing.label}"
+    line.step("measuring" if measured else "reading the measurements", planned)
     found = tables_for([k.problem for k in kernels], settings, limit, measure=measured,
-                       progress=_progress(kernels) if measured else None,
+                       progress=_bar(kernels) if measured else None,
                        explain=lambda exc, database, device: explain_missing(exc, database, device, network, request))
     tables, device, path = found.tables, found.device, found.path
+    line.step("solving", planned)
     report = make_report(plan(kernels, settings, measured_in(tables)), settings)
     if settings.verbose:  # as the handle says each plan (README: UCUDNN_VERBOSE)
         for row in report.rows:
             say_plan(row.kernel.name, row.configuration, row.configuration.workspace)
     if args.plot:
+        line.step(f"drawing {args.plot}", planned)
         _plot(args, network, report, tables, settings)
+    line.finished()
+    line.close(lambda: planned)
     if args.json:
         print_json({"network": network.name, "description": network.description, "batch": args.batch,
                     "dtype": args.dtype, "math": args.math, "layout": args.layout,
