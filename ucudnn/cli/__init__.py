@@ -91,8 +91,8 @@ _CACHE = _parent((("--cache",), dict(metavar="PATH", type=cache_file, help=(
 _CACHE_FILE = _parent((("--cache",), dict(metavar="FILE.db", type=cache_file, help=(
     "the benchmark database file to write into, not a folder of shards "
     "(default: $UCUDNN_CACHE, else your cache file)"))))
-_SOLVER = _parent((("--solver",), dict(type=setting(SOLVER_NAMES), choices=SOLVER_NAMES, help=(
-    f"WD's ILP solver (default: $UCUDNN_SOLVER, else the first installed of {', '.join(SOLVER_NAMES)})"))))
+_SOLVER = _parent((("--solver",), {"type": setting(SOLVER_NAMES), "choices": SOLVER_NAMES, "help": (
+    f"WD's ILP solver (default: $UCUDNN_SOLVER, else the first installed of {', '.join(SOLVER_NAMES)})")}))
 _JSON = _parent((("--json",), dict(action="store_true", help="print one JSON document instead of text")))
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import pulp
 
 from ..core.errors import ConfigError, unknown
 
-try:
-    from pulp.apis.coin_api import pulp_cbc_path as BUNDLED_CBC  # PuLP 3 bundles a CBC binary
+try:  # the CBC binary PuLP 3 bundles
+    from pulp.apis.coin_api import pulp_cbc_path as BUNDLED_CBC
 except ImportError:
     BUNDLED_CBC = None
 
