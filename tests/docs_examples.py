@@ -7,7 +7,8 @@ what this checkout prints (run it after re-recording the shipped database):
 An example is a ```console block whose first line is `$ COMMAND`; the rest of the block is the
 output. `$ cat FILE` blocks are inputs: their text becomes FILE for the commands after them.
 Commands run in bash in a scratch folder with `ucudnn` on PATH (this checkout's), no UCUDNN_*
-variables and no visible GPU, so they print what a CPU-only machine does from the shipped file.
+variables but UCUDNN_PROGRESS=0 (the progress line of a command that takes seconds depends on the
+machine's speed) and no visible GPU, so they print what a CPU-only machine does from the shipped file.
 tests/test_docs.py runs the check.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ _VOLATILE = [(re.compile(r"\d+(\.\d+)? s\b"), "N s"),
 
 
 def _environment(bin_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")} | {"UCUDNN_PROGRESS": "0"}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", CUDA_VISIBLE_DEVICES="", COLUMNS="100",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
     return env

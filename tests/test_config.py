@@ -375,3 +375,12 @@ def test_an_env_error_names_the_variable_the_user_set(variable, value):
 def test_a_keyword_error_names_the_keyword():
     with pytest.raises(ConfigError, match="^policy='foo'"):
         Settings.load(env={}, policy="foo")
+
+
+def test_the_solver_setting_names_an_ilp_solver_or_none():
+    """UCUDNN_SOLVER picks WD's ILP solver (ucudnn.optimizers.solvers); unset, the first installed."""
+    assert Settings.load(env={}).solver == ""
+    assert Settings.load(env={"UCUDNN_SOLVER": "HiGHS"}).solver == "highs"
+    assert Settings.load(env={"UCUDNN_SOLVER": "glpk"}, solver="cbc").solver == "cbc"
+    with pytest.raises(ConfigError, match="UCUDNN_SOLVER='gurobi' is unknown; use one of cbc, highs, glpk"):
+        Settings.load(env={"UCUDNN_SOLVER": "gurobi"})

@@ -186,8 +186,21 @@ def test_layers_of_one_to_three_spatial_dimensions():
     assert net.to_json()["layers"][0]["input_size"] == [8, 8, 8] and net.to_json()["layers"][0]["kernel"] == 3
     with pytest.raises(ConfigError, match=r"layer bad: kernel=\[3, 3\] must be an integer or 3 integers \[depth"):
         ConvLayer("bad", 1, 1, [3, 3], [8, 8, 8])
-    with pytest.raises(ConfigError, match="1, 2 or 3 spatial dimensions"):
+    with pytest.raises(ConfigError, match=r"input_size=\[8, 8, 8, 8\] has 4 values.* one per spatial dimension"):
         ConvLayer("bad", 1, 1, 1, [8, 8, 8, 8])
+
+
+@pytest.mark.parametrize("name, value", [("stride", [1, 2, 3, 4]), ("input_size", [8] * 5), ("pad", []),
+                                         ("dilation", (1, 1, 1, 1))])
+def test_a_list_of_sizes_no_layer_has_is_named_itself(name, value):
+    """A stride of four values was reported as the kernel's fault ("kernel=5 must be ..."): the
+    list of a length no layer has is named, with the lengths a list may have."""
+    layer = {"name": "c", "in_channels": 3, "out_channels": 8, "kernel": 5, "input_size": 32}
+    with pytest.raises(ConfigError) as error:
+        ConvLayer(**{**layer, name: value})
+    message = str(error.value)
+    assert message.startswith(f"layer c: {name}={list(value)} has {len(value)} values; a size is an integer or a "
+                              "list of 1, 2 or 3") and "kernel" not in message and "\n" not in message
 
 
 def test_a_transposed_layer_has_the_kernels_of_the_convolution_it_transposes():

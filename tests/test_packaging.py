@@ -61,9 +61,12 @@ def test_ci_pins_every_direct_dependency_within_pyprojects_range():
     assert pins["torch"] == "2.13.0"  # README's command installs torch==2.13.0
 
 
-def test_pulp_is_capped_below_4_which_removes_what_wd_used():
+def test_pulp_3_and_4_are_allowed_and_a_solver_comes_with_ucudnn():
+    """PuLP < 4 held back every user with PuLP 4 for another tool; PuLP 4 bundles no CBC, so HiGHS
+    (highspy) is a dependency: WD has a solver whatever PuLP brings (docs/wd.md, "The ILP solver")."""
     (pulp,) = [r for r in _direct() if _name(r.name) == "pulp"]
-    assert pulp.specifier.contains("3.3.2") and not pulp.specifier.contains("4.0.0")
+    assert pulp.specifier.contains("3.3.2") and pulp.specifier.contains("4.2.0")
+    assert "highspy" in {_name(r.name) for r in _direct()} and "highs" not in PROJECT["project"]["optional-dependencies"]
 
 
 def test_ci_and_readme_install_with_the_constraints():

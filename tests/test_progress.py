@@ -67,6 +67,19 @@ def test_a_log_gets_a_line_every_few_seconds_and_a_closing_one(stderr):
     assert not progress.open
 
 
+def test_a_stretch_closed_at_once_has_its_closing_line_where_it_was_shown(stderr):
+    """A command's end closes its stretch at once (close), where a call that needs no planning
+    closes a handle's after IDLE_S (idle)."""
+    clock, out = Clock(), stderr(io.StringIO())
+    progress = Progress(clock=clock)
+    planning(progress, clock, 1.0)
+    progress.close(lambda: "short")
+    assert out.getvalue() == "" and not progress.open
+    planning(progress, clock, 3.0)
+    progress.close(lambda: "3 figures")
+    assert out.getvalue().splitlines()[-1] == "ucudnn: planned in 3.0 s: 3 figures" and not progress.open
+
+
 def test_a_terminal_line_is_redrawn_in_place(stderr):
     clock, terminal = Clock(), stderr(Terminal())
     progress = Progress(clock=clock)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import synthetic
@@ -64,6 +65,17 @@ def test_wd_beats_wr_at_the_same_total(kernels, tables):
     assert wd.solver["variables"] > 0 and wd.solver["solver"] == "cbc"
 
 
+@pytest.mark.parametrize("optimizer", ["wr", "wd"])
+def test_a_plan_refuses_two_kernels_of_one_name_for_every_optimizer(kernels, tables, optimizer):
+    """WR planned two kernels of one name and different problems into one configuration, without
+    a word; WD refused them: a plan refuses them whatever its optimizer, in WD's words."""
+    twice = [kernels[0], replace(kernels[3], name=kernels[0].name)]
+    with pytest.raises(ConfigError) as error:
+        report(twice, tables, optimizer=optimizer)
+    assert str(error.value) == (f"kernel names ['{kernels[0].name}'] occur more than once; give every kernel its "
+                                "own name, or one kernel a count for identical occurrences")
+
+
 def test_wd_with_an_explicit_total(kernels, tables):
     p = report(kernels, tables, optimizer="wd", total_limit="40MiB")
     assert (p.limit, p.kernel_limit) == (40 * MIB, 40 * MIB // len(kernels))
@@ -90,3 +102,8 @@ def test_rows_by_name_and_the_slowest(kernels, tables):
                for r in p.rows)
     with pytest.raises(ConfigError, match="not in this network"):
         p.row("fc/F")
+
+
+def test_wd_solves_with_the_settings_solver(kernels, tables):
+    p = report(kernels, tables, optimizer="wd", total_limit="40MiB", solver="highs")
+    assert p.solver["solver"] == "highs" and p.workspace <= 40 * MIB

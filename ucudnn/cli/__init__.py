@@ -27,12 +27,14 @@ from ..core.errors import UcudnnError, UcudnnWarning, install_extra
 from ..paper import FIGURES
 from ..core.problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from ..optimizers.search import SEARCHES
+from ..optimizers.solvers import SOLVERS
 from .arguments import (batch_size, byte_size, cache_file, database_file, device_list, export_file, existing_file,
                         plot_file, setting)
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize, paper
 
 SEARCH_NAMES = tuple(SEARCHES)
+SOLVER_NAMES = tuple(SOLVERS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,6 +91,8 @@ _CACHE = _parent((("--cache",), dict(metavar="PATH", type=cache_file, help=(
 _CACHE_FILE = _parent((("--cache",), dict(metavar="FILE.db", type=cache_file, help=(
     "the benchmark database file to write into, not a folder of shards "
     "(default: $UCUDNN_CACHE, else your cache file)"))))
+_SOLVER = _parent((("--solver",), {"type": setting(SOLVER_NAMES), "choices": SOLVER_NAMES, "help": (
+    f"WD's ILP solver (default: $UCUDNN_SOLVER, else the first installed of {', '.join(SOLVER_NAMES)})")}))
 _JSON = _parent((("--json",), dict(action="store_true", help="print one JSON document instead of text")))
 
 
@@ -153,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(commands, "optimize", "plan micro-batches of every kernel: WR per kernel or WD for the network",
                  "ucudnn optimize --net alexnet --batch 256 --workspace 64MiB", optimize,
-                 [_NETWORK, _POLICY, _CACHE, _JSON])
+                 [_NETWORK, _POLICY, _CACHE, _SOLVER, _JSON])
     p.add_argument("--optimizer", type=setting(OPTIMIZERS), choices=OPTIMIZERS, help=(
         "wr: a limit per kernel; wd: a total limit (default: $UCUDNN_OPTIMIZER, else wr; wd where a total is given)"))
     p.add_argument("--workspace", type=byte_size, metavar="SIZE", help=(
@@ -197,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
              "--cache h100.db", cache_verify, [_CACHE])
 
     p = _command(commands, "paper", "the paper's evaluation figure by figure: each figure's numbers now beside "
-                 "the paper's, as a Markdown page and a PNG", "ucudnn paper 10 --out docs/paper", paper, [_CACHE],
+                 "the paper's, as a Markdown page and a PNG", "ucudnn paper 10 --out docs/paper", paper,
+                 [_CACHE, _SOLVER],
                  description=PAPER)
     p.add_argument("figure", choices=(*FIGURES, "all"), metavar="FIG", help=(
         f"a figure of the paper's section IV ({', '.join(FIGURES)}), or all of them and the index README.md"))

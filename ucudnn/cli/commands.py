@@ -2,17 +2,20 @@
 that shows networks (nets)."""
 from __future__ import annotations
 
+import os
 import textwrap
 import time
+import warnings
 from dataclasses import replace
 
 from ..execute import gpu
 from ..measure.cache.paths import cache_path
-from ..plan.config import Settings, format_size
+from ..plan.config import Settings, format_size, timeline_limits
 from ..reports.coverage import Request, explain_missing
-from ..core.errors import ConfigError, GpuUnavailableError
+from ..core.errors import ConfigError, GpuUnavailableError, UcudnnWarning
 from ..core.log import say_plan
 from ..core.nets import Network, find_kernel, get_network, list_networks, torchvision
+from ..core.progress import Progress, counted
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..paper import CANDIDATES, FIGURES, Executed, Predicted, write_figures
@@ -34,10 +37,25 @@ def _settings(args) -> Settings:
     if total is not None and getattr(args, "workspace", None) is not None:
         raise ConfigError("--workspace is not used beside --total-workspace: WD divides the total, and --workspace "
                           "only sets a total where none is given (the kernels times it); drop one of them")
-    return Settings.load(policy=args.policy, workspace_limit=getattr(args, "workspace", None),
+    return Settings.load(_environment(args), policy=args.policy, workspace_limit=getattr(args, "workspace", None),
                          total_limit=total, optimizer=optimizer,
                          cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None),
-                         search=getattr(args, "search", None))
+                         search=getattr(args, "search", None), solver=getattr(args, "solver", None))
+
+
+def _environment(args) -> dict[str, str]:
+    """The UCUDNN_* variables as a command reads them: a limit of auto (config.timeline_limits) is
+    unset, as no training step gives a memory timeline here. `optimize`, which plans at the limit,
+    says so in a line, unless a flag sets the limit."""
+    env = dict(os.environ)
+    for variable in timeline_limits(env):
+        del env[variable]
+        if args.command == "optimize" and args.workspace is None and args.total_workspace is None:
+            warnings.warn(f"ucudnn: {variable}=auto asks for limits from the memory timeline of a training step "
+                          f"(ucudnn.torch), which `ucudnn optimize` has not: it plans at the default, "
+                          f"{format_size(Settings.workspace_limit)} per kernel (--workspace SIZE sets another)",
+                          UcudnnWarning)
+    return env
 
 
 def kernels_of(args) -> tuple[Network, list[Kernel]]:
@@ -55,7 +73,7 @@ def request_of(args, settings: Settings | None = None) -> Request:
     return Request(args.net, args.batch, args.dtype, args.layout, args.math, **planning)
 
 
-def _progress(kernels: list[Kernel]) -> ProgressBar:
+def _bar(kernels: list[Kernel]) -> ProgressBar:
     return ProgressBar({k.problem.key: k.name for k in kernels})
 
 
@@ -65,7 +83,7 @@ def bench(args) -> int:
     if not gpu_available():
         raise GpuUnavailableError("ucudnn bench measures on an NVIDIA GPU with cuDNN and none is usable here; "
                                   "`ucudnn optimize` plans from recorded measurements without one")
-    progress = _progress(kernels)
+    progress = _bar(kernels)
     start = time.monotonic()
     devices = bench_devices(args.devices, args.mpi)
     if args.mpi or args.timing != "default" or len(devices) > 1:
@@ -107,6 +125,8 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
 
 def optimize(args) -> int:
     settings = _settings(args)
+    line = Progress(settings.progress)  # a line on stderr once the command takes long
+    line.step("reading the network", args.net)
     network, kernels = kernels_of(args)
     if args.kernel and not args.plot:
         raise ConfigError("--kernel picks the kernel --plot draws; add --plot FILE.png or drop --kernel")
@@ -115,16 +135,22 @@ def optimize(args) -> int:
     measured = not args.offline and gpu_available()
     limit = settings.limit(len(kernels))
     request = request_of(args, settings)
+    planned = f"{network.name}, {counted(len(kernels), 'kernel')}, {settings.optimizing.label}"
+    line.step("measuring" if measured else "reading the measurements", planned)
     found = tables_for([k.problem for k in kernels], settings, limit, measure=measured,
-                       progress=_progress(kernels) if measured else None,
+                       progress=_bar(kernels) if measured else None,
                        explain=lambda exc, database, device: explain_missing(exc, database, device, network, request))
     tables, device, path = found.tables, found.device, found.path
+    line.step("solving", planned)
     report = make_report(plan(kernels, settings, measured_in(tables)), settings)
     if settings.verbose:  # as the handle says each plan (README: UCUDNN_VERBOSE)
         for row in report.rows:
             say_plan(row.kernel.name, row.configuration, row.configuration.workspace)
     if args.plot:
+        line.step(f"drawing {args.plot}", planned)
         _plot(args, network, report, tables, settings)
+    line.finished()
+    line.close(lambda: planned)
     if args.json:
         print_json({"network": network.name, "description": network.description, "batch": args.batch,
                     "dtype": args.dtype, "math": args.math, "layout": args.layout,
@@ -147,7 +173,7 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
 
 
 def paper(args) -> int:
-    settings = Settings.load(cache_path=args.cache)
+    settings = Settings.load(_environment(args), cache_path=args.cache, solver=args.solver)
     numbers = list(FIGURES) if args.figure == "all" else [args.figure]
     if not args.measure and not args.execute:
         raise ConfigError("--no-measure says what --execute measures; add --execute, or leave --no-measure out")

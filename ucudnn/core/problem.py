@@ -251,6 +251,16 @@ class Kernel:
         return self.name.rsplit("/", 1)[0]
 
 
+def check_kernels(kernels: Iterable[Kernel]) -> None:
+    """The kernels of one plan: each named once (a plan is a configuration by kernel name), each
+    count a positive integer; else a ConfigError naming the kernel."""
+    kernels = list(kernels)
+    check_unique_names((k.name for k in kernels), "kernel")
+    for k in kernels:
+        if isinstance(k.count, bool) or not isinstance(k.count, int) or k.count < 1:
+            raise ConfigError(f"kernel {k.name!r} has count={k.count!r}; it must be a positive integer")
+
+
 def check_unique_names(names: Iterable[str], what: str) -> None:
     """ConfigError naming the `what`s (kernels, layers) whose name occurs more than once: each
     thing a plan is made for is known by its name, and identical occurrences are one, counted."""

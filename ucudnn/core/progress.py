@@ -3,7 +3,8 @@ planned so far, the seconds, what is being timed. Quiet for the first AFTER_S se
 stretch of planning (most plans come from a database in milliseconds); on a terminal the line
 updates in place, elsewhere (a log file) it is written again at most every LOG_EVERY_S seconds.
 A stretch ends, with a closing line, at the first call that needs no planning once IDLE_S have
-passed since the last planning step.
+passed since the last planning step (idle), or where its caller's work is done (close: a command's
+end).
 """
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ AFTER_S = 2.0  # planning shorter than this shows nothing
 IDLE_S = 0.5  # no planning for this long, and a call that needs none: the stretch is over
 LOG_EVERY_S = 5.0  # not a terminal: at most one line this often
 TTY_EVERY_S = 0.1  # a terminal: the line is redrawn at most this often
+
+
+def counted(n: int, noun: str) -> str:
+    """'1 figure', '8 figures': a count as the line says it."""
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 class Progress:
@@ -49,8 +55,11 @@ class Progress:
     def idle(self, summary: Callable[[], str]) -> None:
         """A call needed no planning: after IDLE_S without any, the stretch ends, with
         `summary()` on its own line where the stretch was shown."""
-        if self._started is None or self.clock() - self._last_step < IDLE_S:
-            return
+        if self._started is not None and self.clock() - self._last_step >= IDLE_S:
+            self.close(summary)
+
+    def close(self, summary: Callable[[], str]) -> None:
+        """The stretch ends now, with `summary()` on its own line where it was shown."""
         if self._shown:
             say(f"planned in {self._last_step - self._started:.1f} s: {summary()}")
         self._started, self._shown, self.open = None, False, False

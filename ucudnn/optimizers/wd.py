@@ -19,36 +19,14 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import pulp
 
-from ..core.errors import ConfigError, InfeasibleError, NoAlgorithmError, UcudnnError
+from ..core.errors import InfeasibleError, NoAlgorithmError, UcudnnError
 from ..core.measurements import KernelTable
-from ..core.problem import Kernel, check_unique_names
+from ..core.problem import Kernel, check_kernels
 from ..core.staging import slices_of
 from ..core.workspace import ALIGNMENT, Segment, align_up, divide
 from .configuration import Configuration
 from .pareto import desirable_sets
-
-try:
-    from pulp.apis.coin_api import pulp_cbc_path as BUNDLED_CBC  # PuLP < 4.0 bundles a CBC binary
-except ImportError:
-    BUNDLED_CBC = None
-
-
-def _cbc() -> pulp.LpSolver:
-    """CBC through COIN_CMD, the interface every PuLP has (4.0 removes PULP_CBC_CMD, deprecated in
-    3.3): a `cbc` on the PATH (a system package such as coinor-cbc; `pulp[cbc]`'s cbcbox in an
-    activated environment), else the binary PuLP 3.x bundles (pyproject.toml requires PuLP < 4)."""
-    installed = pulp.COIN_CMD(msg=False, gapRel=0)
-    if installed.available() or BUNDLED_CBC is None:
-        return installed
-    return pulp.COIN_CMD(msg=False, gapRel=0, path=BUNDLED_CBC)
-
-
-SOLVERS: dict[str, Callable[[], pulp.LpSolver]] = {
-    "cbc": _cbc,
-    "highs": lambda: pulp.HiGHS(msg=False, gapRel=0),
-    "glpk": lambda: pulp.GLPK_CMD(msg=False),
-}
-
+from .solvers import FIRST_INSTALLED, SOLVERS, solver_named, status_name, weighted_sum
 
 @dataclass(frozen=True)
 class WDResult:
@@ -73,34 +51,22 @@ class Choice:
     solve_seconds: float
 
 
-def available_solvers() -> list[str]:
-    return [name for name, make in SOLVERS.items() if make().available()]
-
-
-def make_solver(name: str) -> pulp.LpSolver:
-    """The PuLP solver called `name`; ConfigError when it is unknown or not installed."""
-    make = SOLVERS.get(str(name).lower())
-    if make is None or not make().available():
-        problem = "is not installed" if make else "is unknown"
-        raise ConfigError(f"ILP solver {name!r} {problem}; available: {', '.join(available_solvers())}")
-    return make()
-
-
 def optimize_wd(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable],
-                sizes: Iterable[int] | Callable[[int], Iterable[int]], total_limit: int, solver: str = "cbc",
-                alignment: int = ALIGNMENT) -> WDResult:
+                sizes: Iterable[int] | Callable[[int], Iterable[int]], total_limit: int,
+                solver: str = FIRST_INSTALLED, alignment: int = ALIGNMENT) -> WDResult:
     """The fastest configurations of `kernels` (measured in `tables`, by problem.key) whose
     workspaces, each rounded up to `alignment`, sum to at most `total_limit` bytes. A kernel's
     `count` identical occurrences share one configuration and one segment (they never run at
     once); its time counts `count` times. `sizes`: the micro-batch sizes, or a function from a
-    kernel's batch to them (e.g. functools.partial(batch_sizes, "powerOfTwo"))."""
-    ilp_solver = make_solver(solver)
-    _check(kernels)
+    kernel's batch to them (e.g. functools.partial(batch_sizes, "powerOfTwo")). `solver`: a name
+    of solvers.SOLVERS; by default the first installed."""
+    solver = solver_named(solver)
+    check_kernels(kernels)
     start = time.perf_counter()
     options = _desirable(kernels, tables, sizes, total_limit, alignment)
     desirable_seconds = time.perf_counter() - start
     choice = choose([[(k.count * c.time_ms, align_up(c.workspace, alignment)) for c in d]
-                     for k, d in zip(kernels, options)], total_limit, ilp_solver)
+                     for k, d in zip(kernels, options)], total_limit, SOLVERS[solver].make())
     configurations = {k.name: d[i] for k, d, i in zip(kernels, options, choice.chosen)}
     segments, buffer = divide({n: c.workspace for n, c in configurations.items()}, alignment)
     return WDResult(
@@ -111,16 +77,9 @@ def optimize_wd(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable],
         desirable_sizes={k.name: len(d) for k, d in zip(kernels, options)},
         build_seconds=desirable_seconds + choice.build_seconds,
         solve_seconds=choice.solve_seconds,
-        solver=str(solver).lower(),
+        solver=solver,
         segments=segments,
     )
-
-
-def _check(kernels: Sequence[Kernel]) -> None:
-    check_unique_names((k.name for k in kernels), "kernel")
-    for k in kernels:
-        if isinstance(k.count, bool) or not isinstance(k.count, int) or k.count < 1:
-            raise ConfigError(f"kernel {k.name!r} has count={k.count!r}; it must be a positive integer")
 
 
 def _desirable(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], sizes, limit: int,
@@ -166,17 +125,17 @@ def choose(options: Sequence[Sequence[tuple[float, int]]], capacity: int,
     problem = pulp.LpProblem("wd", pulp.LpMinimize)
     x = [{i: _binary(problem, f"x_{g}_{i}") for i in keep}
          for g, keep in enumerate(usable)]
-    problem += pulp.LpAffineExpression((v, options[g][i][0]) for g, xs in enumerate(x) for i, v in xs.items())
+    problem += weighted_sum((v, options[g][i][0]) for g, xs in enumerate(x) for i, v in xs.items())
     for g, xs in enumerate(x):
         problem += pulp.lpSum(xs.values()) == 1, f"one_{g}"
-    problem += pulp.LpAffineExpression(
+    problem += weighted_sum(
         (v, options[g][i][1] // unit) for g, xs in enumerate(x) for i, v in xs.items()
     ) <= capacity // unit, "workspace"
     built = time.perf_counter()
-    status = problem.solve(solver)
+    status = status_name(problem.solve(solver))
     solved = time.perf_counter()
-    if pulp.LpStatus[status] != "Optimal":
-        raise UcudnnError(f"the ILP solver {solver.name} ended with status {pulp.LpStatus[status]}")
+    if status != "Optimal":
+        raise UcudnnError(f"the ILP solver {solver.name} ended with status {status}")
     chosen = [max(xs, key=lambda i: xs[i].value() or 0) for xs in x]
     if sum(options[g][i][1] for g, i in enumerate(chosen)) > capacity:  # beyond solver tolerances
         raise UcudnnError(f"the ILP solver {solver.name} returned a solution over the capacity")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from ..core.progress import counted
 from ..reports.plots import check_plot_path
 from . import division, kernels, networks
 from .evidence import CANDIDATES, Evidence, Executed, Predicted
@@ -21,16 +22,22 @@ INDEX = "README.md"
 
 def write_figures(numbers: Iterable[str], evidence: Evidence, out: Path) -> tuple[dict[str, Result], list[Path]]:
     """Each figure `numbers` names computed and written into folder `out` (made where missing): the
-    results by number, and the files written. Every figure, predicted, also writes the index."""
+    results by number, and the files written. Every figure, predicted, also writes the index.
+    The evidence's progress line says which figure is being made, once the work takes long."""
+    numbers = list(numbers)
     check_plot_path(out / "fig.png")  # matplotlib, before any planning
     out.mkdir(parents=True, exist_ok=True)
     results, paths = {}, []
     for number in numbers:
+        evidence.stage = f"Fig. {number}, {len(results)} of {len(numbers)} figures done"
         results[number] = FIGURES[number].make(evidence)
+        evidence.line.step("writing its page and drawing", evidence.stage)
         paths += write(FIGURES[number], results[number], evidence, out)
     if set(results) == set(FIGURES) and not evidence.executed:
         paths.append(out / INDEX)
         paths[-1].write_text(index_page(results, evidence, out), encoding="utf-8")
+    evidence.line.finished()
+    evidence.line.close(lambda: counted(len(numbers), "figure"))
     return results, paths
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..measure.cache import Cache, cache_path
-from ..plan.config import Settings
+from ..plan.config import Settings, format_size
 from ..reports.coverage import Request
 from ..core.device import Provenance
+from ..core.progress import Progress as Line, counted
 from ..core.errors import ConfigError, GpuUnavailableError, MissingMeasurementsError
 from ..core.measurements import KernelTable
 from ..core.nets import Network
@@ -45,6 +46,8 @@ class Evidence:
     def __init__(self, settings: Settings | None):
         self.base = settings or Settings.load()
         self._reports: dict[tuple, Report] = {}
+        self.line = Line(self.base.progress)  # the progress line of long work: a step at each plan made
+        self.stage = ""  # what is done so far, as the line says it (write_figures: the figures)
 
     def __enter__(self):
         return self
@@ -70,7 +73,11 @@ class Evidence:
         """`kernels` planned as `ucudnn optimize` plans them."""
         key = (tuple(kernels), settings)
         if key not in self._reports:
+            self.line.step(f"{counted(len(kernels), 'kernel')}, {settings.optimizing.label} at "
+                           f"{format_size(settings.limit(len(kernels)))}, {settings.policy}, "
+                           f"{CANDIDATES.get(settings.backend, settings.backend)}", self.stage)
             self._reports[key] = make_report(plan(kernels, settings, self.measure(settings)), settings)
+            self.line.finished()
         return self._reports[key]
 
     def recorded(self, network: Network, batch: int, settings: Settings, missing: list[str]) -> Report | None:

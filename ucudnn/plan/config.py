@@ -16,12 +16,18 @@ from ..core.problem import INT64_MAX
 from ..optimizers import DIVIDING, PER_KERNEL, Optimizer
 from ..optimizers import OPTIMIZERS as REGISTRY
 from ..optimizers.search import SEARCHES, Search, named
+from ..optimizers.solvers import FIRST_INSTALLED, SOLVERS
+from .memory import AUTO
 
 POLICIES = ("all", "powerOfTwo", "undivided")
 OPTIMIZERS = tuple(REGISTRY)
 # When ucudnn.torch plans a layer: on its first call, which waits for it; or between iterations,
 # the layer running torch's own convolution until its plan is ready (integrations/torch/context.py)
 PLANNINGS = ("first_call", "between_iterations")
+
+# The variables of the workspace limits; either may be AUTO, which ucudnn.torch reads as limits from
+# the memory timeline of a training step (ucudnn.plan.memory)
+LIMIT_VARIABLES = ("UCUDNN_WORKSPACE_LIMIT", "UCUDNN_TOTAL_LIMIT")
 
 _UNITS = {
     "": 1, "b": 1,
@@ -58,6 +64,12 @@ def _int64(size: int, value, name: str) -> int:
     if size > INT64_MAX:
         raise ConfigError(f"{name}={value!r} is more than int64 holds ({INT64_MAX} bytes); use a smaller size")
     return size
+
+
+def timeline_limits(env: Mapping[str, str]) -> list[str]:
+    """The limit variables of `env` set to AUTO. Planning without a memory timeline (ucudnn.torch's
+    alone) reads them as unset, so that the defaults hold."""
+    return [v for v in LIMIT_VARIABLES if env.get(v, "").strip().lower() == AUTO]
 
 
 def format_size(nbytes: int) -> str:
@@ -113,6 +125,7 @@ class Settings:
     execution: str = "graph"  # how a kernel's calls run, and so how it is benchmarked (ucudnn.execute.graphs)
     backend: str = ""  # candidates from: all, engines, legacy; "": all where the frontend imports (ucudnn.execute.backends)
     search: str = "pruned"  # how much of the candidate space a benchmark times (ucudnn.optimizers.search)
+    solver: str = FIRST_INSTALLED  # WD's ILP solver; "": the first installed (ucudnn.optimizers.solvers)
     progress: bool = True  # a line on stderr while planning takes long (ucudnn.core.progress)
     planning: str = "between_iterations"  # ucudnn.torch: when a layer is planned (PLANNINGS)
     # ucudnn.torch: a converted layer's BF on a side stream beside its BD (each with a workspace of
@@ -216,6 +229,7 @@ _PARSERS = {
     "execution": lambda v, n: choice(v, EXECUTIONS, n),
     "backend": lambda v, n: choice(v, BACKEND_CHOICES, n),
     "search": lambda v, n: choice(v, tuple(SEARCHES), n),
+    "solver": lambda v, n: choice(v, tuple(SOLVERS), n),
     "progress": _flag,
     "planning": lambda v, n: choice(v, PLANNINGS, n),
     "concurrent_backward": _flag,

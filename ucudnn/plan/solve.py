@@ -13,7 +13,7 @@ from ..core.measurements import KernelTable
 from ..optimizers.configuration import Configuration
 from ..optimizers.wd import WDResult, optimize_wd
 from ..optimizers.wr import optimize_wr
-from ..core.problem import ConvProblem, Kernel
+from ..core.problem import ConvProblem, Kernel, check_kernels
 from ..core.staging import slices_of
 
 # The measuring step: tables (by problem.key) of `problems`, complete within a cap of bytes (None:
@@ -36,13 +36,14 @@ def solve_wr(kernel: Kernel, table: KernelTable, settings: Settings, limit: int 
 
 
 def solve(kernels: Sequence[Kernel], tables: Mapping[str, KernelTable], settings: Settings,
-          solver: str = "cbc", limit: int | None = None) -> Solution:
-    """WR at settings.workspace_limit per kernel, or WD at settings.total(len(kernels));
-    `limit` overrides either. `tables` holds each kernel's measurements by problem.key."""
+          limit: int | None = None) -> Solution:
+    """WR at settings.workspace_limit per kernel, or WD at settings.total(len(kernels)) with the
+    settings' ILP solver; `limit` overrides either. `tables` holds each kernel's measurements by
+    problem.key."""
     limit = settings.limit(len(kernels)) if limit is None else limit
     if not settings.optimizing.divides:
         return Solution({k.name: solve_wr(k, tables[k.problem.key], settings, limit) for k in kernels}, limit)
-    result = optimize_wd(kernels, tables, settings.sizes, limit, solver=solver)
+    result = optimize_wd(kernels, tables, settings.sizes, limit, solver=settings.solver)
     return Solution(result.configurations, limit, result)
 
 
@@ -55,15 +56,17 @@ class Plan:
     solution: Solution
 
 
-def plan(kernels: Sequence[Kernel], settings: Settings, measure: Measure, *, limit: int | None = None,
-         solver: str = "cbc") -> Plan:
+def plan(kernels: Sequence[Kernel], settings: Settings, measure: Measure, *, limit: int | None = None) -> Plan:
     """The steps of a plan, in order:
     1. the limit: per kernel (WR) or the network's total (WD), as the settings say, unless given;
     2. the measurement tables of the kernels within it: `measure` (a database, or this GPU);
-    3. one solve by the settings' optimizer (WR: each kernel alone; WD: one ILP)."""
+    3. one solve by the settings' optimizer (WR: each kernel alone; WD: one ILP).
+    Kernels that are not one plan's (problem.check_kernels: a name twice) are refused first,
+    whatever the optimizer."""
+    check_kernels(kernels)
     limit = settings.limit(len(kernels)) if limit is None else limit
     tables = measure([k.problem for k in kernels], limit)
-    return Plan(tuple(kernels), tables, solve(kernels, tables, settings, solver, limit))
+    return Plan(tuple(kernels), tables, solve(kernels, tables, settings, limit))
 
 
 def measured_in(tables: Mapping[str, KernelTable]) -> Measure:

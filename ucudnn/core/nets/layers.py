@@ -21,11 +21,17 @@ def _range(smallest: int) -> str:
     return f"from {smallest} to 2**63 - 1"
 
 
-def spatial_dims(values) -> int:
-    """A layer's spatial dimensions: the length of the longest list among its sizes (1 to 3),
-    else 2 (every size one integer: a 2-D layer)."""
-    lengths = [len(v) for v in values if isinstance(v, (list, tuple))]
-    return max(lengths, default=2)
+def spatial_dims(sizes: dict[str, object]) -> int:
+    """A layer's spatial dimensions: the length of the longest list among its sizes (by name),
+    else 2 (every size one integer: a 2-D layer). A list of a length no layer has (1 to 3) is a
+    ConfigError naming it."""
+    lists = {name: list(v) for name, v in sizes.items() if isinstance(v, (list, tuple))}
+    for name, values in lists.items():
+        if len(values) not in _AXES:
+            raise ConfigError(f"{name}={values} has {len(values)} values; a size is an integer or a list of 1, 2 "
+                              "or 3 integers, one per spatial dimension: [length], [height, width] or "
+                              "[depth, height, width]")
+    return max(map(len, lists.values()), default=2)
 
 
 def _sizes(value, name: str, dims: int) -> Sizes:
@@ -67,7 +73,7 @@ class ConvLayer:
 
     def __post_init__(self):
         try:
-            dims = spatial_dims(getattr(self, name) for name in _SIZES)
+            dims = spatial_dims({name: getattr(self, name) for name in _SIZES})
             for name in _SIZES:
                 object.__setattr__(self, name, _sizes(getattr(self, name), name, dims))
             for name in _COUNTS:
