@@ -367,6 +367,7 @@ BAD_LAYER = {"name": "c1", "in_channels": 3, "out_channels": 8, "kernel": 3, "in
     (json.dumps({"layers": [{**BAD_LAYER, "in_channels": 1e20}]}).encode(),
      "layer c1: in_channels=1e+20 must be an integer from 1 to 2**63 - 1"),
 ])
+@pytest.mark.slow
 def test_a_bad_network_file_names_the_file_layer_field_and_value(tmp_path, content, message):
     path = tmp_path / "b.json"
     path.write_bytes(content)
@@ -445,6 +446,7 @@ def test_a_huge_batch_names_its_missing_sizes_in_brief(capsys, db):
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
 @pytest.mark.parametrize("variant", [("float32", "nchw"), ("float16", "nhwc")])
 @pytest.mark.parametrize("net", [n.name for n in list_networks()])
+@pytest.mark.slow
 def test_every_builtin_network_plans_offline_at_its_documented_batch(capsys, net, variant):
     """Every built-in network plans offline at its documented batch size from the shipped file."""
     dtype, layout = variant
@@ -457,6 +459,7 @@ def test_every_builtin_network_plans_offline_at_its_documented_batch(capsys, net
 
 
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+@pytest.mark.slow
 def test_the_shipped_recordings_say_what_they_cover():
     from ucudnn.reports.coverage import recordings
 
@@ -648,6 +651,7 @@ def test_the_help_of_a_flag_names_the_variable_that_sets_its_default(capsys, fla
     assert f"${variable}" in optimize.help
 
 
+@pytest.mark.slow
 def test_cache_prune_shrinks_a_file_and_keeps_its_plans(db, tmp_path):
     """The synthetic recording (every candidate at every size, dominated and unsupported ones too)
     pruned: fewer measurements, the same WR and WD plans; pruning again changes nothing."""
@@ -711,6 +715,7 @@ def shards(db, tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_reading_commands_read_every_shard_of_a_folder(capsys, db, shards, tmp_path):
     before = {path.name: path.read_bytes() for path in shards.iterdir()}
     result = run("optimize", "--offline", "--net", "alexnet", "--json", env_extra={"UCUDNN_CACHE": str(shards)})
