@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
-SOURCE_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where ucudnn/ is
+_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where ucudnn/ is
 
 
 def install_extra(extra: str) -> str:
@@ -14,7 +14,7 @@ def install_extra(extra: str) -> str:
     try:
         metadata.distribution("ucudnn")
     except metadata.PackageNotFoundError:
-        return f"pip install '{SOURCE_TREE}[{extra}]'"
+        return f"pip install '{_TREE}[{extra}]'"
     return f"pip install 'ucudnn[{extra}]'"
 
 

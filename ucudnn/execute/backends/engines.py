@@ -29,8 +29,8 @@ NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where the graph API has no
 
 
 def install() -> str:
-    """How to install the frontend: a GPU extra of ucudnn, whose version of it fits its CUDA."""
-    return f"{gpu_install()}, whose nvidia-cudnn-frontend fits its CUDA"
+    """How to install the frontend: with a GPU extra, which picks the release that fits its CUDA."""
+    return f"a GPU extra installs it: {gpu_install()}"
 
 
 def frontend():
