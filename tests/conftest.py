@@ -23,6 +23,23 @@ def rng(request) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    """Every test sees ucudnn's once-per-process warnings afresh (ucudnn.core.fallback)."""
+    from ucudnn.core import fallback
+
+    monkeypatch.setattr(fallback, "_warned", set())
+
+
+@pytest.fixture
+def ucudnn_stderr():
+    """The `ucudnn` logger's lines on stderr while the test runs, as the CLI writes them."""
+    from ucudnn.core.log import logging_to_stderr
+
+    with logging_to_stderr():
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip, with the reason, where no GPU with CuPy and cuDNN is usable."""
     if not any(item.get_closest_marker("gpu") for item in items):

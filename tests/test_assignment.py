@@ -147,7 +147,7 @@ def test_benchmark_scratch_gives_its_memory_back(monkeypatch):
     assert freed and scratch._workspace is None and scratch._operands == {}
 
 
-def test_verbose_says_each_plan_as_it_is_made(tmp_path, capsys):
+def test_verbose_says_each_plan_as_it_is_made(tmp_path, capsys, ucudnn_stderr):
     for optimizer, verbose in (("wr", True), ("wd", True), ("wr", False)):
         assignments, _, _ = make_assignments(tmp_path / f"{optimizer}{verbose}", workspace_limit="256KiB",
                                              optimizer=optimizer, verbose=verbose)

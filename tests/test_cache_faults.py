@@ -203,6 +203,7 @@ def _read_only_opens(path: Path, tmp_path: Path, capsys) -> dict[str, dict[int, 
     return seen
 
 
+@pytest.mark.slow
 def test_a_killed_writer_loses_no_committed_row_and_every_read_only_open_works(tmp_path, capsys):
     """Writers killed at random points of a batch. What they committed is all there, the batch
     they were killed in is all there or not at all, and every read-only open (verify, list, export,
@@ -298,6 +299,7 @@ def written(base: Path, path: Path, pause_s: float = WRITER_PAUSE_S) -> Iterator
         writer.kill()
 
 
+@pytest.mark.slow
 def test_merges_racing_a_writer_read_each_input_in_one_snapshot(tmp_path, capsys):
     """`merge` and `ucudnn cache merge` while a writer adds kernels and measurements to the input:
     every output verifies, holds every batch committed before the merge began and no half batch,

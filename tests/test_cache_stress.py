@@ -7,6 +7,8 @@ import time
 import traceback
 from pathlib import Path
 
+import pytest
+
 from ucudnn import ConvProblem, Provenance, Measurement
 from ucudnn.measure.cache import BenchmarkDatabase, Cache
 
@@ -54,6 +56,7 @@ def assert_all_present(path: Path, writers: int, writes: int) -> int:
     return len(found)
 
 
+@pytest.mark.slow
 def test_processes_write_one_file_at_once(tmp_path):
     path = tmp_path / "shared.db"
     context = multiprocessing.get_context("spawn")

@@ -17,6 +17,7 @@ from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign, spoil
 from ucudnn.measure.cache import BenchmarkDatabase, recorded_path
 from ucudnn.cli import main
 from ucudnn.core.nets import get_network, list_networks
+from ucudnn.core import errors
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -458,6 +459,7 @@ BAD_LAYER = {"name": "c1", "in_channels": 3, "out_channels": 8, "kernel": 3, "in
     (json.dumps({"layers": [{**BAD_LAYER, "in_channels": 1e20}]}).encode(),
      "layer c1: in_channels=1e+20 must be an integer from 1 to 2**63 - 1"),
 ])
+@pytest.mark.slow
 def test_a_bad_network_file_names_the_file_layer_field_and_value(tmp_path, content, message):
     path = tmp_path / "b.json"
     path.write_bytes(content)
@@ -536,6 +538,7 @@ def test_a_huge_batch_names_its_missing_sizes_in_brief(capsys, db):
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
 @pytest.mark.parametrize("variant", [("float32", "nchw"), ("float16", "nhwc")])
 @pytest.mark.parametrize("net", [n.name for n in list_networks()])
+@pytest.mark.slow
 def test_every_builtin_network_plans_offline_at_its_documented_batch(capsys, net, variant):
     """Every built-in network plans offline at its documented batch size from the shipped file."""
     dtype, layout = variant
@@ -548,6 +551,7 @@ def test_every_builtin_network_plans_offline_at_its_documented_batch(capsys, net
 
 
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+@pytest.mark.slow
 def test_the_shipped_recordings_say_what_they_cover():
     from ucudnn.reports.coverage import recordings
 
@@ -739,6 +743,7 @@ def test_the_help_of_a_flag_names_the_variable_that_sets_its_default(capsys, fla
     assert f"${variable}" in optimize.help
 
 
+@pytest.mark.slow
 def test_cache_prune_shrinks_a_file_and_keeps_its_plans(db, tmp_path):
     """The synthetic recording (every candidate at every size, dominated and unsupported ones too)
     pruned: fewer measurements, the same WR and WD plans; pruning again changes nothing."""
@@ -767,11 +772,25 @@ def test_cache_prune_names_a_missing_file(capsys, tmp_path):
     assert status == 2 and "does not exist" in err and not (tmp_path / "none.db").exists()
 
 
-def test_install_hints_name_the_clone_not_pypi():
-    """ucudnn is installed from its clone (README): no hint or page says pip install 'ucudnn[extra]'."""
-    files = [*sorted((REPO / "ucudnn").rglob("*.py")), *sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
-    offenders = [f"{path.relative_to(REPO)}:{number}" for path in files
-                 for number, line in enumerate(path.read_text().splitlines(), 1) if "ucudnn[" in line]
+def test_install_hints_fit_how_ucudnn_was_installed(monkeypatch):
+    """They said `pip install '.[plot]' in a clone`, which a wheel's user has not got: an installed
+    ucudnn (a wheel, or a clone installed editable) gets the extra by name (pip adds its packages
+    to the installed ucudnn), a source tree that pip has not installed by its path."""
+    from importlib import metadata
+
+    assert errors.install_extra("plot") == "pip install 'ucudnn[plot]'"  # the test command installs it
+
+    def not_installed(name: str):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(metadata, "distribution", not_installed)
+    assert errors.install_extra("plot") == f"pip install '{REPO}[plot]'"
+
+
+def test_install_hints_have_one_home():
+    """Every message that names an extra is install_extra's (ucudnn.core.errors)."""
+    offenders = [f"{path.relative_to(REPO)}:{number}" for path in sorted((REPO / "ucudnn").rglob("*.py"))
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.search(r"pip install \S*\[", line) and path.name != "errors.py"]
     assert offenders == []
 
 
@@ -788,6 +807,7 @@ def shards(db, tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_reading_commands_read_every_shard_of_a_folder(capsys, db, shards, tmp_path):
     before = {path.name: path.read_bytes() for path in shards.iterdir()}
     result = run("optimize", "--offline", "--net", "alexnet", "--json", env_extra={"UCUDNN_CACHE": str(shards)})

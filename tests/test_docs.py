@@ -26,6 +26,7 @@ def _docs_examples():
 
 
 @pytest.mark.skipif(recorded_path() is None, reason="no recorded measurements are shipped in cache/ yet")
+@pytest.mark.slow
 def test_every_example_of_cli_md_prints_what_the_page_shows():
     """Fails when a command of docs/cli.md prints other than the page shows (wall and solver
     seconds aside); the torchvision example depends on what is installed and is not compared."""

@@ -194,16 +194,10 @@ from torch_doubles import Clocked, NumpyFramework  # noqa: E402
 from ucudnn.plan.delegation import OwnTiming  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from ucudnn.core import fallback  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
 from ucudnn.plan.memory import RECORDED_CALLS, WATCHED_STEPS, Memory, quantized, workspace_limit  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(fallback, "_warned", set())
 
 
 class ScarceFramework(NumpyFramework):

@@ -1,8 +1,12 @@
 """What a packager reads: the license, the type marker and the version in the wheel, the range of
-each dependency, and the versions CI pins (.ci/constraints.txt)."""
+each dependency, the versions CI pins (.ci/constraints.txt), and the sdist's files."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -67,6 +71,36 @@ def test_pulp_3_and_4_are_allowed_and_a_solver_comes_with_ucudnn():
     (pulp,) = [r for r in _direct() if _name(r.name) == "pulp"]
     assert pulp.specifier.contains("3.3.2") and pulp.specifier.contains("4.2.0")
     assert "highspy" in {_name(r.name) for r in _direct()} and "highs" not in PROJECT["project"]["optional-dependencies"]
+
+
+def test_the_cuda12_extra_installs_no_cuda13_package():
+    """nvidia-cudnn-frontend 1.29 and later require nvidia-cutlass-dsl[cu13] (its CUDA 13 libraries
+    and cuda-bindings 13), which `[cuda12]` installed: it takes 1.28, the last release without."""
+    extra = [requirements.Requirement(text) for text in PROJECT["project"]["optional-dependencies"]["cuda12"]]
+    assert [r.name for r in extra if re.search(r"cu(da)?13", r.name)] == []
+    (frontend,) = [r for r in extra if r.name == "nvidia-cudnn-frontend"]
+    assert frontend.specifier.contains("1.28.0") and not frontend.specifier.contains("1.29.0")
+
+
+# what the sdist holds beside the package, its data and the license (MANIFEST.in)
+SDIST_FOLDERS = ("tests", "docs", "bench", ".ci")
+NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", ".whl", "out", "build", "dist", "*.egg-info", "__pycache__",
+                                     ".pytest_cache", ".hypothesis", ".ruff_cache")
+
+
+def test_the_sdist_holds_the_tests_their_helpers_and_what_they_read(tmp_path):
+    """The sdist's tests/ held test_*.py alone (setuptools' default), without conftest.py, fakes.py
+    and the other helpers: pytest on an unpacked sdist failed at `import fakes`."""
+    tree = shutil.copytree(REPO, tmp_path / "tree", ignore=NOT_SOURCES)
+    subprocess.run([sys.executable, "-c", "from setuptools.build_meta import build_sdist; build_sdist('dist')"],
+                   cwd=tree, check=True, capture_output=True)
+    (sdist,) = (tree / "dist").glob("ucudnn-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        shipped = {name.partition("/")[2] for name in archive.getnames()}
+    wanted = {path.relative_to(tree).as_posix() for folder in SDIST_FOLDERS
+              for path in (tree / folder).rglob("*") if path.is_file()}
+    assert {"tests/conftest.py", "tests/fakes.py", ".ci/run"} <= wanted
+    assert sorted(wanted - shipped) == [] and "CHANGELOG.md" in shipped
 
 
 def test_ci_and_readme_install_with_the_constraints():

@@ -45,6 +45,7 @@ def test_the_paper_has_eight_figures_of_its_evaluation():
     assert list(FIGURES) == ["1", "8", "9", "10", "11", "12", "13", "14"]
 
 
+@pytest.mark.slow
 def test_every_figure_writes_a_page_a_png_and_the_index_links_them(written):
     out, _, paths = written
     assert sorted(p.name for p in paths) == sorted([f"fig{n}.{ext}" for n in FIGURES for ext in ("md", "png")]
@@ -62,6 +63,7 @@ def test_every_figure_writes_a_page_a_png_and_the_index_links_them(written):
     assert {n for n in FIGURES if not FIGURES[n].executes} == {"8", "14"}  # the paper's plans: a front, a division
 
 
+@pytest.mark.slow
 def test_every_page_sets_the_paper_beside_now_for_each_candidate_set(written):
     out, results, _ = written
     header = "| figure | what | paper (P100-SXM2) | " + " | ".join(f"now: {c}" for c in CANDIDATES.values()) + " |"
@@ -80,6 +82,7 @@ def _ratio(text: str) -> float:
     return float(re.match(r"([\d.]+)x", text).group(1))
 
 
+@pytest.mark.slow
 def test_the_headline_ratios_are_the_papers_beside_todays(written):
     """The issue's two: AlexNet's convolutions at 64 MiB (1.63x) and WD with `all` at 120 MiB (1.38x)."""
     _, results, _ = written
@@ -89,6 +92,7 @@ def test_the_headline_ratios_are_the_papers_beside_todays(written):
     assert wd.paper == "1.38x" and all(_ratio(now) > 1 for now in wd.now)
 
 
+@pytest.mark.slow
 def test_what_the_recording_lacks_is_marked_with_the_command_that_measures_it(written):
     """DenseNet-40's `all` sizes are not in the shipped file: marked, and `ucudnn bench` named."""
     out, results, _ = written
@@ -97,12 +101,14 @@ def test_what_the_recording_lacks_is_marked_with_the_command_that_measures_it(wr
     assert NOT_RECORDED in page and "`ucudnn bench --net densenet40 --batch 256 --policy all`" in page
 
 
+@pytest.mark.slow
 def test_torch_workspace_needs_the_gpu_in_the_predicted_figure(written):
     out, _, _ = written
     page = (out / "fig12.md").read_text()
     assert "needs the GPU" in page and "`ucudnn paper 12 --execute`" in page
 
 
+@pytest.mark.slow
 def test_every_drawing_keeps_its_titles_and_legends_inside(written):
     _, results, _ = written
     for number, result in results.items():
@@ -118,6 +124,7 @@ def _masked(text: str) -> str:
     return VOLATILE.sub("N ms (CBC", text)
 
 
+@pytest.mark.slow
 def test_docs_paper_is_what_the_command_writes_now(written):
     """docs/paper's pages are `ucudnn paper all --out docs/paper` of this checkout (solver seconds aside)."""
     out, _, _ = written
@@ -202,6 +209,7 @@ def test_no_measure_belongs_to_execute(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("figure", ["1", "14"])
+@pytest.mark.slow
 def test_the_executed_path_of_one_kernel_and_of_wd_runs_on_a_stand_in_gpu(tmp_path, figure):
     timer = _Timer()
     _, paths = _executed(tmp_path, timer, figure)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from ucudnn.measure.cache import BenchmarkDatabase, schema
 from ucudnn.cli import build_parser, commands
 from ucudnn.plan.config import batch_sizes
 from ucudnn.core.device import Provenance
-from ucudnn.core.errors import ConfigError, MissingMeasurementsError
+from ucudnn.core.errors import ConfigError, MissingMeasurementsError, install_extra
 from ucudnn.core.nets import get_network
 from ucudnn.measure.parallel import (MeasureCall, Task, bench_devices, bench_on_devices, bench_with_mpi, calls, partition,
                              split_tasks)
@@ -251,12 +252,14 @@ def test_workers_record_what_one_writer_does(tmp_path, single):
 
 
 @pytest.mark.parametrize("setting", CHOICES)
+@pytest.mark.slow
 def test_workers_record_what_one_writer_does_per_backend(tmp_path, single_for, setting):
     pool(tmp_path / "pool.db", backend=setting)
     assert rows(tmp_path / "pool.db") == single_for(setting)
     assert not leftovers(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_second_backend_is_added_to_a_database_of_the_first(tmp_path, single_for):
     pool(tmp_path / "pool.db", backend="legacy")
     assert rows(tmp_path / "pool.db") == single_for("legacy")
@@ -280,6 +283,7 @@ def test_one_gpu_is_measured_in_this_process(tmp_path, single):
 
 
 @pytest.mark.parametrize("how, reason", [("exit", "exited with status 3"), ("kill", "was killed by SIGKILL")])
+@pytest.mark.slow
 def test_a_dead_worker_is_reported_and_the_cache_keeps_the_rest(tmp_path, single, how, reason):
     factory = functools.partial(crashing_factory, crash_on=1, after=2, how=how, marker=str(tmp_path / "crashed"))
     with pytest.raises(MissingMeasurementsError, match=f"the worker on GPU 1 {reason}") as error:
@@ -300,6 +304,7 @@ def test_a_dead_worker_is_reported_and_the_cache_keeps_the_rest(tmp_path, single
     assert rows(tmp_path / "crash.db") == single
 
 
+@pytest.mark.slow
 def test_the_tasks_of_a_dead_worker_are_retried_on_the_others(tmp_path, single):
     factory = functools.partial(crashing_factory, crash_on=2, after=1, how="raise", marker=str(tmp_path / "crashed"))
     pool(tmp_path / "retried.db", benchmarker_factory=factory)
@@ -462,7 +467,7 @@ def test_mpi_needs_mpi4py():
         import mpi4py  # noqa: F401
         pytest.skip("mpi4py is installed")
     except ImportError:
-        with pytest.raises(ConfigError, match=r"pip install '\.\[mpi\]' in a clone"):
+        with pytest.raises(ConfigError, match=re.escape(install_extra("mpi"))):
             parallel.mpi_world()
 
 

@@ -1,5 +1,5 @@
 """The progress line of long planning (ucudnn.core.progress), on a fake clock, as the `ucudnn` logger
-writes it on stderr (ucudnn.core.log)."""
+writes it on stderr where the CLI (or ucudnn.log_to_stderr) puts it there (ucudnn.core.log)."""
 from __future__ import annotations
 
 import io
@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from ucudnn.core.log import LOGGER
 from ucudnn.core.progress import AFTER_S, IDLE_S, LOG_EVERY_S, Progress
 
 
@@ -24,7 +25,7 @@ class Terminal(io.StringIO):
 
 
 @pytest.fixture
-def stderr(monkeypatch):
+def stderr(monkeypatch, ucudnn_stderr):
     """Points stderr, where the logger writes, at a stream (a log file, or a Terminal); in the test,
     as pytest points it at its capture between a fixture's setup and the test."""
     def pointed(stream: io.StringIO) -> io.StringIO:
@@ -117,18 +118,17 @@ def test_only_rank_zero_says_it_under_torch_distributed(stderr, monkeypatch):
         assert bool(out.getvalue()) is shown, rank
 
 
-def test_the_line_goes_through_the_ucudnn_logger(stderr):
-    """A logging handler of the user's gets the line (once the default stderr one is taken off),
+def test_the_line_goes_through_the_ucudnn_logger(monkeypatch):
+    """Where nothing put ucudnn's lines on stderr, a logging handler of the user's gets the line,
     and the logger's level silences it."""
     import logging
 
-    from ucudnn.core.log import HANDLER, LOGGER
-
-    out, records = stderr(io.StringIO()), []
+    out, records = io.StringIO(), []
+    monkeypatch.setattr(sys, "stderr", out)
     mine = logging.Handler()
     mine.emit = records.append
-    LOGGER.removeHandler(HANDLER)
     LOGGER.addHandler(mine)
+    LOGGER.setLevel(logging.INFO)
     try:
         clock = Clock()
         planning(Progress(clock=clock), clock, 3.0)
@@ -138,9 +138,8 @@ def test_the_line_goes_through_the_ucudnn_logger(stderr):
         planning(Progress(clock=clock), clock, 3.0)
         assert len(records) == count
     finally:
-        LOGGER.setLevel(logging.INFO)
+        LOGGER.setLevel(logging.NOTSET)
         LOGGER.removeHandler(mine)
-        LOGGER.addHandler(HANDLER)
     assert out.getvalue() == ""
 
 

@@ -1,5 +1,5 @@
-"""README.md's two commands stay true: CI runs the README's test command, and the main job's
-command is the CLI call that tests/test_cli.py runs on the shipped measurements."""
+"""README.md's commands stay true: CI runs the README's test command and then its slow tests, and
+the main job's command is the CLI call that tests/test_cli.py runs on the shipped measurements."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,13 +10,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def _commands() -> list[str]:
     """The indented shell commands of README.md's 'On a fresh machine' section."""
     section = (ROOT / "README.md").read_text().split("## On a fresh machine")[1].split("\n## ")[0]
-    return [line.strip() for line in section.splitlines() if line.startswith("    python3 -m venv")]
+    return [line.strip() for line in section.splitlines() if line.startswith(("    python3 -m venv", "    .venv/"))]
 
 
-def test_readme_gives_an_install_and_run_command_and_a_test_command():
-    main_job, tests = _commands()
+def test_readme_gives_an_install_and_run_command_a_test_command_and_the_slow_tests_one():
+    main_job, tests, slow = _commands()
     assert "ucudnn optimize --net alexnet --batch 256 --workspace 64MiB" in main_job
-    assert "pytest" in tests
+    assert "pytest" in tests and slow == tests.rpartition(" && ")[2] + " -m slow"
 
 
 def test_readme_says_which_alexnet_its_headline_and_its_command_are():
@@ -37,9 +37,11 @@ def test_every_number_of_the_readme_headline_is_a_figure_of_results_md():
     assert len(numbers) >= 10 and [n for n in numbers if n not in results] == []
 
 
-def test_ci_runs_the_readme_test_command():
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert _commands()[1] in ci
+def test_ci_runs_the_readme_test_command_and_then_the_slow_tests():
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line]
+    assert ci == _commands()[1:]
+    # the README's command runs every test but the slow ones, the second command those
+    assert 'addopts = ["-m", "not slow"]' in (ROOT / "pyproject.toml").read_text()
 
 
 def _layout_paths() -> set[str]:

@@ -25,16 +25,9 @@ from ucudnn.plan.memory import Memory  # noqa: E402
 from ucudnn.core.errors import ConfigError, NoAlgorithmError, UcudnnWarning  # noqa: E402
 from torch_doubles import NumpyFramework  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
-from ucudnn.core import fallback  # noqa: E402
 from ucudnn.integrations.torch import call as calls, layers as ut_layers  # noqa: E402
 from ucudnn.integrations.torch.sites import Sites  # noqa: E402
 from ucudnn.core.problem import ConvKind  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch):
-    """Every test sees the one-time warnings afresh."""
-    monkeypatch.setattr(fallback, "_warned", set())
 
 
 @pytest.fixture

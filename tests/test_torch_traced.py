@@ -200,6 +200,7 @@ def test_compile_fullgraph_recompiles_per_batch_size_and_graph_breaks_on_dynamic
         assert ut.context_of(ours).runs["ucudnn", "F"] == 2 * 3
 
 
+@pytest.mark.slow
 def test_compile_with_inductor_trains_as_eager(tmp_path, torch_without_mkldnn):
     plain = two_layers()
     ours = ut.convert(copy.deepcopy(plain), context=context(tmp_path, second_layer_instant))
@@ -294,6 +295,7 @@ def test_a_graph_is_traced_again_where_what_its_layers_were_decided_on_changes(t
         ("float16", "tensor_op", 2), ("float32", "default", 1), ("float32", "default", 2), ("float32", "fma", 2)]
 
 
+@pytest.mark.slow
 def test_importing_ucudnn_torch_leaves_dynamo_unloaded_and_the_first_traced_call_loads_it():
     """An eager training process never loads torch._dynamo for ucudnn (about a second, and 127,000
     objects every full garbage collection then walks): the traced path is imported by the first

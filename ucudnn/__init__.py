@@ -7,6 +7,7 @@ from .handle import Handle
 from .core.errors import (CacheError, ConfigError, CudnnError, DeviceMemoryError, GpuUnavailableError, InfeasibleError,
                      LibraryNotFoundError, MissingMeasurementsError, NoAlgorithmError, UcudnnError, UcudnnWarning,
                      UnsupportedProblemError)
+from .core.log import log_to_stderr
 from .core.measurements import KernelTable, Measurement
 from .optimizers.configuration import Configuration, MicroConfig
 from .optimizers.wd import optimize_wd
@@ -18,5 +19,5 @@ __all__ = [
     "KernelTable", "Provenance", "optimize_wr", "optimize_wd", "batch_sizes", "format_size", "parse_size",
     "UcudnnError", "ConfigError", "CacheError", "CudnnError", "DeviceMemoryError", "GpuUnavailableError",
     "InfeasibleError", "LibraryNotFoundError", "MissingMeasurementsError", "NoAlgorithmError",
-    "UnsupportedProblemError", "UcudnnWarning",
+    "UnsupportedProblemError", "UcudnnWarning", "log_to_stderr",
 ]

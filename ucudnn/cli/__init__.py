@@ -2,7 +2,8 @@
 
 Every command parses its flags, calls the library and prints text or, with --json, one JSON
 document. Errors ucudnn raises on purpose print one line and exit with status 2; its warnings
-(UcudnnWarning: it carries on) print one line too. The parser is
+(UcudnnWarning: it carries on) print one line too, and so does each record of the `ucudnn`
+logger (ucudnn.core.log: progress, plans), on stderr. The parser is
 here; the commands are in `commands` and `cache_commands`, what they print in `output`.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..measure.cache.paths import CACHE_VARIABLE
 from ..plan.config import OPTIMIZERS, POLICIES
 from ..core.device import EXECUTIONS, TIMING_PRESETS
 from ..core.errors import UcudnnError, UcudnnWarning, install_extra
+from ..core.log import logging_to_stderr
 from ..paper import FIGURES
 from ..core.problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from ..optimizers.search import SEARCHES
@@ -233,7 +235,7 @@ def _one_line(show):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), logging_to_stderr():
         warnings.showwarning = _one_line(warnings.showwarning)
         return _run(args)
 

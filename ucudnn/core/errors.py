@@ -1,13 +1,26 @@
 """The exceptions ucudnn raises. Every message names the bad value and the way to fix it."""
 from __future__ import annotations
 
+import os
+from importlib import metadata
+
+_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where ucudnn/ is
+
 
 def install_extra(extra: str) -> str:
-    """How to install one of ucudnn's extras: ucudnn is not on PyPI, so in a clone of its repository."""
-    return f"pip install '.[{extra}]' in a clone of the ucudnn repository"
+    """The command that installs one of ucudnn's extras, as this ucudnn was installed. pip adds an
+    extra's packages to an installed ucudnn (a wheel, or a clone installed editable) by its name,
+    though ucudnn is not on PyPI; a source tree that no pip installed, by its path."""
+    try:
+        metadata.distribution("ucudnn")
+    except metadata.PackageNotFoundError:
+        return f"pip install '{_TREE}[{extra}]'"
+    return f"pip install 'ucudnn[{extra}]'"
 
 
-GPU_INSTALL = install_extra("cuda13") + " (or '.[cuda12]')"
+def gpu_install() -> str:
+    """The command that installs what ucudnn needs on a GPU: CuPy, cuDNN 9 and nvidia-cudnn-frontend."""
+    return f"{install_extra('cuda13')} (for CUDA 12: [cuda12])"
 
 
 class UcudnnError(Exception):

@@ -1,22 +1,24 @@
 """The `ucudnn` logger: what the library says as it works (the progress line of long planning,
-each plan with the verbose setting), as "ucudnn: ..." lines on stderr at level INFO.
+each plan with the verbose setting), at level INFO.
 
-Under torch.distributed only rank 0 says it: a process whose rank (ucudnn.core.ranks: the process
-group's, else the RANK variable that torchrun and torch.distributed's launchers set) is other than 0
-writes nothing. Change either through the
-logging module: `logging.getLogger("ucudnn").setLevel(logging.WARNING)` silences the library;
-removing HANDLER from it (and setting its `propagate` back on) sends its records, from every
-rank, to your own handlers instead.
+As a library's logger, it has a NullHandler and nothing else: its records reach the handlers the
+application configures (`logging.basicConfig(level=logging.INFO)`, or one of its own), and nowhere
+else. The `ucudnn` command writes them on stderr as "ucudnn: ..." lines, from rank 0 only; a
+script gets the same with `ucudnn.log_to_stderr()`.
+
+Under torch.distributed that handler writes nothing in a process whose rank (ucudnn.core.ranks:
+the process group's, else the RANK variable that torchrun and torch.distributed's launchers set)
+is other than 0; `is_rank_zero` is that filter, for a handler of your own.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from typing import Protocol, TextIO
+from typing import Iterator, Protocol, TextIO
 
 from .errors import ConfigError
 from .ranks import current_rank
-
 
 
 class Planned(Protocol):
@@ -28,12 +30,14 @@ class Planned(Protocol):
 
 
 LOGGER = logging.getLogger("ucudnn")
+LOGGER.addHandler(logging.NullHandler())
 REDRAWN = "ucudnn_redrawn"  # a record's attribute (logging's `extra`): on a terminal, the next line replaces it
 
 
 def is_rank_zero(record: logging.LogRecord | None = None) -> bool:
     """Whether this process is its job's rank 0 (ucudnn.core.ranks), or in no job; a rank the
-    environment misstates counts as 0 here (the library's other reads of it raise)."""
+    environment misstates counts as 0 here (the library's other reads of it raise). Also a
+    logging filter: a handler given it writes rank 0's records only."""
     try:
         return current_rank().rank == 0
     except ConfigError:
@@ -46,12 +50,12 @@ def _is_terminal(stream: TextIO) -> bool:
 
 
 class StderrHandler(logging.Handler):
-    """Each record on a line of sys.stderr (looked up per record: pytest and notebooks replace it).
-    On a terminal a record marked REDRAWN is left open, and the next record replaces it: a
-    progress line updates in place, and a line said meanwhile stays above the next update."""
+    """Each record of rank 0 on a line of sys.stderr (looked up per record: pytest and notebooks
+    replace it). On a terminal a record marked REDRAWN is left open, and the next record replaces
+    it: a progress line updates in place, and a line said meanwhile stays above the next update."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__()
         self.addFilter(is_rank_zero)
         self.setFormatter(logging.Formatter("ucudnn: %(message)s"))
         self._open = False  # a redrawn line is on the terminal, unended
@@ -70,15 +74,35 @@ class StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-HANDLER = StderrHandler()
-LOGGER.addHandler(HANDLER)
-LOGGER.setLevel(logging.INFO)
-LOGGER.propagate = False  # while HANDLER writes the records, the root's handlers would write them twice
+STDERR = StderrHandler()  # the one handler log_to_stderr adds, however often it is called
+
+
+def log_to_stderr(level: int = logging.INFO) -> logging.Handler:
+    """For scripts: the `ucudnn` logger's records of `level` and above as "ucudnn: ..." lines on
+    stderr, from rank 0 only, as the `ucudnn` command writes them. Returns the handler:
+    `logging.getLogger("ucudnn").removeHandler(handler)` undoes it. The records still reach the
+    root logger's handlers too (where the script configured some, they write them as well)."""
+    LOGGER.setLevel(level)
+    if STDERR not in LOGGER.handlers:
+        LOGGER.addHandler(STDERR)
+    return STDERR
+
+
+@contextlib.contextmanager
+def logging_to_stderr(level: int = logging.INFO) -> Iterator[logging.Handler]:
+    """log_to_stderr while the block runs (a command of the CLI), the logger as it was after it."""
+    level_before, added = LOGGER.level, STDERR not in LOGGER.handlers
+    try:
+        yield log_to_stderr(level)
+    finally:
+        LOGGER.setLevel(level_before)
+        if added:
+            LOGGER.removeHandler(STDERR)
 
 
 def redraws() -> bool:
-    """Whether a REDRAWN line replaces itself: HANDLER writes the logger's lines, to a terminal."""
-    return HANDLER in LOGGER.handlers and _is_terminal(sys.stderr)
+    """Whether a REDRAWN line replaces itself: STDERR writes the logger's lines, to a terminal."""
+    return STDERR in LOGGER.handlers and _is_terminal(sys.stderr)
 
 
 def say(message: str, *, redrawn: bool = False) -> None:

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from ..core.device import Provenance
-from ..core.errors import GPU_INSTALL, GpuUnavailableError
+from ..core.errors import GpuUnavailableError, gpu_install
 
 
 def cupy():
@@ -15,7 +15,7 @@ def cupy():
         import cupy as cp
     except ImportError as exc:
         raise GpuUnavailableError(
-            f"CuPy is not installed; install ucudnn with a GPU extra: {GPU_INSTALL}"
+            f"CuPy is not installed; install ucudnn with a GPU extra: {gpu_install()}"
         ) from exc
     return cp
 

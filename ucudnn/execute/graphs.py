@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Protocol
 
-from ..core.errors import GraphCaptureError, UcudnnWarning
+from ..core.errors import GraphCaptureError
+from ..core.fallback import say_once
 from .gpu import cupy
 
 # per kernel: address sets in use at once. A kernel shared by several layers (ResNet-50's repeated
@@ -156,10 +156,9 @@ class GraphedProgram:
             graph = self.capturer.capture(lambda: self.program(*addresses))
         except GraphCaptureError as exc:
             self.capture_failure = str(exc)
-            warnings.warn(f"ucudnn: the calls of {self.kernel} cannot be captured into a CUDA graph "
-                          f"({exc}); they run directly from now on, host-paced where micro-batches "
-                          "are small. Set UCUDNN_EXECUTION=direct to plan for that from the start",
-                          UcudnnWarning, stacklevel=4)
+            say_once(f"ucudnn: the calls of {self.kernel} cannot be captured into a CUDA graph "
+                     f"({exc}); they run directly from now on, host-paced where micro-batches "
+                     "are small. Set UCUDNN_EXECUTION=direct to plan for that from the start")
             return None
         self.captures += 1
         self.graphs[addresses] = graph

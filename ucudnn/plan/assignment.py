@@ -16,13 +16,13 @@ Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive 
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
 from ..measure.benchmark import Benchmarker, ensure_tables
 from .config import Settings
-from ..core.errors import DeviceMemoryError, InfeasibleError, NoAlgorithmError, UcudnnWarning
+from ..core.errors import DeviceMemoryError, InfeasibleError, NoAlgorithmError
+from ..core.fallback import say_once
 from ..core.log import say_plan
 from ..optimizers import PER_KERNEL
 from ..optimizers.configuration import Configuration
@@ -221,8 +221,8 @@ class Assignments:
             limit = max(limit, nbytes - ALLOCATION_GRANULE)
         self.shrinks.append(Shrink(what, nbytes, limit, why))
         free = "" if available is None else f" ({available / 2**20:.1f} MiB free)"
-        warnings.warn(f"ucudnn: {why} {nbytes / 2**20:.1f} MiB of workspace for {what}{free}; "
-                      f"planning again within {limit / 2**20:.1f} MiB", UcudnnWarning, stacklevel=4)
+        say_once(f"ucudnn: {why} {nbytes / 2**20:.1f} MiB of workspace for {what}{free}; "
+                 f"planning again within {limit / 2**20:.1f} MiB")
         return limit
 
     def _stepped_a_granule(self, what: str) -> bool:

@@ -15,7 +15,7 @@ from ...core.accuracy import accurate
 from ..bindings import cudnn as bindings
 from ..bindings import library
 from ..dispatch import OUTPUT, Plan, Step
-from ...core.errors import BackendUnavailableError, CandidateError
+from ...core.errors import BackendUnavailableError, CandidateError, gpu_install
 from ...core.measurements import FAILED, OK, UNSUPPORTED
 from ...core.problem import ConvKind, ConvProblem
 from .base import Candidate, candidate_id, split_id
@@ -26,7 +26,11 @@ NAME = "engines"
 # coarse), legacy lists at most 8 algorithms. Only the balance of GPUs' shares depends on it.
 TASK_WEIGHT = 4
 NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where the graph API has no plan at all
-INSTALL = "pip install nvidia-cudnn-frontend (ucudnn's cuda12/cuda13 extras include it)"
+
+
+def install() -> str:
+    """How to install the frontend: with a GPU extra, which picks the release that fits its CUDA."""
+    return f"a GPU extra installs it: {gpu_install()}"
 
 
 def frontend():
@@ -35,7 +39,7 @@ def frontend():
     except ImportError as exc:
         raise BackendUnavailableError(
             f"backend 'engines' needs nvidia-cudnn-frontend, which does not import here ({exc}): "
-            f"{INSTALL}; or set backend='legacy' (UCUDNN_BACKEND=legacy)") from exc
+            f"{install()}; or set backend='legacy' (UCUDNN_BACKEND=legacy)") from exc
     return cudnn
 
 
@@ -53,7 +57,7 @@ def enum(fe, name: str):
     compiled module in some releases."""
     found = getattr(fe, name, None) or getattr(getattr(fe, "_compiled_module", None), name, None)
     if found is None:
-        raise BackendUnavailableError(f"nvidia-cudnn-frontend {fe.__file__} has no {name}; {INSTALL}")
+        raise BackendUnavailableError(f"nvidia-cudnn-frontend {fe.__file__} has no {name}; {install()}")
     return found
 
 

@@ -7,7 +7,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ...core.errors import GPU_INSTALL, LibraryNotFoundError
+from ...core.errors import LibraryNotFoundError, gpu_install
 
 SONAME = "libcudnn.so.9"
 
@@ -72,6 +72,6 @@ def load() -> tuple[ctypes.CDLL, str]:
                 ) from exc
             errors.append(f"{origin}: {exc}")
     raise LibraryNotFoundError(
-        "cuDNN 9 was not found (" + "; ".join(errors) + f"). Install it with `{GPU_INSTALL}`, "
+        "cuDNN 9 was not found (" + "; ".join(errors) + f"). Install it with `{gpu_install()}`, "
         "or set UCUDNN_CUDNN_LIBRARY to libcudnn.so.9"
     )

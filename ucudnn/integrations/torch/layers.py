@@ -3,19 +3,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ...core.errors import ConfigError, UcudnnWarning
+from ...core.errors import ConfigError
 from ...plan.planner import LAYER
 from . import convolution
 from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
-from ...core.fallback import fall_back
+from ...core.fallback import fall_back, say_once
 from .kernels import TorchFramework, is_out_of_memory
 from .sites import Site, Steady, signature
 
@@ -334,8 +333,8 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
         if isinstance(module, Converted):
             module.ucudnn_context = context
     if skipped:
-        warnings.warn(f"ucudnn.torch.convert left subclasses of {', '.join(c.__name__ for c in TWINS)} that "
-                      f"change forward unconverted: {', '.join(sorted(skipped))}", UcudnnWarning, stacklevel=2)
+        say_once(f"ucudnn.torch.convert left subclasses of {', '.join(c.__name__ for c in TWINS)} that "
+                 f"change forward unconverted: {', '.join(sorted(skipped))}")
     if sample_input is not None:
         with network(model):
             model(*(sample_input if isinstance(sample_input, tuple) else (sample_input,)))

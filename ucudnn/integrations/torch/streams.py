@@ -22,14 +22,14 @@ tests/test_gpu_streams.py checks outputs against one stream on a GPU; docs/resul
 from __future__ import annotations
 
 import statistics
-import warnings
 from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx
 from torch import nn
 
-from ...core.errors import ConfigError, UcudnnWarning
+from ...core.errors import ConfigError
+from ...core.fallback import say_once
 from ...core.schedule import Node, Schedule, schedule
 from .layers import Converted
 
@@ -180,7 +180,7 @@ def on_streams(model: nn.Module, example: Any, streams: int, **options) -> nn.Mo
     try:
         return Streamed(model, example, streams, **options)
     except ConfigError as exc:
-        warnings.warn(f"ucudnn: {exc}", UcudnnWarning, stacklevel=2)
+        say_once(f"ucudnn: {exc}")
         return model
 
 
