@@ -374,6 +374,26 @@ def test_a_layer_runs_torch_s_convolution_while_its_moments_are_observed_then_is
     assert framework.asked == 4 * RECORDED_CALLS  # planned layers are observed no more
 
 
+def test_under_auto_each_kernel_is_planned_within_its_room_less_the_margin(tmp_path, monkeypatch):
+    """The limit each Handle.within call receives, not summary()'s own reading of it: the room
+    of the kernel's moment (quantized) less the margin (workspace_limit), never the room itself."""
+    from handle_doubles import NumpyHandle
+
+    asked = []
+    within = NumpyHandle.within
+    monkeypatch.setattr(NumpyHandle, "within", lambda self, problem, limit: asked.append(limit) or
+                        within(self, problem, limit))
+    first = [900 * MiB, 40 * MiB, 30 * MiB, 700 * MiB]
+    framework = Timeline(first)
+    model, ours, context = two_layers(tmp_path, framework, delegate=False)
+    x = torch.randn(4, 8, 6, 6)
+    for _ in range(RECORDED_CALLS + 1):
+        run_step(ours, x)
+    rooms = {k["room"] for k in context.summary()["kernels"]}
+    assert asked and set(asked) <= {workspace_limit(room) for room in rooms}
+    assert not set(asked) & rooms  # a kernel's whole room is never its limit
+
+
 def test_each_layer_s_own_kernels_are_timed_in_the_step_while_observed(tmp_path):
     """A converted layer marks its forward and (its input taking a gradient) its backward as they
     run in its observed calls: every kernel reports its time in the step."""
