@@ -978,3 +978,40 @@ def test_merge_reads_an_older_shard_without_writing_it_and_an_interrupted_one_as
     assert merged == len(dump(filled)) + len(fake_measurements(problem))
     assert checksums(older) == before and not files[1].exists()
     assert len(dump(interrupted)) == len(fake_measurements(problem))
+
+
+# --- what export and import keep, and what a stop leaves ---
+
+
+def test_an_export_replaces_a_file_whole_and_only_when_forced(filled, tmp_path, monkeypatch):
+    """An export is written beside its file and renamed into place: stopped before the rename, the
+    file is as it was and nothing is left beside it."""
+    target = tmp_path / "export.json"
+    target.write_text("an older export")
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+    with BenchmarkDatabase(filled) as db:
+        with pytest.raises(CacheError, match=f"{target} exists; .*--force"):
+            db.export_json(target)
+        with monkeypatch.context() as patched:
+            patched.setattr(database_module.os, "replace", stopped)  # the export written, not yet renamed
+            with pytest.raises(KeyboardInterrupt):
+                db.export_json(target, force=True)
+        assert target.read_text() == "an older export"
+        assert db.export_json(target, force=True) == len(dump(filled))
+    assert json.loads(target.read_text())["format"] == "ucudnn-benchmarks"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["benchmarks.db", "export.json"]
+
+
+def test_an_export_never_replaces_its_database_or_another(filled, tmp_path):
+    other, foreign = tmp_path / "other.db", make_foreign(tmp_path / "foreign.db", "people")
+    other.write_bytes(filled.read_bytes())
+    before = checksums(filled, other, foreign)
+    with BenchmarkDatabase(filled) as db:
+        with pytest.raises(CacheError, match=f"{filled} is the database being exported; name a new file"):
+            db.export_json(filled, force=True)
+        for target in (other, foreign):
+            with pytest.raises(CacheError, match=f"{target} is a database, which an export never replaces"):
+                db.export_json(target, force=True)
+    assert checksums(filled, other, foreign) == before

@@ -1119,3 +1119,36 @@ def test_sigterm_stops_a_command_after_its_cleanup_with_the_shells_status(capsys
     assert _run(argparse.Namespace(run=run, cache=None)) == 143 and cleaned
     assert "stopped by SIGTERM; what was measured is kept" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ---- what export and import keep, and what a stop leaves
+
+
+@pytest.mark.parametrize("force", [(), ("--force",)])
+def test_export_never_writes_over_a_database_or_its_source(capsys, copy_of_db, tmp_path, force):
+    """`cache export b.db --cache a.db` turned the database b.db into JSON text, and `cache export
+    self.db --cache self.db` its own source, with exit status 0: refused, with --force too."""
+    other, foreign = tmp_path / "other.db", make_foreign(tmp_path / "foreign.db", "people")
+    other.write_bytes(copy_of_db.read_bytes())
+    before = checksums(copy_of_db, other, foreign)
+    for target, said in ((copy_of_db, "is the database being exported"),
+                         (other, "is a database, which an export never replaces"),
+                         (foreign, "is a database, which an export never replaces")):
+        status, out, err = inline(capsys, "cache", "export", str(target), "--cache", str(copy_of_db), *force)
+        assert status == 2 and out == "" and one_line_naming(err, f"{target} {said}; name a new file"), err
+    result = run("cache", "export", str(other), "--cache", str(copy_of_db), *force)  # as users run it
+    assert result.returncode == 2 and one_line_naming(result.stderr, str(other)) and result.stdout == ""
+    assert checksums(copy_of_db, other, foreign) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.db", "foreign.db", "other.db"]
+
+
+def test_export_replaces_an_existing_file_only_with_force(capsys, db, tmp_path):
+    target = tmp_path / "old.json"
+    target.write_text("an older export")
+    status, out, err = inline(capsys, "cache", "export", str(target), "--cache", db)
+    assert status == 2 and one_line_naming(err, f"{target} exists; name a new file", "add --force to replace it")
+    assert target.read_text() == "an older export"
+    status, out, err = inline(capsys, "cache", "export", str(target), "--cache", db, "--force")
+    assert status == 0 and err == "" and out.startswith("exported ")
+    assert json.loads(target.read_text())["format"] == "ucudnn-benchmarks"
+    assert [p.name for p in tmp_path.iterdir()] == ["old.json"]

@@ -186,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--into", type=database_file, metavar="PATH", help="target database (default: your cache file)")
     p = _command(actions, "export", "write a database as JSON", "ucudnn cache export h100.json --cache h100.db",
                  cache_export, [_CACHE])
-    p.add_argument("file", type=export_file, metavar="FILE.json", help="the JSON file to write; - for standard output")
+    p.add_argument("file", type=export_file, metavar="FILE.json", help=(
+        "the JSON file to write, a new one unless --force; - for standard output. A database, the one "
+        "exported above all, is never replaced"))
+    p.add_argument("--force", action="store_true", help="replace FILE.json where it exists (never a database)")
     p = _command(actions, "import", "add a JSON export to a database", "ucudnn cache import h100.json --cache my.db",
                  cache_import, [_CACHE_FILE])
     p.add_argument("file", type=existing_file("export"), metavar="FILE.json",

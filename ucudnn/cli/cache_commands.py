@@ -96,7 +96,7 @@ def cache_export(args) -> int:
     """The export on standard output (`-`) is all that is printed there."""
     path = cache_path(args.cache, readonly=True)
     with open_database(path) as database:
-        count = database.export_json(sys.stdout if args.file == STDOUT else args.file)
+        count = database.export_json(sys.stdout if args.file == STDOUT else args.file, force=args.force)
     if args.file != STDOUT:
         print(f"exported {count} measurements from {path} to {args.file}")
     return 0

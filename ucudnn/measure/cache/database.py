@@ -138,9 +138,33 @@ def _scratch(path: Path) -> Path:
 
 
 def leftovers(folder: Path) -> list[Path]:
-    """The files `create` left in `folder` where its process was killed: garbage, once no process
-    that could be creating a database there is alive."""
+    """The scratch files `create` and `write_whole` left in `folder` where their process was
+    killed: garbage, once no process that could be writing one there is alive."""
     return sorted(folder.glob(f".*{SCRATCH_SUFFIX}"))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` into the file `path`, written beside it and renamed into place: the file holds all of
+    it or, where anything stops the write, what it held before."""
+    scratch = _scratch(path)
+    try:
+        scratch.write_text(text, encoding="utf-8")
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def check_export_path(path: Path, source: Path, force: bool) -> None:
+    """CacheError unless an export of the database file `source` may be written at `path`: an
+    export never replaces its own database nor any other (schema.is_database), and replaces
+    another existing file only with `force`."""
+    example = f"name a new file for the export, e.g. {path.with_suffix('.json')}"
+    if path.exists() and path.samefile(source):
+        raise CacheError(f"{path} is the database being exported; {example}")
+    if schema.is_database(path):
+        raise CacheError(f"{path} is a database, which an export never replaces; {example}")
+    if path.exists() and not force:
+        raise CacheError(f"{path} exists; name a new file for the export, or add --force to replace it")
 
 
 def create(path: Path) -> None:
@@ -337,17 +361,22 @@ class BenchmarkDatabase:
 
     # --- interchange ---
 
-    def export_json(self, path: str | os.PathLike | TextIO) -> int:
+    def export_json(self, path: str | os.PathLike | TextIO, *, force: bool = False) -> int:
         """Write every kernel and measurement, provenance included, to a JSON file (or a text
-        stream); returns the number of measurements. `import_json` reads it back."""
+        stream); returns the number of measurements. `import_json` reads it back. The file is
+        written whole or not at all (`write_whole`), never over a database, and over another
+        existing file only with `force` (`check_export_path`)."""
+        stream = hasattr(path, "write")
+        if not stream:
+            check_export_path(Path(path), self._file, force)
         kernels, measurements = self._dump()
         document = {"format": EXPORT_FORMAT, "schema_version": schema.SCHEMA_VERSION,
                     "kernels": kernels, "measurements": measurements}
         text = json.dumps(document, indent=1)
-        if hasattr(path, "write"):
+        if stream:
             path.write(text + "\n")
         else:
-            Path(path).write_text(text)
+            write_whole(Path(path), text)
         return len(measurements)
 
     def import_json(self, path: str | os.PathLike) -> int:
