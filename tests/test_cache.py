@@ -21,6 +21,7 @@ from ucudnn.measure.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, Newe
                           recorded_path, recorded_paths, shard_path)
 from ucudnn.measure.cache import database as database_module
 from ucudnn.measure.cache import paths as paths_module
+from ucudnn.measure.cache import schema
 from ucudnn.measure.cache.database import read_export
 from ucudnn.core.errors import ConfigError, DamagedDatabaseError, UcudnnWarning
 from ucudnn.core.measurements import OK, OVER_CAP, UNSUPPORTED
@@ -193,7 +194,7 @@ def test_export_import_round_trips_measurements_and_provenance(filled, tmp_path)
     with BenchmarkDatabase(filled) as db:
         count = db.export_json(exported)
     with BenchmarkDatabase(tmp_path / "copy.db") as copy:
-        assert copy.import_json(exported) == count
+        assert copy.import_json(exported).new == count
         assert copy.devices() == [H100]
     assert dump(tmp_path / "copy.db") == dump(filled)
     assert json.loads(exported.read_text())["measurements"][0]["recorded_at"]
@@ -1015,3 +1016,55 @@ def test_an_export_never_replaces_its_database_or_another(filled, tmp_path):
             with pytest.raises(CacheError, match=f"{target} is a database, which an export never replaces"):
                 db.export_json(target, force=True)
     assert checksums(filled, other, foreign) == before
+
+
+def test_adding_rows_counts_what_it_added_replaced_and_left(filled, tmp_path):
+    """Two rows of one key were counted as two measurements imported, and one was kept."""
+    with BenchmarkDatabase(filled) as db:
+        db.export_json(tmp_path / "export.json")
+    kernels, rows = read_export(tmp_path / "export.json")
+    first, second, third = rows[:3]
+    given = [first, {**first, "time_ms": first["time_ms"] * 2},  # a duplicate ranked alike: the later kept
+             second,  # the same as the database's
+             {**third, "timing": "quick", "time_ms": 5.0},  # ranked lower than the database's default-timed one
+             {**third, "algo": "A9"}]  # a new key
+    with BenchmarkDatabase(filled) as db:
+        added = db.add_rows(kernels, given)
+    assert (added.rows, added.duplicates, added.new, added.replaced, added.unchanged) == (5, 1, 1, 1, 2)
+    stored = {(row[2], row[3], row[4]): row[5] for row in dump(filled)}  # shape key, batch, algorithm: time
+    assert len(stored) == len(rows) + 1
+    assert stored[first["shape_key"], first["batch"], first["algo"]] == first["time_ms"] * 2
+
+
+class _StopsMidWrite:
+    """A connection that is stopped (KeyboardInterrupt, as Ctrl-C raises it) once `after`
+    measurement rows of its writes are written."""
+
+    def __init__(self, conn: sqlite3.Connection, after: int):
+        self._conn, self.left = conn, after
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+    def executemany(self, sql: str, rows):
+        rows = list(rows)
+        if sql == schema.UPSERT_MEASUREMENT:
+            if len(rows) > self.left:
+                self._conn.executemany(sql, rows[:self.left])
+                raise KeyboardInterrupt
+            self.left -= len(rows)
+        return self._conn.executemany(sql, rows)
+
+
+def test_an_import_stopped_mid_write_leaves_the_database_as_it_was(filled, tmp_path, monkeypatch):
+    """Ctrl-C in an import kept the rows of each 1000 written before it."""
+    with BenchmarkDatabase(tmp_path / "a100.db") as other:
+        for problem in resnet50():
+            other.record(problem, replace(H100, gpu_name="NVIDIA A100-SXM4-80GB"), fake_measurements(problem))
+        other.export_json(tmp_path / "export.json")
+    before = checksums(filled)
+    with BenchmarkDatabase(filled) as db:
+        monkeypatch.setattr(db, "_conn", _StopsMidWrite(db._conn, after=2500))  # of 69 kernels' 4968 rows
+        with pytest.raises(KeyboardInterrupt):
+            db.import_json(tmp_path / "export.json")
+    assert checksums(filled) == before

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -23,11 +25,16 @@ MIB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run(*args: str, cwd: Path | None = None, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def environment(env_extra: dict | None = None) -> dict:
+    """This process's environment for `python -m ucudnn`: this checkout's, no UCUDNN_* variable but `env_extra`'s."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")} | (env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "ucudnn", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=120)
+    return env
+
+
+def run(*args: str, cwd: Path | None = None, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ucudnn", *args], capture_output=True, text=True,
+                          env=environment(env_extra), cwd=cwd, timeout=120)
 
 
 def ok(*args: str) -> str:
@@ -1106,7 +1113,7 @@ def test_sigterm_stops_a_command_after_its_cleanup_with_the_shells_status(capsys
     import argparse
     import signal
 
-    from ucudnn.cli import _run
+    from ucudnn.cli import MEASURED, _run
 
     before, cleaned = signal.getsignal(signal.SIGTERM), []
 
@@ -1116,7 +1123,7 @@ def test_sigterm_stops_a_command_after_its_cleanup_with_the_shells_status(capsys
             time.sleep(5)
         finally:
             cleaned.append(True)
-    assert _run(argparse.Namespace(run=run, cache=None)) == 143 and cleaned
+    assert _run(argparse.Namespace(run=run, cache=None, stopped=MEASURED)) == 143 and cleaned
     assert "stopped by SIGTERM; what was measured is kept" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == before
 
@@ -1152,3 +1159,79 @@ def test_export_replaces_an_existing_file_only_with_force(capsys, db, tmp_path):
     assert status == 0 and err == "" and out.startswith("exported ")
     assert json.loads(target.read_text())["format"] == "ucudnn-benchmarks"
     assert [p.name for p in tmp_path.iterdir()] == ["old.json"]
+
+
+def test_import_says_what_it_kept_replaced_and_left_out(capsys, exported, copy_of_db, tmp_path):
+    """Two rows of one key said "imported 2 measurements", and one was kept."""
+    timed = [row for row in exported["measurements"] if row["time_ms"] is not None and row["timing"] == "default"]
+    first, second, third = timed[:3]
+    document = {**exported, "measurements": [
+        first, {**first, "time_ms": first["time_ms"] * 2},  # one key twice, ranked alike: the later kept
+        second,  # the database's own
+        {**third, "timing": "quick"},  # ranked below the database's default-timed measurement
+        {**third, "algo": "ANOTHER"}]}  # a new key
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(document))
+    with sqlite3.connect(copy_of_db) as conn:
+        (before,) = conn.execute("SELECT count(*) FROM measurements").fetchone()
+    conn.close()
+    status, out, err = inline(capsys, "cache", "import", str(path), "--cache", str(copy_of_db))
+    assert status == 0 and err == ""
+    assert out == (f"imported 2 of the 5 measurements of {path} into {copy_of_db}: 1 new, 1 replacing the "
+                   "database's; left out: 2 where the database's is the same or ranks higher, 1 duplicate(s) of a "
+                   "key in the file (of each key the higher-ranked row is kept, else the later)\n")
+    with sqlite3.connect(copy_of_db) as conn:
+        assert conn.execute("SELECT count(*) FROM measurements").fetchone() == (before + 1,)
+        assert conn.execute("SELECT time_ms FROM measurements WHERE algo = ? AND batch = ? AND shape_key = ?",
+                            (first["algo"], first["batch"], first["shape_key"])).fetchone() == (first["time_ms"] * 2,)
+    conn.close()
+
+
+@pytest.fixture(scope="module")
+def large_export(exported, tmp_path_factory) -> Path:
+    """An export of 86,000 measurements (the shipped recording holds 85,859): the synthetic GPU's
+    rows, copied to as many GPUs of other names as that takes."""
+    rows = exported["measurements"]
+    copies = -(-86_000 // len(rows))
+    document = {**exported, "measurements": [{**row, "gpu_name": f"Synthetic GPU {i}"}
+                                             for i in range(copies) for row in rows][:86_000]}
+    path = tmp_path_factory.mktemp("large") / "large.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def measurements_in(path: Path) -> int | None:
+    """The rows of a database's measurements table; None where there is no file."""
+    if not path.exists():
+        return None
+    with sqlite3.connect(path) as conn:
+        (count,) = conn.execute("SELECT count(*) FROM measurements").fetchone()
+    conn.close()
+    return count
+
+
+@pytest.mark.parametrize("into", ["existing", "new"])
+def test_ctrl_c_during_an_import_leaves_the_database_as_it_was(copy_of_db, large_export, tmp_path, into):
+    """Ctrl-C during an import of 86,000 rows kept part of it (9,000-58,000 rows in a new file,
+    34,205 or 81,034 in one that held 26,158) and said "what was measured is kept". The import is
+    stopped in the middle of its write: while the journal SQLite keeps beside the file during a
+    write is there, and the file has grown by 4 MiB of the 86,000 rows (SQLite writes what its
+    page cache, 2 MiB, cannot hold before the write commits)."""
+    target = copy_of_db if into == "existing" else tmp_path / "new.db"
+    journal = target.with_name(target.name + "-journal")
+    before, grown = measurements_in(target), (target.stat().st_size if target.exists() else 0) + 4 * MIB
+    process = subprocess.Popen([sys.executable, "-m", "ucudnn", "cache", "import", str(large_export), "--cache",
+                                str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=environment())
+    try:
+        while not (journal.exists() and target.exists() and target.stat().st_size >= grown):
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.001)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert measurements_in(target) == before and not journal.exists()
+    assert process.returncode == 130 and out == "", err
+    assert one_line_naming(err, "stopped by Ctrl-C; an import is one transaction"), err
+    assert "measured" not in err

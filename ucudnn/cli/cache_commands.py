@@ -110,8 +110,9 @@ def cache_import(args) -> int:
         raise CacheError(f"export {args.file} has schema version {exc.found}, newer than this ucudnn reads: "
                          f"upgrade ucudnn ({UPGRADE}), or export the database again with this one") from None
     with writing(path) as database:
-        count = database.add_rows(*rows)
-    print(f"imported {count} measurements from {args.file} into {path}")
+        added = database.add_rows(*rows)
+    print(f"imported {added.written} of the {added.rows} measurements of {args.file} into {path}: "
+          f"{added.describe()}")
     return 0
 
 
