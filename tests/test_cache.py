@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from fakes import checksums, damage_middle, make_foreign, spoil
+from fakes import checksums, damage_middle, make_foreign, overwrite_root, spoil
 
 from ucudnn import CacheError, ConvProblem, Provenance, Measurement
 from ucudnn.core.accumulation import accumulates
@@ -1068,3 +1068,18 @@ def test_an_import_stopped_mid_write_leaves_the_database_as_it_was(filled, tmp_p
         with pytest.raises(KeyboardInterrupt):
             db.import_json(tmp_path / "export.json")
     assert checksums(filled) == before
+
+
+def test_overwritten_pages_are_one_problem_unless_the_details_are_asked_for(filled):
+    """A page overwritten by another made SQLite's whole report, a line per problem, one error."""
+    overwrite_root(filled, "measurements", "sqlite_autoindex_kernels_1")
+    with pytest.raises(DamagedDatabaseError) as raised:
+        BenchmarkDatabase(filled, check=True)
+    assert "\n" not in str(raised.value)
+    assert re.search(r"SQLite's quick check reports \d+ problems, the first: \w", str(raised.value))
+    with BenchmarkDatabase(filled, readonly=True) as db:
+        brief, details = db.verify(), db.verify(details=True)
+    assert len(brief) == 1 and re.match(r"integrity: SQLite's integrity check reports (\d+) problems, the "
+                                        r"first: .*; `ucudnn cache verify --details` lists them", brief[0])
+    assert len(details) == int(re.search(r"reports (\d+)", brief[0]).group(1)) > 1
+    assert all(re.fullmatch(r"integrity: [^\n*]+", problem) for problem in details), details

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import synthetic
-from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign, spoil
+from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign, overwrite_root, spoil
 
 from ucudnn.measure.cache import BenchmarkDatabase, recorded_path
 from ucudnn.cli import main
@@ -1235,3 +1235,23 @@ def test_ctrl_c_during_an_import_leaves_the_database_as_it_was(copy_of_db, large
     assert process.returncode == 130 and out == "", err
     assert one_line_naming(err, "stopped by Ctrl-C; an import is one transaction"), err
     assert "measured" not in err
+
+
+def test_a_database_with_overwritten_pages_is_one_line_and_verify_details_lists_them(capsys, exported, copy_of_db,
+                                                                                    tmp_path):
+    """A page overwritten by another made every command print SQLite's whole report: 101 lines."""
+    overwrite_root(copy_of_db, "measurements", "sqlite_autoindex_kernels_1")
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(exported))
+    for argv in (("optimize", "--offline", "--net", "alexnet"), ("cache", "list"), ("cache", "export", "-"),
+                 ("cache", "import", str(export))):
+        status, out, err = inline(capsys, *argv, "--cache", str(copy_of_db))
+        assert status == 2 and out == "" and one_line_naming(err, str(copy_of_db), "is damaged (SQLite's quick "
+                                                             "check reports", "cache verify"), (argv, err)
+    status, out, _ = inline(capsys, "cache", "verify", "--cache", str(copy_of_db))
+    assert status == 1 and out.count("\n") == 1, out
+    assert out.startswith(f"{copy_of_db}: integrity: SQLite's integrity check reports ") and "--details" in out
+    status, details, _ = inline(capsys, "cache", "verify", "--details", "--cache", str(copy_of_db))
+    lines = details.splitlines()
+    assert status == 1 and len(lines) > 1 and "***" not in details
+    assert all(line.startswith(f"{copy_of_db}: integrity: ") for line in lines), details

@@ -217,8 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a file `ucudnn cache export` wrote")
     _command(actions, "prune", "keep only the measurements plans can use (a smaller file, the same plans)",
              "ucudnn cache prune --cache shared.db", cache_prune, [_CACHE_FILE], stopped=PRUNE_STOPPED)
-    _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
-             "--cache h100.db", cache_verify, [_CACHE], stopped=READ_ONLY)
+    p = _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
+                 "--cache h100.db", cache_verify, [_CACHE], stopped=READ_ONLY)
+    p.add_argument("--details", action="store_true", help=(
+        "each problem SQLite's integrity check reports, a line each (default: how many, and the first)"))
 
     p = _command(commands, "paper", "the paper's evaluation figure by figure: each figure's numbers now beside "
                  "the paper's, as a Markdown page and a PNG", "ucudnn paper 10 --out docs/paper", paper, [_CACHE],

@@ -130,11 +130,11 @@ def cache_prune(args) -> int:
     return 0
 
 
-def _verify(path) -> list[str]:
-    """The problems of one database file, each after the file's name."""
+def _verify(path, details: bool) -> list[str]:
+    """The problems of one database file, each after the file's name (BenchmarkDatabase.verify)."""
     try:
         with open_database(path, check=False) as database:
-            problems = database.verify()
+            problems = database.verify(details)
     except DamagedDatabaseError as exc:  # too damaged to open
         problems = [f"integrity: {exc.reason}"]
     except ForeignFileError as exc:
@@ -146,7 +146,7 @@ def cache_verify(args) -> int:
     path = cache_path(args.cache, readonly=True)
     folder = path is not None and path.is_dir()
     files = shards_in(path) if folder else [path]
-    problems = [problem for file in files for problem in _verify(file)]
+    problems = [problem for file in files for problem in _verify(file, args.details)]
     for problem in problems:
         print(problem)
     if not problems:

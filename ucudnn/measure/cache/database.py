@@ -98,6 +98,20 @@ def _new_database() -> bytes:
         return path.read_bytes()
 
 
+def _problems(report: list[str]) -> list[str]:
+    """The problems an SQLite check (PRAGMA quick_check, integrity_check) reports, one a line: its
+    rows split at their line breaks (one row may hold many), without its heading and its 'ok'."""
+    lines = [line for row in report for line in row.splitlines()]
+    return [line for line in lines if line != "ok" and not line.startswith("*** in database")]
+
+
+def _in_brief(check: str, problems: list[str]) -> str:
+    """The problems SQLite's `check` reports, in one line: the problem, or how many and the first."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"SQLite's {check} reports {len(problems)} problems, the first: {problems[0]}"
+
+
 def _named(path: Path, action: Callable[[], T]) -> T:
     """`action()`, its SQLite and file faults named for the file `path` (faults.named)."""
     try:
@@ -465,17 +479,21 @@ class BenchmarkDatabase:
     def check(self) -> None:
         """Raise DamagedDatabaseError unless SQLite's quick check of the whole file passes
         (tens of milliseconds for the shipped file)."""
-        found = self._read(lambda: [row[0] for row in self._conn.execute("PRAGMA quick_check")])
-        if found != ["ok"]:
-            raise DamagedDatabaseError(self.path, "; ".join(found[:3]))
+        found = _problems(self._read(lambda: [row[0] for row in self._conn.execute("PRAGMA quick_check")]))
+        if found:
+            raise DamagedDatabaseError(self.path, _in_brief("quick check", found))
 
-    def verify(self) -> list[str]:
-        """Integrity problems found (SQLite's integrity check, then rows that break the rules,
-        ucudnn.measure.cache.rows); [] if none."""
+    def verify(self, details: bool = False) -> list[str]:
+        """The problems of the file, one line each; [] if none: what SQLite's integrity check
+        reports (in one line, how many and the first, unless `details` asks for each) or, where
+        it finds the file intact, the rules its rows break (ucudnn.measure.cache.rows; what a
+        damaged file reads as rows is not what was written)."""
         def check() -> list[str]:
-            integrity = [f"integrity: {row[0]}" for row in self._conn.execute("PRAGMA integrity_check")
-                         if row[0] != "ok"]
-            return integrity + rows.problems(self._conn)
+            integrity = _problems([row[0] for row in self._conn.execute("PRAGMA integrity_check")])
+            if len(integrity) > 1 and not details:
+                brief = _in_brief("integrity check", integrity)
+                integrity = [f"{brief}; `ucudnn cache verify --details` lists them all"]
+            return [f"integrity: {problem}" for problem in integrity] or rows.problems(self._conn)
         try:
             return self._read_one_snapshot(check)
         except DamagedDatabaseError as error:  # damaged beyond what the checks can read
