@@ -1083,3 +1083,12 @@ def test_overwritten_pages_are_one_problem_unless_the_details_are_asked_for(fill
                                         r"first: .*; `ucudnn cache verify --details` lists them", brief[0])
     assert len(details) == int(re.search(r"reports (\d+)", brief[0]).group(1)) > 1
     assert all(re.fullmatch(r"integrity: [^\n*]+", problem) for problem in details), details
+
+
+def test_ucudnn_cache_path_is_refused_naming_ucudnn_cache():
+    """UCUDNN_CACHE_PATH, documented nowhere, chose the database where UCUDNN_CACHE was unset."""
+    for env in ({"UCUDNN_CACHE_PATH": "x.db"}, {"UCUDNN_CACHE_PATH": "x.db", "UCUDNN_CACHE": "y.db"}):
+        with pytest.raises(ConfigError, match=r"UCUDNN_CACHE_PATH='x.db' is not read: .* is UCUDNN_CACHE"):
+            paths_module.cache_path(env=env)
+        with pytest.raises(ConfigError, match="UCUDNN_CACHE_PATH"):
+            paths_module.cache_path("z.db", env=env)

@@ -1255,3 +1255,12 @@ def test_a_database_with_overwritten_pages_is_one_line_and_verify_details_lists_
     lines = details.splitlines()
     assert status == 1 and len(lines) > 1 and "***" not in details
     assert all(line.startswith(f"{copy_of_db}: integrity: ") for line in lines), details
+
+
+@pytest.mark.parametrize("argv", [("cache", "list"), ("optimize", "--offline", "--net", "alexnet")])
+def test_ucudnn_cache_path_is_refused_in_one_line_naming_ucudnn_cache(db, argv):
+    """UCUDNN_CACHE_PATH, documented nowhere, chose the database where UCUDNN_CACHE was unset."""
+    for env in ({"UCUDNN_CACHE_PATH": db}, {"UCUDNN_CACHE_PATH": db, "UCUDNN_CACHE": db}):
+        result = run(*argv, env_extra=env)
+        assert result.returncode == 2 and result.stdout == ""
+        assert one_line_naming(result.stderr, f"UCUDNN_CACHE_PATH={db!r} is not read", "UCUDNN_CACHE"), result.stderr
