@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import warnings
-from pathlib import Path
 from typing import Sequence
 
 from .. import __version__
@@ -28,7 +27,7 @@ from ..paper import FIGURES
 from ..core.problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from ..optimizers.search import SEARCHES
 from .arguments import (batch_size, byte_size, cache_file, database_file, device_list, export_file, existing_file,
-                        plot_file, setting)
+                        output_folder, plot_file, setting)
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize, paper
 
@@ -227,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                  description=PAPER)
     p.add_argument("figure", choices=(*FIGURES, "all"), metavar="FIG", help=(
         f"a figure of the paper's section IV ({', '.join(FIGURES)}), or all of them and the index README.md"))
-    p.add_argument("--out", type=Path, default=Path("docs/paper"), metavar="FOLDER", help=(
+    p.add_argument("--out", type=output_folder, default="docs/paper", metavar="FOLDER", help=(
         "where to write figFIG.md and figFIG.png (made where missing; default docs/paper)"))
     p.add_argument("--execute", action="store_true", help=(
         "measure on this GPU what the cache lacks and run every configuration, as the paper did, into "
