@@ -147,6 +147,25 @@ def damage_middle(path, seed: int = 16) -> None:
     open(path, "wb").write(bytes(data))
 
 
+def overwrite_root(path, table: str, source: str) -> None:
+    """Overwrite the root page of `table` in an SQLite file with a copy of the root page of
+    `source`, as a copy or a disk that puts a page in the wrong place leaves it: the file opens and
+    reads, and SQLite's checks report a problem per child page the two roots share (up to 100)."""
+    import sqlite3
+    from pathlib import Path
+
+    with sqlite3.connect(path) as conn:
+        roots = dict(conn.execute("SELECT name, rootpage FROM sqlite_master"))
+    conn.close()
+    data = bytearray(Path(path).read_bytes())
+    size = int.from_bytes(data[16:18], "big")
+
+    def page(name: str) -> slice:
+        return slice((roots[name] - 1) * size, roots[name] * size)
+    data[page(table)] = data[page(source)]
+    Path(path).write_bytes(bytes(data))
+
+
 def spoil(path, *statements: str) -> None:
     """Change a database as another program could: run SQL `statements` on it."""
     import sqlite3

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from fakes import checksums, damage_middle, make_foreign, spoil
+from fakes import checksums, damage_middle, make_foreign, overwrite_root, spoil
 
 from ucudnn import CacheError, ConvProblem, Provenance, Measurement
 from ucudnn.core.accumulation import accumulates
@@ -21,6 +21,7 @@ from ucudnn.measure.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, Newe
                           recorded_path, recorded_paths, shard_path)
 from ucudnn.measure.cache import database as database_module
 from ucudnn.measure.cache import paths as paths_module
+from ucudnn.measure.cache import schema
 from ucudnn.measure.cache.database import read_export
 from ucudnn.core.errors import ConfigError, DamagedDatabaseError, UcudnnWarning
 from ucudnn.core.measurements import OK, OVER_CAP, UNSUPPORTED
@@ -193,7 +194,7 @@ def test_export_import_round_trips_measurements_and_provenance(filled, tmp_path)
     with BenchmarkDatabase(filled) as db:
         count = db.export_json(exported)
     with BenchmarkDatabase(tmp_path / "copy.db") as copy:
-        assert copy.import_json(exported) == count
+        assert copy.import_json(exported).new == count
         assert copy.devices() == [H100]
     assert dump(tmp_path / "copy.db") == dump(filled)
     assert json.loads(exported.read_text())["measurements"][0]["recorded_at"]
@@ -974,3 +975,116 @@ def test_merge_reads_an_older_shard_without_writing_it_and_an_interrupted_one_as
     assert merged == len(dump(filled)) + len(fake_measurements(problem))
     assert checksums(older) == before and not files[1].exists()
     assert len(dump(interrupted)) == len(fake_measurements(problem))
+
+
+# --- what export and import keep, and what a stop leaves ---
+
+
+def test_an_export_replaces_a_file_whole_and_only_when_forced(filled, tmp_path, monkeypatch):
+    """An export is written beside its file and renamed into place: stopped before the rename, the
+    file is as it was and nothing is left beside it."""
+    target = tmp_path / "export.json"
+    target.write_text("an older export")
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+    with BenchmarkDatabase(filled) as db:
+        with pytest.raises(CacheError, match=f"{target} exists; .*--force"):
+            db.export_json(target)
+        with monkeypatch.context() as patched:
+            patched.setattr(database_module.os, "replace", stopped)  # the export written, not yet renamed
+            with pytest.raises(KeyboardInterrupt):
+                db.export_json(target, force=True)
+        assert target.read_text() == "an older export"
+        assert db.export_json(target, force=True) == len(dump(filled))
+    assert json.loads(target.read_text())["format"] == "ucudnn-benchmarks"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["benchmarks.db", "export.json"]
+
+
+def test_an_export_never_replaces_its_database_or_another(filled, tmp_path):
+    other, foreign = tmp_path / "other.db", make_foreign(tmp_path / "foreign.db", "people")
+    other.write_bytes(filled.read_bytes())
+    before = checksums(filled, other, foreign)
+    with BenchmarkDatabase(filled) as db:
+        with pytest.raises(CacheError, match=f"{filled} is the database being exported; name a new file"):
+            db.export_json(filled, force=True)
+        for target in (other, foreign):
+            with pytest.raises(CacheError, match=f"{target} is a database, which an export never replaces"):
+                db.export_json(target, force=True)
+    assert checksums(filled, other, foreign) == before
+
+
+def test_adding_rows_counts_what_it_added_replaced_and_left(filled, tmp_path):
+    """Two rows of one key were counted as two measurements imported, and one was kept."""
+    with BenchmarkDatabase(filled) as db:
+        db.export_json(tmp_path / "export.json")
+    kernels, rows = read_export(tmp_path / "export.json")
+    first, second, third = rows[:3]
+    given = [first, {**first, "time_ms": first["time_ms"] * 2},  # a duplicate ranked alike: the later kept
+             second,  # the same as the database's
+             {**third, "timing": "quick", "time_ms": 5.0},  # ranked lower than the database's default-timed one
+             {**third, "algo": "A9"}]  # a new key
+    with BenchmarkDatabase(filled) as db:
+        added = db.add_rows(kernels, given)
+    assert (added.rows, added.duplicates, added.new, added.replaced, added.unchanged) == (5, 1, 1, 1, 2)
+    stored = {(row[2], row[3], row[4]): row[5] for row in dump(filled)}  # shape key, batch, algorithm: time
+    assert len(stored) == len(rows) + 1
+    assert stored[first["shape_key"], first["batch"], first["algo"]] == first["time_ms"] * 2
+
+
+class _StopsMidWrite:
+    """A connection that is stopped (KeyboardInterrupt, as Ctrl-C raises it) once `after`
+    measurement rows of its writes are written."""
+
+    def __init__(self, conn: sqlite3.Connection, after: int):
+        self._conn, self.left = conn, after
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+    def executemany(self, sql: str, rows):
+        rows = list(rows)
+        if sql == schema.UPSERT_MEASUREMENT:
+            if len(rows) > self.left:
+                self._conn.executemany(sql, rows[:self.left])
+                raise KeyboardInterrupt
+            self.left -= len(rows)
+        return self._conn.executemany(sql, rows)
+
+
+def test_an_import_stopped_mid_write_leaves_the_database_as_it_was(filled, tmp_path, monkeypatch):
+    """Ctrl-C in an import kept the rows of each 1000 written before it."""
+    with BenchmarkDatabase(tmp_path / "a100.db") as other:
+        for problem in resnet50():
+            other.record(problem, replace(H100, gpu_name="NVIDIA A100-SXM4-80GB"), fake_measurements(problem))
+        other.export_json(tmp_path / "export.json")
+    before = checksums(filled)
+    with BenchmarkDatabase(filled) as db:
+        monkeypatch.setattr(db, "_conn", _StopsMidWrite(db._conn, after=2500))  # of 69 kernels' 4968 rows
+        with pytest.raises(KeyboardInterrupt):
+            db.import_json(tmp_path / "export.json")
+    assert checksums(filled) == before
+
+
+def test_overwritten_pages_are_one_problem_unless_the_details_are_asked_for(filled):
+    """A page overwritten by another made SQLite's whole report, a line per problem, one error."""
+    overwrite_root(filled, "measurements", "sqlite_autoindex_kernels_1")
+    with pytest.raises(DamagedDatabaseError) as raised:
+        BenchmarkDatabase(filled, check=True)
+    assert "\n" not in str(raised.value)
+    assert re.search(r"SQLite's quick check reports \d+ problems, the first: \w", str(raised.value))
+    with BenchmarkDatabase(filled, readonly=True) as db:
+        brief, details = db.verify(), db.verify(details=True)
+    assert len(brief) == 1 and re.match(r"integrity: SQLite's integrity check reports (\d+) problems, the "
+                                        r"first: .*; `ucudnn cache verify --details` lists them", brief[0])
+    assert len(details) == int(re.search(r"reports (\d+)", brief[0]).group(1)) > 1
+    assert all(re.fullmatch(r"integrity: [^\n*]+", problem) for problem in details), details
+
+
+def test_ucudnn_cache_path_is_refused_naming_ucudnn_cache():
+    """UCUDNN_CACHE_PATH, documented nowhere, chose the database where UCUDNN_CACHE was unset."""
+    for env in ({"UCUDNN_CACHE_PATH": "x.db"}, {"UCUDNN_CACHE_PATH": "x.db", "UCUDNN_CACHE": "y.db"}):
+        with pytest.raises(ConfigError, match=r"UCUDNN_CACHE_PATH='x.db' is not read: .* is UCUDNN_CACHE"):
+            paths_module.cache_path(env=env)
+        with pytest.raises(ConfigError, match="UCUDNN_CACHE_PATH"):
+            paths_module.cache_path("z.db", env=env)

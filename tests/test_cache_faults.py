@@ -186,7 +186,7 @@ def _read_only_opens(path: Path, tmp_path: Path, capsys) -> dict[str, dict[int, 
     assert (status, err) == (0, "") and "Fault GPU" in out, err
     as_crashed(left)
     export = tmp_path / "export.json"
-    status, _, err = inline(capsys, "cache", "export", str(export), "--cache", str(path))
+    status, _, err = inline(capsys, "cache", "export", str(export), "--cache", str(path), "--force")  # each trial's
     assert (status, err) == (0, ""), err
     rows = json.loads(export.read_text())["measurements"]
     seen["export"] = {n: sum(r["algo"] == f"B{n}" for r in rows) for n in {int(r["algo"][1:]) for r in rows}}
@@ -333,7 +333,7 @@ def test_an_export_is_one_snapshot_of_a_file_being_written(tmp_path):
     for trial in range(MERGE_TRIALS):
         with written(base, tmp_path / f"written{trial}.db") as writer, \
                 BenchmarkDatabase(writer.path, readonly=True) as db:
-            db.export_json(tmp_path / "export.json")
+            db.export_json(tmp_path / "export.json", force=True)  # each trial's
         with BenchmarkDatabase(tmp_path / f"imported{trial}.db") as copy:
             copy.import_json(tmp_path / "export.json")
 

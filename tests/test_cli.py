@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import synthetic
-from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign, spoil
+from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign, overwrite_root, spoil
 
 from ucudnn.measure.cache import BenchmarkDatabase, recorded_path
 from ucudnn.cli import main
@@ -24,15 +26,19 @@ MIB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run(*args: str, cwd: Path | None = None, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    """The command in a subprocess, no UCUDNN_* variables set but UCUDNN_PROGRESS=0: the progress
-    line, which a command writes once it has taken seconds, would make stderr depend on the
-    machine's speed (test_*_reports_its_progress show it)."""
+def environment(env_extra: dict | None = None) -> dict:
+    """This process's environment for `python -m ucudnn`: this checkout's, no UCUDNN_* variable but
+    UCUDNN_PROGRESS=0 and `env_extra`'s. The progress line, which a command writes once it has
+    taken seconds, would make stderr depend on the machine's speed (test_*_reports_its_progress show it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("UCUDNN_")} | {"UCUDNN_PROGRESS": "0"}
     env |= env_extra or {}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "ucudnn", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=120)
+    return env
+
+
+def run(*args: str, cwd: Path | None = None, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ucudnn", *args], capture_output=True, text=True,
+                          env=environment(env_extra), cwd=cwd, timeout=120)
 
 
 def ok(*args: str) -> str:
@@ -1219,7 +1225,7 @@ def test_sigterm_stops_a_command_after_its_cleanup_with_the_shells_status(capsys
     import argparse
     import signal
 
-    from ucudnn.cli import _run
+    from ucudnn.cli import MEASURED, _run
 
     before, cleaned = signal.getsignal(signal.SIGTERM), []
 
@@ -1229,6 +1235,144 @@ def test_sigterm_stops_a_command_after_its_cleanup_with_the_shells_status(capsys
             time.sleep(5)
         finally:
             cleaned.append(True)
-    assert _run(argparse.Namespace(run=run, cache=None)) == 143 and cleaned
+    assert _run(argparse.Namespace(run=run, cache=None, stopped=MEASURED)) == 143 and cleaned
     assert "stopped by SIGTERM; what was measured is kept" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+# ---- what export and import keep, and what a stop leaves
+
+
+@pytest.mark.parametrize("force", [(), ("--force",)])
+def test_export_never_writes_over_a_database_or_its_source(capsys, copy_of_db, tmp_path, force):
+    """`cache export b.db --cache a.db` turned the database b.db into JSON text, and `cache export
+    self.db --cache self.db` its own source, with exit status 0: refused, with --force too."""
+    other, foreign = tmp_path / "other.db", make_foreign(tmp_path / "foreign.db", "people")
+    other.write_bytes(copy_of_db.read_bytes())
+    before = checksums(copy_of_db, other, foreign)
+    for target, said in ((copy_of_db, "is the database being exported"),
+                         (other, "is a database, which an export never replaces"),
+                         (foreign, "is a database, which an export never replaces")):
+        status, out, err = inline(capsys, "cache", "export", str(target), "--cache", str(copy_of_db), *force)
+        assert status == 2 and out == "" and one_line_naming(err, f"{target} {said}; name a new file"), err
+    result = run("cache", "export", str(other), "--cache", str(copy_of_db), *force)  # as users run it
+    assert result.returncode == 2 and one_line_naming(result.stderr, str(other)) and result.stdout == ""
+    assert checksums(copy_of_db, other, foreign) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.db", "foreign.db", "other.db"]
+
+
+def test_export_replaces_an_existing_file_only_with_force(capsys, db, tmp_path):
+    target = tmp_path / "old.json"
+    target.write_text("an older export")
+    status, out, err = inline(capsys, "cache", "export", str(target), "--cache", db)
+    assert status == 2 and one_line_naming(err, f"{target} exists; name a new file", "add --force to replace it")
+    assert target.read_text() == "an older export"
+    status, out, err = inline(capsys, "cache", "export", str(target), "--cache", db, "--force")
+    assert status == 0 and err == "" and out.startswith("exported ")
+    assert json.loads(target.read_text())["format"] == "ucudnn-benchmarks"
+    assert [p.name for p in tmp_path.iterdir()] == ["old.json"]
+
+
+def test_import_says_what_it_kept_replaced_and_left_out(capsys, exported, copy_of_db, tmp_path):
+    """Two rows of one key said "imported 2 measurements", and one was kept."""
+    timed = [row for row in exported["measurements"] if row["time_ms"] is not None and row["timing"] == "default"]
+    first, second, third = timed[:3]
+    document = {**exported, "measurements": [
+        first, {**first, "time_ms": first["time_ms"] * 2},  # one key twice, ranked alike: the later kept
+        second,  # the database's own
+        {**third, "timing": "quick"},  # ranked below the database's default-timed measurement
+        {**third, "algo": "ANOTHER"}]}  # a new key
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(document))
+    with sqlite3.connect(copy_of_db) as conn:
+        (before,) = conn.execute("SELECT count(*) FROM measurements").fetchone()
+    conn.close()
+    status, out, err = inline(capsys, "cache", "import", str(path), "--cache", str(copy_of_db))
+    assert status == 0 and err == ""
+    assert out == (f"imported 2 of the 5 measurements of {path} into {copy_of_db}: 1 new, 1 replacing the "
+                   "database's; left out: 2 where the database's is the same or ranks higher, 1 duplicate(s) of a "
+                   "key in the file (of each key the higher-ranked row is kept, else the later)\n")
+    with sqlite3.connect(copy_of_db) as conn:
+        assert conn.execute("SELECT count(*) FROM measurements").fetchone() == (before + 1,)
+        assert conn.execute("SELECT time_ms FROM measurements WHERE algo = ? AND batch = ? AND shape_key = ?",
+                            (first["algo"], first["batch"], first["shape_key"])).fetchone() == (first["time_ms"] * 2,)
+    conn.close()
+
+
+@pytest.fixture(scope="module")
+def large_export(exported, tmp_path_factory) -> Path:
+    """An export of 86,000 measurements (the shipped recording holds 85,859): the synthetic GPU's
+    rows, copied to as many GPUs of other names as that takes."""
+    rows = exported["measurements"]
+    copies = -(-86_000 // len(rows))
+    document = {**exported, "measurements": [{**row, "gpu_name": f"Synthetic GPU {i}"}
+                                             for i in range(copies) for row in rows][:86_000]}
+    path = tmp_path_factory.mktemp("large") / "large.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def measurements_in(path: Path) -> int | None:
+    """The rows of a database's measurements table; None where there is no file."""
+    if not path.exists():
+        return None
+    with sqlite3.connect(path) as conn:
+        (count,) = conn.execute("SELECT count(*) FROM measurements").fetchone()
+    conn.close()
+    return count
+
+
+@pytest.mark.parametrize("into", ["existing", "new"])
+def test_ctrl_c_during_an_import_leaves_the_database_as_it_was(copy_of_db, large_export, tmp_path, into):
+    """Ctrl-C during an import of 86,000 rows kept part of it (9,000-58,000 rows in a new file,
+    34,205 or 81,034 in one that held 26,158) and said "what was measured is kept". The import is
+    stopped in the middle of its write: while the journal SQLite keeps beside the file during a
+    write is there, and the file has grown by 4 MiB of the 86,000 rows (SQLite writes what its
+    page cache, 2 MiB, cannot hold before the write commits)."""
+    target = copy_of_db if into == "existing" else tmp_path / "new.db"
+    journal = target.with_name(target.name + "-journal")
+    before, grown = measurements_in(target), (target.stat().st_size if target.exists() else 0) + 4 * MIB
+    process = subprocess.Popen([sys.executable, "-m", "ucudnn", "cache", "import", str(large_export), "--cache",
+                                str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=environment())
+    try:
+        while not (journal.exists() and target.exists() and target.stat().st_size >= grown):
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.001)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert measurements_in(target) == before and not journal.exists()
+    assert process.returncode == 130 and out == "", err
+    assert one_line_naming(err, "stopped by Ctrl-C; an import is one transaction"), err
+    assert "measured" not in err
+
+
+def test_a_database_with_overwritten_pages_is_one_line_and_verify_details_lists_them(capsys, exported, copy_of_db,
+                                                                                    tmp_path):
+    """A page overwritten by another made every command print SQLite's whole report: 101 lines."""
+    overwrite_root(copy_of_db, "measurements", "sqlite_autoindex_kernels_1")
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(exported))
+    for argv in (("optimize", "--offline", "--net", "alexnet"), ("cache", "list"), ("cache", "export", "-"),
+                 ("cache", "import", str(export))):
+        status, out, err = inline(capsys, *argv, "--cache", str(copy_of_db))
+        assert status == 2 and out == "" and one_line_naming(err, str(copy_of_db), "is damaged (SQLite's quick "
+                                                             "check reports", "cache verify"), (argv, err)
+    status, out, _ = inline(capsys, "cache", "verify", "--cache", str(copy_of_db))
+    assert status == 1 and out.count("\n") == 1, out
+    assert out.startswith(f"{copy_of_db}: integrity: SQLite's integrity check reports ") and "--details" in out
+    status, details, _ = inline(capsys, "cache", "verify", "--details", "--cache", str(copy_of_db))
+    lines = details.splitlines()
+    assert status == 1 and len(lines) > 1 and "***" not in details
+    assert all(line.startswith(f"{copy_of_db}: integrity: ") for line in lines), details
+
+
+@pytest.mark.parametrize("argv", [("cache", "list"), ("optimize", "--offline", "--net", "alexnet")])
+def test_ucudnn_cache_path_is_refused_in_one_line_naming_ucudnn_cache(db, argv):
+    """UCUDNN_CACHE_PATH, documented nowhere, chose the database where UCUDNN_CACHE was unset."""
+    for env in ({"UCUDNN_CACHE_PATH": db}, {"UCUDNN_CACHE_PATH": db, "UCUDNN_CACHE": db}):
+        result = run(*argv, env_extra=env)
+        assert result.returncode == 2 and result.stdout == ""
+        assert one_line_naming(result.stderr, f"UCUDNN_CACHE_PATH={db!r} is not read", "UCUDNN_CACHE"), result.stderr

@@ -266,6 +266,15 @@ def test_process_environment_is_read_by_default(monkeypatch):
     assert Settings.load(workspace_limit="1MiB").workspace_limit == MiB
 
 
+@pytest.mark.parametrize("env", [{"UCUDNN_CACHE_PATH": "/tmp/x.db"},
+                                 {"UCUDNN_CACHE_PATH": "/tmp/x.db", "UCUDNN_CACHE": "/tmp/y.db"}])
+def test_ucudnn_cache_path_is_refused_naming_the_variable_that_is_read(env):
+    """UCUDNN_CACHE_PATH, documented nowhere, chose the database where UCUDNN_CACHE was unset and
+    was silently ignored where both were set."""
+    with pytest.raises(ConfigError, match=r"^UCUDNN_CACHE_PATH='/tmp/x.db' is not read: [^\n]* is UCUDNN_CACHE"):
+        Settings.load(env=env)
+
+
 def test_unrelated_env_is_ignored():
     env = {"UCUDNN_SOMETHING_ELSE": "x", "PATH": "/bin", "WORKSPACE_LIMIT": "1"}
     assert Settings.load(env=env) == Settings()

@@ -149,6 +149,20 @@ def test_the_command_writes_one_figure_and_prints_its_headlines(capsys, tmp_path
     assert sorted(p.name for p in (tmp_path / "made").iterdir()) == ["fig9.md", "fig9.png"]
 
 
+@pytest.mark.parametrize("out", ["q.db", "q.db/figures"])
+def test_an_out_folder_where_a_file_stands_is_one_line_naming_it(capsys, tmp_path, out):
+    """`paper 10 --out q.db` on an existing file said "[Errno 17] File exists: 'q.db'"."""
+    (tmp_path / "q.db").write_text("a file")
+    try:
+        status = main(["paper", "10", "--out", str(tmp_path / out)])
+    except SystemExit as exit_:  # argparse
+        status = exit_.code
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "Errno" not in err
+    assert f"{tmp_path / 'q.db'} is a file, not a folder; name a folder" in err, err
+    assert (tmp_path / "q.db").read_text() == "a file"
+
+
 def test_executing_without_a_gpu_is_one_line(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr("ucudnn.paper.evidence.gpu_available", lambda: False)
     assert main(["paper", "9", "--execute", "--out", str(tmp_path)]) == 2

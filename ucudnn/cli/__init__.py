@@ -16,7 +16,6 @@ import signal
 import sys
 import threading
 import warnings
-from pathlib import Path
 from typing import Sequence
 
 from .. import __version__
@@ -31,7 +30,7 @@ from ..core.problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
 from ..optimizers.search import SEARCHES
 from ..optimizers.solvers import SOLVERS
 from .arguments import (batch_size, byte_size, cache_file, database_file, device_list, export_file, existing_file,
-                        plot_file, setting)
+                        output_folder, plot_file, setting)
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize, paper
 
@@ -52,6 +51,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter
+
+# What a command stopped by Ctrl-C or SIGTERM leaves, as the line that says it stopped tells
+MEASURED = "what was measured is kept in the cache, and the same command goes on from there"
+READ_ONLY = "nothing was written"
+IMPORT_STOPPED = ("an import is one transaction, so the database is as it was before it (a new one is removed "
+                  "again) unless it had finished")
+EXPORT_STOPPED = "an export is renamed into place whole, so its file is as it was unless the export had finished"
+MERGE_STOPPED = ("a merge adds each shard in one transaction, so the target holds the shards added before the stop "
+                 "(a new target is removed again); the same command adds the rest")
+PRUNE_STOPPED = "a prune deletes in one transaction, so the database is as it was unless the prune had finished"
 
 
 def _parent(*options: tuple[tuple, dict]) -> argparse.ArgumentParser:
@@ -121,11 +130,22 @@ shipped recording to measure only the rest). Each figure plans with cuDNN's lega
 alone (the paper's API) and with the graph-API engines too (ucudnn's default)."""
 
 
+IMPORT = """
+
+The import is one transaction: the database gets every row of the export or, where the import
+fails or is stopped, none. A row of a key the database holds replaces the database's measurement
+unless that one ranks higher: a result (ok, unsupported, failed) over a note of why there is none
+(over_cap, out_of_memory, pruned), then default timing over quick, then the newer (recorded_at);
+of rows ranked alike, the later (the export's). Two rows of one key in the export are ranked the
+same way. The command says how many rows were new, replaced the database's, or were left out."""
+
+
 def _command(commands, name: str, help: str, example: str, run, parents=(),
-             description: str = "") -> argparse.ArgumentParser:
+             description: str = "", stopped: str = MEASURED) -> argparse.ArgumentParser:
+    """A command; `stopped` says what it leaves where Ctrl-C or SIGTERM stops it."""
     command = commands.add_parser(name, help=help, description=help + description, parents=list(parents),
                                   epilog=f"example:\n  {example}", formatter_class=_FORMATTER)
-    command.set_defaults(run=run)
+    command.set_defaults(run=run, stopped=stopped)
     return command
 
 
@@ -140,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="example:\n  ucudnn optimize --net alexnet --batch 256 --workspace 64MiB",
                      formatter_class=_FORMATTER)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.set_defaults(run=_requires(parser, "COMMAND"))
+    parser.set_defaults(run=_requires(parser, "COMMAND"), stopped=READ_ONLY)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = _command(commands, "bench", "measure every kernel (F, BD, BF) of a network into the cache: every "
@@ -182,25 +202,30 @@ def build_parser() -> argparse.ArgumentParser:
     cache.set_defaults(run=_requires(cache, "ACTION"))
     actions = cache.add_subparsers(dest="action", metavar="ACTION")
     _command(actions, "list", "the GPUs and kernels a database holds", "ucudnn cache list --cache h100.db",
-             cache_list, [_CACHE, _JSON])
+             cache_list, [_CACHE, _JSON], stopped=READ_ONLY)
     p = _command(actions, "show", "every measurement of one kernel", "ucudnn cache show --net alexnet "
-                 "--kernel conv2/F", cache_show, [_NETWORK, _CACHE, _JSON])
+                 "--kernel conv2/F", cache_show, [_NETWORK, _CACHE, _JSON], stopped=READ_ONLY)
     p.add_argument("--kernel", required=True, metavar="LAYER/KIND", help="e.g. conv2/F, conv2/BD, conv2/BF")
     p = _command(actions, "merge", "add shard databases into one", "ucudnn cache merge shards/*.db --into all.db",
-                 cache_merge)
+                 cache_merge, stopped=MERGE_STOPPED)
     p.add_argument("shards", nargs="+", metavar="SHARD.db", help="shard databases, or folders of them (every *.db)")
     p.add_argument("--into", type=database_file, metavar="PATH", help="target database (default: your cache file)")
     p = _command(actions, "export", "write a database as JSON", "ucudnn cache export h100.json --cache h100.db",
-                 cache_export, [_CACHE])
-    p.add_argument("file", type=export_file, metavar="FILE.json", help="the JSON file to write; - for standard output")
+                 cache_export, [_CACHE], stopped=EXPORT_STOPPED)
+    p.add_argument("file", type=export_file, metavar="FILE.json", help=(
+        "the JSON file to write, a new one unless --force; - for standard output. A database, the one "
+        "exported above all, is never replaced"))
+    p.add_argument("--force", action="store_true", help="replace FILE.json where it exists (never a database)")
     p = _command(actions, "import", "add a JSON export to a database", "ucudnn cache import h100.json --cache my.db",
-                 cache_import, [_CACHE_FILE])
+                 cache_import, [_CACHE_FILE], description=IMPORT, stopped=IMPORT_STOPPED)
     p.add_argument("file", type=existing_file("export"), metavar="FILE.json",
                    help="a file `ucudnn cache export` wrote")
     _command(actions, "prune", "keep only the measurements plans can use (a smaller file, the same plans)",
-             "ucudnn cache prune --cache shared.db", cache_prune, [_CACHE_FILE])
-    _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
-             "--cache h100.db", cache_verify, [_CACHE])
+             "ucudnn cache prune --cache shared.db", cache_prune, [_CACHE_FILE], stopped=PRUNE_STOPPED)
+    p = _command(actions, "verify", "check a database's integrity (exit 1 on problems)", "ucudnn cache verify "
+                 "--cache h100.db", cache_verify, [_CACHE], stopped=READ_ONLY)
+    p.add_argument("--details", action="store_true", help=(
+        "each problem SQLite's integrity check reports, a line each (default: how many, and the first)"))
 
     p = _command(commands, "paper", "the paper's evaluation figure by figure: each figure's numbers now beside "
                  "the paper's, as a Markdown page and a PNG", "ucudnn paper 10 --out docs/paper", paper,
@@ -208,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                  description=PAPER)
     p.add_argument("figure", choices=(*FIGURES, "all"), metavar="FIG", help=(
         f"a figure of the paper's section IV ({', '.join(FIGURES)}), or all of them and the index README.md"))
-    p.add_argument("--out", type=Path, default=Path("docs/paper"), metavar="FOLDER", help=(
+    p.add_argument("--out", type=output_folder, default="docs/paper", metavar="FOLDER", help=(
         "where to write figFIG.md and figFIG.png (made where missing; default docs/paper)"))
     p.add_argument("--execute", action="store_true", help=(
         "measure on this GPU what the cache lacks and run every configuration, as the paper did, into "
@@ -218,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         "`ucudnn bench --devices 0,1,...` on several GPUs at once); a plan it lacks is left out and named"))
 
     p = _command(commands, "nets", "list the built-in networks, or one network's conv layers",
-                 "ucudnn nets resnet50", nets, [_JSON], description=NETWORK_FILE)
+                 "ucudnn nets resnet50", nets, [_JSON], description=NETWORK_FILE, stopped=READ_ONLY)
     p.add_argument("name", nargs="?", metavar="NAME|FILE.json", help="a network to show")
     return parser
 
@@ -271,8 +296,8 @@ def _run(args) -> int:
         return status
     except KeyboardInterrupt as exc:
         # the shell's status of a command a signal ends: 128 + SIGTERM (15) or SIGINT (2)
-        print(f"ucudnn: stopped by {'SIGTERM' if isinstance(exc, Stopped) else 'Ctrl-C'}; what was measured "
-              "is kept in the cache, and the same command goes on from there", file=sys.stderr)
+        print(f"ucudnn: stopped by {'SIGTERM' if isinstance(exc, Stopped) else 'Ctrl-C'}; {args.stopped}",
+              file=sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT)
     except UcudnnError as exc:
         print(f"ucudnn: error: {_with_origin(str(exc), args)}", file=sys.stderr)

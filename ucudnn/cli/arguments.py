@@ -76,6 +76,17 @@ def _try_writing(path: Path) -> None:
     path.unlink()
 
 
+def output_folder(text: str) -> Path:
+    """A folder to write files into, made where missing: no file may stand at its path, nor at a
+    folder above it."""
+    path = Path(text)
+    existing = next((place for place in (path, *path.parents) if place.exists()), path)
+    if existing.exists() and not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write into {text}: {existing} is a file, not a folder; name a "
+                                         "folder (made where missing), e.g. docs/paper")
+    return path
+
+
 def export_file(text: str) -> Path | str:
     """The file `cache export` writes: STDOUT, or a file to write."""
     return text if text == STDOUT else output_file(text)

@@ -96,7 +96,7 @@ def cache_export(args) -> int:
     """The export on standard output (`-`) is all that is printed there."""
     path = cache_path(args.cache, readonly=True)
     with open_database(path) as database:
-        count = database.export_json(sys.stdout if args.file == STDOUT else args.file)
+        count = database.export_json(sys.stdout if args.file == STDOUT else args.file, force=args.force)
     if args.file != STDOUT:
         print(f"exported {count} measurements from {path} to {args.file}")
     return 0
@@ -110,8 +110,9 @@ def cache_import(args) -> int:
         raise CacheError(f"export {args.file} has schema version {exc.found}, newer than this ucudnn reads: "
                          f"upgrade ucudnn ({UPGRADE}), or export the database again with this one") from None
     with writing(path) as database:
-        count = database.add_rows(*rows)
-    print(f"imported {count} measurements from {args.file} into {path}")
+        added = database.add_rows(*rows)
+    print(f"imported {added.written} of the {added.rows} measurements of {args.file} into {path}: "
+          f"{added.describe()}")
     return 0
 
 
@@ -129,11 +130,11 @@ def cache_prune(args) -> int:
     return 0
 
 
-def _verify(path) -> list[str]:
-    """The problems of one database file, each after the file's name."""
+def _verify(path, details: bool) -> list[str]:
+    """The problems of one database file, each after the file's name (BenchmarkDatabase.verify)."""
     try:
         with open_database(path, check=False) as database:
-            problems = database.verify()
+            problems = database.verify(details)
     except DamagedDatabaseError as exc:  # too damaged to open
         problems = [f"integrity: {exc.reason}"]
     except ForeignFileError as exc:
@@ -145,7 +146,7 @@ def cache_verify(args) -> int:
     path = cache_path(args.cache, readonly=True)
     folder = path is not None and path.is_dir()
     files = shards_in(path) if folder else [path]
-    problems = [problem for file in files for problem in _verify(file)]
+    problems = [problem for file in files for problem in _verify(file, args.details)]
     for problem in problems:
         print(problem)
     if not problems:

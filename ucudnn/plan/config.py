@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Mapping
 
 from ..execute.backends import CHOICES as BACKEND_CHOICES
-from ..measure.cache.paths import CACHE_VARIABLE
+from ..measure.cache.paths import CACHE_VARIABLE, refuse_misnamed
 from ..core.device import EXECUTIONS
 from ..core.errors import ConfigError, unknown
 from ..core.problem import INT64_MAX
@@ -189,7 +189,8 @@ class Settings:
         if unknown:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(names)}")
         # each value with the name an error should show: the variable the user set, or the argument
-        variables = {f"UCUDNN_{name.upper()}": name for name in names} | {CACHE_VARIABLE: "cache_path"}
+        refuse_misnamed(env)
+        variables = {CACHE_VARIABLE if name == "cache_path" else f"UCUDNN_{name.upper()}": name for name in names}
         from_env = {name: (env[variable], variable) for variable, name in variables.items() if variable in env}
         given = {k: (v, k) for k, v in overrides.items() if v is not None}
         parsed = {k: _PARSERS[k](value, label) for k, (value, label) in (from_env | given).items()}

@@ -10,6 +10,7 @@ import tempfile
 import threading
 import uuid
 import warnings
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TextIO, TypeVar
@@ -31,8 +32,7 @@ __all__ = ["BenchmarkDatabase", "merge", "shard_path", "default_path", "recorded
 
 T = TypeVar("T")
 EXPORT_FORMAT = "ucudnn-benchmarks"
-ROWS_PER_TRANSACTION = 1000  # bulk writes (merge, import) keep each lock short too
-SCRATCH_SUFFIX = ".new"  # of the file `create` writes before it links it into place
+SCRATCH_SUFFIX = ".new"  # of a file written beside its place before it is put there whole (`_scratch`)
 
 # Shape keys go in as one JSON array and come back as their index in it (small ints are cheaper
 # than long strings); CROSS JOIN makes SQLite walk the keys and search the primary key for each.
@@ -44,6 +44,16 @@ _LOOKUP = (
     "WHERE gpu_name = :gpu AND cudnn_version = :cudnn AND execution = :execution AND shape_key = k.value"
 )
 _KERNELS_OF = "SELECT shape_key, problem FROM kernels WHERE shape_key IN (SELECT value FROM json_each(?))"
+
+# What adding rows does (`Added`): the keys given, each once, and the database's measurements of
+# them as they were before the write, compared with what they are after it
+_KEYS = ", ".join(schema.KEY)
+_GIVEN = f"CREATE TEMP TABLE given_keys ({_KEYS}, PRIMARY KEY ({_KEYS}))"
+_ADD_KEY = f"INSERT OR IGNORE INTO temp.given_keys VALUES ({', '.join('?' * len(schema.KEY))})"
+_STORED = (f"CREATE TEMP TABLE stored AS SELECT measurements.* FROM measurements "
+           f"JOIN temp.given_keys USING ({_KEYS})")
+_REPLACED = (f"SELECT count(*) FROM temp.stored s JOIN measurements m USING ({_KEYS}) WHERE "
+             + " OR ".join(f"s.{c} IS NOT m.{c}" for c in schema.MEASUREMENT_COLUMNS if c not in schema.KEY))
 
 
 def _flagged(where: str = "") -> str:
@@ -74,10 +84,6 @@ def _kernel_row(problem: ConvProblem) -> dict:
     return {"shape_key": problem.shape_key(), "problem": json.dumps(problem.with_batch(1).to_dict())}
 
 
-def _chunks(rows: list, size: int = ROWS_PER_TRANSACTION) -> Iterable[list]:
-    return (rows[i:i + size] for i in range(0, len(rows), size))
-
-
 @functools.cache
 def _new_database() -> bytes:
     """The bytes of a new, empty benchmark database of the current schema (made once, in a
@@ -90,6 +96,20 @@ def _new_database() -> bytes:
         finally:
             conn.close()
         return path.read_bytes()
+
+
+def _problems(report: list[str]) -> list[str]:
+    """The problems an SQLite check (PRAGMA quick_check, integrity_check) reports, one a line: its
+    rows split at their line breaks (one row may hold many), without its heading and its 'ok'."""
+    lines = [line for row in report for line in row.splitlines()]
+    return [line for line in lines if line != "ok" and not line.startswith("*** in database")]
+
+
+def _in_brief(check: str, problems: list[str]) -> str:
+    """The problems SQLite's `check` reports, in one line: the problem, or how many and the first."""
+    if len(problems) == 1:
+        return problems[0]
+    return f"SQLite's {check} reports {len(problems)} problems, the first: {problems[0]}"
 
 
 def _named(path: Path, action: Callable[[], T]) -> T:
@@ -138,9 +158,33 @@ def _scratch(path: Path) -> Path:
 
 
 def leftovers(folder: Path) -> list[Path]:
-    """The files `create` left in `folder` where its process was killed: garbage, once no process
-    that could be creating a database there is alive."""
+    """The scratch files `create` and `write_whole` left in `folder` where their process was
+    killed: garbage, once no process that could be writing one there is alive."""
     return sorted(folder.glob(f".*{SCRATCH_SUFFIX}"))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` into the file `path`, written beside it and renamed into place: the file holds all of
+    it or, where anything stops the write, what it held before."""
+    scratch = _scratch(path)
+    try:
+        scratch.write_text(text, encoding="utf-8")
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def check_export_path(path: Path, source: Path, force: bool) -> None:
+    """CacheError unless an export of the database file `source` may be written at `path`: an
+    export never replaces its own database nor any other (schema.is_database), and replaces
+    another existing file only with `force`."""
+    example = f"name a new file for the export, e.g. {path.with_suffix('.json')}"
+    if path.exists() and path.samefile(source):
+        raise CacheError(f"{path} is the database being exported; {example}")
+    if schema.is_database(path):
+        raise CacheError(f"{path} is a database, which an export never replaces; {example}")
+    if path.exists() and not force:
+        raise CacheError(f"{path} exists; name a new file for the export, or add --force to replace it")
 
 
 def create(path: Path) -> None:
@@ -156,6 +200,37 @@ def create(path: Path) -> None:
             os.link(scratch, path)
     finally:
         scratch.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Added:
+    """What adding measurement rows to a database did (`BenchmarkDatabase.add_rows`): each of the
+    `rows` given is `new` (of a key the database lacked), `replaced` the database's measurement of
+    its key, left it `unchanged` (the database's is the same or ranks higher, and stays), or is one
+    of the `duplicates` (a key given more than once counts once: its row that ranks highest, of
+    equals the later)."""
+
+    rows: int
+    duplicates: int
+    new: int
+    replaced: int
+
+    @property
+    def written(self) -> int:
+        return self.new + self.replaced
+
+    @property
+    def unchanged(self) -> int:
+        return self.rows - self.duplicates - self.written
+
+    def describe(self) -> str:
+        """What was written and what was left out, for a message about a file's rows."""
+        left = [f"{self.unchanged} where the database's is the same or ranks higher"] if self.unchanged else []
+        if self.duplicates:
+            left.append(f"{self.duplicates} duplicate(s) of a key in the file (of each key the higher-ranked row "
+                        "is kept, else the later)")
+        written = f"{self.new} new, {self.replaced} replacing the database's"
+        return f"{written}; left out: {', '.join(left)}" if left else written
 
 
 class BenchmarkDatabase:
@@ -245,11 +320,8 @@ class BenchmarkDatabase:
         self._conn.executemany(schema.INSERT_KERNEL, kernels)
         self._conn.executemany(schema.UPSERT_MEASUREMENT, measurements)
 
-    def _upsert_in_chunks(self, kernels: list[dict], measurements: list[dict]) -> int:
-        self._write(lambda: self._upsert(kernels, []))
-        for chunk in _chunks(measurements):
-            self._write(lambda: self._upsert([], chunk))
-        return len(measurements)
+    def _count(self) -> int:
+        return self._conn.execute("SELECT count(*) FROM measurements").fetchone()[0]
 
     def close(self) -> None:
         with self._lock:
@@ -337,28 +409,47 @@ class BenchmarkDatabase:
 
     # --- interchange ---
 
-    def export_json(self, path: str | os.PathLike | TextIO) -> int:
+    def export_json(self, path: str | os.PathLike | TextIO, *, force: bool = False) -> int:
         """Write every kernel and measurement, provenance included, to a JSON file (or a text
-        stream); returns the number of measurements. `import_json` reads it back."""
+        stream); returns the number of measurements. `import_json` reads it back. The file is
+        written whole or not at all (`write_whole`), never over a database, and over another
+        existing file only with `force` (`check_export_path`)."""
+        stream = hasattr(path, "write")
+        if not stream:
+            check_export_path(Path(path), self._file, force)
         kernels, measurements = self._dump()
         document = {"format": EXPORT_FORMAT, "schema_version": schema.SCHEMA_VERSION,
                     "kernels": kernels, "measurements": measurements}
         text = json.dumps(document, indent=1)
-        if hasattr(path, "write"):
+        if stream:
             path.write(text + "\n")
         else:
-            Path(path).write_text(text)
+            write_whole(Path(path), text)
         return len(measurements)
 
-    def import_json(self, path: str | os.PathLike) -> int:
-        """Add the contents of an `export_json` file (newest measurement wins); returns the
-        number of measurements read. The whole file is read and checked before anything is
-        written."""
+    def import_json(self, path: str | os.PathLike) -> Added:
+        """Add the contents of an `export_json` file as `add_rows` adds rows. The whole file is
+        read and checked before anything is written."""
         return self.add_rows(*read_export(path))
 
-    def add_rows(self, kernels: list[dict], measurements: list[dict]) -> int:
-        """Add kernel and measurement rows (as `read_export` gives them); returns their number."""
-        return self._upsert_in_chunks(kernels, measurements)
+    def add_rows(self, kernels: list[dict], measurements: list[dict]) -> Added:
+        """Add kernel and measurement rows (as `read_export` gives them) in one transaction: all of
+        them or, where anything stops it (an error, Ctrl-C), none. Of each key, the measurement
+        that ranks highest is kept (schema.UPSERT_MEASUREMENT); returns what each row given did."""
+        keys = [tuple(row[column] for column in schema.KEY) for row in measurements]
+
+        def add() -> Added:
+            before = self._count()
+            self._conn.execute(_GIVEN)
+            self._conn.executemany(_ADD_KEY, keys)
+            self._conn.execute(_STORED)
+            self._upsert(kernels, measurements)
+            (distinct,), (replaced,) = (self._conn.execute(sql).fetchone()
+                                        for sql in ("SELECT count(*) FROM temp.given_keys", _REPLACED))
+            self._conn.execute("DROP TABLE temp.given_keys")
+            self._conn.execute("DROP TABLE temp.stored")
+            return Added(len(measurements), len(measurements) - distinct, self._count() - before, replaced)
+        return self._write(add)
 
     def prune(self) -> tuple[int, int]:
         """Delete the measurements no plan can use (optimizers.pareto.plannable, per GPU, kernel,
@@ -388,17 +479,21 @@ class BenchmarkDatabase:
     def check(self) -> None:
         """Raise DamagedDatabaseError unless SQLite's quick check of the whole file passes
         (tens of milliseconds for the shipped file)."""
-        found = self._read(lambda: [row[0] for row in self._conn.execute("PRAGMA quick_check")])
-        if found != ["ok"]:
-            raise DamagedDatabaseError(self.path, "; ".join(found[:3]))
+        found = _problems(self._read(lambda: [row[0] for row in self._conn.execute("PRAGMA quick_check")]))
+        if found:
+            raise DamagedDatabaseError(self.path, _in_brief("quick check", found))
 
-    def verify(self) -> list[str]:
-        """Integrity problems found (SQLite's integrity check, then rows that break the rules,
-        ucudnn.measure.cache.rows); [] if none."""
+    def verify(self, details: bool = False) -> list[str]:
+        """The problems of the file, one line each; [] if none: what SQLite's integrity check
+        reports (in one line, how many and the first, unless `details` asks for each) or, where
+        it finds the file intact, the rules its rows break (ucudnn.measure.cache.rows; what a
+        damaged file reads as rows is not what was written)."""
         def check() -> list[str]:
-            integrity = [f"integrity: {row[0]}" for row in self._conn.execute("PRAGMA integrity_check")
-                         if row[0] != "ok"]
-            return integrity + rows.problems(self._conn)
+            integrity = _problems([row[0] for row in self._conn.execute("PRAGMA integrity_check")])
+            if len(integrity) > 1 and not details:
+                brief = _in_brief("integrity check", integrity)
+                integrity = [f"{brief}; `ucudnn cache verify --details` lists them all"]
+            return [f"integrity: {problem}" for problem in integrity] or rows.problems(self._conn)
         try:
             return self._read_one_snapshot(check)
         except DamagedDatabaseError as error:  # damaged beyond what the checks can read
@@ -532,7 +627,8 @@ def merge(shards: Iterable[str | os.PathLike], target: str | os.PathLike, *, ski
     older schema is migrated in its copy); every shard is checked before the target is touched,
     so a damaged, unreadable or foreign shard, or one with a row that breaks the rules
     (ucudnn.measure.cache.rows), changes nothing; with `skip_bad`, such rows are left out with one
-    warning per shard instead."""
+    warning per shard instead. Each shard is added in one transaction (`add_rows`): a merge
+    stopped part way keeps the shards it added (a target it made is removed again, `writing`)."""
     target = Path(target)
     sources = [Path(shard) for shard in shards if Path(shard).resolve() != target.resolve()]
     with tempfile.TemporaryDirectory(prefix="ucudnn-merge-") as scratch:
@@ -549,5 +645,5 @@ def merge(shards: Iterable[str | os.PathLike], target: str | os.PathLike, *, ski
         with writing(target) as into:
             for i in range(len(sources)):
                 with opened(i) as source:
-                    merged += into.add_rows(*source._dump())
+                    merged += into.add_rows(*source._dump()).rows
     return merged

@@ -67,6 +67,7 @@ INSERT_KERNEL = "INSERT INTO kernels (shape_key, problem) VALUES (:shape_key, :p
 # file; a new one it makes is whole before any other process can open it (database.create).
 CORE_COLUMNS = ("gpu_name", "cudnn_version", "shape_key", "batch", "algo", "time_ms", "workspace", "status")
 EMPTY = "an empty file"  # what a 0-byte file is, which SQLite reads as a database without tables
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 UPGRADE = "update your clone of the ucudnn repository and reinstall it (pip install . in the clone)"
 
 
@@ -122,6 +123,15 @@ def _not_ours(db: sqlite_utils.Database, found: int) -> str:
     if found > 0 and "kernels" not in tables:
         return f"ucudnn's measurements table at version {found}, but no kernels table"
     return ""
+
+
+def is_database(path: Path) -> bool:
+    """Whether `path` is an SQLite database file, ucudnn's or another program's (its first bytes
+    are SQLite's header)."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as file:
+        return file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
 
 
 def identify(db: sqlite_utils.Database, path: Path) -> int:
