@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import textwrap
 import time
-import warnings
 from dataclasses import replace
 
 from ..execute import gpu
 from ..measure.cache.paths import cache_path
 from ..plan.config import Settings, format_size, timeline_limits
 from ..reports.coverage import Request, explain_missing
-from ..core.errors import ConfigError, GpuUnavailableError, UcudnnWarning
+from ..core.errors import ConfigError, GpuUnavailableError
+from ..core.fallback import say_once
 from ..core.log import say_plan
 from ..core.nets import Network, find_kernel, get_network, list_networks, torchvision
 from ..core.progress import Progress, counted
@@ -51,10 +51,9 @@ def _environment(args) -> dict[str, str]:
     for variable in timeline_limits(env):
         del env[variable]
         if args.command == "optimize" and args.workspace is None and args.total_workspace is None:
-            warnings.warn(f"ucudnn: {variable}=auto asks for limits from the memory timeline of a training step "
+            say_once(f"ucudnn: {variable}=auto asks for limits from the memory timeline of a training step "
                           f"(ucudnn.torch), which `ucudnn optimize` has not: it plans at the default, "
-                          f"{format_size(Settings.workspace_limit)} per kernel (--workspace SIZE sets another)",
-                          UcudnnWarning)
+                          f"{format_size(Settings.workspace_limit)} per kernel (--workspace SIZE sets another)")
     return env
 
 

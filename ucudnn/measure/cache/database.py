@@ -9,7 +9,6 @@ import sqlite3
 import tempfile
 import threading
 import uuid
-import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +18,8 @@ import sqlite_utils
 
 from ...execute.backends import split_id
 from ...core.device import Provenance
-from ...core.errors import CacheError, DamagedDatabaseError, InterruptedWriteError, UcudnnWarning
+from ...core.errors import CacheError, DamagedDatabaseError, InterruptedWriteError
+from ...core.fallback import say_once
 from ...core.measurements import KernelTable, Measurement, ShapeTable
 from ...core.problem import ConvProblem
 from . import rows, schema
@@ -312,9 +312,9 @@ class BenchmarkDatabase:
             return
         self._warned = True
         found = self.bad_rows()
-        warnings.warn(f"ucudnn: benchmark database {self.path}: skipped rows that break the rules of a "
+        say_once(f"ucudnn: benchmark database {self.path}: skipped rows that break the rules of a "
                       f"benchmark database ({'; '.join(found)}); `ucudnn cache verify --cache {self.path}` lists "
-                      f"them, `ucudnn cache prune --cache {self.path}` deletes them", UcudnnWarning, stacklevel=4)
+                      f"them, `ucudnn cache prune --cache {self.path}` deletes them")
 
     def _upsert(self, kernels: list[dict], measurements: list[dict]) -> None:
         self._conn.executemany(schema.INSERT_KERNEL, kernels)

@@ -11,13 +11,13 @@ import contextlib
 import os
 import sqlite3
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable, Iterable, TypeVar
 
 from ...core.device import Provenance
-from ...core.errors import CacheError, UcudnnWarning
+from ...core.errors import CacheError
+from ...core.fallback import say_once
 from ...core.measurements import KernelTable, Measurement, ShapeTable
 from ...optimizers.configuration import Configuration
 from ...core.problem import ConvProblem
@@ -88,8 +88,8 @@ class Cache:
         self.stats.file_errors += 1
         if not self._warned:
             self._warned = True
-            warnings.warn(f"ucudnn: {describe(self.path, error, verb)}. Carrying on with results in "
-                          f"memory, so kernels may be benchmarked again", UcudnnWarning, stacklevel=4)
+            say_once(f"ucudnn: {describe(self.path, error, verb)}. Carrying on with results in "
+                          f"memory, so kernels may be benchmarked again")
 
     def close(self) -> None:
         """Stop using the file (the memo stays)."""

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import re
 import socket
-import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
-from ...core.errors import ConfigError, UcudnnWarning
+from ...core.errors import ConfigError
+from ...core.fallback import say_once
 from ...core.ranks import current_rank
 from . import filesystems
 
@@ -67,10 +67,10 @@ def default_location() -> Path:
         return path
     if folder not in _said:
         _said.add(folder)
-        warnings.warn(f"ucudnn: the default benchmark database's folder {path.parent} is on a network filesystem "
+        say_once(f"ucudnn: the default benchmark database's folder {path.parent} is on a network filesystem "
                       f"({kind}), whose file locks SQLite cannot trust across nodes: each process writes its own "
                       f"shard in {folder} instead of sharing {path.name}, and reading commands given --cache "
-                      f"{folder} merge them; set {CACHE_VARIABLE} to choose (`ucudnn cache --help`)", UcudnnWarning, stacklevel=3)
+                      f"{folder} merge them; set {CACHE_VARIABLE} to choose (`ucudnn cache --help`)")
     return folder
 
 
