@@ -68,7 +68,8 @@ INSERT_KERNEL = "INSERT INTO kernels (shape_key, problem) VALUES (:shape_key, :p
 CORE_COLUMNS = ("gpu_name", "cudnn_version", "shape_key", "batch", "algo", "time_ms", "workspace", "status")
 EMPTY = "an empty file"  # what a 0-byte file is, which SQLite reads as a database without tables
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
-UPGRADE = "update your clone of the ucudnn repository and reinstall it (pip install . in the clone)"
+UPGRADE = ("install a newer ucudnn (`ucudnn --version` names this one): a newer wheel with pip install, or in a "
+           "clone git pull, then pip install .")
 
 
 class NewerSchemaError(CacheError):
