@@ -2,6 +2,7 @@
 AlexNet and ResNet-50 (Fig. 13), and how WD divides AlexNet's 120 MiB (Fig. 14)."""
 from __future__ import annotations
 
+from ..optimizers import DIVIDING, OPTIMIZERS, PER_KERNEL
 from ..plan.config import format_size
 from ..core.nets import Network, get_network
 from ..reports.plots import plot_stacked
@@ -14,7 +15,8 @@ MIB = 2**20
 # network: (batch, limits per kernel L); WD gets L times the kernels, every occurrence counted as the
 # paper counts them (AlexNet: 15 x 8 MiB = 120 MiB; ResNet-50: 159 x 16 MiB = 2,544 MiB)
 FIG13 = {"alexnet": (256, (8 * MIB, 64 * MIB)), "resnet50": (32, (16 * MIB, 32 * MIB))}
-VARIANTS = (("wr", "undivided"), ("wr", "powerOfTwo"), ("wr", "all"), ("wd", "powerOfTwo"), ("wd", "all"))
+WR, WD = PER_KERNEL.name, DIVIDING.name
+VARIANTS = ((WR, "undivided"), (WR, "powerOfTwo"), (WR, "all"), (WD, "powerOfTwo"), (WD, "all"))
 LARGEST = ("conv2", "conv3")  # the layers the paper's WD gives most of AlexNet's workspace
 
 Plans = dict[tuple[str, int, str, str], "Report | None"]  # (candidates, L, optimizer, policy): the plan
@@ -27,12 +29,12 @@ def occurrences(network: Network) -> int:
 
 def _total(network: Network, limit: int, optimizer: str) -> int:
     """The workspace a variant at L per kernel has: L per kernel (WR), or L times the kernels (WD)."""
-    return limit * occurrences(network) if optimizer == "wd" else limit
+    return limit * occurrences(network) if OPTIMIZERS[optimizer].divides else limit
 
 
 def _plans(evidence: Evidence, network: Network, batch: int, limits, missing: list[str]) -> Plans:
     def settings(c: str, limit: int, optimizer: str, policy: str):
-        if optimizer == "wr":
+        if not OPTIMIZERS[optimizer].divides:
             return evidence.settings(c, policy, limit)
         return evidence.settings(c, policy, total=_total(network, limit, optimizer))
     return {(c, limit, *variant): evidence.recorded(network, batch, settings(c, limit, *variant), missing)
@@ -41,8 +43,8 @@ def _plans(evidence: Evidence, network: Network, batch: int, limits, missing: li
 
 def _wd(plans: Plans, c: str, limit: int) -> tuple[str, Report | None]:
     """WD's plan at L per kernel: of policy all where recorded, else powerOfTwo."""
-    policy = "all" if plans[c, limit, "wd", "all"] else "powerOfTwo"
-    return policy, plans[c, limit, "wd", policy]
+    policy = "all" if plans[c, limit, WD, "all"] else "powerOfTwo"
+    return policy, plans[c, limit, WD, policy]
 
 
 def _cell(evidence: Evidence, report: Report | None) -> str:
@@ -74,7 +76,7 @@ def equal_totals(evidence: Evidence) -> Result:
     missing: list[str] = []
     networks = {name: get_network(name) for name in FIG13}
     plans = {name: _plans(evidence, networks[name], batch, limits, missing) for name, (batch, limits) in FIG13.items()}
-    rows = [(name, c, format_size(limit), format_size(_total(networks[name], limit, "wd")),
+    rows = [(name, c, format_size(limit), format_size(_total(networks[name], limit, WD)),
              *(_cell(evidence, plans[name][(c, limit, *variant)]) for variant in VARIANTS))
             for name, (_, limits) in FIG13.items() for c in CANDIDATES for limit in limits]
     panels = {f"{name}, B = {batch} ({CANDIDATES[DRAWN]})": {
@@ -85,11 +87,11 @@ def equal_totals(evidence: Evidence) -> Result:
     (small, large), (half, whole) = FIG13["alexnet"][1], FIG13["resnet50"][1]
     headlines = [
         Headline("AlexNet, 120 MiB in total: WD all over WR undivided at 8 MiB per kernel", "1.38x",
-                 tuple(_over(evidence, alexnet[c, small, "wr", "undivided"], alexnet[c, small, "wd", "all"])
+                 tuple(_over(evidence, alexnet[c, small, WR, "undivided"], alexnet[c, small, WD, "all"])
                        for c in CANDIDATES)),
         Headline("AlexNet: WD all at 120 MiB over WR undivided at 64 MiB per kernel (960 MiB in total)",
                  "1.24x (the whole iteration)",
-                 tuple(_over(evidence, alexnet[c, large, "wr", "undivided"], alexnet[c, small, "wd", "all"])
+                 tuple(_over(evidence, alexnet[c, large, WR, "undivided"], alexnet[c, small, WD, "all"])
                        for c in CANDIDATES)),
         Headline("ResNet-50, B = 32: WD at 2,544 MiB over WR undivided at 32 MiB per kernel (5,088 MiB in total)",
                  "1.14x (1.05x the whole iteration)",
@@ -105,8 +107,8 @@ def equal_totals(evidence: Evidence) -> Result:
         f"ucudnn gives identical layers one plan and one workspace, so WR at {format_size(half)} per kernel allocates "
         f"at most {format_size(half * distinct)} there, and WD's ILP has a group of variables per distinct kernel "
         f"({distinct}).",
-        _split(evidence, alexnet[DRAWN, small, "wr", "undivided"], alexnet[DRAWN, small, "wr", "all"],
-               alexnet[DRAWN, small, "wd", "all"]),
+        _split(evidence, alexnet[DRAWN, small, WR, "undivided"], alexnet[DRAWN, small, WR, "all"],
+               alexnet[DRAWN, small, WD, "all"]),
     ]
     table = Table(f"Total time of every variant (ms, {evidence.label}); WR at L per kernel, WD dividing the total",
                   ("network", "candidates", "L per kernel", "total", *(f"{o.upper()} {p}" for o, p in VARIANTS)),
