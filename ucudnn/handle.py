@@ -62,7 +62,8 @@ class Handle:
         self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
         self._capturer = (GraphCapturer(self.backends.set_stream, lambda: self.stream, make_room)
                           if self.settings.execution == "graph" else None)
-        self._make_room, self._timer = make_room, None  # favourite_ms's ConfigurationTimer, made on first use
+        self._make_room = make_room
+        self._timer: ConfigurationTimer | None = None  # favourite_ms's, made on first use
 
     def set_stream(self, stream: int) -> None:
         """Later convolutions run on `stream` (a cudaStream_t address)."""

@@ -119,7 +119,8 @@ class Backends:
         ucudnn.execute.backends.open_backends passes the GPU's."""
         self.by_name = {b.name: b for b in backends}
         self.stream = 0
-        self._combine, self._alloc, self._copy, self._scratch = combine, alloc, copy, []
+        self._combine, self._alloc, self._copy = combine, alloc, copy
+        self._scratch: list[Any] = []  # what alloc returned, kept
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -45,5 +45,6 @@ class CudnnExecutor:
             if status:
                 raise CudnnError(name, status, cudnn.status_name(status))
 
-        run.keep = (alpha, beta, descs)  # the scalars and descriptors must outlive the call
+        # the scalars and descriptors must outlive the call (mypy types no attributes of functions)
+        run.keep = (alpha, beta, descs)  # type: ignore[attr-defined]
         return Plan(run, workspace_size(self.handle, p.kind, descs, algo))
