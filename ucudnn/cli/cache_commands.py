@@ -145,7 +145,7 @@ def _verify(path, details: bool) -> list[str]:
 def cache_verify(args) -> int:
     path = cache_path(args.cache, readonly=True)
     folder = path is not None and path.is_dir()
-    files = shards_in(path) if folder else [path]
+    files = shards_in(path) if folder and path is not None else [path]
     problems = [problem for file in files for problem in _verify(file, args.details)]
     for problem in problems:
         print(problem)

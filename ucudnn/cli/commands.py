@@ -68,9 +68,10 @@ def kernels_of(args) -> tuple[Network, list[Kernel]]:
 
 def request_of(args, settings: Settings | None = None) -> Request:
     """What `args` ask for (after kernels_of); with `settings`, at their policy and backends."""
-    planning = {} if settings is None else {"policy": settings.policy,
-                                            "backends": settings.backends(gpu=False)}
-    return Request(args.net, args.batch, args.dtype, args.layout, args.math, **planning)
+    request = Request(args.net, args.batch, args.dtype, args.layout, args.math)
+    if settings is None:
+        return request
+    return replace(request, policy=settings.policy, backends=settings.backends(gpu=False))
 
 
 def _bar(kernels: list[Kernel]) -> ProgressBar:
@@ -86,7 +87,7 @@ def bench(args) -> int:
     progress = _bar(kernels)
     start = time.monotonic()
     devices = bench_devices(args.devices, args.mpi)
-    if args.mpi or args.timing != "default" or len(devices) > 1:
+    if args.mpi or args.timing != "default" or devices is None or len(devices) > 1:
         device, path = _bench_on_devices(kernels, settings, devices, progress, args)
         if device is None:  # an MPI rank other than 0, which reports for all
             return 0
@@ -113,7 +114,7 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
     problems = [k.problem for k in kernels]
     sizes_for = settings.sizes_for
     timing, mpi = getattr(args, "timing", "default"), getattr(args, "mpi", None)
-    if mpi:
+    if mpi or devices is None:  # every GPU of the node: MPI's ranks
         device = bench_with_mpi(problems, sizes_for, None, path, devices, shared=mpi == "shared",
                                 progress=progress, timing=timing, execution=settings.execution,
                                 backend=settings.backend)

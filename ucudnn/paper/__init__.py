@@ -27,7 +27,8 @@ def write_figures(numbers: Iterable[str], evidence: Evidence, out: Path) -> tupl
     numbers = list(numbers)
     check_plot_path(out / "fig.png")  # matplotlib, before any planning
     out.mkdir(parents=True, exist_ok=True)
-    results, paths = {}, []
+    results: dict[str, Result] = {}
+    paths: list[Path] = []
     for number in numbers:
         evidence.stage = f"Fig. {number}, {len(results)} of {len(numbers)} figures done"
         results[number] = FIGURES[number].make(evidence)

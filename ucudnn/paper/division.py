@@ -60,6 +60,7 @@ def _ilp(wd: tuple[str, Report | None]) -> str:
     if report is None:
         return NOT_RECORDED
     s = report.solver
+    assert s is not None  # WD's report
     return f"{s['variables']} variables, {1e3 * s['solve_seconds']:.2f} ms ({s['solver'].upper()}, {policy})"
 
 
@@ -75,7 +76,7 @@ def equal_totals(evidence: Evidence) -> Result:
     networks = {name: get_network(name) for name in FIG13}
     plans = {name: _plans(evidence, networks[name], batch, limits, missing) for name, (batch, limits) in FIG13.items()}
     rows = [(name, c, format_size(limit), format_size(_total(networks[name], limit, "wd")),
-             *(_cell(evidence, plans[name][(c, limit, *variant)]) for variant in VARIANTS))
+             *(_cell(evidence, plans[name][(c, limit) + variant]) for variant in VARIANTS))
             for name, (_, limits) in FIG13.items() for c in CANDIDATES for limit in limits]
     panels = {f"{name}, B = {batch} ({CANDIDATES[DRAWN]})": {
         f"{optimizer.upper()} {SHORT[policy]}\n{format_size(_total(networks[name], limit, optimizer))}": evidence.layer_ms(report)

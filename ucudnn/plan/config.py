@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from fractions import Fraction
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from ..execute.backends import CHOICES as BACKEND_CHOICES
 from ..measure.cache.paths import CACHE_VARIABLE, refuse_misnamed
@@ -222,7 +222,7 @@ def _with_total_meaning_wd(settings: Settings, labels: Mapping[str, tuple]) -> S
     return replace(settings, optimizer=DIVIDING.name)
 
 
-_PARSERS = {
+_PARSERS: dict[str, Callable[[Any, str], Any]] = {  # (value, the name an error shows) -> the setting
     "policy": lambda v, n: choice(v, POLICIES, n),
     "workspace_limit": parse_size,
     "total_limit": parse_size,

@@ -158,7 +158,7 @@ class Planner:
         self._kernels: dict[tuple[ConvKind, Hashable, int], Any] = {}
         self._own_timings: dict[tuple[ConvKind, Hashable, int], OwnTiming] = {}
         self._moments = Moments(framework)  # what the observed calls saw (with `auto`)
-        self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
+        self._favourites: dict[tuple[ConvKind, Hashable], float] = {}  # the workspace of cuDNN's favourite, asked once
         self._favourite_times: dict[tuple[ConvKind, Hashable], float] = {}  # ... and its time, where a layer is pressed
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
         # (kind, call, room) -> ucudnn's kernel that the framework's own, faster, replaced, and the own's ms
@@ -362,7 +362,7 @@ class Planner:
         the framework's own convolution."""
         call, key = site.call, (kind, site.call, self._room(site, kind))
         with self._lock:
-            kernel = self._kernels.get(key)
+            kernel: Any = self._kernels.get(key)  # the framework's kernel, or None
             if kernel is failed and isinstance(failed, _AsForward):
                 kernel = self._kernels[key] = failed.backward
             elif kernel is failed:
@@ -457,7 +457,7 @@ class Planner:
             else:
                 key = self._layer_key(site)
                 if key not in self._delegated:
-                    self._delegated[key] = self._planned_layer(site)
+                    self._delegated[key] = self._decided(site)
                 site.delegated = self._delegated[key]
             self._pending.pop(site, None)
             self._moments.forget(site)
@@ -484,7 +484,7 @@ class Planner:
             if deferred:
                 self._wait(site)
                 return True
-            self._delegated[key] = self._planned_layer(site)
+            self._delegated[key] = self._decided(site)
         return self._delegated[key]
 
     def _wait(self, site) -> None:
@@ -530,6 +530,13 @@ class Planner:
     def _layer_key(self, site) -> tuple:
         """What a layer's decision depends on: its call, kernels and their rooms."""
         return site.call, site.kinds, tuple(self._room(site, kind) for kind in site.kinds)
+
+    def _decided(self, site) -> bool:
+        """_planned_layer outside plan_pending, where no slice runs out: whether the layer runs the
+        framework's own convolution."""
+        delegated = self._planned_layer(site)
+        assert delegated is not None  # only plan_pending's slice runs out
+        return delegated
 
     def _planned_layer(self, site) -> bool | None:
         """Plan the site's layer; whether it runs the framework's own convolution. With delegation
@@ -608,6 +615,7 @@ class Planner:
         between two of its kernels)."""
         self._moments.lessen(site)
         key = self._layer_key(site)
+        delegated: bool | None
         if key in self._delegated:  # decided for another layer of the same call and rooms
             delegated = self._delegated[key]
         else:
@@ -680,7 +688,8 @@ class Planner:
         try:
             yield
         finally:
-            self._planning_s[kind, call] += time.perf_counter() - started
+            # typeshed's Counter counts in ints, Python's in any number
+            self._planning_s[kind, call] += time.perf_counter() - started  # type: ignore[assignment]
             self.progress.finished()
 
     def _planned_so_far(self) -> str:
@@ -795,7 +804,7 @@ class Planner:
         delegated = {(kind, call, room) for (call, kinds, rooms), yes in self._delegated.items() if yes
                      for kind, room in zip(kinds, rooms)}
         keys = dict.fromkeys([*self._kernels, *self._own_timings, *self._moments.in_step_ms])
-        out = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
+        out: dict[str, Any] = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
                    workspace_limit="auto" if self.auto else s.workspace_limit, delegate=self.delegate,
                    planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
                    kernels=[self._describe(kind, call, room, (kind, call, room) in delegated) for kind, call, room in keys],

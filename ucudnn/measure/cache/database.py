@@ -414,17 +414,16 @@ class BenchmarkDatabase:
         stream); returns the number of measurements. `import_json` reads it back. The file is
         written whole or not at all (`write_whole`), never over a database, and over another
         existing file only with `force` (`check_export_path`)."""
-        stream = hasattr(path, "write")
-        if not stream:
+        if isinstance(path, (str, os.PathLike)):
             check_export_path(Path(path), self._file, force)
         kernels, measurements = self._dump()
         document = {"format": EXPORT_FORMAT, "schema_version": schema.SCHEMA_VERSION,
                     "kernels": kernels, "measurements": measurements}
         text = json.dumps(document, indent=1)
-        if stream:
-            path.write(text + "\n")
-        else:
+        if isinstance(path, (str, os.PathLike)):
             write_whole(Path(path), text)
+        else:
+            path.write(text + "\n")
         return len(measurements)
 
     def import_json(self, path: str | os.PathLike) -> Added:

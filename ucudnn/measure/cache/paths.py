@@ -9,7 +9,7 @@ import socket
 import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Literal, Mapping, overload
 
 from ...core.errors import ConfigError, UcudnnWarning
 from ...core.ranks import current_rank
@@ -23,6 +23,16 @@ CACHE_VARIABLE = "UCUDNN_CACHE"  # the one variable that chooses the database
 MISNAMED_VARIABLE = "UCUDNN_CACHE_PATH"
 SHARDS = "shards"  # the shard folder beside the default file, used where that is on a network filesystem
 _said: set[Path] = set()  # the shard folders default_location has said it uses
+
+
+@overload
+def cache_path(path: str | os.PathLike | None = None, *, readonly: Literal[False] = False,
+               env: Mapping[str, str] | None = None) -> Path: ...
+
+
+@overload
+def cache_path(path: str | os.PathLike | None = None, *, readonly: bool,
+               env: Mapping[str, str] | None = None) -> Path | None: ...
 
 
 def cache_path(path: str | os.PathLike | None = None, *, readonly: bool = False,

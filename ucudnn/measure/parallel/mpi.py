@@ -54,7 +54,8 @@ def check_world(size: int, environ=os.environ) -> None:
 
 def on_root(comm, action: Callable[[], object]):
     """action() on rank 0, its result (or error) broadcast, so every rank returns (or raises) alike."""
-    outcome, error = (None, None), None
+    outcome: tuple[object, Exception | None] = (None, None)
+    error = None
     if comm.Get_rank() == 0:
         try:
             outcome = (action(), None)
@@ -137,6 +138,7 @@ def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: in
         failure = None
         try:
             if mine:
+                assert benchmarker is not None  # a rank with tasks is alive: it has one
                 where = target if folder is None else shard_path(folder, hosts[rank], pid=rank)
                 with BenchmarkDatabase(where) as database:
                     measure_share(mine, benchmarker, database, cap, lambda p, n: tracker.advance(p.key, n))

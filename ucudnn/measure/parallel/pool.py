@@ -154,8 +154,8 @@ class PoolRound:
                 writer.close()  # the worker's copy stays open: its end (or death) is our end of file
                 readers[reader] = job.device
             while readers:
-                for reader in multiprocessing.connection.wait(list(readers)):
-                    self._receive(reader, readers)
+                for ready in multiprocessing.connection.wait(list(readers)):
+                    self._receive(ready, readers)
             for process in processes.values():  # pipes close before the interpreter has exited
                 process.join(EXIT_GRACE_S)
         finally:

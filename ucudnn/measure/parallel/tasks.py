@@ -62,7 +62,7 @@ def split_tasks(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int |
     GPU model within `cap`, each (shape, size, backend) once."""
     problems = list({p.key: p for p in problems}.values())
     tables = database.tables(problems, device)
-    tasks: dict[tuple[str, int, str], Task] = {}
+    tasks: dict[tuple[str, int, bool, str], Task] = {}
     for p in problems:
         for backend in backends:
             for b in FULL.missing(tables[p.key], sizes_for(p), cap, [backend]):
