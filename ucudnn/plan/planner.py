@@ -54,6 +54,7 @@ UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
 LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
 FLUSHED = "flushing the framework's cache to borrow"  # Planner._shrink's reason after a flush
 PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
+Device = Any  # what a framework names a device by (hashable): its own type, torch.device for torch
 
 
 @runtime_checkable
@@ -65,7 +66,7 @@ class Framework(Protocol):
     own: str  # the framework's name: its own convolution's kernels count as (own, kind) in runs
     cudnn_handles: dict  # device -> whose cuDNN handle its ucudnn.Handle runs on (for summary())
 
-    def make_handle(self, settings: Settings, cache, device: Hashable) -> Any:
+    def make_handle(self, settings: Settings, cache, device: Device) -> Any:
         """A ucudnn.Handle for `device` (assignment, favourite, program, shrink, finalize, reset)."""
 
     def kernel(self, problem: ConvProblem, handle, assignment) -> Any:
@@ -81,46 +82,46 @@ class Framework(Protocol):
     def result_for(self, problem: ConvProblem, like: Any) -> Any:
         """A new tensor for what `problem`'s kernel writes, like `like` (dtype, device)."""
 
-    def flushes(self, device: Hashable) -> int:
+    def flushes(self, device: Device) -> int:
         """How often the framework's allocator has given its whole cache back to serve an allocation."""
 
-    def grown(self, device: Hashable) -> int:
+    def grown(self, device: Device) -> int:
         """How often the framework's allocator has taken memory from the device (allocated, or pages mapped)."""
 
-    def time_own(self, problem: ConvProblem, device: Hashable, free: int | None = None) -> OwnTiming:
+    def time_own(self, problem: ConvProblem, device: Device, free: int | None = None) -> OwnTiming:
         """The framework's own convolution of `problem` timed on new operands; with `free`, with
         only that many bytes free beyond its result (the rest held while it runs)."""
 
     def own_candidate(self) -> str:
         """The database's name of the framework's own convolution ('torch:2.11.0+cu130')."""
 
-    def device_guard(self, device: Hashable) -> ContextManager:
+    def device_guard(self, device: Device) -> ContextManager:
         """Inside, `device` is the current device."""
 
-    def planning(self, device: Hashable) -> ContextManager:
+    def planning(self, device: Device) -> ContextManager:
         """Inside, planning's device memory comes from the framework; on the way out of the
         outermost such scope what it cached goes back to the device."""
 
-    def settled_memory(self, device: Hashable) -> Memory:
+    def settled_memory(self, device: Device) -> Memory:
         """The device's free memory and the bytes tensors hold, the framework's cache given back."""
 
-    def free_bytes(self, device: Hashable) -> int:
+    def free_bytes(self, device: Device) -> int:
         """What the framework could allocate now in one block, at the least."""
 
-    def outside_bytes(self, device: Hashable) -> int:
+    def outside_bytes(self, device: Device) -> int:
         """What the process holds on the device outside the framework's pool (code, handles)."""
 
-    def synchronize(self, device: Hashable) -> None:
+    def synchronize(self, device: Device) -> None:
         """Wait for the device's work."""
 
-    def release(self, device: Hashable) -> int:
+    def release(self, device: Device) -> int:
         """Give back what ucudnn holds beside the framework's pool that it can make again (CUDA
         graphs, cached blocks), and the framework's cached blocks; the graphs' bytes."""
 
     def bound_beside(self, nbytes: int | None) -> None:
         """What ucudnn may hold beside the framework's pool in CUDA graphs from now on (None: unbounded)."""
 
-    def mark(self, device: Hashable, hold_s: float = 0.0) -> Any:
+    def mark(self, device: Device, hold_s: float = 0.0) -> Any:
         """A point in the device's work queued so far (a recorded CUDA event); with `hold_s`, the
         device is first kept busy about that long, so that what the host queues next runs back
         to back after the mark rather than at the host's pace."""

@@ -32,6 +32,8 @@ class Context(Planner):
     Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults; the
     limits' default is AUTO, see _auto)."""
 
+    framework: TorchFramework
+
     def __init__(self, settings: Settings | None = None, *, framework=None, cache=None, workspace_limit=None,
                  optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None,
                  planning=None, delegate: bool = True):
@@ -97,9 +99,10 @@ class Context(Planner):
         layers retired"); not the lead's layer, whose calls start iterations and watch for change
         (saw). restore() converts it again."""
         if id(module) != self._lead_layer:
-            self._retired[module] = type(module)
+            twin: Any = type(module)  # a converted class, with its torch_class (layers.py imports this module)
+            self._retired[module] = twin
             module.__dict__.pop("_ucudnn_steady", None)
-            module.__class__ = type(module).torch_class
+            module.__class__ = twin.torch_class
 
     def saw(self, module: nn.Module, site: Any) -> None:
         """A converted layer's call was examined and routed to `site`. Where it is the lead's
