@@ -93,7 +93,7 @@ class InStep:
     flushes and the memory it took from the device), read beside them. What the step itself paid,
     at its moment."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._open: dict[tuple, tuple[Any, AllocatorCounts]] = {}
         self._windows: dict[tuple, list[tuple[Any, Any, AllocatorCounts]]] = {}
 

@@ -19,7 +19,7 @@ class Moments:
     observation of each device. `in_step_ms` and `in_step_windows` keep, per (kind, call, room),
     what a layer was judged on, for Planner.summary()."""
 
-    def __init__(self, framework):
+    def __init__(self, framework) -> None:
         self.framework = framework
         self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
         self._least: dict[tuple[Hashable, tuple], float] = {}  # (call, kinds) -> least ms of any of its sites

@@ -159,7 +159,7 @@ class EnginesBackend:
     name = NAME
     blends = False
 
-    def __init__(self, cudnn_handle=None):
+    def __init__(self, cudnn_handle=None) -> None:
         self.fe = frontend()
         shared = cudnn_handle is not None and library.copies_loaded() == 1
         self.cudnn_handle = cudnn_handle if shared else None

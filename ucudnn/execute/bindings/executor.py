@@ -18,7 +18,7 @@ class CudnnExecutor:
     are looked up once, so a call costs little more than cuDNN's own launch. cuDNN's legacy calls
     take alpha and beta: the plan applies the step's route's own."""
 
-    def __init__(self, handle):
+    def __init__(self, handle) -> None:
         self.handle = handle
         self._descriptors: dict[str, KernelDescriptors] = {}
 
