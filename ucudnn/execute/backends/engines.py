@@ -213,7 +213,7 @@ class EnginesBackend:
 
     def set_stream(self, stream: int) -> None:
         self.stream = stream
-        if self.owns_handle:
+        if self.cudnn_handle is None:  # the frontend's handle, its own (owns_handle)
             self.fe.set_stream(handle=self.handle, stream=stream)
             return
         # shared: the legacy backend (or a benchmarker) may have moved the handle's stream under
