@@ -159,7 +159,8 @@ class Streamed(nn.Module):
         self._senders = {u for u, _ in self.plan.events}
 
     def forward(self, *args):
-        values, recorded = _bind(self.graph, args), {}
+        values = _bind(self.graph, args)
+        recorded: dict[str, Any] = {}  # node -> the event recorded after it
         self.ops.fork()
         for name, placement in self.plan.placements.items():  # the order the schedule placed them in
             stream = placement.stream
