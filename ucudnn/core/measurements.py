@@ -66,7 +66,7 @@ class Measurement:
 class KernelTable:
     """All measurements of one kernel, by micro-batch size."""
 
-    def __init__(self, measurements: Iterable[Measurement] = ()):
+    def __init__(self, measurements: Iterable[Measurement] = ()) -> None:
         self._by_batch: dict[int, dict[str, Measurement]] = {}
         for m in measurements:
             self.add(m)
@@ -117,7 +117,7 @@ class ShapeTable:
     """Every measurement of one shape key at any micro-batch size, whole calls and parts of sums
     apart: what a database holds, shared by the kernels of every batch size."""
 
-    def __init__(self, measurements: Iterable[Measurement] = ()):
+    def __init__(self, measurements: Iterable[Measurement] = ()) -> None:
         self._rows: dict[tuple[int, bool, str], Measurement] = {}
         for m in measurements:
             self.add(m)

@@ -49,6 +49,7 @@ from .moments import Moments
 from ..core.problem import ConvKind, ConvProblem
 from ..core.progress import Progress
 from ..core.transposition import as_forward, faster
+from ..measure.cache import Cache
 
 UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
 LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
@@ -151,7 +152,8 @@ class Planner:
     leaves free (ucudnn.plan.memory), else the settings' per-kernel limit. `runs` counts kernel calls
     by (via, kind) and delegated layer calls by (framework.own, LAYER)."""
 
-    def __init__(self, settings: Settings, framework: Framework, cache=None, delegate: bool = True, auto: bool = False):
+    def __init__(self, settings: Settings, framework: Framework, cache: Cache | None = None, delegate: bool = True,
+                 auto: bool = False) -> None:
         self.settings, self.framework, self.delegate, self.auto = settings, framework, delegate, auto
         self._cache = cache
         self._handles: dict[Hashable, Any] = {}
@@ -745,7 +747,7 @@ class Planner:
             fall_back(self.framework.own, f"{problem.describe()}: {exc}")
             return self.framework.own_kernel(problem)
 
-    def handle(self, device: Hashable):
+    def handle(self, device: Hashable) -> Any:
         """The ucudnn.Handle of `device`, made on first use."""
         with self._lock:
             if device not in self._handles:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from ...measure.cache import Cache
 from ...plan.config import Settings, choice, format_size
 from ...core.errors import ConfigError
 from ...plan.memory import AUTO
@@ -34,11 +35,13 @@ class Context(Planner):
 
     framework: TorchFramework
 
-    def __init__(self, settings: Settings | None = None, *, framework=None, cache=None, workspace_limit=None,
-                 optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None,
-                 planning=None, delegate: bool = True):
-        keywords = dict(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy, total_limit=total_limit,
-                        cache_path=cache_path, execution=execution, planning=planning)
+    def __init__(self, settings: Settings | None = None, *, framework: TorchFramework | None = None,
+                 cache: Cache | None = None, workspace_limit: int | str | None = None, optimizer: str | None = None,
+                 policy: str | None = None, total_limit: int | str | None = None, cache_path: str | None = None,
+                 execution: str | None = None, planning: str | None = None, delegate: bool = True) -> None:
+        keywords: dict[str, Any] = dict(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy,
+                                        total_limit=total_limit, cache_path=cache_path, execution=execution,
+                                        planning=planning)
         if settings is not None and any(v is not None for v in keywords.values()):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         auto = settings is None and _auto(workspace_limit, total_limit, optimizer)
