@@ -9,23 +9,20 @@ here, or raw addresses made elsewhere); data arguments are device addresses or C
 """
 from __future__ import annotations
 
-from typing import Union
-
-from .execute.bindings import convolution as _conv
-from .execute.bindings import cudnn as _cudnn
+from .core.problem import ConvKind
+from .execute.bindings import convolution as _conv, cudnn as _cudnn
 from .execute.bindings.cudnn import Pointer
 from .execute.bindings.descriptors import ConvolutionDescriptor, FilterDescriptor, TensorDescriptor, read_problem
-from .execute.bindings.enums import AlgoPerf, VIRTUAL_ALGO
+from .execute.bindings.enums import VIRTUAL_ALGO, AlgoPerf
 from .execute.gpu import Buffer, pointer
 from .handle import Handle
-from .core.problem import ConvKind
 
 F, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
 __all__ = ["create", "destroy", "set_stream", "get_version", "TensorDescriptor", "FilterDescriptor",
            "ConvolutionDescriptor", "AlgoPerf", "Handle"]
 
 create, destroy, get_version = _cudnn.create_handle, _cudnn.destroy_handle, _cudnn.version
-AnyHandle = Union[Handle, Pointer]  # a ucudnn.Handle, or a plain cuDNN handle (create())
+AnyHandle = Handle | Pointer  # a ucudnn.Handle, or a plain cuDNN handle (create())
 Descriptors = dict[str, Pointer]  # by role: x, w, y, conv
 Buffers = dict[str, Buffer]  # by role: x, w, y
 

@@ -10,24 +10,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from .execute import gpu
 from .core.errors import NoAlgorithmError
-from .execute.backends import Candidate, open_backends
-from .measure.benchmark import Benchmarker, ConfigurationTimer, CudnnBenchmarker
-from .execute.bindings import cudnn
-from .execute.bindings.enums import VIRTUAL_ALGO
-from .plan.config import Settings
-from .execute.dispatch import compile_program
-from .execute.graphs import GraphCapturer, GraphedProgram
 from .core.measurements import OK
-from .optimizers.configuration import Configuration, MicroConfig
-from .plan.assignment import NO_MEMORY, Assignment, Assignments, Shrink
 from .core.problem import ConvProblem
+from .execute import gpu
+from .execute.backends import Candidate, open_backends
+from .execute.bindings import cudnn
 from .execute.bindings.cudnn import Pointer
+from .execute.bindings.enums import VIRTUAL_ALGO
+from .execute.dispatch import compile_program
 from .execute.gpu import Buffer
+from .execute.graphs import GraphCapturer, GraphedProgram
+from .measure.benchmark import Benchmarker, ConfigurationTimer, CudnnBenchmarker
+from .optimizers.configuration import Configuration, MicroConfig
 from .optimizers.wd import WDResult
+from .plan.assignment import NO_MEMORY, Assignment, Assignments, Shrink
+from .plan.config import Settings
 
 if TYPE_CHECKING:
     from .measure.cache import Cache
@@ -225,7 +226,7 @@ class Handle:
             cudnn.destroy_handle(self.cudnn_handle)
         self.cudnn_handle = self._as_parameter_ = None
 
-    def __enter__(self) -> "Handle":
+    def __enter__(self) -> Handle:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -5,14 +5,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ..core.errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
+from ..core.nets import find_kernel
 from ..measure.cache.database import merge, read_export, writing
 from ..measure.cache.paths import cache_path
 from ..measure.cache.schema import UPGRADE, ForeignFileError, NewerSchemaError
 from ..plan.config import format_size
-from ..reports.coverage import describe_by_backend, recordings, recordings_by_backend
-from ..core.errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
-from ..core.nets import find_kernel
 from ..plan.sources import devices_in, open_database, shards_in
+from ..reports.coverage import describe_by_backend, recordings, recordings_by_backend
 from .arguments import STDOUT, target
 from .commands import kernels_of, request_of
 from .output import device_json, dims, ms, print_json, table

@@ -8,24 +8,24 @@ import time
 import warnings
 from dataclasses import replace
 
-from ..execute import gpu
-from ..measure.cache.paths import cache_path
-from ..plan.config import Settings, format_size, timeline_limits
-from ..reports.coverage import Request, explain_missing
 from ..core.errors import ConfigError, GpuUnavailableError, UcudnnWarning
 from ..core.log import say_plan
 from ..core.nets import Network, find_kernel, get_network, list_networks, torchvision
+from ..core.problem import Kernel, default_math
 from ..core.progress import Progress, counted
+from ..core.staging import slices_of
+from ..execute import gpu
+from ..measure.cache.paths import cache_path
+from ..measure.parallel import bench_devices, bench_on_devices, bench_with_mpi
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..paper import CANDIDATES, FIGURES, Executed, Predicted, write_figures
-from ..measure.parallel import bench_devices, bench_on_devices, bench_with_mpi
-from ..reports.report import Report, make_report
+from ..plan.config import Settings, format_size, timeline_limits
 from ..plan.solve import measured_in, plan
-from ..reports.plots import plot_report
-from ..core.problem import Kernel, default_math
 from ..plan.sources import gpu_available, tables_for
-from ..core.staging import slices_of
+from ..reports.coverage import Request, explain_missing
+from ..reports.plots import plot_report
+from ..reports.report import Report, make_report
 from .output import ProgressBar, device_json, dims, print_json, render_report, table
 
 

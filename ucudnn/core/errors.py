@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from importlib import metadata
-from typing import Iterable
 
 _TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where ucudnn/ is
 

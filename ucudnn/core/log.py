@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import Iterator, Protocol, TextIO
+from collections.abc import Iterator
+from typing import Protocol, TextIO
 
 from .errors import ConfigError
 from .ranks import current_rank

@@ -3,8 +3,8 @@
 A candidate `a` is named `backend:name` (ucudnn.execute.backends), e.g. 'legacy:FFT_TILING'."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .accumulation import accumulates
 from .accuracy import accurate
@@ -81,7 +81,7 @@ class KernelTable:
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_batch.values())
 
-    def only(self, backends: Iterable[str] | None) -> "KernelTable":
+    def only(self, backends: Iterable[str] | None) -> KernelTable:
         """The measurements of candidates of `backends` (None: all of them)."""
         if backends is None:
             return self

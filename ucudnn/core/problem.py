@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -148,11 +149,11 @@ class ConvProblem:
     def itemsize(self) -> int:
         return ITEMSIZE[self.dtype]
 
-    def with_batch(self, batch: int) -> "ConvProblem":
+    def with_batch(self, batch: int) -> ConvProblem:
         """The same kernel on a micro-batch of `batch` samples."""
         return replace(self, x_shape=(batch, *self.x_shape[1:]))
 
-    def with_kind(self, kind: ConvKind | str) -> "ConvProblem":
+    def with_kind(self, kind: ConvKind | str) -> ConvProblem:
         return replace(self, kind=ConvKind(kind))
 
     def sample_bytes(self, tensor: str) -> int:
@@ -207,10 +208,10 @@ class ConvProblem:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ConvProblem":
+    def from_dict(cls, d: dict) -> ConvProblem:
         return cls(**d)
 
-    def lifted(self) -> "ConvProblem":
+    def lifted(self) -> ConvProblem:
         """A 1-D problem as the 2-D one cuDNN runs on the same memory (lift_1d); others as they are."""
         if len(self.x_shape) != 3:
             return self

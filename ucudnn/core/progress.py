@@ -9,7 +9,7 @@ end).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .log import redraws, say
 

@@ -2,8 +2,9 @@
 per kernel, at the aligned prefix sum of the sizes before it."""
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Hashable, Mapping, TypeVar
+from typing import TypeVar
 
 from .errors import ConfigError
 

@@ -10,15 +10,16 @@ and w and writes y; BD reads y (dy) and w and writes x (dx); BF reads x and y (d
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ..core import accumulation
 from ..core.accumulation import Combine, Route
 from ..core.errors import CandidateError, ConfigError
-from ..optimizers.configuration import Configuration
 from ..core.problem import ConvKind, ConvProblem
 from ..core.staging import SLICE_ALIGNMENT, is_aligned, slices_of
+from ..optimizers.configuration import Configuration
 
 OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
 

@@ -5,7 +5,7 @@ import functools
 import sys
 import time
 from types import ModuleType
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 from ..core.device import Provenance
 from ..core.errors import GpuUnavailableError, gpu_install
@@ -27,7 +27,7 @@ class _Array(Protocol):  # a CuPy array
 
 # Device memory as ucudnn takes it: an address, a torch tensor, a CuPy array or MemoryPointer, or
 # None (address 0)
-Buffer = Union[int, _Tensor, _Array, _Memory, None]
+Buffer = int | _Tensor | _Array | _Memory | None
 
 
 def cupy() -> ModuleType:
@@ -107,12 +107,12 @@ extern "C" __global__ void spin(long long cycles) {
 }"""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _spin_kernel():
     return cupy().RawKernel(_SPIN, "spin")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _clock_khz(device: int) -> int:
     return cupy().cuda.runtime.getDeviceProperties(device)["clockRate"]
 

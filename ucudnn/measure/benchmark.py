@@ -5,18 +5,28 @@ import contextlib
 import functools
 import math
 import statistics
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Collection, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
-from ..execute import gpu
 from ..core.accumulation import accumulates
 from ..core.device import TIMING_PRESETS, Provenance, check_execution, check_timing
-from ..execute.dispatch import Program, Step, compile_program, step
 from ..core.errors import ConfigError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
-from ..execute.graphs import GraphCapturer, GraphedProgram
-from ..core.measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, failure_status,
-                           describe_sizes)
+from ..core.measurements import (
+    FAILED,
+    OK,
+    OUT_OF_MEMORY,
+    OVER_CAP,
+    PRUNED,
+    KernelTable,
+    Measurement,
+    describe_sizes,
+    failure_status,
+)
 from ..core.problem import ConvProblem
+from ..execute import gpu
+from ..execute.dispatch import Program, Step, compile_program, step
+from ..execute.graphs import GraphCapturer, GraphedProgram
 from ..optimizers.search import FULL, Search
 
 
@@ -277,7 +287,7 @@ def _stream_kept(handle):
 
 
 def _capturer(execution: str, backends, stream: int,
-              make_room: Callable[[], None] | None = None) -> "GraphCapturer | None":
+              make_room: Callable[[], None] | None = None) -> GraphCapturer | None:
     """What captures the backends' calls for graph execution (making room as GraphCapturer says);
     None for direct execution."""
     if check_execution(execution) != "graph":
@@ -288,7 +298,7 @@ def _capturer(execution: str, backends, stream: int,
 SWEEP_MS, SWEEP_CALLS = 0.5, 16
 
 
-def _time(run, timing: TimingSettings, stream: int, capturer: "GraphCapturer | None" = None,
+def _time(run, timing: TimingSettings, stream: int, capturer: GraphCapturer | None = None,
           estimate: float | None = None) -> list[float]:
     """Warm up, then time enough calls to fill the target (see TimingSettings); the warm-up
     only sizes the repeats, and a call already run and timed (`estimate` ms, the coarse sweep's)

@@ -12,7 +12,7 @@ kernels then cost one pass over b instead of one per kernel.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike

@@ -23,8 +23,8 @@ database asks for nothing more. Every full table is complete for the pruned sear
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
 
 from ..core.errors import unknown
 from ..core.measurements import PRUNED, KernelTable

@@ -12,7 +12,7 @@ at, so its cost may depend on where it starts; parts run in the order R(0) takes
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..core.errors import NoAlgorithmError
 from ..core.measurements import KernelTable

@@ -4,8 +4,8 @@ Markdown page beside a PNG, its numbers beside those the paper reports (page.py)
 an index of them all. `ucudnn paper FIG` is the command; FIGURES the registry, by number."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ..core.progress import counted
 from ..reports.plots import check_plot_path

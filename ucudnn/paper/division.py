@@ -2,8 +2,8 @@
 AlexNet and ResNet-50 (Fig. 13), and how WD divides AlexNet's 120 MiB (Fig. 14)."""
 from __future__ import annotations
 
-from ..plan.config import format_size
 from ..core.nets import Network, get_network
+from ..plan.config import format_size
 from ..reports.plots import plot_stacked
 from ..reports.report import Report
 from .evidence import CANDIDATES, DRAWN, Evidence

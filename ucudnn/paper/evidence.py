@@ -6,25 +6,25 @@ micro-batches; `Executed` measures on this GPU what its cache lacks and runs eve
 as the handle runs it (benchmark.ConfigurationTimer), as the paper executed its figures."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
-from ..measure.cache import Cache, cache_path
-from ..plan.config import Settings, format_size
-from ..reports.coverage import Request
 from ..core.device import Provenance
-from ..core.progress import Progress as Line, counted
 from ..core.errors import ConfigError, GpuUnavailableError, MissingMeasurementsError
 from ..core.measurements import KernelTable
 from ..core.nets import Network
+from ..core.problem import ConvProblem, Kernel
+from ..core.progress import Progress as Line, counted
+from ..measure.cache import Cache, cache_path
+from ..measure.cache.database import BenchmarkDatabase
 from ..optimizers import DIVIDING, PER_KERNEL
 from ..optimizers.configuration import Configuration
-from ..core.problem import ConvProblem, Kernel
-from ..reports.report import Report, make_report
+from ..plan.config import Settings, format_size
 from ..plan.solve import Measure, plan
-from ..measure.cache.database import BenchmarkDatabase
 from ..plan.sources import Progress, complete_tables, device_with_most, gpu_available, open_database
+from ..reports.coverage import Request
+from ..reports.report import Report, make_report
 
 # Whose candidates a figure plans with: cuDNN's legacy algorithms alone (the API the paper's cuDNN
 # 6 and 7 had), or those and cuDNN's graph-API engines (ucudnn's default); drawings show the last

@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..plan.config import format_size
 from ..core.nets import Network, get_network
-from ..reports.plots import plot_stacked
 from ..core.problem import ConvKind
+from ..plan.config import format_size
+from ..reports.plots import plot_stacked
 from ..reports.report import Report
 from .evidence import CANDIDATES, DRAWN, Evidence
 from .page import NOT_RECORDED, SHORT, Figure, Headline, Result, Table, against, ratio

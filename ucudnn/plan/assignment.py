@@ -16,19 +16,20 @@ Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive 
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
-from ..measure.benchmark import Benchmarker, ensure_tables
-from .config import Settings
 from ..core.errors import DeviceMemoryError, InfeasibleError, NoAlgorithmError
 from ..core.fallback import say_once
 from ..core.log import say_plan
+from ..core.measurements import KernelTable
+from ..core.problem import ConvProblem, Kernel
+from ..measure.benchmark import Benchmarker, ensure_tables
 from ..optimizers import PER_KERNEL
 from ..optimizers.configuration import Configuration
 from ..optimizers.wd import WDResult
-from ..core.measurements import KernelTable
-from ..core.problem import ConvProblem, Kernel
+from .config import Settings
 from .solve import Measure, plan
 
 # The step by which device memory is handed out for large blocks: torch's caching allocator

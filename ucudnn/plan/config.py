@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from ..execute.backends import CHOICES as BACKEND_CHOICES
-from ..measure.cache.paths import CACHE_VARIABLE, refuse_misnamed
 from ..core.device import EXECUTIONS
 from ..core.errors import ConfigError, unknown
 from ..core.problem import INT64_MAX, ConvProblem
-from ..optimizers import DIVIDING, PER_KERNEL, Optimizer
-from ..optimizers import OPTIMIZERS as REGISTRY
+from ..execute.backends import CHOICES as BACKEND_CHOICES
+from ..measure.cache.paths import CACHE_VARIABLE, refuse_misnamed
+from ..optimizers import DIVIDING, OPTIMIZERS as REGISTRY, PER_KERNEL, Optimizer
 from ..optimizers.search import SEARCHES, Search, named
 from ..optimizers.solvers import FIRST_INSTALLED, SOLVERS
 from .memory import AUTO
@@ -178,7 +178,7 @@ class Settings:
         return self.workspace_limit * kernels if total is None else total
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Keyword arguments win over UCUDNN_* variables, which win over the defaults. An argument
         also wins over a variable that contradicts it (_contradicted): `workspace_limit` or a
         per-kernel `optimizer` given drops a total from UCUDNN_TOTAL_LIMIT, a `total_limit` given

@@ -25,7 +25,8 @@ cuDNN version, not the moment. A later process then decides delegation as the fi
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from ..core.measurements import Measurement
 from ..core.problem import ConvProblem
@@ -64,7 +65,7 @@ class AllocatorCounts(NamedTuple):
     flushes: int = 0
     grown: int = 0
 
-    def __sub__(self, other: "AllocatorCounts") -> "AllocatorCounts":
+    def __sub__(self, other: AllocatorCounts) -> AllocatorCounts:
         return AllocatorCounts(self.flushes - other.flushes, self.grown - other.grown)
 
 

@@ -4,7 +4,8 @@ each of its kernels' moments left, and the framework's own kernels as they ran t
 observes through `Moments` while a layer waits for its plan and judges the layer on what it saw."""
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 from ..core.problem import ConvKind
 from .delegation import IN_STEP_HOLD_S, AllocatorCounts, InStep, OwnTiming, Window, least

@@ -34,22 +34,39 @@ import math
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
-from .assignment import NO_MEMORY
-from .config import Settings
-from .delegation import (OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster, pressed, settled_by_own,
-                         stored_timing, worth_delegating)
 from ..core.errors import DeviceMemoryError
 from ..core.fallback import UNPLANNABLE, fall_back, say_once
 from ..core.measurements import OK
-from .memory import (FLUSH_MS, RECORDED_CALLS, WATCHED_STEPS, FlushWatch, Memory, graph_budget, quantized,
-                     workspace_limit)
-from .moments import Moments
 from ..core.problem import ConvKind, ConvProblem
 from ..core.progress import Progress
 from ..core.transposition import as_forward, faster
 from ..measure.cache import Cache
+from .assignment import NO_MEMORY
+from .config import Settings
+from .delegation import (
+    OwnTiming,
+    as_fast_as_favourites,
+    keep_timing,
+    own_kernels_faster,
+    pressed,
+    settled_by_own,
+    stored_timing,
+    worth_delegating,
+)
+from .memory import (
+    FLUSH_MS,
+    RECORDED_CALLS,
+    WATCHED_STEPS,
+    FlushWatch,
+    Memory,
+    graph_budget,
+    quantized,
+    workspace_limit,
+)
+from .moments import Moments
 
 UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
 LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
@@ -96,10 +113,10 @@ class Framework(Protocol):
     def own_candidate(self) -> str:
         """The database's name of the framework's own convolution ('torch:2.11.0+cu130')."""
 
-    def device_guard(self, device: Device) -> ContextManager:
+    def device_guard(self, device: Device) -> contextlib.AbstractContextManager:
         """Inside, `device` is the current device."""
 
-    def planning(self, device: Device) -> ContextManager:
+    def planning(self, device: Device) -> contextlib.AbstractContextManager:
         """Inside, planning's device memory comes from the framework; on the way out of the
         outermost such scope what it cached goes back to the device."""
 

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import sqlite3
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
+from ..core.device import Provenance
+from ..core.errors import CacheError, MissingMeasurementsError
+from ..core.measurements import KernelTable
+from ..core.problem import ConvProblem
 from ..execute.bindings import gpu_available
 from ..measure.benchmark import Benchmarker, CudnnBenchmarker, ensure_tables
 from ..measure.cache.database import BenchmarkDatabase, merge
 from ..measure.cache.memo import Cache
 from ..measure.cache.paths import cache_path, shard_paths
 from .config import Settings
-from ..core.device import Provenance
-from ..core.errors import CacheError, MissingMeasurementsError
-from ..core.measurements import KernelTable
-from ..core.problem import ConvProblem
 
 Progress = Callable[[int, int, ConvProblem], None]
 

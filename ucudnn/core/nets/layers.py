@@ -144,7 +144,7 @@ class ConvLayer:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "ConvLayer":
+    def from_json(cls, d: dict) -> ConvLayer:
         known = {f.name for f in fields(cls)}
         required = {f.name for f in fields(cls) if f.default is MISSING}
         keys = f"a layer has the keys {sorted(required)} and optionally {sorted(known - required)}"
@@ -211,7 +211,7 @@ class Network:
                 "layers": [layer.to_json() for layer in self.layers]}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Network":
+    def from_json(cls, d: dict) -> Network:
         if not isinstance(d, dict) or not isinstance(d.get("layers"), list):
             raise ConfigError('a network file is a JSON object {"name": ..., "layers": [...]}; '
                               '`ucudnn nets --help` describes it, `ucudnn nets alexnet --json` writes one')

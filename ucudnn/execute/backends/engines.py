@@ -10,14 +10,13 @@ a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, docs/results
 """
 from __future__ import annotations
 
-from .. import gpu
 from ...core.accuracy import accurate
-from ..bindings import cudnn as bindings
-from ..bindings import library
-from ..dispatch import OUTPUT, Plan, Step
 from ...core.errors import BackendUnavailableError, CandidateError, gpu_install
 from ...core.measurements import FAILED, OK, UNSUPPORTED
 from ...core.problem import ConvKind, ConvProblem
+from .. import gpu
+from ..bindings import cudnn as bindings, library
+from ..dispatch import OUTPUT, Plan, Step
 from .base import Candidate, candidate_id, split_id
 
 NAME = "engines"

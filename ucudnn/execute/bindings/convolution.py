@@ -2,8 +2,9 @@
 the order of its operands (F: x, w -> y; BD: w, dy -> dx; BF: x, dy -> dw)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from ctypes import byref, c_int, c_size_t, c_void_p
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from ...core.problem import ConvKind
 from . import cudnn

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_void_p
-from typing import Protocol, Union
+from typing import Protocol
 
 from ...core.errors import CudnnError, GpuUnavailableError
 from . import library
@@ -24,7 +24,7 @@ class Parameter(Protocol):
 
 
 # What a P argument takes: a cuDNN handle, a descriptor or an address, as ctypes passes them (None: NULL)
-Pointer = Union[c_void_p, int, Parameter, None]
+Pointer = c_void_p | int | Parameter | None
 INT_P, SIZE_P, PERF_P = POINTER(c_int), POINTER(c_size_t), POINTER(AlgoPerf)
 
 # name: argument types (every function returns cudnnStatus_t unless listed in _RETURNS)

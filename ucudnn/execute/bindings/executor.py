@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from ctypes import byref
 
-from ..dispatch import Plan, Step
 from ...core.errors import CudnnError
 from ...core.problem import ConvProblem
+from ..dispatch import Plan, Step
 from . import cudnn
 from .convolution import ROLES, function_name, workspace_size
 from .descriptors import KernelDescriptors

@@ -41,7 +41,7 @@ class Geometry:
         """The output size of the transposed convolution of a `size` input (problem.transposed_size)."""
         return transposed_size(size, kernel, self.pads, self.strides, self.dilations, output_padding)
 
-    def lifted(self) -> "Geometry":
+    def lifted(self) -> Geometry:
         """A 1-D convolution's geometry as the 2-D one cuDNN runs (problem.lift_1d)."""
         return Geometry(*lift_1d(self.pads, self.strides, self.dilations), self.groups)
 

@@ -7,16 +7,17 @@ import contextlib
 import os
 import weakref
 from collections import Counter
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-from ...measure.cache import Cache
-from ...plan.config import Settings, choice, format_size
 from ...core.errors import ConfigError
-from ...plan.memory import AUTO
+from ...measure.cache import Cache
 from ...optimizers import DIVIDING, OPTIMIZERS, PER_KERNEL
+from ...plan.config import Settings, choice, format_size
+from ...plan.memory import AUTO
 from ...plan.planner import Planner
 from .kernels import TorchFramework
 from .sites import Sites
@@ -61,7 +62,7 @@ class Context(Planner):
         self._lead_seen: Any = None  # the site of that layer's last call examined
 
     # Converted models share their context when deep-copied, and rebuild it when unpickled.
-    def __deepcopy__(self, memo) -> "Context":
+    def __deepcopy__(self, memo) -> Context:
         return self
 
     def __reduce__(self):
@@ -127,7 +128,7 @@ class Context(Planner):
         self._retired.clear()
 
     @contextlib.contextmanager
-    def recording(self) -> Iterator["Context"]:
+    def recording(self) -> Iterator[Context]:
         """Layers only record their kernels inside; on a clean exit the kernels are planned (WD:
         the network, known kernels included, is solved once)."""
         if self.wd and self.solved():

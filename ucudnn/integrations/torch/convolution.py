@@ -11,7 +11,7 @@ which must start on the slice alignment (call.aligned; the callers align the inp
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor

@@ -6,20 +6,21 @@ import contextlib
 import functools
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ...execute.backends.base import candidate_id
-from ...plan.config import Settings
-from ...plan.delegation import OwnTiming
 from ...core.errors import CudnnError, DeviceMemoryError
 from ...core.fallback import say_once
 from ...core.measurements import TORCH
+from ...core.problem import ConvKind, ConvProblem
+from ...execute.backends.base import candidate_id
+from ...plan.config import Settings
+from ...plan.delegation import OwnTiming
 from ...plan.memory import Memory
 from ...plan.planner import UCUDNN
-from ...core.problem import ConvKind, ConvProblem
 from .call import memory_format
 from .torch_handle import torch_cudnn_handle
 
@@ -96,11 +97,11 @@ class TorchFramework:
             return torch.cuda.current_stream(device).cuda_stream
         return _raw_stream(torch.cuda.current_device() if device.index is None else device.index)
 
-    def kernel(self, problem: ConvProblem, handle, assignment) -> "UcudnnKernel":
+    def kernel(self, problem: ConvProblem, handle, assignment) -> UcudnnKernel:
         """The kernel ucudnn runs as `assignment` (a `handle`'s) plans it."""
         return UcudnnKernel(problem, handle, assignment, self)
 
-    def own_kernel(self, problem: ConvProblem) -> "TorchKernel":
+    def own_kernel(self, problem: ConvProblem) -> TorchKernel:
         """torch's own convolution of `problem`, as a kernel."""
         return TorchKernel(problem)
 

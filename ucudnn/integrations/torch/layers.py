@@ -3,18 +3,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ...core.errors import ConfigError
+from ...core.fallback import fall_back, say_once
 from ...plan.planner import LAYER
 from . import convolution
 from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
-from ...core.fallback import fall_back, say_once
 from .kernels import TorchFramework, is_out_of_memory
 from .sites import Site, Steady, signature
 

@@ -16,8 +16,9 @@ has sites of its own; layers of one shape share their kernels' plans through the
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Hashable
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Hashable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor

@@ -22,7 +22,8 @@ tests/test_gpu_streams.py checks outputs against one stream on a GPU; docs/resul
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.fx

@@ -19,7 +19,7 @@ constants to hand over: the graph breaks at the layer (eager), which then runs e
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Decision = tuple[int, torch.dtype, torch.memory_format]  # ucudnn runs it: the site's handle, dtype, format
 
 
-def decision(module: _ConvNd, input: Tensor) -> Optional[Decision]:
+def decision(module: _ConvNd, input: Tensor) -> Decision | None:
     """How a traced call of `module` on `input` runs: None for torch's own layer, else ucudnn's op
     on the site its Decision names. Under dynamo, for an input of constant sizes (sizes_known)."""
     if torch.compiler.is_dynamo_compiling():
@@ -75,7 +75,7 @@ def run(module: _ConvNd, input: Tensor, decided: Decision) -> Tensor:
 
 @torch._dynamo.assume_constant_result
 def _decided_on_stand_in(layer: int, shape: tuple, stride: tuple, dtype: torch.dtype, device: torch.device,
-                         requires_grad: bool, *guarded: bool) -> Optional[Decision]:
+                         requires_grad: bool, *guarded: bool) -> Decision | None:
     """_decided, called by dynamo with a traced layer's id and its input's metadata: on a fake
     tensor of it (`guarded`: global flags handed over for dynamo to guard on, read again where they
     are used). Dynamo calls it while tracing the layer, which is alive then: its id is its address."""
@@ -85,7 +85,7 @@ def _decided_on_stand_in(layer: int, shape: tuple, stride: tuple, dtype: torch.d
     return _decided(module, stand_in)
 
 
-def _decided(module: _ConvNd, input: Tensor) -> Optional[Decision]:
+def _decided(module: _ConvNd, input: Tensor) -> Decision | None:
     """The call's site (resolved as an eager call's), decided now (Planner.settle), with every
     tracing mode set aside: nothing it does is recorded, and planning meets real tensors."""
     with _disable_current_modes():

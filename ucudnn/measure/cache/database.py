@@ -10,21 +10,21 @@ import tempfile
 import threading
 import uuid
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TextIO, TypeVar
+from typing import TextIO, TypeVar
 
 import sqlite_utils
 
-from ...execute.backends import split_id
 from ...core.device import Provenance
 from ...core.errors import CacheError, DamagedDatabaseError, InterruptedWriteError, UcudnnWarning
 from ...core.measurements import KernelTable, Measurement, ShapeTable
 from ...core.problem import ConvProblem
+from ...execute.backends import split_id
 from . import rows, schema
-from .connection import (BUSY_SLICE_S, connect, in_read_transaction, in_write_transaction, interrupted, journal,
-                         retrying)
+from .connection import BUSY_SLICE_S, connect, in_read_transaction, in_write_transaction, interrupted, journal, retrying
 from .faults import is_full, named
 from .paths import default_path, recorded_path, recorded_paths, shard_path
 
@@ -327,7 +327,7 @@ class BenchmarkDatabase:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> "BenchmarkDatabase":
+    def __enter__(self) -> BenchmarkDatabase:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,15 +12,16 @@ import os
 import sqlite3
 import threading
 import warnings
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Iterable, TypeVar
+from typing import TypeVar
 
 from ...core.device import Provenance
 from ...core.errors import CacheError, UcudnnWarning
 from ...core.measurements import KernelTable, Measurement, ShapeTable
-from ...optimizers.configuration import Configuration
 from ...core.problem import ConvProblem
+from ...optimizers.configuration import Configuration
 from .database import BenchmarkDatabase
 from .faults import describe
 from .paths import cache_path, own_shard

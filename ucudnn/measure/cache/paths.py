@@ -7,9 +7,10 @@ import os
 import re
 import socket
 import warnings
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Mapping, overload
+from typing import Literal, overload
 
 from ...core.errors import ConfigError, UcudnnWarning
 from ...core.ranks import current_rank

@@ -9,17 +9,17 @@ measurement is never replaced by a `quick` one, whatever their order.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import sqlite_utils
 
 from ...core.accumulation import route
-from ...execute.bindings.enums import algo_name
 from ...core.device import TIMING_PRESETS
 from ...core.errors import CacheError
 from ...core.measurements import TAKEN
 from ...core.problem import HALF_TYPES, ConvProblem
+from ...execute.bindings.enums import algo_name
 
 SCHEMA_VERSION = 5
 # A file this old or newer is read without migrating it (a read-only file cannot be): v5 keeps

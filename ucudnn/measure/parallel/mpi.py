@@ -5,17 +5,17 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
+from ...core.device import Provenance
+from ...core.errors import ConfigError, GpuUnavailableError, UcudnnError, install_extra
+from ...core.problem import ConvProblem
 from ...execute.backends import resolve as resolve_backends
 from ..benchmark import Benchmarker, TimingSettings
 from ..cache.database import BenchmarkDatabase
 from ..cache.memo import resolve_path
 from ..cache.paths import shard_path
-from ...core.device import Provenance
-from ...core.errors import ConfigError, GpuUnavailableError, UcudnnError, install_extra
-from ...core.problem import ConvProblem
 from .devices import Factory, backend_setting, check_one_model, cuda_device_count, default_factory
 from .pool import merge_shards, new_shard_dir, remove_if_empty
 from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep

@@ -5,18 +5,18 @@ from __future__ import annotations
 import functools
 import heapq
 from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Iterable, NamedTuple, Sequence, TypeVar
+from typing import NamedTuple, TypeVar
 
 from ...core.accumulation import accumulates
-from ...execute.backends import BACKENDS
-from ...execute.backends import module as backend_module
-from ..benchmark import Benchmarker
 from ...core.device import Provenance
 from ...core.errors import ConfigError, MissingMeasurementsError
 from ...core.problem import ConvProblem
+from ...execute.backends import BACKENDS, module as backend_module
 from ...optimizers.search import FULL
+from ..benchmark import Benchmarker
 
 W = TypeVar("W", bound=Hashable)
 SizesFor = Callable[[ConvProblem], Sequence[int]]
