@@ -309,11 +309,11 @@ def as_class(convs: list, cls, step):
 
 def full_sweep(args) -> dict:
     """WR's predicted time of the swept kernels from the pruned measurements and from a full sweep."""
+    from ucudnn.core.problem import ConvProblem, Kernel
     from ucudnn.measure.benchmark import CudnnBenchmarker, ensure_tables
     from ucudnn.measure.cache import Cache
-    from ucudnn.plan.config import Settings
-    from ucudnn.core.problem import ConvProblem, Kernel
     from ucudnn.optimizers.search import named
+    from ucudnn.plan.config import Settings
     from ucudnn.plan.solve import solve_wr
 
     problems = [ConvProblem.from_dict(d) for d in json.loads(Path(args.problems).read_text())]

@@ -8,8 +8,9 @@ import os
 import random
 import statistics
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20

@@ -12,9 +12,9 @@ from torch import Tensor, nn
 
 import ucudnn.torch
 from bench.common import MiB, block, median_ms, relative_error
-from ucudnn.plan.config import Settings
 from ucudnn.integrations.torch import TorchFramework
 from ucudnn.integrations.torch.layers import TWINS
+from ucudnn.plan.config import Settings
 
 
 class Case:

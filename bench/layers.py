@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 from ucudnn import format_size, parse_size
+from ucudnn.core.nets import get_network
+from ucudnn.core.staging import slices_of
 from ucudnn.measure.benchmark import ConfigurationTimer, CudnnBenchmarker, TimingSettings
 from ucudnn.measure.cache import Cache
-from ucudnn.plan.config import Settings, batch_sizes
-from ucudnn.core.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
+from ucudnn.plan.config import Settings, batch_sizes
 from ucudnn.plan.sources import complete_tables
-from ucudnn.core.staging import slices_of
 
 VARIANTS = {"undivided": "undivided", "wr_p2": "powerOfTwo", "wr_all": "all", "unlimited": "undivided"}
 
@@ -68,9 +68,9 @@ def handle_overhead(kernels, limit, cache, execution: str, repeats=20) -> dict:
     vs direct cuDNN calls with the algorithm that handle picked, back to back on one stream."""
     from ucudnn import Handle, cudnn
     from ucudnn.execute import gpu
-    from ucudnn.measure.benchmark import Scratch
     from ucudnn.execute.bindings import convolution
     from ucudnn.execute.bindings.descriptors import KernelDescriptors
+    from ucudnn.measure.benchmark import Scratch
 
     handle = Handle(cache=cache, policy="undivided", workspace_limit=limit, execution=execution)
     plain = cudnn.create()

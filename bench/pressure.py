@@ -43,8 +43,18 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import (ALLOC_CONF, MiB, block, chance, child_env, first_line, host_profile, relative_error,
-                          training_step, turns)
+from bench.common import (
+    ALLOC_CONF,
+    MiB,
+    block,
+    chance,
+    child_env,
+    first_line,
+    host_profile,
+    relative_error,
+    training_step,
+    turns,
+)
 from ucudnn.reports import kernels
 
 STEADY = 8  # the last iterations whose median is the steady time
@@ -287,9 +297,8 @@ def run_variant(args) -> dict:
             result["profile_error"] = first_line(exc)
     if args.variant in UCUDNN_VARIANTS:
         import ucudnn.torch as ut
-        from ucudnn.integrations.torch.layers import Converted
-
         from ucudnn.execute.graphs import GRAPH_MEMORY
+        from ucudnn.integrations.torch.layers import Converted
 
         context = ut.context_of(model)
         summary = context.summary()

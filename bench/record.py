@@ -16,10 +16,10 @@ import re
 import time
 from pathlib import Path
 
+from ucudnn.core.nets import get_network
 from ucudnn.measure.benchmark import CudnnBenchmarker
 from ucudnn.measure.cache import Cache
 from ucudnn.plan.config import Settings
-from ucudnn.core.nets import get_network
 from ucudnn.plan.sources import complete_tables
 
 # net:batch:dtype:layout:policy; fp16 in NHWC, the layout its tensor-core kernels want, with

@@ -43,8 +43,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import (MiB, allocator_counts, build, condensed, cuda_mark, first_line, interleave, iteration_ms,
-                          program_counts, training_step)
+from bench.common import (
+    MiB,
+    allocator_counts,
+    build,
+    condensed,
+    cuda_mark,
+    first_line,
+    interleave,
+    iteration_ms,
+    program_counts,
+    training_step,
+)
 
 
 class Watch:

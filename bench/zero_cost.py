@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 
 import ucudnn.torch as ut
-
 from bench.common import build, condensed, median_iteration_ms, relative_error, training_step
 
 

@@ -10,18 +10,19 @@ Combine steps run in NumPy: float32 arithmetic for half and float32 data, float6
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
-from fakes import BLENDS, FakeBackend
 
-import reference
 from ucudnn.core.accumulation import Combine, buffer_type, output_elements
+from ucudnn.core.problem import ConvProblem
+from ucudnn.core.staging import SLICE_ALIGNMENT
 from ucudnn.execute.backends import Backends, backend_of
 from ucudnn.execute.dispatch import OUTPUT, Plan, Step, compile_program, steps
 from ucudnn.optimizers.configuration import Configuration
-from ucudnn.core.problem import ConvProblem
-from ucudnn.core.staging import SLICE_ALIGNMENT
+
+import reference
+from fakes import BLENDS, FakeBackend
 
 
 def plan_workspace(step: Step) -> int:

@@ -7,11 +7,11 @@ import math
 from collections import Counter
 
 from ucudnn.core.accumulation import accumulates
-from ucudnn.execute.backends import Backends, Candidate, backend_of
-from ucudnn.measure.benchmark import timing_step
 from ucudnn.core.device import Provenance
 from ucudnn.core.errors import NoAlgorithmError
 from ucudnn.core.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, Measurement
+from ucudnn.execute.backends import Backends, Candidate, backend_of
+from ucudnn.measure.benchmark import timing_step
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.plan.assignment import Assignment
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import reference
-from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.core.problem import ConvKind, ConvProblem
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
+
+import reference
 
 # (dtype, math, layout, bound on ||out - ref|| / ||ref||)
 CASES = [

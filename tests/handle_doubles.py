@@ -2,10 +2,10 @@
 Assignments over a fake benchmarker, and programs that run on flat NumPy arrays."""
 from __future__ import annotations
 
+from ucudnn.plan.assignment import Assignments
+
 from executors import array_program
 from fakes import FakeAllocator, FakeBenchmarker, favourite, favourite_ms, heuristic
-
-from ucudnn.plan.assignment import Assignments
 
 
 class NumpyHandle:

@@ -6,11 +6,11 @@ overhead: under a tight limit, WR splits the batch to use them, as on real GPUs.
 from __future__ import annotations
 
 from ucudnn.core.accumulation import accumulates
-from ucudnn.execute.backends.legacy import legacy_id
-from ucudnn.plan.config import batch_sizes
 from ucudnn.core.device import Provenance
 from ucudnn.core.measurements import OK, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.core.problem import ConvProblem
+from ucudnn.execute.backends.legacy import legacy_id
+from ucudnn.plan.config import batch_sizes
 
 DEVICE = Provenance("Synthetic GPU", "9.0", 90100, 0, host="test", execution="graph")
 

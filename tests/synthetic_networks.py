@@ -3,13 +3,13 @@ shapes with per-kernel noise, at ResNet-50's size by default; and a recorded net
 their measurements from a benchmark database (identical layers as one kernel with a count)."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from ucudnn.plan.config import batch_sizes
 from ucudnn.core.measurements import UNSUPPORTED, KernelTable, Measurement
 from ucudnn.core.problem import ConvKind, ConvProblem, Kernel
+from ucudnn.plan.config import batch_sizes
 
 Tables = dict[str, KernelTable]  # by problem.key
 
@@ -64,8 +64,8 @@ def recorded_network(database: str, network: str = "resnet50", batch: int = 32,
                      gpu: str | None = None) -> tuple[list[Kernel], Tables]:
     """The kernels of `network` with their measurements in `database`, on the first recorded
     device (or the first whose GPU name contains `gpu`)."""
-    from ucudnn.measure.cache.database import BenchmarkDatabase
     from ucudnn.core.nets import get_network
+    from ucudnn.measure.cache.database import BenchmarkDatabase
 
     kernels = get_network(network).problems(batch)
     with BenchmarkDatabase(database, readonly=True) as db:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fakes import FAKE_DEVICE, FakeAllocator, FakeBenchmarker
-import reference
-from ucudnn.measure.cache import Cache
-from ucudnn.plan.config import Settings
-from executors import dispatch
-from ucudnn.plan.assignment import Assignments
 from ucudnn.core.problem import ConvKind, ConvProblem
+from ucudnn.measure.cache import Cache
+from ucudnn.plan.assignment import Assignments
+from ucudnn.plan.config import Settings
+
+import reference
+from executors import dispatch
+from fakes import FAKE_DEVICE, FakeAllocator, FakeBenchmarker
 
 LAYERS = [ConvProblem(kind, (32, 16, 12, 12), (24, 16, 3, 3), pads=1) for kind in ConvKind] + [
     ConvProblem("F", (32, 24, 12, 12), (8, 24, 1, 1))]
@@ -128,8 +129,8 @@ def test_planned_dispatch_matches_reference(tmp_path, kind, rng):
 def test_benchmark_scratch_gives_its_memory_back(monkeypatch):
     """Benchmarking allocates the largest workspaces there are; once a kernel is measured, the
     scratch frees them and empties CuPy's pool, so a training run does not keep them."""
-    from ucudnn.measure import benchmark
     from ucudnn.execute import gpu
+    from ucudnn.measure import benchmark
 
     class Buffer:
         def __init__(self, nbytes):

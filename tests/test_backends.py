@@ -11,18 +11,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fakes import FAKE_DEVICE, FakeBackend
+from ucudnn.core.accumulation import accumulates
+from ucudnn.core.errors import BackendUnavailableError, ConfigError, MissingMeasurementsError
+from ucudnn.core.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
+from ucudnn.core.problem import ConvProblem
 from ucudnn.execute.backends import Backends, Candidate, candidate_id, candidates, resolve, split_id
 from ucudnn.measure.benchmark import ensure_tables, timing_step, worth_timing_again
 from ucudnn.measure.cache import Cache
 from ucudnn.measure.cache.database import BenchmarkDatabase
-from ucudnn.plan.config import Settings
-from ucudnn.core.errors import BackendUnavailableError, ConfigError, MissingMeasurementsError
-from ucudnn.core.measurements import OK, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
+from ucudnn.plan.config import Settings
+
 import reference
-from ucudnn.core.accumulation import accumulates
-from ucudnn.core.problem import ConvProblem
+from fakes import FAKE_DEVICE, FakeBackend
 
 
 def test_candidate_ids_name_backend_and_candidate():
@@ -400,8 +401,8 @@ def test_loaded_cudnn_copies_are_counted_by_file_not_by_mapping(monkeypatch, tmp
 
 
 def test_a_benchmarker_leaves_a_borrowed_handle_on_the_stream_it_found(monkeypatch):
-    from ucudnn.measure import benchmark
     from ucudnn.execute.bindings import cudnn
+    from ucudnn.measure import benchmark
 
     streams = {"handle": 7}
     monkeypatch.setattr(cudnn, "get_stream", lambda handle: streams["handle"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from ucudnn import Handle
-from ucudnn.execute.bindings import cudnn, library
 from ucudnn.core.errors import GpuUnavailableError, LibraryNotFoundError, gpu_install
+from ucudnn.execute.bindings import cudnn, library
 
 NOT_INITIALIZED, BAD_PARAM = 1001, 2000
 NAMES = {NOT_INITIALIZED: b"CUDNN_STATUS_NOT_INITIALIZED", BAD_PARAM: b"CUDNN_STATUS_BAD_PARAM"}

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import multiprocessing
 import os
 import re
@@ -10,23 +9,34 @@ import sqlite3
 import threading
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fakes import checksums, damage_middle, make_foreign, overwrite_root, spoil
 
-from ucudnn import CacheError, ConvProblem, Provenance, Measurement
+from ucudnn import CacheError, ConvProblem, Measurement, Provenance
 from ucudnn.core.accumulation import accumulates
-from ucudnn.measure.cache import (SCHEMA_VERSION, BenchmarkDatabase, Cache, NewerSchemaError, default_path, merge,
-                          recorded_path, recorded_paths, shard_path)
-from ucudnn.measure.cache import database as database_module
-from ucudnn.measure.cache import paths as paths_module
-from ucudnn.measure.cache import schema
-from ucudnn.measure.cache.database import read_export
 from ucudnn.core.errors import ConfigError, DamagedDatabaseError, UcudnnWarning
 from ucudnn.core.measurements import OK, OVER_CAP, UNSUPPORTED
+from ucudnn.measure.cache import (
+    SCHEMA_VERSION,
+    BenchmarkDatabase,
+    Cache,
+    NewerSchemaError,
+    database as database_module,
+    default_path,
+    merge,
+    paths as paths_module,
+    recorded_path,
+    recorded_paths,
+    schema,
+    shard_path,
+)
+from ucudnn.measure.cache.database import read_export
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.optimizers.search import FULL
+
+from fakes import checksums, damage_middle, make_foreign, overwrite_root, spoil
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = Provenance("NVIDIA H100 80GB HBM3", "9.0", 91900, driver_version=570, host="node1")

@@ -17,20 +17,28 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
-from fakes import checksums
-from test_cli import inline, one_line_naming
 
 from ucudnn import ConvProblem, Measurement, Provenance
 from ucudnn.core import errors
-from ucudnn.measure.cache import BenchmarkDatabase, Cache, cache_path, default_path, merge, shard_path
-from ucudnn.measure.cache import database as database_module
 from ucudnn.core.errors import ConfigError, UcudnnWarning
+from ucudnn.measure.cache import (
+    BenchmarkDatabase,
+    Cache,
+    cache_path,
+    database as database_module,
+    default_path,
+    merge,
+    shard_path,
+)
 from ucudnn.plan.sources import device_with_most, open_database
+
+from fakes import checksums
+from test_cli import inline, one_line_naming
 
 REPO = Path(__file__).resolve().parents[1]
 GPU = Provenance("Fault GPU", "9.0", 91900, host="node1")
@@ -505,8 +513,8 @@ def test_filesystem_type_is_the_deepest_mount_holding_the_path(tmp_path, monkeyp
     ({"RANK": "0", "WORLD_SIZE": "1"}, (0, 1, 0, False)),
 ])
 def test_the_rank_is_read_as_torchrun_sets_it(env, expected, tmp_path):
-    from ucudnn.measure.cache.paths import own_shard
     from ucudnn.core.ranks import current_rank
+    from ucudnn.measure.cache.paths import own_shard
 
     place = current_rank(env)
     assert (place.rank, place.world_size, place.local_rank, place.distributed) == expected

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ucudnn import ConvProblem, Provenance, Measurement
+from ucudnn import ConvProblem, Measurement, Provenance
 from ucudnn.measure.cache import BenchmarkDatabase, Cache
 
 PROCESSES = 8

@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+
+from ucudnn.cli import main
+from ucudnn.core import errors
+from ucudnn.core.nets import get_network, list_networks
+from ucudnn.measure.cache import BenchmarkDatabase, recorded_path
+
 import synthetic
 from fakes import FOREIGN_TABLES, checksums, damage_middle, make_foreign, overwrite_root, spoil
-
-from ucudnn.measure.cache import BenchmarkDatabase, recorded_path
-from ucudnn.cli import main
-from ucudnn.core.nets import get_network, list_networks
-from ucudnn.core import errors
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -247,6 +248,7 @@ def test_the_division_bar_counts_each_distinct_kernel_once():
     from matplotlib.figure import Figure
 
     from ucudnn.reports.plots import draw_division
+
     from test_report import report
 
     kernels = get_network("resnet50").problems(32)
@@ -276,6 +278,7 @@ def test_division_bar_is_labelled_cudnn_undivided():
     from matplotlib.figure import Figure
 
     from ucudnn.reports.plots import draw_division
+
     from test_report import report
 
     kernels = get_network("alexnet").problems(32)

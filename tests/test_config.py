@@ -4,11 +4,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from ucudnn.plan.config import POLICIES, SIZE_FORMS, Settings, batch_sizes, format_size, parse_size
 from ucudnn.core.errors import ConfigError
+from ucudnn.plan.config import POLICIES, SIZE_FORMS, Settings, batch_sizes, format_size, parse_size
 
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
 

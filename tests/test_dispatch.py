@@ -8,22 +8,21 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
-from executors import BLENDS, FakeMemory, dispatch, fake_backends, footprint, steps_run
-from strategies import geometry
-
-import reference
-from ucudnn.execute import dispatch as dispatching
 from ucudnn.core.accumulation import Combine
-from ucudnn.execute.backends import backend_of
-from ucudnn.execute.dispatch import Step, compile_program
 from ucudnn.core.errors import CandidateError, ConfigError
-from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.core.problem import ConvProblem
 from ucudnn.core.staging import slices_of
 from ucudnn.core.workspace import align_up
+from ucudnn.execute import dispatch as dispatching
+from ucudnn.execute.backends import backend_of
+from ucudnn.execute.dispatch import Step, compile_program
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
+
+import reference
+from executors import BLENDS, FakeMemory, dispatch, fake_backends, footprint, steps_run
+from strategies import geometry
 
 OUTPUT = {"F": "y", "BD": "x", "BF": "w"}  # what each kind writes; it reads the other two
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3}

@@ -11,9 +11,10 @@ import zlib
 import numpy as np
 import pytest
 
-from gpu_support import CASES, expected, host_operands, measured, random_problem, relative_error, run_configuration
-from ucudnn.optimizers.configuration import Configuration
 from ucudnn.core.problem import ConvKind
+from ucudnn.optimizers.configuration import Configuration
+
+from gpu_support import CASES, expected, host_operands, measured, random_problem, relative_error, run_configuration
 
 pytestmark = pytest.mark.gpu
 SHAPES_PER_CASE = int(os.environ.get("UCUDNN_TEST_SHAPES", "20"))  # 6 cases x 20 = 120 per op
@@ -22,9 +23,9 @@ RESULTS: list[dict] = []
 
 @pytest.fixture(scope="module")
 def legacy():
+    from ucudnn.execute import gpu
     from ucudnn.execute.backends import open_backends
     from ucudnn.execute.bindings import cudnn
-    from ucudnn.execute import gpu
 
     handle = cudnn.create_handle()
     yield types.SimpleNamespace(handle=handle, backends=open_backends("legacy", handle, gpu.current_stream()))

@@ -12,10 +12,19 @@ import zlib
 import numpy as np
 import pytest
 
-from gpu_support import (CASES, OUTPUT, expected, host_operands, measured, random_problem, relative_error,
-                         run_configuration)
-from ucudnn.optimizers.configuration import Configuration
 from ucudnn.core.problem import ConvKind, ConvProblem
+from ucudnn.optimizers.configuration import Configuration
+
+from gpu_support import (
+    CASES,
+    OUTPUT,
+    expected,
+    host_operands,
+    measured,
+    random_problem,
+    relative_error,
+    run_configuration,
+)
 
 pytestmark = pytest.mark.gpu
 # Half types: inputs are exact, products accumulate in float32, so the error is a few roundings
@@ -128,8 +137,8 @@ def test_micro_batched_half_dw_is_summed_in_float32(engines, dtype, layout):
 
 def test_benchmarker_times_and_names_engine_candidates():
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
-    from ucudnn.measure.benchmark import CudnnBenchmarker
     from ucudnn.core.measurements import OK
+    from ucudnn.measure.benchmark import CudnnBenchmarker
 
     p = ConvProblem("F", (32, 64, 27, 27), (192, 64, 5, 5), pads=2)
     bench = CudnnBenchmarker(backend="engines")
@@ -172,8 +181,8 @@ def test_a_pruned_measurement_times_the_favourites_and_builds_no_more():
     """best=3: per size, the first three candidates of the engines' ranking are measured (timed, or
     over the cap; on to the first that runs where none of them does); the rest are PRUNED, unbuilt."""
     pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed")
-    from ucudnn.measure.benchmark import CudnnBenchmarker
     from ucudnn.core.measurements import OK, OVER_CAP, PRUNED
+    from ucudnn.measure.benchmark import CudnnBenchmarker
 
     p = ConvProblem("F", (32, 64, 27, 27), (192, 64, 5, 5), pads=2)
     bench = CudnnBenchmarker(backend="engines")

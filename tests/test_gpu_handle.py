@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_support import bound_for, expected, host_operands, relative_error
-from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.core.problem import ConvKind, ConvProblem
+from ucudnn.optimizers.configuration import Configuration, MicroConfig
+
+from gpu_support import bound_for, expected, host_operands, relative_error
 
 pytestmark = pytest.mark.gpu
 # conv2 of AlexNet at a small batch: FFT/Winograd-class algorithms need more workspace than 1 MiB.
@@ -67,6 +68,7 @@ def test_swapping_the_handle_keeps_results(ucudnn_handle, kind):
 
     from ucudnn import cudnn
     from ucudnn.execute.bindings.enums import VIRTUAL_ALGO
+
     from gpu_support import OUTPUT
 
     p = ConvProblem(kind, math="fma", **LAYER)
@@ -102,6 +104,7 @@ def test_wd_handle_divides_one_workspace(tmp_path):
 
     from ucudnn import Handle
     from ucudnn.measure.cache import Cache
+
     from gpu_support import OUTPUT
 
     problems = [ConvProblem(kind, math="fma", **LAYER) for kind in ConvKind]
@@ -127,9 +130,9 @@ def test_wd_handle_divides_one_workspace(tmp_path):
 
 
 def test_benchmarker_records_every_algorithm():
-    from ucudnn.measure.benchmark import CudnnBenchmarker
-    from ucudnn.execute.bindings.enums import algo_count
     from ucudnn.core.measurements import OK, OVER_CAP
+    from ucudnn.execute.bindings.enums import algo_count
+    from ucudnn.measure.benchmark import CudnnBenchmarker
 
     p = ConvProblem("F", **LAYER)
     results = CudnnBenchmarker(backend="legacy").measure(p, (1, 8, 32), cap=8 * 2**20)
@@ -148,6 +151,7 @@ def test_graph_replays_match_direct_execution(tmp_path, kind):
 
     from ucudnn import Handle
     from ucudnn.measure.cache import Cache
+
     from gpu_support import OUTPUT
 
     p = ConvProblem(kind, math="fma", **LAYER)

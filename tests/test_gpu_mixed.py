@@ -19,8 +19,9 @@ import zlib
 import numpy as np
 import pytest
 
-from gpu_support import OUTPUT, as_float64, bound_for, expected, host_operands, measured, relative_error
 from ucudnn.core.problem import ConvKind, ConvProblem
+
+from gpu_support import OUTPUT, as_float64, bound_for, expected, host_operands, measured, relative_error
 
 try:
     import torch
@@ -179,10 +180,10 @@ def test_mixed_configurations_through_ucudnn_torch_equal_float64(seed, monkeypat
     import copy
 
     import ucudnn.torch as ut
-    from ucudnn.plan import assignment
     from ucudnn.execute import gpu
     from ucudnn.execute.backends import open_backends
     from ucudnn.execute.bindings import cudnn
+    from ucudnn.plan import assignment
 
     rng = np.random.default_rng(1000 + seed)
     dtype = [torch.float32, torch.float16, torch.bfloat16][seed % 3]
@@ -345,9 +346,9 @@ def test_every_candidate_offered_on_a_long_half_precision_sum_has_torchs_accurac
     1e-3) of float64 (ucudnn.core.accuracy's bar); legacy algorithms cuDNN supports but the backend
     holds back are run too, and their errors printed, as the evidence for holding them back."""
     need_torch_gpu()
+    from ucudnn.core.measurements import OK
     from ucudnn.execute.backends.legacy import legacy_id
     from ucudnn.execute.bindings.convolution import get_algorithms
-    from ucudnn.core.measurements import OK
 
     (cin, cout, k, stride, pad, size), batch = case
     problem = ConvProblem(kind, (batch, cin, size, size), (cout, cin, k, k), pads=pad, strides=stride, dtype=dtype)

@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from ucudnn.plan.config import batch_sizes
 from ucudnn.core.nets import get_network
 from ucudnn.measure.parallel import bench_on_devices, cuda_device_count
+from ucudnn.plan.config import batch_sizes
 
 pytestmark = pytest.mark.gpu
 PROBLEMS = [k.problem for k in get_network("alexnet").problems(8)]  # 15 kernels, 4 sizes each

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ucudnn.integrations.torch.streams import Streamed  # noqa: E402
 from ucudnn.core.schedule import table  # noqa: E402
+from ucudnn.integrations.torch.streams import Streamed  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]

@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from ucudnn.core.errors import UcudnnWarning  # noqa: E402
 from ucudnn.core import fallback  # noqa: E402
+from ucudnn.core.errors import UcudnnWarning  # noqa: E402
 from ucudnn.integrations.torch import layers as ut_layers  # noqa: E402
 from ucudnn.integrations.torch.kernels import TorchFramework  # noqa: E402
 

@@ -6,12 +6,13 @@ import warnings
 
 import numpy as np
 import pytest
-from executors import array_program
-from test_dispatch import configuration, expected_output, make_operands
 
 from ucudnn.core.errors import GraphCaptureError, UcudnnWarning
-from ucudnn.execute.graphs import CHURN_CAPTURES, GraphedProgram
 from ucudnn.core.problem import ConvProblem
+from ucudnn.execute.graphs import CHURN_CAPTURES, GraphedProgram
+
+from executors import array_program
+from test_dispatch import configuration, expected_output, make_operands
 
 
 class FakeGraph:

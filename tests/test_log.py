@@ -8,7 +8,6 @@ import logging
 import warnings
 
 import pytest
-from test_graphs import FakeCapturer, Recorder
 
 import ucudnn
 from ucudnn.cli import main
@@ -16,6 +15,8 @@ from ucudnn.core.errors import UcudnnWarning
 from ucudnn.core.log import LOGGER, say
 from ucudnn.core.progress import Progress
 from ucudnn.execute.graphs import GraphedProgram
+
+from test_graphs import FakeCapturer, Recorder
 
 
 def test_importing_ucudnn_gives_its_logger_a_null_handler_and_nothing_else():

@@ -12,13 +12,14 @@ from dataclasses import replace
 
 import pytest
 
-from fakes import FakeAllocator, FakeBenchmarker
-from test_assignment import LAYERS, make_assignments
-from ucudnn.plan.assignment import ALLOCATION_GRANULE, NO_MEMORY
-from ucudnn.measure.cache import Cache
 from ucudnn.core.errors import ConfigError, DeviceMemoryError, UcudnnWarning
 from ucudnn.core.measurements import OK, OUT_OF_MEMORY, KernelTable, Measurement
 from ucudnn.core.problem import ConvKind, ConvProblem
+from ucudnn.measure.cache import Cache
+from ucudnn.plan.assignment import ALLOCATION_GRANULE, NO_MEMORY
+
+from fakes import FakeAllocator, FakeBenchmarker
+from test_assignment import LAYERS, make_assignments
 
 MiB = 2**20
 
@@ -57,8 +58,8 @@ def test_a_run_under_pressure_takes_no_candidate_from_a_later_run(tmp_path):
 
 
 def test_benchmark_operands_that_do_not_fit_raise_device_memory_error(monkeypatch):
-    from ucudnn.measure import benchmark
     from ucudnn.execute import gpu
+    from ucudnn.measure import benchmark
 
     class OutOfMemory(MemoryError):
         pass
@@ -188,14 +189,15 @@ def test_a_granule_below_is_tried_once_then_half(tmp_path):
 # --- ucudnn.torch -------------------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
-from test_torch_cpu import assert_matches, run_step  # noqa: E402
 from torch import nn  # noqa: E402
-from torch_doubles import Clocked, NumpyFramework  # noqa: E402
-from ucudnn.plan.delegation import OwnTiming  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
+from ucudnn.plan.delegation import OwnTiming  # noqa: E402
 from ucudnn.plan.memory import RECORDED_CALLS, WATCHED_STEPS, Memory, quantized, workspace_limit  # noqa: E402
+
+from test_torch_cpu import assert_matches, run_step  # noqa: E402
+from torch_doubles import Clocked, NumpyFramework  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 
@@ -623,8 +625,8 @@ def test_a_handle_that_cannot_be_created_is_tried_again_after_torch_empties_its_
     """cudnnCreate takes memory outside torch's pool: under pressure, torch's cached blocks go
     back to the device first."""
     from ucudnn import handle as handles
-    from ucudnn.plan.config import Settings
     from ucudnn.core.errors import CudnnError
+    from ucudnn.plan.config import Settings
 
     made, emptied = [], []
 

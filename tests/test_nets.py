@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 
 from ucudnn.core.errors import ConfigError
-from ucudnn.core.nets import ConvLayer, Network, find_kernel, get_network, list_networks, load_network
-from ucudnn.core.nets import torchvision as tv
+from ucudnn.core.nets import (
+    ConvLayer,
+    Network,
+    find_kernel,
+    get_network,
+    list_networks,
+    load_network,
+    torchvision as tv,
+)
 from ucudnn.core.problem import ConvKind
 
 

@@ -11,7 +11,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
-from torch_doubles import NumpyFramework  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.core import fallback  # noqa: E402
@@ -19,6 +18,8 @@ from ucudnn.core.errors import DeviceMemoryError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework, kernels  # noqa: E402
 from ucudnn.measure.cache import Cache  # noqa: E402
 from ucudnn.plan.memory import MARGIN_BYTES, graph_budget  # noqa: E402
+
+from torch_doubles import NumpyFramework  # noqa: E402
 
 MiB = 2**20
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -8,16 +8,18 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fakes import FakeBenchmarker
 
-from ucudnn.measure.cache import recorded_path
 from ucudnn.cli import main
-from ucudnn.plan.config import Settings
+from ucudnn.measure.cache import recorded_path
 from ucudnn.paper import CANDIDATES, FIGURES, Executed, Predicted, index_page, write_figures
 from ucudnn.paper.page import NOT_RECORDED, headline_table
+from ucudnn.plan.config import Settings
+
+from fakes import FakeBenchmarker
 
 pytest.importorskip("matplotlib")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+
 from test_plots import _inside  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,22 +16,30 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import FAKE_DEVICE, FakeBenchmarker
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from ucudnn.core.accumulation import accumulates
-from ucudnn.measure import parallel
-from ucudnn.execute.backends import BACKENDS, CHOICES, resolve
-from ucudnn.measure.benchmark import ensure_tables
-from ucudnn.measure.cache import BenchmarkDatabase, schema
 from ucudnn.cli import build_parser, commands
-from ucudnn.plan.config import batch_sizes
+from ucudnn.core.accumulation import accumulates
 from ucudnn.core.device import Provenance
 from ucudnn.core.errors import ConfigError, MissingMeasurementsError, install_extra
 from ucudnn.core.nets import get_network
-from ucudnn.measure.parallel import (MeasureCall, Task, bench_devices, bench_on_devices, bench_with_mpi, calls, partition,
-                             split_tasks)
+from ucudnn.execute.backends import BACKENDS, CHOICES, resolve
+from ucudnn.measure import parallel
+from ucudnn.measure.benchmark import ensure_tables
+from ucudnn.measure.cache import BenchmarkDatabase, schema
+from ucudnn.measure.parallel import (
+    MeasureCall,
+    Task,
+    bench_devices,
+    bench_on_devices,
+    bench_with_mpi,
+    calls,
+    partition,
+    split_tasks,
+)
+from ucudnn.plan.config import batch_sizes
+
+from fakes import FAKE_DEVICE, FakeBenchmarker
 
 BATCH = 12
 PROBLEMS = [k.problem for k in get_network("alexnet").problems(BATCH)]  # 15 kernels

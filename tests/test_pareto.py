@@ -5,18 +5,17 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-import synthetic_networks
-from ucudnn.plan.config import batch_sizes
 from ucudnn.core.errors import NoAlgorithmError
 from ucudnn.core.measurements import OK, OVER_CAP, PRUNED, UNSUPPORTED, KernelTable, Measurement
+from ucudnn.core.staging import Slices
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.optimizers.pareto import desirable_set, desirable_sets, pareto_order, plannable
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.core.staging import Slices
+from ucudnn.plan.config import batch_sizes
 
+import synthetic_networks
 
 WORKSPACES = (0, 100, 256, 300, 512, 1000, 2048)
 

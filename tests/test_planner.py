@@ -10,18 +10,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from fakes import favourite_ms, slower
-from handle_doubles import NumpyHandle
 
-import reference
+from ucudnn.core.errors import DeviceMemoryError
+from ucudnn.core.problem import ConvKind, ConvProblem
+from ucudnn.core.transposition import as_forward
 from ucudnn.measure.cache import Cache
 from ucudnn.plan.config import Settings
 from ucudnn.plan.delegation import IN_STEP_HOLD_S, SWEPT_UNDER_PRESSURE_MS, OwnTiming, as_fast_as_favourites
-from ucudnn.core.errors import DeviceMemoryError
 from ucudnn.plan.memory import RECORDED_CALLS, Memory, quantized
 from ucudnn.plan.planner import LAYER, UCUDNN, Framework, Planner
-from ucudnn.core.problem import ConvKind, ConvProblem
-from ucudnn.core.transposition import as_forward
+
+import reference
+from fakes import favourite_ms, slower
+from handle_doubles import NumpyHandle
 
 F, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
 OWN = "numpy"

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import synthetic
 
-from ucudnn.reports import plots
-from ucudnn.measure.cache import recorded_path
 from ucudnn.cli import main
 from ucudnn.core.errors import ConfigError, install_extra
 from ucudnn.core.nets import get_network
+from ucudnn.measure.cache import recorded_path
+from ucudnn.reports import plots
+
+import synthetic
 from test_report import report as reported
 
 pytest.importorskip("matplotlib")

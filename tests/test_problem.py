@@ -6,8 +6,7 @@ from dataclasses import fields, replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from ucudnn.core.errors import ConfigError
 from ucudnn.core.problem import DTYPES, ITEMSIZE, LAYOUTS, MATH_TYPES, MODES, ConvKind, ConvProblem, default_math

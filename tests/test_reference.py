@@ -5,13 +5,12 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from strategies import geometry
+from ucudnn.core.problem import ConvProblem
 
 import reference
-from ucudnn.core.problem import ConvProblem
+from strategies import geometry
 
 
 def naive_forward(p: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -5,14 +5,15 @@ import json
 from dataclasses import replace
 
 import pytest
-import synthetic
 
-from ucudnn.plan.config import Settings
 from ucudnn.core.errors import ConfigError
 from ucudnn.core.nets import get_network
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.reports.report import make_report
+from ucudnn.plan.config import Settings
 from ucudnn.plan.solve import measured_in, plan
+from ucudnn.reports.report import make_report
+
+import synthetic
 
 MIB = 2**20
 

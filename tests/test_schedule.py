@@ -3,8 +3,7 @@ that nodes running at once never share."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from ucudnn.core.errors import ConfigError
 from ucudnn.core.schedule import Node, checked, schedule, sharing, stream_workspaces, table

@@ -6,19 +6,20 @@ import dataclasses
 import types
 
 import pytest
-from fakes import FAKE_DEVICE, FakeBenchmarker
 
-from ucudnn.measure import benchmark
+from ucudnn.core.measurements import OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, ShapeTable
+from ucudnn.core.problem import ConvProblem
 from ucudnn.execute import gpu
 from ucudnn.execute.backends import Backends, Candidate
+from ucudnn.execute.dispatch import Plan
+from ucudnn.measure import benchmark
 from ucudnn.measure.benchmark import ensure_tables
 from ucudnn.measure.cache import Cache
 from ucudnn.measure.cache.database import BenchmarkDatabase
-from ucudnn.plan.config import Settings
-from ucudnn.execute.dispatch import Plan
-from ucudnn.core.measurements import OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, ShapeTable
-from ucudnn.core.problem import ConvProblem
 from ucudnn.optimizers.search import FULL, PRUNED_SEARCH, named
+from ucudnn.plan.config import Settings
+
+from fakes import FAKE_DEVICE, FakeBenchmarker
 
 MiB = 2**20
 P = ConvProblem("F", (32, 4, 6, 6), (4, 4, 3, 3), pads=1)

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ucudnn.execute.bindings import enums
-from ucudnn.measure.cache.database import BenchmarkDatabase
-from ucudnn.measure.cache.paths import cache_path, default_path, recorded_path
-from ucudnn.plan.config import Settings
 from ucudnn.core.device import Hardware, MeasurementKind, Provenance
 from ucudnn.core.errors import CacheError, MissingMeasurementsError
 from ucudnn.core.nets import get_network
 from ucudnn.core.problem import DTYPES, LAYOUTS, MATH_TYPES, MODES
+from ucudnn.execute.bindings import enums
+from ucudnn.measure.cache.database import BenchmarkDatabase
+from ucudnn.measure.cache.paths import cache_path, default_path, recorded_path
+from ucudnn.plan.config import Settings
 from ucudnn.plan.sources import tables_for
 
 from synthetic import DEVICE, record_network

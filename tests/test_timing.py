@@ -6,13 +6,12 @@ import types
 
 import pytest
 
-from ucudnn.execute.backends import Backends
-from ucudnn.execute.dispatch import Plan
-from ucudnn.measure import benchmark
-from ucudnn.execute import gpu
-from ucudnn.execute.backends import Candidate
 from ucudnn.core.measurements import OK, Measurement
 from ucudnn.core.problem import ConvProblem
+from ucudnn.execute import gpu
+from ucudnn.execute.backends import Backends, Candidate
+from ucudnn.execute.dispatch import Plan
+from ucudnn.measure import benchmark
 
 
 class FakeRuntime:

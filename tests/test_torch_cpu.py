@@ -19,15 +19,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cas
 from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from ucudnn.measure.cache import Cache  # noqa: E402
-from ucudnn.plan.delegation import OwnTiming  # noqa: E402
-from ucudnn.plan.memory import Memory  # noqa: E402
 from ucudnn.core.errors import ConfigError, NoAlgorithmError, UcudnnWarning  # noqa: E402
-from torch_doubles import NumpyFramework  # noqa: E402
+from ucudnn.core.problem import ConvKind  # noqa: E402
 from ucudnn.integrations import torch as integration  # noqa: E402
 from ucudnn.integrations.torch import call as calls, layers as ut_layers  # noqa: E402
 from ucudnn.integrations.torch.sites import Sites  # noqa: E402
-from ucudnn.core.problem import ConvKind  # noqa: E402
+from ucudnn.measure.cache import Cache  # noqa: E402
+from ucudnn.plan.delegation import OwnTiming  # noqa: E402
+from ucudnn.plan.memory import Memory  # noqa: E402
+
+from torch_doubles import NumpyFramework  # noqa: E402
 
 
 @pytest.fixture
@@ -821,8 +822,7 @@ def test_convert_errors_name_its_own_keywords(keyword, value, named):
 # --- delegation: layers ucudnn would not speed up run torch's own convolution ----------------------
 
 def test_worth_delegating_rule():
-    from ucudnn.plan.delegation import worth_delegating
-    from ucudnn.plan.delegation import OwnTiming as T
+    from ucudnn.plan.delegation import OwnTiming as T, worth_delegating
     limit = 64 * 2**20
     assert worth_delegating([1.0, 1.0], [T(1.0, 0), T(1.02, limit)], [limit, limit], host_cost_ms=0.05)
     assert worth_delegating([0.5], [T(1.0, 0)], [limit], host_cost_ms=0.6)  # saves less than the host cost
@@ -913,9 +913,9 @@ def test_the_sweep_decides_where_cudnns_favourite_does_not_fit(numpy_context):
 def test_a_layer_planned_over_several_slices_asks_cudnns_favourite_once(numpy_context, monkeypatch):
     """Between iterations a layer's kernels may be swept in different slices; what was asked on
     the way (cuDNN's favourites, torch's timings) is asked once."""
-    from fakes import favourite
-
     from ucudnn.plan import planner
+
+    from fakes import favourite
 
     monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)  # one kernel a slice
     context = delegating_context(numpy_context, lambda problem: OwnTiming(1e6, 0), planning="between_iterations",
@@ -931,9 +931,7 @@ def test_a_layer_planned_over_several_slices_asks_cudnns_favourite_once(numpy_co
 
 
 def test_settled_by_own_rule():
-    from ucudnn.plan.delegation import settled_by_own
-    from ucudnn.plan.delegation import OwnTiming as T
-    from ucudnn.plan.delegation import ROOMY_BYTES
+    from ucudnn.plan.delegation import ROOMY_BYTES, OwnTiming as T, settled_by_own
 
     limit, asked = 8 * 2**20, []
 
@@ -966,8 +964,7 @@ def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms,
 def test_a_kernel_torch_runs_faster_within_the_limit_runs_torchs_own_in_a_layer_ucudnn_keeps(numpy_context):
     """torch's F and BD cannot run within the limit; its BF can and is faster than ucudnn's plan:
     the layer stays with ucudnn, its BF runs torch's own convolution."""
-    from ucudnn.plan.delegation import OwnTiming as T
-    from ucudnn.plan.delegation import own_kernels_faster
+    from ucudnn.plan.delegation import OwnTiming as T, own_kernels_faster
 
     apart = [[0], [1], [2]]  # timed one by one
     assert own_kernels_faster([2.0], [T(1.0, 512)], [1024], [[0]]) == {0}
@@ -1127,9 +1124,9 @@ def test_a_slow_data_gradient_runs_as_a_forward_convolution_with_torchs_results(
                                                                                  torch_without_mkldnn):
     """bd_as_forward with BD's plans slow: the data gradient runs as the forward convolution of dy
     (the weights transposed in their own memory format), outputs and gradients equal torch's."""
-    from fakes import slower
-
     from ucudnn.plan.config import Settings
+
+    from fakes import slower
 
     slower(monkeypatch, ConvKind.BACKWARD_DATA, 4.0)
     settings = Settings.load(workspace_limit="64KiB", planning="first_call", bd_as_forward=True)
@@ -1148,6 +1145,7 @@ def test_transposed_weights_are_stored_in_the_kernels_layout_whatever_ws_strides
     one: it must be the kernel's (a copy kept in w's stride order gave dx a relative error of 0.55
     on a GPU for Conv2d(1, 3, (2, 1)) in channels-last)."""
     import numpy as np
+
     from reference import transposed_weights
 
     w = torch.randn(shape)  # packed: with one channel per group, also channels-last by its strides

@@ -10,9 +10,10 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from torch_doubles import NumpyFramework  # noqa: E402
 from ucudnn.measure.cache import Cache  # noqa: E402
 from ucudnn.plan.delegation import ROOMY_BYTES, OwnTiming  # noqa: E402
+
+from torch_doubles import NumpyFramework  # noqa: E402
 
 
 @pytest.mark.parametrize("rank, order", [(None, ["plan"]), (0, ["plan", "barrier"]), (1, ["barrier", "plan"])])

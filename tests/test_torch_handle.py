@@ -8,16 +8,17 @@ import threading
 import warnings
 
 import pytest
+
 from test_graphs import FakeCapturer, Recorder
 
 torch = pytest.importorskip("torch")
 
 from ucudnn import handle as handles  # noqa: E402
-from ucudnn.execute.bindings import cudnn, library  # noqa: E402
-from ucudnn.plan.config import Settings  # noqa: E402
-from ucudnn.integrations.torch import torch_handle  # noqa: E402
 from ucudnn.core.problem import ConvKind, ConvProblem  # noqa: E402
+from ucudnn.execute.bindings import cudnn, library  # noqa: E402
+from ucudnn.integrations.torch import torch_handle  # noqa: E402
 from ucudnn.integrations.torch.torch_handle import SYMBOL, TORCHS, torch_cudnn_handle  # noqa: E402
+from ucudnn.plan.config import Settings  # noqa: E402
 
 TORCH_CUDA = "/site/torch/lib/libtorch_cuda.so"
 PROBLEM = ConvProblem(ConvKind.FORWARD, (8, 3, 32, 32), (16, 3, 3, 3))

@@ -13,11 +13,12 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from torch_doubles import NumpyFramework  # noqa: E402
 from ucudnn.core import progress  # noqa: E402
+from ucudnn.integrations.torch import call as calls, layers  # noqa: E402
 from ucudnn.measure.cache import Cache  # noqa: E402
 from ucudnn.plan.delegation import OwnTiming  # noqa: E402
-from ucudnn.integrations.torch import call as calls, layers  # noqa: E402
+
+from torch_doubles import NumpyFramework  # noqa: E402
 
 LAYER = ("torch", "layer")
 

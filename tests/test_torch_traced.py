@@ -16,12 +16,13 @@ from torch import nn  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from torch_doubles import NumpyFramework  # noqa: E402
-from ucudnn.measure.cache import Cache  # noqa: E402
-from ucudnn.plan.delegation import OwnTiming  # noqa: E402
 from ucudnn.core.errors import ConfigError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations.torch import ops  # noqa: E402
 from ucudnn.integrations.torch.call import pack  # noqa: E402
+from ucudnn.measure.cache import Cache  # noqa: E402
+from ucudnn.plan.delegation import OwnTiming  # noqa: E402
+
+from torch_doubles import NumpyFramework  # noqa: E402
 
 UCUDNN_OP = torch.ops.ucudnn.convolution.default
 SLOW, INSTANT = OwnTiming(float("inf"), 0), OwnTiming(0.0, 0)

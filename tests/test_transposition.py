@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import reference
 from ucudnn.core.problem import ConvKind, ConvProblem
 from ucudnn.core.transposition import FASTER, as_forward, faster, transposed_shape
+
+import reference
 
 BD = ConvKind.BACKWARD_DATA
 

@@ -6,19 +6,19 @@ import math
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
-import synthetic_networks as wd_networks
-from test_pareto import all_configurations, kernels, policies
-from ucudnn.plan.config import batch_sizes
 from ucudnn.core.errors import ConfigError, InfeasibleError, NoAlgorithmError
 from ucudnn.core.measurements import UNSUPPORTED, KernelTable, Measurement
+from ucudnn.core.workspace import align_up, divide
 from ucudnn.optimizers.pareto import desirable_set
 from ucudnn.optimizers.solvers import available_solvers, make_solver
 from ucudnn.optimizers.wd import breakdown_table, choose, optimize_wd
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.core.workspace import align_up, divide
+from ucudnn.plan.config import batch_sizes
+
+import synthetic_networks as wd_networks
+from test_pareto import all_configurations, kernels, policies
 
 MiB = 2**20
 

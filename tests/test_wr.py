@@ -5,15 +5,14 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
-from ucudnn.plan.config import POLICIES, batch_sizes
 from ucudnn.core.errors import NoAlgorithmError
 from ucudnn.core.measurements import FAILED, OK, OUT_OF_MEMORY, OVER_CAP, UNSUPPORTED, KernelTable, Measurement
+from ucudnn.core.staging import Slices
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.optimizers.wr import optimize_wr
-from ucudnn.core.staging import Slices
+from ucudnn.plan.config import POLICIES, batch_sizes
 
 WORKSPACES = (0, 1, 100, 1000, 4096, 10**6)
 LIMITS = (None, 0, 1, 99, 100, 1000, 5000, 10**6)

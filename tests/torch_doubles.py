@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from handle_doubles import NumpyHandle
 
 from ucudnn.integrations.torch import TorchFramework
 from ucudnn.plan.delegation import OwnTiming
 from ucudnn.plan.memory import Memory
+
+from handle_doubles import NumpyHandle
 
 
 class NumpyFramework(TorchFramework):

@@ -10,21 +10,28 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from .execute import gpu
 from .core.errors import NoAlgorithmError
-from .execute.backends import Candidate, open_backends
-from .measure.benchmark import Benchmarker, ConfigurationTimer, CudnnBenchmarker
-from .execute.bindings import cudnn
-from .execute.bindings.enums import VIRTUAL_ALGO
-from .plan.config import Settings
-from .execute.dispatch import compile_program
-from .execute.graphs import GraphCapturer, GraphedProgram
 from .core.measurements import OK
-from .optimizers.configuration import Configuration, MicroConfig
-from .plan.assignment import NO_MEMORY, Assignment, Assignments, Shrink
 from .core.problem import ConvProblem
+from .execute import gpu
+from .execute.backends import Candidate, open_backends
+from .execute.bindings import cudnn
+from .execute.bindings.cudnn import Pointer
+from .execute.bindings.enums import VIRTUAL_ALGO
+from .execute.dispatch import compile_program
+from .execute.gpu import Buffer
+from .execute.graphs import GraphCapturer, GraphedProgram
+from .measure.benchmark import Benchmarker, ConfigurationTimer, CudnnBenchmarker
+from .optimizers.configuration import Configuration, MicroConfig
+from .optimizers.wd import WDResult
+from .plan.assignment import NO_MEMORY, Assignment, Assignments, Shrink
+from .plan.config import Settings
+
+if TYPE_CHECKING:
+    from .measure.cache import Cache
 
 
 class Handle:
@@ -39,16 +46,16 @@ class Handle:
     `make_room()`: gives device memory back where a CUDA graph, the handle's or its benchmarker's,
     finds none (a framework's allocator cache, e.g. torch.cuda.empty_cache)."""
 
-    def __init__(self, settings: Settings | None = None, *, cache=None,
+    def __init__(self, settings: Settings | None = None, *, cache: Cache | None = None,
                  benchmarker: Benchmarker | None = None, allocator: Callable[[int], Any] | None = None,
-                 cudnn_handle=None, stream: int | None = None, make_room: Callable[[], None] | None = None,
-                 **settings_kwargs):
+                 cudnn_handle: Pointer | None = None, stream: int | None = None,
+                 make_room: Callable[[], None] | None = None, **settings_kwargs: Any) -> None:
         from .measure.cache import Cache
 
         self.settings = settings or Settings.load(**settings_kwargs)
         self._owns_handle = cudnn_handle is None
-        self.cudnn_handle = cudnn.create_handle() if cudnn_handle is None else cudnn_handle
-        self._as_parameter_ = self.cudnn_handle
+        self.cudnn_handle: Pointer = cudnn.create_handle() if cudnn_handle is None else cudnn_handle
+        self._as_parameter_: Pointer = self.cudnn_handle  # what ctypes passes for the Handle; None once closed
         self.stream = gpu.current_stream() if stream is None else stream
         self.backends = open_backends(self.settings.backend, self.cudnn_handle, self.stream)
         self.assignments = Assignments(
@@ -59,10 +66,11 @@ class Handle:
                                                                 make_room=make_room),
             allocator=allocator or gpu.alloc, pointer=gpu.pointer,
         )
-        self._programs: dict[tuple, Callable[[int, int, int], None]] = {}  # (problem, alpha, beta)
+        self._programs: dict[tuple[ConvProblem, float, float], Callable[[int, int, int], None]] = {}
         self._capturer = (GraphCapturer(self.backends.set_stream, lambda: self.stream, make_room)
                           if self.settings.execution == "graph" else None)
-        self._make_room, self._timer = make_room, None  # favourite_ms's ConfigurationTimer, made on first use
+        self._make_room = make_room
+        self._timer: ConfigurationTimer | None = None  # favourite_ms's, made on first use
 
     def set_stream(self, stream: int) -> None:
         """Later convolutions run on `stream` (a cudaStream_t address)."""
@@ -74,7 +82,8 @@ class Handle:
         self.assignments.record(problem)
         return VIRTUAL_ALGO, 0
 
-    def convolve(self, problem: ConvProblem, x, w, y, alpha: float = 1.0, beta: float = 0.0) -> None:
+    def convolve(self, problem: ConvProblem, x: Buffer, w: Buffer, y: Buffer, alpha: float = 1.0,
+                 beta: float = 0.0) -> None:
         """Run `problem` micro-batched on device buffers x, w, y (addresses, CuPy or torch arrays).
         F reads x, w and writes y; BD reads y (dy), w and writes x (dx); BF reads x, y and writes w."""
         run = self._programs.get((problem, alpha, beta)) or self._compile(problem, alpha, beta)
@@ -154,7 +163,7 @@ class Handle:
         return self.assignments.get(problem).configuration
 
     @property
-    def wd_result(self):
+    def wd_result(self) -> WDResult | None:
         """WD: the last solve's result (configurations, division, ILP size), else None."""
         return self.assignments.wd_result
 
@@ -192,7 +201,7 @@ class Handle:
         return self.assignments.shrinks
 
     @contextlib.contextmanager
-    def network(self):
+    def network(self) -> Iterator[Handle]:
         """`with handle.network(): <queries for every layer>` solves WD on exit."""
         yield self
         self.assignments.finalize()
@@ -217,10 +226,10 @@ class Handle:
             cudnn.destroy_handle(self.cudnn_handle)
         self.cudnn_handle = self._as_parameter_ = None
 
-    def __enter__(self) -> "Handle":
+    def __enter__(self) -> Handle:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -16,21 +16,31 @@ import signal
 import sys
 import threading
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__
-from ..execute.backends import CHOICES as BACKEND_CHOICES
-from ..measure.cache.paths import CACHE_VARIABLE
-from ..plan.config import OPTIMIZERS, POLICIES
 from ..core.device import EXECUTIONS, TIMING_PRESETS
 from ..core.errors import UcudnnError, UcudnnWarning, install_extra
 from ..core.log import logging_to_stderr
-from ..paper import FIGURES
 from ..core.problem import LAYOUTS, MATH_TYPES, TRAINING_DTYPES
+from ..execute.backends import CHOICES as BACKEND_CHOICES
+from ..measure.cache.paths import CACHE_VARIABLE
 from ..optimizers.search import SEARCHES
 from ..optimizers.solvers import SOLVERS
-from .arguments import (batch_size, byte_size, cache_file, database_file, device_list, export_file, existing_file,
-                        output_folder, plot_file, setting)
+from ..paper import FIGURES
+from ..plan.config import OPTIMIZERS, POLICIES
+from .arguments import (
+    batch_size,
+    byte_size,
+    cache_file,
+    database_file,
+    device_list,
+    existing_file,
+    export_file,
+    output_folder,
+    plot_file,
+    setting,
+)
 from .cache_commands import cache_export, cache_import, cache_list, cache_merge, cache_prune, cache_show, cache_verify
 from .commands import bench, nets, optimize, paper
 

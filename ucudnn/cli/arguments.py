@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..measure.cache.paths import default_path, default_shard_folder, own_shard
-from ..core.problem import INT64_MAX
-from ..plan.config import choice, parse_size
 from ..core.errors import CacheError, ConfigError
+from ..core.problem import INT64_MAX
+from ..measure.cache.paths import default_path, default_shard_folder, own_shard
 from ..measure.parallel.devices import parse_devices
+from ..plan.config import choice, parse_size
 from ..reports.plots import check_plot_path
 
 

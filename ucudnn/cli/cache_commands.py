@@ -5,14 +5,14 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ..core.errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
+from ..core.nets import find_kernel
 from ..measure.cache.database import merge, read_export, writing
 from ..measure.cache.paths import cache_path
 from ..measure.cache.schema import UPGRADE, ForeignFileError, NewerSchemaError
 from ..plan.config import format_size
-from ..reports.coverage import describe_by_backend, recordings, recordings_by_backend
-from ..core.errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
-from ..core.nets import find_kernel
 from ..plan.sources import devices_in, open_database, shards_in
+from ..reports.coverage import describe_by_backend, recordings, recordings_by_backend
 from .arguments import STDOUT, target
 from .commands import kernels_of, request_of
 from .output import device_json, dims, ms, print_json, table
@@ -145,7 +145,7 @@ def _verify(path, details: bool) -> list[str]:
 def cache_verify(args) -> int:
     path = cache_path(args.cache, readonly=True)
     folder = path is not None and path.is_dir()
-    files = shards_in(path) if folder else [path]
+    files = shards_in(path) if folder and path is not None else [path]
     problems = [problem for file in files for problem in _verify(file, args.details)]
     for problem in problems:
         print(problem)

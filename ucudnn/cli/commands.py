@@ -7,25 +7,25 @@ import textwrap
 import time
 from dataclasses import replace
 
-from ..execute import gpu
-from ..measure.cache.paths import cache_path
-from ..plan.config import Settings, format_size, timeline_limits
-from ..reports.coverage import Request, explain_missing
 from ..core.errors import ConfigError, GpuUnavailableError
 from ..core.fallback import say_once
 from ..core.log import say_plan
 from ..core.nets import Network, find_kernel, get_network, list_networks, torchvision
+from ..core.problem import Kernel, default_math
 from ..core.progress import Progress, counted
+from ..core.staging import slices_of
+from ..execute import gpu
+from ..measure.cache.paths import cache_path
+from ..measure.parallel import bench_devices, bench_on_devices, bench_with_mpi
 from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..paper import CANDIDATES, FIGURES, Executed, Predicted, write_figures
-from ..measure.parallel import bench_devices, bench_on_devices, bench_with_mpi
-from ..reports.report import Report, make_report
+from ..plan.config import Settings, format_size, timeline_limits
 from ..plan.solve import measured_in, plan
-from ..reports.plots import plot_report
-from ..core.problem import Kernel, default_math
 from ..plan.sources import gpu_available, tables_for
-from ..core.staging import slices_of
+from ..reports.coverage import Request, explain_missing
+from ..reports.plots import plot_report
+from ..reports.report import Report, make_report
 from .output import ProgressBar, device_json, dims, print_json, render_report, table
 
 
@@ -67,9 +67,10 @@ def kernels_of(args) -> tuple[Network, list[Kernel]]:
 
 def request_of(args, settings: Settings | None = None) -> Request:
     """What `args` ask for (after kernels_of); with `settings`, at their policy and backends."""
-    planning = {} if settings is None else {"policy": settings.policy,
-                                            "backends": settings.backends(gpu=False)}
-    return Request(args.net, args.batch, args.dtype, args.layout, args.math, **planning)
+    request = Request(args.net, args.batch, args.dtype, args.layout, args.math)
+    if settings is None:
+        return request
+    return replace(request, policy=settings.policy, backends=settings.backends(gpu=False))
 
 
 def _bar(kernels: list[Kernel]) -> ProgressBar:
@@ -85,7 +86,7 @@ def bench(args) -> int:
     progress = _bar(kernels)
     start = time.monotonic()
     devices = bench_devices(args.devices, args.mpi)
-    if args.mpi or args.timing != "default" or len(devices) > 1:
+    if args.mpi or args.timing != "default" or devices is None or len(devices) > 1:
         device, path = _bench_on_devices(kernels, settings, devices, progress, args)
         if device is None:  # an MPI rank other than 0, which reports for all
             return 0
@@ -112,7 +113,7 @@ def _bench_on_devices(kernels, settings: Settings, devices: list[int] | None, pr
     problems = [k.problem for k in kernels]
     sizes_for = settings.sizes_for
     timing, mpi = getattr(args, "timing", "default"), getattr(args, "mpi", None)
-    if mpi:
+    if mpi or devices is None:  # every GPU of the node: MPI's ranks
         device = bench_with_mpi(problems, sizes_for, None, path, devices, shared=mpi == "shared",
                                 progress=progress, timing=timing, execution=settings.execution,
                                 backend=settings.backend)

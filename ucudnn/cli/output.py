@@ -4,13 +4,13 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Sequence
 
-from ..plan.config import format_size
 from ..core.device import Provenance
 from ..core.log import say
 from ..core.nets import Network
+from ..plan.config import format_size
 from ..reports.report import Report
 
 

@@ -71,7 +71,7 @@ class Provenance(MeasurementKind, Hardware):
     execution=..., timing=...). `reuse_key` is what must match for another process to reuse them."""
 
     @classmethod
-    def of(cls, hardware: Hardware, kind: MeasurementKind = MeasurementKind()) -> "Provenance":
+    def of(cls, hardware: Hardware, kind: MeasurementKind = MeasurementKind()) -> Provenance:
         return cls(**asdict(hardware), **asdict(kind))
 
     @property
@@ -86,10 +86,10 @@ class Provenance(MeasurementKind, Hardware):
     def reuse_key(self) -> tuple[str, int, str]:
         return (self.gpu_name, self.cudnn_version, self.execution)
 
-    def for_execution(self, execution: str) -> "Provenance":
+    def for_execution(self, execution: str) -> Provenance:
         return replace(self, execution=execution)
 
-    def for_timing(self, timing: str) -> "Provenance":
+    def for_timing(self, timing: str) -> Provenance:
         return replace(self, timing=timing)
 
     def describe(self) -> str:

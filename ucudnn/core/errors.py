@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from importlib import metadata
 
 _TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where ucudnn/ is
@@ -107,7 +108,7 @@ class MissingMeasurementsError(UcudnnError):
     """The optimizer needs measurements that are neither cached nor measurable here: where known,
     of `problem` (a ConvProblem) at the micro-batch sizes `missing`."""
 
-    def __init__(self, message: str, problem=None, missing: tuple[int, ...] = ()):
+    def __init__(self, message: str, problem=None, missing: Iterable[int] = ()):
         self.problem, self.missing = problem, tuple(missing)
         super().__init__(message)
 

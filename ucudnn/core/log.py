@@ -25,7 +25,8 @@ from .ranks import current_rank
 class Planned(Protocol):
     """What say_plan reads of a plan (an optimizers.configuration.Configuration)."""
 
-    time_ms: float
+    @property
+    def time_ms(self) -> float: ...
 
     def describe(self) -> str: ...
 

@@ -3,8 +3,8 @@
 A candidate `a` is named `backend:name` (ucudnn.execute.backends), e.g. 'legacy:FFT_TILING'."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .accumulation import accumulates
 from .accuracy import accurate
@@ -56,12 +56,18 @@ class Measurement:
     def available(self) -> bool:
         return self.status == OK
 
+    @property
+    def available_ms(self) -> float:
+        """time_ms of an available measurement: every one is timed (a database's rows too)."""
+        assert self.time_ms is not None, f"{self.algo} at micro-batch {self.batch} is {self.status}, not timed"
+        return self.time_ms
+
 
 class KernelTable:
     """All measurements of one kernel, by micro-batch size."""
 
-    def __init__(self, measurements: Iterable[Measurement] = ()):
-        self._by_batch: dict[int, dict[int, Measurement]] = {}
+    def __init__(self, measurements: Iterable[Measurement] = ()) -> None:
+        self._by_batch: dict[int, dict[str, Measurement]] = {}
         for m in measurements:
             self.add(m)
 
@@ -75,7 +81,7 @@ class KernelTable:
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_batch.values())
 
-    def only(self, backends: Iterable[str] | None) -> "KernelTable":
+    def only(self, backends: Iterable[str] | None) -> KernelTable:
         """The measurements of candidates of `backends` (None: all of them)."""
         if backends is None:
             return self
@@ -94,7 +100,7 @@ class KernelTable:
         return [m for m in self.at(batch) if m.available and (limit is None or m.workspace <= limit)]
 
     def fastest(self, batch: int, limit: int | None = None) -> Measurement | None:
-        return min(self.choices(batch, limit), key=lambda m: (m.time_ms, m.workspace), default=None)
+        return min(self.choices(batch, limit), key=lambda m: (m.available_ms, m.workspace), default=None)
 
     def complete_for(self, batch: int, limit: int | None) -> bool:
         """Whether every algorithm that could fit `limit` at `batch` was measured, so the table can
@@ -111,7 +117,7 @@ class ShapeTable:
     """Every measurement of one shape key at any micro-batch size, whole calls and parts of sums
     apart: what a database holds, shared by the kernels of every batch size."""
 
-    def __init__(self, measurements: Iterable[Measurement] = ()):
+    def __init__(self, measurements: Iterable[Measurement] = ()) -> None:
         self._rows: dict[tuple[int, bool, str], Measurement] = {}
         for m in measurements:
             self.add(m)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from enum import Enum
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,17 +40,19 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 DETERMINISTIC_KEY = {False: (), True: ("deterministic",)}
 
 
+SizesLike = int | Sequence[int]  # what constructors take for sizes: one for every spatial dimension, or one each
+
 _SMALLEST = {"x_shape": 1, "w_shape": 1, "pads": 0, "strides": 1, "dilations": 1}  # of every dimension
 
 
-def _tuple(value, n: int, name: str) -> tuple[int, ...]:
+def _tuple(value: SizesLike, n: int, name: str) -> tuple[int, ...]:
     values = (value,) * n if isinstance(value, int) else tuple(int(v) for v in value)
     if len(values) != n:
         raise ConfigError(f"{name}={value!r} needs {n} values, one per spatial dimension")
     return values
 
 
-def _check(value: str, name: str, choices) -> str:
+def _check(value: str, name: str, choices: Iterable[str]) -> str:
     if value not in choices:
         raise unknown(value, choices, name)
     return value
@@ -68,12 +71,14 @@ class ConvProblem:
     """One convolution kernel. Shapes are logical (N, C, *spatial) and (K, C/groups, *kernel)
     whatever the memory layout; `layout` says how the packed tensors are stored."""
 
+    # Sizes are tuples, one per spatial dimension; the constructor (__init__ below) also takes one
+    # int for every dimension, as each default is, and __post_init__ makes the tuple
     kind: ConvKind
     x_shape: tuple[int, ...]
     w_shape: tuple[int, ...]
-    pads: tuple[int, ...] | int = 0  # an int applies to every spatial dimension (1-D, 2-D, 3-D)
-    strides: tuple[int, ...] | int = 1
-    dilations: tuple[int, ...] | int = 1
+    pads: tuple[int, ...] = 0  # type: ignore[assignment]
+    strides: tuple[int, ...] = 1  # type: ignore[assignment]
+    dilations: tuple[int, ...] = 1  # type: ignore[assignment]
     groups: int = 1
     dtype: str = "float32"
     compute_type: str = ""  # "": float32 (float64 for float64 data)
@@ -87,7 +92,13 @@ class ConvProblem:
     # memoized by key) through the one object they already share.
     deterministic: bool = False
 
-    def __post_init__(self):
+    if TYPE_CHECKING:  # the generated constructor's arguments, which __post_init__ converts and checks
+        def __init__(self, kind: ConvKind | str, x_shape: Sequence[int], w_shape: Sequence[int], pads: SizesLike = 0,
+                     strides: SizesLike = 1, dilations: SizesLike = 1, groups: int = 1, dtype: str = "float32",
+                     compute_type: str = "", math: str = "", layout: str = "nchw", mode: str = "cross_correlation",
+                     deterministic: bool = False) -> None: ...
+
+    def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         if self.kind not in tuple(k.value for k in ConvKind):  # members equal their str values
             raise unknown(self.kind, [k.value for k in ConvKind], "kind")
@@ -138,11 +149,11 @@ class ConvProblem:
     def itemsize(self) -> int:
         return ITEMSIZE[self.dtype]
 
-    def with_batch(self, batch: int) -> "ConvProblem":
+    def with_batch(self, batch: int) -> ConvProblem:
         """The same kernel on a micro-batch of `batch` samples."""
         return replace(self, x_shape=(batch, *self.x_shape[1:]))
 
-    def with_kind(self, kind: ConvKind | str) -> "ConvProblem":
+    def with_kind(self, kind: ConvKind | str) -> ConvProblem:
         return replace(self, kind=ConvKind(kind))
 
     def sample_bytes(self, tensor: str) -> int:
@@ -197,10 +208,10 @@ class ConvProblem:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ConvProblem":
+    def from_dict(cls, d: dict) -> ConvProblem:
         return cls(**d)
 
-    def lifted(self) -> "ConvProblem":
+    def lifted(self) -> ConvProblem:
         """A 1-D problem as the 2-D one cuDNN runs on the same memory (lift_1d); others as they are."""
         if len(self.x_shape) != 3:
             return self

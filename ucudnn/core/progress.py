@@ -9,7 +9,7 @@ end).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .log import redraws, say
 
@@ -60,6 +60,6 @@ class Progress:
 
     def close(self, summary: Callable[[], str]) -> None:
         """The stretch ends now, with `summary()` on its own line where it was shown."""
-        if self._shown:
+        if self._shown and self._started is not None:  # shown: started
             say(f"planned in {self._last_step - self._started:.1f} s: {summary()}")
         self._started, self._shown, self.open = None, False, False

@@ -20,8 +20,8 @@ streams, and workspaces that concurrent nodes never share.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 from .errors import ConfigError
 from .workspace import Segment, divide

@@ -2,12 +2,14 @@
 per kernel, at the aligned prefix sum of the sizes before it."""
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TypeVar
 
 from .errors import ConfigError
 
 ALIGNMENT = 256  # bytes; cudaMalloc returns 256-byte aligned memory, so every segment start is too
+Name = TypeVar("Name", bound=Hashable)  # what a segment belongs to: a kernel's name, a stream
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,13 @@ def align_up(nbytes: int, alignment: int = ALIGNMENT) -> int:
     return -(-nbytes // alignment) * alignment
 
 
-def divide(sizes: Mapping[str, int], alignment: int = ALIGNMENT) -> tuple[dict[str, Segment], int]:
+def divide(sizes: Mapping[Name, int], alignment: int = ALIGNMENT) -> tuple[dict[Name, Segment], int]:
     """One segment per name, in the mapping's order, each starting at a multiple of `alignment`,
     and the buffer size they need (the sum of the sizes, each rounded up to the alignment)."""
     if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
         raise ConfigError(f"alignment={alignment!r} must be a positive number of bytes")
-    segments, offset = {}, 0
+    segments: dict[Name, Segment] = {}
+    offset = 0
     for name, size in sizes.items():
         if size < 0:
             raise ConfigError(f"workspace size of {name!r} is {size} bytes; it cannot be negative")

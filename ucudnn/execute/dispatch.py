@@ -10,15 +10,16 @@ and w and writes y; BD reads y (dy) and w and writes x (dx); BF reads x and y (d
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ..core import accumulation
 from ..core.accumulation import Combine, Route
 from ..core.errors import CandidateError, ConfigError
-from ..optimizers.configuration import Configuration
 from ..core.problem import ConvKind, ConvProblem
 from ..core.staging import SLICE_ALIGNMENT, is_aligned, slices_of
+from ..optimizers.configuration import Configuration
 
 OUTPUT = {ConvKind.FORWARD: "y", ConvKind.BACKWARD_DATA: "x", ConvKind.BACKWARD_FILTER: "w"}
 
@@ -121,13 +122,13 @@ def compose(step: Step, plan: Plan, combine: Combiner, scratch: Callable[[int], 
     if r.target == "output" and not combines and not step.staged:  # most calls: the plan writes the output itself
         written = "xwy".index(out)
 
-        def call(x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
+        def in_place(x: int, w: int, y: int, workspace: int, workspace_size: int) -> None:
             check(x, y, workspace_size)
             operands = (x + xo, w, y + yo)
             run(*operands, operands[written], workspace, workspace_size)
 
-        return call
-    own = []  # the scratch buffer's address, made on first use
+        return in_place
+    own: list[int] = []  # the scratch buffer's address, made on first use
     staging = step.staging_offsets()
     copied_in = [t for t in step.staged if t != out or _reads_output(r)]
     sizes = {t: p.sample_bytes(t) * p.batch for t in step.staged}

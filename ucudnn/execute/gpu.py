@@ -4,13 +4,33 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from typing import Any
+from types import ModuleType
+from typing import Any, Protocol
 
 from ..core.device import Provenance
 from ..core.errors import GpuUnavailableError, gpu_install
 
 
-def cupy():
+class _Tensor(Protocol):  # a torch tensor
+    def data_ptr(self) -> int: ...
+
+
+class _Memory(Protocol):  # a CuPy MemoryPointer
+    @property
+    def ptr(self) -> int: ...
+
+
+class _Array(Protocol):  # a CuPy array
+    @property
+    def data(self) -> _Memory: ...
+
+
+# Device memory as ucudnn takes it: an address, a torch tensor, a CuPy array or MemoryPointer, or
+# None (address 0)
+Buffer = int | _Tensor | _Array | _Memory | None
+
+
+def cupy() -> ModuleType:
     try:
         import cupy as cp
     except ImportError as exc:
@@ -64,7 +84,7 @@ def free_pool() -> None:
     cupy().get_default_memory_pool().free_all_blocks()
 
 
-def pointer(buffer: Any) -> int:
+def pointer(buffer: Buffer) -> int:
     """The device address of a CuPy array/MemoryPointer, a torch tensor, an int, or None (0)."""
     if buffer is None:
         return 0
@@ -72,7 +92,7 @@ def pointer(buffer: Any) -> int:
         return buffer
     if hasattr(buffer, "data_ptr"):
         return buffer.data_ptr()
-    data = getattr(buffer, "data", buffer)
+    data: _Memory = buffer.data if hasattr(buffer, "data") else buffer
     return data.ptr
 
 
@@ -87,12 +107,12 @@ extern "C" __global__ void spin(long long cycles) {
 }"""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _spin_kernel():
     return cupy().RawKernel(_SPIN, "spin")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _clock_khz(device: int) -> int:
     return cupy().cuda.runtime.getDeviceProperties(device)["clockRate"]
 

@@ -19,7 +19,8 @@ import contextlib
 import functools
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Protocol
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
 
 from ..core.errors import GraphCaptureError
 from ..core.fallback import say_once
@@ -52,7 +53,7 @@ class GraphMemory:
         self.budget: int | None = None  # None: unbounded
         self._programs: weakref.WeakSet = weakref.WeakSet()
 
-    def track(self, program: "GraphedProgram") -> None:
+    def track(self, program: GraphedProgram) -> None:
         self._programs.add(program)
 
     @property

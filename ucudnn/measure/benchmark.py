@@ -5,18 +5,28 @@ import contextlib
 import functools
 import math
 import statistics
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Collection, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
-from ..execute import gpu
 from ..core.accumulation import accumulates
 from ..core.device import TIMING_PRESETS, Provenance, check_execution, check_timing
-from ..execute.dispatch import Step, compile_program, step
 from ..core.errors import ConfigError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
-from ..execute.graphs import GraphCapturer, GraphedProgram
-from ..core.measurements import (FAILED, OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, failure_status,
-                           describe_sizes)
+from ..core.measurements import (
+    FAILED,
+    OK,
+    OUT_OF_MEMORY,
+    OVER_CAP,
+    PRUNED,
+    KernelTable,
+    Measurement,
+    describe_sizes,
+    failure_status,
+)
 from ..core.problem import ConvProblem
+from ..execute import gpu
+from ..execute.dispatch import Program, Step, compile_program, step
+from ..execute.graphs import GraphCapturer, GraphedProgram
 from ..optimizers.search import FULL, Search
 
 
@@ -148,7 +158,8 @@ class CudnnBenchmarker:
 
     def _measure_size(self, backend, problem: ConvProblem, micro: ConvProblem, ptrs: dict,
                       cap: int | None, best: int | None, skip: Collection[str] = ()) -> list[Measurement]:
-        runs, measured = {}, {}
+        runs: dict[str, Callable[[], None]] = {}
+        measured: dict[str, Measurement] = {}
         for rank, algo in enumerate(backend.ranked(micro)):
             if (best is not None and rank >= best and runs) or algo in skip:
                 measured[algo] = Measurement(algo, micro.batch, None, 0, PRUNED,
@@ -211,10 +222,10 @@ def worth_timing_again(coarse: Iterable[Measurement], slack: float = SLACK) -> l
     """The candidates that can still be chosen after a coarse sweep: those no candidate with at
     most their workspace beats by more than `slack` (the time-workspace front, widened)."""
     best, keep = math.inf, []
-    for m in sorted((m for m in coarse if m.available), key=lambda m: (m.workspace, m.time_ms)):
-        if m.time_ms <= slack * best:
+    for m in sorted((m for m in coarse if m.available), key=lambda m: (m.workspace, m.available_ms)):
+        if m.available_ms <= slack * best:
             keep.append(m.algo)
-        best = min(best, m.time_ms)
+        best = min(best, m.available_ms)
     return keep
 
 
@@ -240,7 +251,7 @@ class ConfigurationTimer:
     def _time_ms(self, problem: ConvProblem, configuration) -> float:
         ptrs = self.scratch.operands(problem)
         workspace = self.scratch.workspace(configuration.workspace)
-        program = compile_program(problem, configuration, self.backends)
+        program: Program | GraphedProgram = compile_program(problem, configuration, self.backends)
         if self.capturer is not None:  # the warm-up runs it directly, then captures it
             program = GraphedProgram(program, self.capturer, problem.describe())
 
@@ -276,7 +287,7 @@ def _stream_kept(handle):
 
 
 def _capturer(execution: str, backends, stream: int,
-              make_room: Callable[[], None] | None = None) -> "GraphCapturer | None":
+              make_room: Callable[[], None] | None = None) -> GraphCapturer | None:
     """What captures the backends' calls for graph execution (making room as GraphCapturer says);
     None for direct execution."""
     if check_execution(execution) != "graph":
@@ -287,7 +298,7 @@ def _capturer(execution: str, backends, stream: int,
 SWEEP_MS, SWEEP_CALLS = 0.5, 16
 
 
-def _time(run, timing: TimingSettings, stream: int, capturer: "GraphCapturer | None" = None,
+def _time(run, timing: TimingSettings, stream: int, capturer: GraphCapturer | None = None,
           estimate: float | None = None) -> list[float]:
     """Warm up, then time enough calls to fill the target (see TimingSettings); the warm-up
     only sizes the repeats, and a call already run and timed (`estimate` ms, the coarse sweep's)
@@ -328,8 +339,6 @@ def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProb
     device = benchmarker.device if benchmarker else device
     if device is None:
         raise ValueError("ensure_tables needs a benchmarker or the device whose measurements to use")
-    if backends is None and benchmarker is not None:
-        backends = benchmarker.backends.names
     tables = {}
     for done, p in enumerate(problems):
         if progress:
@@ -339,7 +348,8 @@ def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProb
             if search.missing(table, sizes_for(p), cap):  # named as `ucudnn bench` would fill them
                 _check_offline(p, FULL.missing(table, sizes_for(p), cap), device, backends)
         else:
-            tables[p.key] = _measured(p, sizes_for(p), cap, cache, benchmarker, backends, search)
+            tables[p.key] = _measured(p, sizes_for(p), cap, cache, benchmarker,
+                                      benchmarker.backends.names if backends is None else backends, search)
     if progress and problems:
         progress(len(problems), len(problems), problems[-1])
     return tables

@@ -1,8 +1,8 @@
 """A configuration: the micro-configurations (candidate, micro-batch size) a kernel runs in sequence."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -49,5 +49,5 @@ class Configuration:
         return [vars(m).copy() for m in self.micro]
 
     @classmethod
-    def from_json(cls, parts: list[dict]) -> "Configuration":
+    def from_json(cls, parts: list[dict]) -> Configuration:
         return cls(tuple(MicroConfig(**p) for p in parts))

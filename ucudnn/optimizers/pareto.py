@@ -12,9 +12,10 @@ kernels then cost one pass over b instead of one per kernel.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..core.measurements import PRUNED, UNMEASURED, KernelTable, Measurement
 from ..core.staging import ALIGNED, SLICED, Slices
@@ -23,12 +24,13 @@ from .configuration import Configuration, MicroConfig
 Kernel = tuple[KernelTable, int, Iterable[int]]  # measurements, mini-batch size, micro-batch sizes
 
 
-def pareto_order(time: np.ndarray, workspace: np.ndarray) -> np.ndarray:
+def pareto_order(time: ArrayLike, workspace: ArrayLike) -> np.ndarray:
     """Indices of the Pareto front of the points (time[i], workspace[i]), by workspace ascending
     (so time descending); of points with equal coordinates, the first."""
-    one = np.zeros(len(time), dtype=np.int64)
+    times = np.asarray(time, dtype=float)
+    one = np.zeros(len(times), dtype=np.int64)
     rank, ranks = _ranks(one, np.asarray(workspace, dtype=np.int64))
-    return _front(np.asarray(time, dtype=float), one, rank, (1, ranks))
+    return _front(times, one, rank, (1, ranks))
 
 
 def plannable(measurements: Sequence[Measurement]) -> list[Measurement]:
@@ -40,7 +42,7 @@ def plannable(measurements: Sequence[Measurement]) -> list[Measurement]:
     those is left, one row that says the size was measured. What a shipped or shared file can
     keep without changing any plan or what a search asks for."""
     ok = sorted((m for m in measurements if m.available), key=lambda m: m.algo)  # ties: the first name
-    front = [ok[i] for i in pareto_order([m.time_ms for m in ok], [m.workspace for m in ok])] if ok else []
+    front = [ok[i] for i in pareto_order([m.available_ms for m in ok], [m.workspace for m in ok])] if ok else []
     kept = front + [m for m in measurements if m.status in (*UNMEASURED, PRUNED)]
     return kept or sorted(measurements, key=lambda m: m.algo)[:1]
 
@@ -92,7 +94,7 @@ class _Micros:
     commutes with ranking."""
 
     def __init__(self, kernels: Sequence[Kernel], limit: int | None, slices: Sequence[Slices]):
-        rows = [(k, _number(staged), m.algo, b, m.time_ms + ms, m.workspace + extra)
+        rows = [(k, _number(staged), m.algo, b, m.available_ms + ms, m.workspace + extra)
                 for k, (table, batch, sizes) in enumerate(kernels)
                 for staged in slices[k].classes(batch)
                 for b in sorted({s for s in sizes if 1 <= s <= batch})

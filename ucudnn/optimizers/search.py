@@ -23,8 +23,8 @@ database asks for nothing more. Every full table is complete for the pruned sear
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
 
 from ..core.errors import unknown
 from ..core.measurements import PRUNED, KernelTable
@@ -68,7 +68,7 @@ class Search:
             if not self.complete_at(table, batch, cap, backends) or not _binds(table, batch, cap):
                 break
             fastest = table.fastest(batch, cap)
-            rate = fastest.time_ms / batch if fastest else math.inf
+            rate = fastest.available_ms / batch if fastest else math.inf
             if above is not None and rate >= best_rate and not _shrinking(table, batch, above, cap):
                 break
             best_rate, above = min(best_rate, rate), batch
@@ -82,9 +82,9 @@ class Search:
         dominated: dict[str, bool] = {}
         for b in sorted(s for s in table.sizes if s > batch):  # nearest first: its verdict stands
             best = math.inf
-            for m in sorted(table.choices(b), key=lambda m: (m.workspace, m.time_ms)):
-                dominated.setdefault(m.algo, m.time_ms > self.dominated * best)
-                best = min(best, m.time_ms)
+            for m in sorted(table.choices(b), key=lambda m: (m.workspace, m.available_ms)):
+                dominated.setdefault(m.algo, m.available_ms > self.dominated * best)
+                best = min(best, m.available_ms)
         return frozenset(algo for algo, slower in dominated.items() if slower)
 
     def missing(self, table: KernelTable, sizes: Iterable[int], cap: int | None,
@@ -102,8 +102,8 @@ def _binds(table: KernelTable, batch: int, cap: int | None) -> bool:
 def _shrinking(table: KernelTable, batch: int, above: int, cap: int | None) -> bool:
     """Whether a candidate over the cap at `batch` needs less workspace there than at `above`."""
     before = {m.algo: m.workspace for m in table.at(above) if m.status != PRUNED}
-    return any(m.workspace > cap and m.workspace < before.get(m.algo, 0)
-               for m in table.at(batch) if m.status != PRUNED)
+    return cap is not None and any(m.workspace > cap and m.workspace < before.get(m.algo, 0)
+                                   for m in table.at(batch) if m.status != PRUNED)
 
 
 SEARCHES = {"pruned": Search("pruned", BEST, walk=True, dominated=DOMINATED), "full": Search("full", None, walk=False)}

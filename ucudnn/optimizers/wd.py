@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import pulp
 
@@ -27,6 +27,7 @@ from ..core.workspace import ALIGNMENT, Segment, align_up, divide
 from .configuration import Configuration
 from .pareto import desirable_sets
 from .solvers import FIRST_INSTALLED, SOLVERS, solver_named, status_name, weighted_sum
+
 
 @dataclass(frozen=True)
 class WDResult:

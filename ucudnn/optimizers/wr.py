@@ -12,7 +12,7 @@ at, so its cost may depend on where it starts; parts run in the order R(0) takes
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..core.errors import NoAlgorithmError
 from ..core.measurements import KernelTable
@@ -38,7 +38,7 @@ class Parts:
         ms, extra = self.slices.extra(staged, batch)
         room = None if self.limit is None else self.limit - extra
         m = None if room is not None and room < 0 else self.table.fastest(batch, room)
-        return None if m is None else MicroConfig(m.algo, batch, m.time_ms + ms, m.workspace + extra)
+        return None if m is None else MicroConfig(m.algo, batch, m.available_ms + ms, m.workspace + extra)
 
 
 def optimize_wr(table: KernelTable, batch: int, sizes: Iterable[int], limit: int | None,
@@ -54,19 +54,25 @@ def optimize_wr(table: KernelTable, batch: int, sizes: Iterable[int], limit: int
     for start in range(batch - 1, -1, -1):
         staged = slices.staged(start)
         for b in usable:
-            part = parts.of(staged, b) if start + b <= batch and rest[start + b] is not None else None
-            if part is not None and (rest[start] is None or rest[start + b] + part.time_ms < rest[start]):
-                rest[start], first[start] = rest[start + b] + part.time_ms, part
+            after = rest[start + b] if start + b <= batch else None
+            if after is None:
+                continue
+            part, best = parts.of(staged, b), rest[start]
+            if part is not None and (best is None or after + part.time_ms < best):
+                rest[start], first[start] = after + part.time_ms, part
     if rest[0] is None:
         raise NoAlgorithmError(
             f"no algorithm of {kernel} runs within {limit} bytes of workspace at micro-batch sizes "
             f"{sorted(usable) or 'any'} that sum to {batch}; raise the workspace limit or use "
             "a batch size policy with more sizes"
         )
-    found, start = [], 0
+    found: list[MicroConfig] = []
+    start = 0
     while start < batch:
-        found.append(first[start])
-        start += first[start].batch
+        part = first[start]
+        assert part is not None  # rest[start] is defined wherever R(0)'s parts start
+        found.append(part)
+        start += part.batch
     if slices.classes(batch) == [()]:  # no part is staged wherever it starts: larger parts first
         found.sort(key=lambda m: -m.batch)
     return Configuration(tuple(found))

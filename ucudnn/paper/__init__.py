@@ -4,8 +4,8 @@ Markdown page beside a PNG, its numbers beside those the paper reports (page.py)
 an index of them all. `ucudnn paper FIG` is the command; FIGURES the registry, by number."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ..core.progress import counted
 from ..reports.plots import check_plot_path
@@ -27,7 +27,8 @@ def write_figures(numbers: Iterable[str], evidence: Evidence, out: Path) -> tupl
     numbers = list(numbers)
     check_plot_path(out / "fig.png")  # matplotlib, before any planning
     out.mkdir(parents=True, exist_ok=True)
-    results, paths = {}, []
+    results: dict[str, Result] = {}
+    paths: list[Path] = []
     for number in numbers:
         evidence.stage = f"Fig. {number}, {len(results)} of {len(numbers)} figures done"
         results[number] = FIGURES[number].make(evidence)

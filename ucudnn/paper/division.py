@@ -2,9 +2,9 @@
 AlexNet and ResNet-50 (Fig. 13), and how WD divides AlexNet's 120 MiB (Fig. 14)."""
 from __future__ import annotations
 
+from ..core.nets import Network, get_network
 from ..optimizers import DIVIDING, OPTIMIZERS, PER_KERNEL
 from ..plan.config import format_size
-from ..core.nets import Network, get_network
 from ..reports.plots import plot_stacked
 from ..reports.report import Report
 from .evidence import CANDIDATES, DRAWN, Evidence
@@ -62,6 +62,7 @@ def _ilp(wd: tuple[str, Report | None]) -> str:
     if report is None:
         return NOT_RECORDED
     s = report.solver
+    assert s is not None  # WD's report
     return f"{s['variables']} variables, {1e3 * s['solve_seconds']:.2f} ms ({s['solver'].upper()}, {policy})"
 
 
@@ -77,7 +78,7 @@ def equal_totals(evidence: Evidence) -> Result:
     networks = {name: get_network(name) for name in FIG13}
     plans = {name: _plans(evidence, networks[name], batch, limits, missing) for name, (batch, limits) in FIG13.items()}
     rows = [(name, c, format_size(limit), format_size(_total(networks[name], limit, WD)),
-             *(_cell(evidence, plans[name][(c, limit, *variant)]) for variant in VARIANTS))
+             *(_cell(evidence, plans[name][(c, limit) + variant]) for variant in VARIANTS))
             for name, (_, limits) in FIG13.items() for c in CANDIDATES for limit in limits]
     panels = {f"{name}, B = {batch} ({CANDIDATES[DRAWN]})": {
         f"{optimizer.upper()} {SHORT[policy]}\n{format_size(_total(networks[name], limit, optimizer))}": evidence.layer_ms(report)

@@ -6,24 +6,25 @@ micro-batches; `Executed` measures on this GPU what its cache lacks and runs eve
 as the handle runs it (benchmark.ConfigurationTimer), as the paper executed its figures."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
-from ..measure.cache import Cache, cache_path
-from ..plan.config import Settings, format_size
-from ..reports.coverage import Request
 from ..core.device import Provenance
-from ..core.progress import Progress as Line, counted
 from ..core.errors import ConfigError, GpuUnavailableError, MissingMeasurementsError
 from ..core.measurements import KernelTable
 from ..core.nets import Network
+from ..core.problem import ConvProblem, Kernel
+from ..core.progress import Progress as Line, counted
+from ..measure.cache import Cache, cache_path
+from ..measure.cache.database import BenchmarkDatabase
 from ..optimizers import DIVIDING, PER_KERNEL
 from ..optimizers.configuration import Configuration
-from ..core.problem import ConvProblem, Kernel
-from ..reports.report import Report, make_report
+from ..plan.config import Settings, format_size
 from ..plan.solve import Measure, plan
 from ..plan.sources import Progress, complete_tables, device_with_most, gpu_available, open_database
+from ..reports.coverage import Request
+from ..reports.report import Report, make_report
 
 # Whose candidates a figure plans with: cuDNN's legacy algorithms alone (the API the paper's cuDNN
 # 6 and 7 had), or those and cuDNN's graph-API engines (ucudnn's default); drawings show the last
@@ -38,16 +39,21 @@ class Evidence:
     them) and the times of a plan by layer; `close()` (or a with block) releases the measurements."""
 
     label = ""  # its word in pages: "ms (predicted)"
-    flags = ""  # the command's flags that choose it: `ucudnn paper FIG{flags}`
     executed = False
     device: Provenance | None = None  # of the measurements used last
     database: Path
+    source: BenchmarkDatabase | Cache  # the measurements
 
     def __init__(self, settings: Settings | None):
         self.base = settings or Settings.load()
         self._reports: dict[tuple, Report] = {}
         self.line = Line(self.base.progress)  # the progress line of long work: a step at each plan made
         self.stage = ""  # what is done so far, as the line says it (write_figures: the figures)
+
+    @property
+    def flags(self) -> str:
+        """The command's flags that choose it: `ucudnn paper FIG{flags}`."""
+        return ""
 
     def __enter__(self):
         return self
@@ -123,6 +129,7 @@ class Predicted(Evidence):
     """Measurements from a database's recording; a configuration's time is their sum."""
 
     label = "predicted"
+    source: BenchmarkDatabase  # the recording
 
     def __init__(self, settings: Settings | None = None):
         super().__init__(settings)
@@ -162,6 +169,8 @@ class Executed(Evidence):
 
     label = "executed"
     executed = True
+    device: Provenance  # this GPU
+    source: Cache  # the settings' database, filled here
 
     def __init__(self, settings: Settings | None = None, benchmarker=None, timer=None,
                  progress: Progress | None = None, measure_missing: bool = True):
@@ -177,6 +186,7 @@ class Executed(Evidence):
         self.benchmarker, self.timer, self.progress = benchmarker, timer, progress
         self.measure_missing = measure_missing
         self.source = Cache(self.base.cache_path)
+        assert self.source.path is not None  # a Cache with its file
         self.device, self.database = benchmarker.device, self.source.path
         self._times: dict[tuple[str, Configuration], float] = {}
 

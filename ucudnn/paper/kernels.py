@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..execute.backends import backend_of
-from ..plan.config import format_size
 from ..core.nets import find_kernel, get_network
+from ..core.problem import ConvKind, Kernel
+from ..core.staging import slices_of
+from ..execute.backends import backend_of
 from ..optimizers.configuration import Configuration
 from ..optimizers.pareto import desirable_sets
 from ..optimizers.wr import optimize_wr
+from ..plan.config import format_size
 from ..reports.plots import plot_configurations, plot_front, plot_stacked
-from ..core.problem import ConvKind, Kernel
-from ..core.staging import slices_of
 from .evidence import CANDIDATES, DRAWN, Evidence
 from .page import Figure, Headline, Result, Table, against, ratio
 

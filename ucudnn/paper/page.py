@@ -3,9 +3,10 @@ paper's (`Headline`), the notes on where they differ, and its drawing; written a
 beside a PNG, and the index of every figure's headlines."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .evidence import CANDIDATES, DRAWN, Evidence
 
@@ -58,7 +59,7 @@ class Result:
     tables: list[Table]
     headlines: list[Headline]
     notes: list[str]
-    draw: Callable[[Path | None], "Drawing"]
+    draw: Callable[[Path | None], Drawing]
     missing: list[str] = field(default_factory=list)  # `ucudnn bench` commands of what the measurements lack
 
 

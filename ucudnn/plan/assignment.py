@@ -16,17 +16,20 @@ Pure logic over a cache, a benchmarker and an allocator, so the CPU tests drive 
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
-from ..measure.benchmark import Benchmarker, ensure_tables
-from .config import Settings
 from ..core.errors import DeviceMemoryError, InfeasibleError, NoAlgorithmError
 from ..core.fallback import say_once
 from ..core.log import say_plan
+from ..core.measurements import KernelTable
+from ..core.problem import ConvProblem, Kernel
+from ..measure.benchmark import Benchmarker, ensure_tables
 from ..optimizers import PER_KERNEL
 from ..optimizers.configuration import Configuration
-from ..core.problem import ConvProblem, Kernel
+from ..optimizers.wd import WDResult
+from .config import Settings
 from .solve import Measure, plan
 
 # The step by which device memory is handed out for large blocks: torch's caching allocator
@@ -71,7 +74,7 @@ class Assignments:
         self._buffers: list[Any] = []  # keeps every workspace alive while its assignment is in use
         self._network_solved = False
         self._late_workspace = 0  # WD: bytes given to kernels that came after the solve
-        self.wd_result = None
+        self.wd_result: WDResult | None = None  # WD: the last solve's
         self.wd_limit: int | None = None  # WD: the total the last solve was given
         self.shrinks: list[Shrink] = []  # in order
 
@@ -119,6 +122,7 @@ class Assignments:
                     raise
                 raise DeviceMemoryError(f"the smallest workspace of the network's {len(pending)} kernels",
                                         exc.smallest_feasible, "free GPU memory") from exc
+            assert solution.wd is not None  # the settings divide (self.wd)
             try:
                 base = self._buffer(solution.wd.total_workspace)
                 break
@@ -140,7 +144,7 @@ class Assignments:
         within half. `failed`: a plan the caller keeps itself (within()), planned again and
         returned, not kept; else the kernel's assignment."""
         kept = failed is None
-        failed = self._assigned[problem.key] if kept else failed
+        failed = self._assigned[problem.key] if failed is None else failed
         limit = self._smaller(failed.workspace_size, problem.describe(), available, why)
         try:
             assignment = self._within(problem, limit, self._tables_at_hand)
@@ -244,11 +248,11 @@ class Assignments:
             self.cache.remember(memo_key, configuration)
         return configuration
 
-    def _tables(self, problems: list[ConvProblem], cap: int) -> dict:
+    def _tables(self, problems: Sequence[ConvProblem], cap: int | None) -> dict[str, KernelTable]:
         return ensure_tables(problems, self.settings.sizes_for, cap, self.cache, self.benchmarker,
                              search=self.settings.searching)
 
-    def _tables_at_hand(self, problems: list[ConvProblem], cap: int) -> dict:
+    def _tables_at_hand(self, problems: Sequence[ConvProblem], cap: int | None) -> dict[str, KernelTable]:
         """The kernels' tables as the cache holds them for this GPU's benchmarker: nothing measured."""
         device, names = self.benchmarker.device, self.benchmarker.backends.names
         return {p.key: self.cache.table(p, device).only(names) for p in problems}

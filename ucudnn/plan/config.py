@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from fractions import Fraction
-from typing import Mapping
+from typing import Any
 
-from ..execute.backends import CHOICES as BACKEND_CHOICES
-from ..measure.cache.paths import CACHE_VARIABLE, refuse_misnamed
 from ..core.device import EXECUTIONS
 from ..core.errors import ConfigError, unknown
-from ..core.problem import INT64_MAX
-from ..optimizers import DIVIDING, PER_KERNEL, Optimizer
-from ..optimizers import OPTIMIZERS as REGISTRY
+from ..core.problem import INT64_MAX, ConvProblem
+from ..execute.backends import CHOICES as BACKEND_CHOICES
+from ..measure.cache.paths import CACHE_VARIABLE, refuse_misnamed
+from ..optimizers import DIVIDING, OPTIMIZERS as REGISTRY, PER_KERNEL, Optimizer
 from ..optimizers.search import SEARCHES, Search, named
 from ..optimizers.solvers import FIRST_INSTALLED, SOLVERS
 from .memory import AUTO
@@ -162,7 +162,7 @@ class Settings:
 
         return resolve(self.backend, frontend=None if gpu else True)
 
-    def sizes_for(self, problem) -> tuple[int, ...]:
+    def sizes_for(self, problem: ConvProblem) -> tuple[int, ...]:
         """sizes() of a kernel's batch (what benchmark.ensure_tables asks for)."""
         return self.sizes(problem.batch)
 
@@ -178,7 +178,7 @@ class Settings:
         return self.workspace_limit * kernels if total is None else total
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Keyword arguments win over UCUDNN_* variables, which win over the defaults. An argument
         also wins over a variable that contradicts it (_contradicted): `workspace_limit` or a
         per-kernel `optimizer` given drops a total from UCUDNN_TOTAL_LIMIT, a `total_limit` given
@@ -222,7 +222,7 @@ def _with_total_meaning_wd(settings: Settings, labels: Mapping[str, tuple]) -> S
     return replace(settings, optimizer=DIVIDING.name)
 
 
-_PARSERS = {
+_PARSERS: dict[str, Callable[[Any, str], Any]] = {  # (value, the name an error shows) -> the setting
     "policy": lambda v, n: choice(v, POLICIES, n),
     "workspace_limit": parse_size,
     "total_limit": parse_size,

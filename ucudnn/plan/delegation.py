@@ -25,7 +25,8 @@ cuDNN version, not the moment. A later process then decides delegation as the fi
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from ..core.measurements import Measurement
 from ..core.problem import ConvProblem
@@ -64,7 +65,7 @@ class AllocatorCounts(NamedTuple):
     flushes: int = 0
     grown: int = 0
 
-    def __sub__(self, other: "AllocatorCounts") -> "AllocatorCounts":
+    def __sub__(self, other: AllocatorCounts) -> AllocatorCounts:
         return AllocatorCounts(self.flushes - other.flushes, self.grown - other.grown)
 
 
@@ -93,7 +94,7 @@ class InStep:
     flushes and the memory it took from the device), read beside them. What the step itself paid,
     at its moment."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._open: dict[tuple, tuple[Any, AllocatorCounts]] = {}
         self._windows: dict[tuple, list[tuple[Any, Any, AllocatorCounts]]] = {}
 

@@ -37,7 +37,8 @@ the step's peak for the whole step.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 AUTO = "auto"  # the workspace_limit (or total_limit) that asks for limits from the timeline
 # Calls of a layer observed before it is planned: the first step has no optimizer state yet, and

@@ -4,7 +4,8 @@ each of its kernels' moments left, and the framework's own kernels as they ran t
 observes through `Moments` while a layer waits for its plan and judges the layer on what it saw."""
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 from ..core.problem import ConvKind
 from .delegation import IN_STEP_HOLD_S, AllocatorCounts, InStep, OwnTiming, Window, least
@@ -19,7 +20,7 @@ class Moments:
     observation of each device. `in_step_ms` and `in_step_windows` keep, per (kind, call, room),
     what a layer was judged on, for Planner.summary()."""
 
-    def __init__(self, framework):
+    def __init__(self, framework) -> None:
         self.framework = framework
         self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
         self._least: dict[tuple[Hashable, tuple], float] = {}  # (call, kinds) -> least ms of any of its sites

@@ -34,26 +34,45 @@ import math
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, ContextManager, Hashable, Iterator, Protocol, runtime_checkable
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
-from .assignment import NO_MEMORY
-from .config import Settings
-from .delegation import (OwnTiming, as_fast_as_favourites, keep_timing, own_kernels_faster, pressed, settled_by_own,
-                         stored_timing, worth_delegating)
 from ..core.errors import DeviceMemoryError
 from ..core.fallback import UNPLANNABLE, fall_back, say_once
 from ..core.measurements import OK
-from .memory import (FLUSH_MS, RECORDED_CALLS, WATCHED_STEPS, FlushWatch, Memory, graph_budget, quantized,
-                     workspace_limit)
-from .moments import Moments
 from ..core.problem import ConvKind, ConvProblem
 from ..core.progress import Progress
 from ..core.transposition import as_forward, faster
+from ..measure.cache import Cache
+from .assignment import NO_MEMORY
+from .config import Settings
+from .delegation import (
+    OwnTiming,
+    as_fast_as_favourites,
+    keep_timing,
+    own_kernels_faster,
+    pressed,
+    settled_by_own,
+    stored_timing,
+    worth_delegating,
+)
+from .memory import (
+    FLUSH_MS,
+    RECORDED_CALLS,
+    WATCHED_STEPS,
+    FlushWatch,
+    Memory,
+    graph_budget,
+    quantized,
+    workspace_limit,
+)
+from .moments import Moments
 
 UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
 LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
 FLUSHED = "flushing the framework's cache to borrow"  # Planner._shrink's reason after a flush
 PLANNING_SLICE_S = 1.0  # planning="between_iterations": planning at the start of an iteration, at most about this
+Device = Any  # what a framework names a device by (hashable): its own type, torch.device for torch
 
 
 @runtime_checkable
@@ -65,7 +84,7 @@ class Framework(Protocol):
     own: str  # the framework's name: its own convolution's kernels count as (own, kind) in runs
     cudnn_handles: dict  # device -> whose cuDNN handle its ucudnn.Handle runs on (for summary())
 
-    def make_handle(self, settings: Settings, cache, device: Hashable) -> Any:
+    def make_handle(self, settings: Settings, cache, device: Device) -> Any:
         """A ucudnn.Handle for `device` (assignment, favourite, program, shrink, finalize, reset)."""
 
     def kernel(self, problem: ConvProblem, handle, assignment) -> Any:
@@ -81,46 +100,46 @@ class Framework(Protocol):
     def result_for(self, problem: ConvProblem, like: Any) -> Any:
         """A new tensor for what `problem`'s kernel writes, like `like` (dtype, device)."""
 
-    def flushes(self, device: Hashable) -> int:
+    def flushes(self, device: Device) -> int:
         """How often the framework's allocator has given its whole cache back to serve an allocation."""
 
-    def grown(self, device: Hashable) -> int:
+    def grown(self, device: Device) -> int:
         """How often the framework's allocator has taken memory from the device (allocated, or pages mapped)."""
 
-    def time_own(self, problem: ConvProblem, device: Hashable, free: int | None = None) -> OwnTiming:
+    def time_own(self, problem: ConvProblem, device: Device, free: int | None = None) -> OwnTiming:
         """The framework's own convolution of `problem` timed on new operands; with `free`, with
         only that many bytes free beyond its result (the rest held while it runs)."""
 
     def own_candidate(self) -> str:
         """The database's name of the framework's own convolution ('torch:2.11.0+cu130')."""
 
-    def device_guard(self, device: Hashable) -> ContextManager:
+    def device_guard(self, device: Device) -> contextlib.AbstractContextManager:
         """Inside, `device` is the current device."""
 
-    def planning(self, device: Hashable) -> ContextManager:
+    def planning(self, device: Device) -> contextlib.AbstractContextManager:
         """Inside, planning's device memory comes from the framework; on the way out of the
         outermost such scope what it cached goes back to the device."""
 
-    def settled_memory(self, device: Hashable) -> Memory:
+    def settled_memory(self, device: Device) -> Memory:
         """The device's free memory and the bytes tensors hold, the framework's cache given back."""
 
-    def free_bytes(self, device: Hashable) -> int:
+    def free_bytes(self, device: Device) -> int:
         """What the framework could allocate now in one block, at the least."""
 
-    def outside_bytes(self, device: Hashable) -> int:
+    def outside_bytes(self, device: Device) -> int:
         """What the process holds on the device outside the framework's pool (code, handles)."""
 
-    def synchronize(self, device: Hashable) -> None:
+    def synchronize(self, device: Device) -> None:
         """Wait for the device's work."""
 
-    def release(self, device: Hashable) -> int:
+    def release(self, device: Device) -> int:
         """Give back what ucudnn holds beside the framework's pool that it can make again (CUDA
         graphs, cached blocks), and the framework's cached blocks; the graphs' bytes."""
 
     def bound_beside(self, nbytes: int | None) -> None:
         """What ucudnn may hold beside the framework's pool in CUDA graphs from now on (None: unbounded)."""
 
-    def mark(self, device: Hashable, hold_s: float = 0.0) -> Any:
+    def mark(self, device: Device, hold_s: float = 0.0) -> Any:
         """A point in the device's work queued so far (a recorded CUDA event); with `hold_s`, the
         device is first kept busy about that long, so that what the host queues next runs back
         to back after the mark rather than at the host's pace."""
@@ -150,7 +169,8 @@ class Planner:
     leaves free (ucudnn.plan.memory), else the settings' per-kernel limit. `runs` counts kernel calls
     by (via, kind) and delegated layer calls by (framework.own, LAYER)."""
 
-    def __init__(self, settings: Settings, framework: Framework, cache=None, delegate: bool = True, auto: bool = False):
+    def __init__(self, settings: Settings, framework: Framework, cache: Cache | None = None, delegate: bool = True,
+                 auto: bool = False) -> None:
         self.settings, self.framework, self.delegate, self.auto = settings, framework, delegate, auto
         self._cache = cache
         self._handles: dict[Hashable, Any] = {}
@@ -158,7 +178,7 @@ class Planner:
         self._kernels: dict[tuple[ConvKind, Hashable, int], Any] = {}
         self._own_timings: dict[tuple[ConvKind, Hashable, int], OwnTiming] = {}
         self._moments = Moments(framework)  # what the observed calls saw (with `auto`)
-        self._favourites: dict[tuple[ConvKind, Hashable], int] = {}  # the workspace of cuDNN's favourite, asked once
+        self._favourites: dict[tuple[ConvKind, Hashable], float] = {}  # the workspace of cuDNN's favourite, asked once
         self._favourite_times: dict[tuple[ConvKind, Hashable], float] = {}  # ... and its time, where a layer is pressed
         self._delegated: dict[tuple[Hashable, tuple[ConvKind, ...], tuple[int, ...]], bool] = {}  # (call, kinds, rooms)
         # (kind, call, room) -> ucudnn's kernel that the framework's own, faster, replaced, and the own's ms
@@ -362,7 +382,7 @@ class Planner:
         the framework's own convolution."""
         call, key = site.call, (kind, site.call, self._room(site, kind))
         with self._lock:
-            kernel = self._kernels.get(key)
+            kernel: Any = self._kernels.get(key)  # the framework's kernel, or None
             if kernel is failed and isinstance(failed, _AsForward):
                 kernel = self._kernels[key] = failed.backward
             elif kernel is failed:
@@ -457,7 +477,7 @@ class Planner:
             else:
                 key = self._layer_key(site)
                 if key not in self._delegated:
-                    self._delegated[key] = self._planned_layer(site)
+                    self._delegated[key] = self._decided(site)
                 site.delegated = self._delegated[key]
             self._pending.pop(site, None)
             self._moments.forget(site)
@@ -484,7 +504,7 @@ class Planner:
             if deferred:
                 self._wait(site)
                 return True
-            self._delegated[key] = self._planned_layer(site)
+            self._delegated[key] = self._decided(site)
         return self._delegated[key]
 
     def _wait(self, site) -> None:
@@ -530,6 +550,13 @@ class Planner:
     def _layer_key(self, site) -> tuple:
         """What a layer's decision depends on: its call, kernels and their rooms."""
         return site.call, site.kinds, tuple(self._room(site, kind) for kind in site.kinds)
+
+    def _decided(self, site) -> bool:
+        """_planned_layer outside plan_pending, where no slice runs out: whether the layer runs the
+        framework's own convolution."""
+        delegated = self._planned_layer(site)
+        assert delegated is not None  # only plan_pending's slice runs out
+        return delegated
 
     def _planned_layer(self, site) -> bool | None:
         """Plan the site's layer; whether it runs the framework's own convolution. With delegation
@@ -608,6 +635,7 @@ class Planner:
         between two of its kernels)."""
         self._moments.lessen(site)
         key = self._layer_key(site)
+        delegated: bool | None
         if key in self._delegated:  # decided for another layer of the same call and rooms
             delegated = self._delegated[key]
         else:
@@ -680,7 +708,8 @@ class Planner:
         try:
             yield
         finally:
-            self._planning_s[kind, call] += time.perf_counter() - started
+            # typeshed's Counter counts in ints, Python's in any number
+            self._planning_s[kind, call] += time.perf_counter() - started  # type: ignore[assignment]
             self.progress.finished()
 
     def _planned_so_far(self) -> str:
@@ -735,7 +764,7 @@ class Planner:
             fall_back(self.framework.own, f"{problem.describe()}: {exc}")
             return self.framework.own_kernel(problem)
 
-    def handle(self, device: Hashable):
+    def handle(self, device: Hashable) -> Any:
         """The ucudnn.Handle of `device`, made on first use."""
         with self._lock:
             if device not in self._handles:
@@ -795,7 +824,7 @@ class Planner:
         delegated = {(kind, call, room) for (call, kinds, rooms), yes in self._delegated.items() if yes
                      for kind, room in zip(kinds, rooms)}
         keys = dict.fromkeys([*self._kernels, *self._own_timings, *self._moments.in_step_ms])
-        out = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
+        out: dict[str, Any] = dict(optimizer=s.optimizer, policy=s.policy, search=s.search,
                    workspace_limit="auto" if self.auto else s.workspace_limit, delegate=self.delegate,
                    planning_s=sum(self._planning_s.values()), planning=s.planning, pending=len(self._pending),
                    kernels=[self._describe(kind, call, room, (kind, call, room) in delegated) for kind, call, room in keys],

@@ -5,16 +5,16 @@ The offline report (`ucudnn optimize`) and the handle's network solve both plan 
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
-from .config import Settings
 from ..core.measurements import KernelTable
+from ..core.problem import ConvProblem, Kernel, check_kernels
+from ..core.staging import slices_of
 from ..optimizers.configuration import Configuration
 from ..optimizers.wd import WDResult, optimize_wd
 from ..optimizers.wr import optimize_wr
-from ..core.problem import ConvProblem, Kernel, check_kernels
-from ..core.staging import slices_of
+from .config import Settings
 
 # The measuring step: tables (by problem.key) of `problems`, complete within a cap of bytes (None:
 # none), from a database or measured on this GPU (sources.tables_for, benchmark.ensure_tables)

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import sqlite3
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
+from ..core.device import Provenance
+from ..core.errors import CacheError, MissingMeasurementsError
+from ..core.measurements import KernelTable
+from ..core.problem import ConvProblem
 from ..execute.bindings import gpu_available
 from ..measure.benchmark import Benchmarker, CudnnBenchmarker, ensure_tables
 from ..measure.cache.database import BenchmarkDatabase, merge
 from ..measure.cache.memo import Cache
 from ..measure.cache.paths import cache_path, shard_paths
 from .config import Settings
-from ..core.device import Provenance
-from ..core.errors import CacheError, MissingMeasurementsError
-from ..core.measurements import KernelTable
-from ..core.problem import ConvProblem
 
 Progress = Callable[[int, int, ConvProblem], None]
 
@@ -124,18 +124,22 @@ def tables_for(problems: Sequence[ConvProblem], settings: Settings, cap: int | N
     ones raise MissingMeasurementsError, or what `explain(error, database, device)` makes of it."""
     problems = list(problems)
     measure = gpu_available() if measure is None else measure
+    benchmarker: CudnnBenchmarker | None = None
+    recording: BenchmarkDatabase | None = None
     if measure:
         benchmarker = CudnnBenchmarker(execution=settings.execution, backend=settings.backend)
-        source, device = Cache(cache_path(settings.cache_path)), benchmarker.device
+        source: Cache | BenchmarkDatabase = Cache(cache_path(settings.cache_path))
+        device = benchmarker.device
     else:
-        benchmarker, source = None, open_database(cache_path(settings.cache_path, readonly=True))
-        device = device_with_most(source, problems, settings.execution)
+        source = recording = open_database(cache_path(settings.cache_path, readonly=True))
+        device = device_with_most(recording, problems, settings.execution)
     try:
         tables = complete_tables(problems, settings, cap, source, benchmarker, progress, device=device)
     except MissingMeasurementsError as exc:
-        if explain is None or measure:
+        if explain is None or recording is None:
             raise
-        raise explain(exc, source, device) from None
+        raise explain(exc, recording, device) from None
     finally:
         source.close()
+    assert source.path is not None  # a Cache made with its file
     return Measurements(tables, device, Path(source.path), measure)

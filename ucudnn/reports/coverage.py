@@ -2,17 +2,17 @@
 micro-batch policies it can plan without a GPU, derived from the measurements it holds."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from ..execute.backends import BACKENDS
-from ..plan.config import batch_sizes
 from ..core.device import Provenance
 from ..core.errors import MissingMeasurementsError
 from ..core.measurements import KernelTable, describe_sizes
 from ..core.nets import Network, list_networks
 from ..core.problem import ConvKind, default_math
+from ..execute.backends import BACKENDS
 from ..optimizers.search import FULL
+from ..plan.config import batch_sizes
 
 POLICY_ORDER = ("all", "powerOfTwo")  # the first one a recording satisfies describes it
 

@@ -5,8 +5,9 @@ a Markdown table (`table`) and as a plot (`plot_kernels`, needs matplotlib)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from .plots import MIB, new_figure, saved
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-from ..plan.config import format_size
 from ..core.errors import ConfigError, install_extra
 from ..optimizers.configuration import Configuration
+from ..plan.config import format_size
 from .report import KernelReport, Report
 
 MIB = 2**20

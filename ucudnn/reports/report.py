@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import solve
-from ..plan.config import Settings
 from ..core.nets import find_kernel
 from ..core.problem import Kernel
 from ..optimizers import OPTIMIZERS, Optimizer
 from ..optimizers.configuration import Configuration
 from ..optimizers.wr import optimize_wr
+from ..plan import solve
+from ..plan.config import Settings
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..problem import INT64_MAX, ConvKind, ConvProblem, Kernel, check_unique_names, transposed_size
+from ..problem import INT64_MAX, ConvKind, ConvProblem, Kernel, SizesLike, check_unique_names, transposed_size
 
 Sizes = tuple[int, ...]  # one per spatial dimension
 _SIZES = {"kernel": 1, "input_size": 1, "stride": 1, "pad": 0, "dilation": 1, "output_padding": 0}  # each one's smallest value
@@ -58,20 +59,27 @@ class ConvLayer:
     the convolution it transposes: that convolution's BD is the layer's forward, its F the layer's
     input gradient, its BF the weight gradient; a file names them by that convolution's kinds."""
 
+    # Sizes are tuples, one per spatial dimension; the constructor (__init__ below) also takes one
+    # int for every dimension, as each default is, and __post_init__ makes the tuple
     name: str
     in_channels: int
     out_channels: int
-    kernel: Sizes | int
-    input_size: Sizes | int  # of the input feature map: (length), (height, width) or (depth, height, width)
-    stride: Sizes | int = 1
-    pad: Sizes | int = 0
-    dilation: Sizes | int = 1
+    kernel: Sizes
+    input_size: Sizes  # of the input feature map: (length), (height, width) or (depth, height, width)
+    stride: Sizes = 1  # type: ignore[assignment]
+    pad: Sizes = 0  # type: ignore[assignment]
+    dilation: Sizes = 1  # type: ignore[assignment]
     groups: int = 1
     count: int = 1
     transposed: bool = False
-    output_padding: Sizes | int = 0  # transposed layers only
+    output_padding: Sizes = 0  # type: ignore[assignment]  # transposed layers only
 
-    def __post_init__(self):
+    if TYPE_CHECKING:  # the generated constructor's arguments, which __post_init__ converts and checks
+        def __init__(self, name: str, in_channels: int, out_channels: int, kernel: SizesLike, input_size: SizesLike,
+                     stride: SizesLike = 1, pad: SizesLike = 0, dilation: SizesLike = 1, groups: int = 1,
+                     count: int = 1, transposed: bool = False, output_padding: SizesLike = 0) -> None: ...
+
+    def __post_init__(self) -> None:
         try:
             dims = spatial_dims({name: getattr(self, name) for name in _SIZES})
             for name in _SIZES:
@@ -136,7 +144,7 @@ class ConvLayer:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "ConvLayer":
+    def from_json(cls, d: dict) -> ConvLayer:
         known = {f.name for f in fields(cls)}
         required = {f.name for f in fields(cls) if f.default is MISSING}
         keys = f"a layer has the keys {sorted(required)} and optionally {sorted(known - required)}"
@@ -203,7 +211,7 @@ class Network:
                 "layers": [layer.to_json() for layer in self.layers]}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Network":
+    def from_json(cls, d: dict) -> Network:
         if not isinstance(d, dict) or not isinstance(d.get("layers"), list):
             raise ConfigError('a network file is a JSON object {"name": ..., "layers": [...]}; '
                               '`ucudnn nets --help` describes it, `ucudnn nets alexnet --json` writes one')

@@ -13,8 +13,21 @@ from __future__ import annotations
 
 import importlib
 
-from .base import (BACKENDS, CHOICES, FRONTEND_PACKAGE, Backend, Backends, Candidate, candidates,  # noqa: F401
-                   backend_of, candidate_id, frontend_installed, frontend_version, resolve, split_id)
+from .base import (  # noqa: F401
+    BACKENDS,
+    CHOICES,
+    FRONTEND_PACKAGE,
+    Backend,
+    Backends,
+    Candidate,
+    backend_of,
+    candidate_id,
+    candidates,
+    frontend_installed,
+    frontend_version,
+    resolve,
+    split_id,
+)
 
 
 def module(name: str):

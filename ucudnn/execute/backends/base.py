@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..dispatch import compose
 from ...core.errors import ConfigError, unknown
+from ..dispatch import compose
 
 if TYPE_CHECKING:
     from ...core.accumulation import Combine
-    from ..dispatch import Plan, Step, StepRun
     from ...core.problem import ConvProblem
+    from ..dispatch import Plan, Step, StepRun
 
 BACKENDS = ("legacy", "engines")
 CHOICES = ("all", "engines", "legacy")
@@ -75,14 +76,14 @@ class Backend(Protocol):
     name: str
     blends: bool  # whether its calls take alpha and beta (ucudnn.core.accumulation)
 
-    def ranked(self, problem: "ConvProblem") -> list[str]:
+    def ranked(self, problem: ConvProblem) -> list[str]:
         """The ids of every candidate of micro-batch kernel `problem`, cuDNN's heuristic
         favourite first; cheap: nothing is built (a search times the first few, ucudnn.optimizers.search)."""
 
-    def candidate(self, problem: "ConvProblem", candidate: str) -> Candidate:
+    def candidate(self, problem: ConvProblem, candidate: str) -> Candidate:
         """One ranked candidate with its workspace and status (building its plan where needed)."""
 
-    def prepare(self, step: "Step") -> "Plan":
+    def prepare(self, step: Step) -> Plan:
         """The plan of `step` (see ucudnn.execute.dispatch.Plan)."""
 
     def set_stream(self, stream: int) -> None:
@@ -95,7 +96,7 @@ class Backend(Protocol):
         """Free what the backend holds of its own (a handle); its calls can no longer run."""
 
 
-def candidates(backend: Backend, problem: "ConvProblem") -> list[Candidate]:
+def candidates(backend: Backend, problem: ConvProblem) -> list[Candidate]:
     """Every candidate of `backend` for micro-batch kernel `problem`, in its ranking's order."""
     return [backend.candidate(problem, c) for c in backend.ranked(problem)]
 
@@ -110,7 +111,7 @@ class Backends:
     composes the step's whole call (ucudnn.execute.dispatch.compose) with Combine steps on the GPU."""
 
     def __init__(self, backends: Iterable[Backend],
-                 combine: Callable[["ConvProblem", "Combine", dict, int], None] = _no_device,
+                 combine: Callable[[ConvProblem, Combine, dict, int], None] = _no_device,
                  alloc: Callable[[int], Any] = _no_device,
                  copy: Callable[[int, int, int, int], None] = _no_device):
         """`combine(problem, combine, buffers, stream)` runs a Combine step; `alloc(nbytes)` gives
@@ -119,7 +120,8 @@ class Backends:
         ucudnn.execute.backends.open_backends passes the GPU's."""
         self.by_name = {b.name: b for b in backends}
         self.stream = 0
-        self._combine, self._alloc, self._copy, self._scratch = combine, alloc, copy, []
+        self._combine, self._alloc, self._copy = combine, alloc, copy
+        self._scratch: list[Any] = []  # what alloc returned, kept
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -135,14 +137,14 @@ class Backends:
     def blends(self, algo: str) -> bool:
         return self[backend_of(algo)].blends
 
-    def prepare_plan(self, step: "Step") -> "Plan":
+    def prepare_plan(self, step: Step) -> Plan:
         """The plan of `step` alone, as its backend makes it."""
         return self[backend_of(step.algo)].prepare(step)
 
-    def prepare(self, step: "Step") -> "StepRun":
+    def prepare(self, step: Step) -> StepRun:
         return compose(step, self.prepare_plan(step), self._run_combine, self._scratch_buffer, self._run_copy)
 
-    def _run_combine(self, problem: "ConvProblem", c: "Combine", buffers: dict) -> None:
+    def _run_combine(self, problem: ConvProblem, c: Combine, buffers: dict) -> None:
         self._combine(problem, c, buffers, self.stream)
 
     def _run_copy(self, dst: int, src: int, nbytes: int) -> None:

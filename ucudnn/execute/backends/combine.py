@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 
-from .. import gpu
 from ...core.accumulation import Combine, buffer_type, output_elements
 from ...core.problem import ConvProblem
+from .. import gpu
 
 _STORAGE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "float64": "float64"}
 _LOAD = {"bfloat16": "bf16_load({})"}
@@ -36,7 +36,7 @@ def _view(cp, address: int, count: int, dtype: str):
     return cp.ndarray((count,), _STORAGE[dtype], cp.cuda.MemoryPointer(memory, 0))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(src: str, dst: str):
     """dst = alpha * src + beta * dst (beta 0: dst is not read, so garbage stays out)."""
     wide = "double" if "float64" in (src, dst) else "float"

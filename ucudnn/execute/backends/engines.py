@@ -10,14 +10,13 @@ a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, docs/results
 """
 from __future__ import annotations
 
-from .. import gpu
 from ...core.accuracy import accurate
-from ..bindings import cudnn as bindings
-from ..bindings import library
-from ..dispatch import OUTPUT, Plan, Step
 from ...core.errors import BackendUnavailableError, CandidateError, gpu_install
 from ...core.measurements import FAILED, OK, UNSUPPORTED
 from ...core.problem import ConvKind, ConvProblem
+from .. import gpu
+from ..bindings import cudnn as bindings, library
+from ..dispatch import OUTPUT, Plan, Step
 from .base import Candidate, candidate_id, split_id
 
 NAME = "engines"
@@ -159,7 +158,7 @@ class EnginesBackend:
     name = NAME
     blends = False
 
-    def __init__(self, cudnn_handle=None):
+    def __init__(self, cudnn_handle=None) -> None:
         self.fe = frontend()
         shared = cudnn_handle is not None and library.copies_loaded() == 1
         self.cudnn_handle = cudnn_handle if shared else None
@@ -213,7 +212,7 @@ class EnginesBackend:
 
     def set_stream(self, stream: int) -> None:
         self.stream = stream
-        if self.owns_handle:
+        if self.cudnn_handle is None:  # the frontend's handle, its own (owns_handle)
             self.fe.set_stream(handle=self.handle, stream=stream)
             return
         # shared: the legacy backend (or a benchmarker) may have moved the handle's stream under

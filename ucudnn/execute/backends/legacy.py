@@ -2,17 +2,17 @@
 deterministic kernel, per algorithm cuDNN reports deterministic), in cuDNN's heuristic order."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ...core.accuracy import accurate
+from ...core.errors import CudnnError
+from ...core.measurements import OK, UNSUPPORTED, failure_status
+from ...core.problem import ConvProblem
 from ..bindings import cudnn
 from ..bindings.convolution import get_algorithms, workspace_size
 from ..bindings.enums import DETERMINISTIC, AlgoPerf, algo_count, algo_name, algo_number
 from ..bindings.executor import CudnnExecutor
 from ..dispatch import Plan, Step
-from ...core.errors import CudnnError
-from ...core.measurements import OK, UNSUPPORTED, failure_status
-from ...core.problem import ConvProblem
 from .base import Candidate, candidate_id, split_id
 
 NAME = "legacy"

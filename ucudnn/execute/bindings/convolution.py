@@ -2,8 +2,9 @@
 the order of its operands (F: x, w -> y; BD: w, dy -> dx; BF: x, dy -> dw)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from ctypes import byref, c_int, c_size_t, c_void_p
-from typing import Mapping
+from typing import Any, Protocol
 
 from ...core.problem import ConvKind
 from . import cudnn
@@ -15,23 +16,29 @@ _NAME = {ConvKind.FORWARD: "ConvolutionForward", ConvKind.BACKWARD_DATA: "Convol
          ConvKind.BACKWARD_FILTER: "ConvolutionBackwardFilter"}
 
 
+class Descriptors(Protocol):
+    """A kernel's descriptors by role ("x", "w", "y", "conv"): a KernelDescriptors, or a dict."""
+
+    def __getitem__(self, role: str, /) -> Any: ...
+
+
 def function_name(kind: ConvKind) -> str:
     """The cuDNN function that runs this kind of kernel, e.g. cudnnConvolutionBackwardData."""
     return f"cudnn{_NAME[kind]}"
 
 
-def _descs(kind: ConvKind, descs: Mapping) -> tuple:
+def _descs(kind: ConvKind, descs: Descriptors) -> tuple:
     first, second, out = ROLES[kind]
     return descs[first], descs[second], descs["conv"], descs[out]
 
 
-def workspace_size(handle, kind: ConvKind, descs: Mapping, algo: int) -> int:
+def workspace_size(handle, kind: ConvKind, descs: Descriptors, algo: int) -> int:
     size = c_size_t()
     cudnn.call(f"cudnnGet{_NAME[kind]}WorkspaceSize", handle, *_descs(kind, descs), algo, byref(size))
     return size.value
 
 
-def get_algorithms(handle, kind: ConvKind, descs: Mapping) -> list[AlgoPerf]:
+def get_algorithms(handle, kind: ConvKind, descs: Descriptors) -> list[AlgoPerf]:
     """cudnnGet*Algorithm_v7: cuDNN's heuristic ranking (no execution)."""
     perf, returned = (AlgoPerf * algo_count(kind))(), c_int()
     cudnn.call(f"cudnnGet{_NAME[kind]}Algorithm_v7", handle, *_descs(kind, descs), len(perf),
@@ -39,7 +46,7 @@ def get_algorithms(handle, kind: ConvKind, descs: Mapping) -> list[AlgoPerf]:
     return list(perf[:returned.value])
 
 
-def find_algorithms(handle, kind: ConvKind, descs: Mapping, ptrs: Mapping[str, int], workspace: int,
+def find_algorithms(handle, kind: ConvKind, descs: Descriptors, ptrs: Mapping[str, int], workspace: int,
                     workspace_size: int) -> list[AlgoPerf]:
     """cudnnFind*AlgorithmEx: runs every algorithm once within the given workspace."""
     first, second, out = ROLES[kind]
@@ -50,7 +57,7 @@ def find_algorithms(handle, kind: ConvKind, descs: Mapping, ptrs: Mapping[str, i
     return list(perf[:returned.value])
 
 
-def convolve(handle, kind: ConvKind, descs: Mapping, ptrs: Mapping[str, int], algo: int,
+def convolve(handle, kind: ConvKind, descs: Descriptors, ptrs: Mapping[str, int], algo: int,
              workspace: int, workspace_size: int, alpha: float, beta: float, dtype: str) -> None:
     """out = alpha * conv(inputs) + beta * out, with algorithm `algo`."""
     first, second, out = ROLES[kind]

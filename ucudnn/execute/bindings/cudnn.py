@@ -7,12 +7,24 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_void_p
+from typing import Protocol
 
 from ...core.errors import CudnnError, GpuUnavailableError
 from . import library
 from .enums import SUCCESS, AlgoPerf
 
 P = c_void_p  # every opaque cuDNN object, device pointer and stream
+
+
+class Parameter(Protocol):
+    """What ctypes passes in an object's place, its `_as_parameter_` (a Descriptor, a ucudnn.Handle)."""
+
+    @property
+    def _as_parameter_(self) -> Pointer: ...
+
+
+# What a P argument takes: a cuDNN handle, a descriptor or an address, as ctypes passes them (None: NULL)
+Pointer = c_void_p | int | Parameter | None
 INT_P, SIZE_P, PERF_P = POINTER(c_int), POINTER(c_size_t), POINTER(AlgoPerf)
 
 # name: argument types (every function returns cudnnStatus_t unless listed in _RETURNS)
@@ -99,15 +111,15 @@ def create_handle(stream: int | None = None) -> c_void_p:
     return handle
 
 
-def destroy_handle(handle) -> None:
+def destroy_handle(handle: Pointer) -> None:
     call("cudnnDestroy", handle)
 
 
-def set_stream(handle, stream: int) -> None:
+def set_stream(handle: Pointer, stream: int) -> None:
     call("cudnnSetStream", handle, c_void_p(stream))
 
 
-def get_stream(handle) -> int:
+def get_stream(handle: Pointer) -> int:
     """The stream `handle` queues its work on (0: the legacy default stream)."""
     stream = c_void_p()
     call("cudnnGetStream", handle, ctypes.byref(stream))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 from ctypes import byref, c_int, c_void_p
 
-
 from ...core.errors import UnsupportedProblemError
 from ...core.problem import ConvKind, ConvProblem
 from . import cudnn

@@ -3,8 +3,7 @@ Pure data: importing this loads no library."""
 from __future__ import annotations
 
 import ctypes
-
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from ...core.problem import DTYPES, LAYOUTS, MATH_TYPES, MODES, ConvKind
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from ctypes import byref
 
-from ..dispatch import Plan, Step
 from ...core.errors import CudnnError
 from ...core.problem import ConvProblem
+from ..dispatch import Plan, Step
 from . import cudnn
 from .convolution import ROLES, function_name, workspace_size
 from .descriptors import KernelDescriptors
@@ -18,7 +18,7 @@ class CudnnExecutor:
     are looked up once, so a call costs little more than cuDNN's own launch. cuDNN's legacy calls
     take alpha and beta: the plan applies the step's route's own."""
 
-    def __init__(self, handle):
+    def __init__(self, handle) -> None:
         self.handle = handle
         self._descriptors: dict[str, KernelDescriptors] = {}
 
@@ -45,5 +45,6 @@ class CudnnExecutor:
             if status:
                 raise CudnnError(name, status, cudnn.status_name(status))
 
-        run.keep = (alpha, beta, descs)  # the scalars and descriptors must outlive the call
+        # the scalars and descriptors must outlive the call (mypy types no attributes of functions)
+        run.keep = (alpha, beta, descs)  # type: ignore[attr-defined]
         return Plan(run, workspace_size(self.handle, p.kind, descs, algo))

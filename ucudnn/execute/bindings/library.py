@@ -18,7 +18,7 @@ def mapped(soname: str = SONAME) -> dict[tuple[str, str], str]:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return {}
-    found = {}
+    found: dict[tuple[str, str], str] = {}
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) == 6 and Path(fields[5]).name.startswith(soname):

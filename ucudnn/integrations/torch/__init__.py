@@ -27,10 +27,19 @@ if not hasattr(torch.library, "custom_op"):  # pragma: no cover - depends on the
                       f"graphs); this is torch {torch.__version__}: {install_extra('torch')}")
 
 from .context import Context, default_context  # noqa: F401  (the package's own use and tests)
-from .kernels import TorchFramework  # noqa: F401  (the package's own use and tests)
 from .distributed import rank_zero_first
-from .layers import (Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d, context_of, convert,
-                     network)
+from .kernels import TorchFramework  # noqa: F401  (the package's own use and tests)
+from .layers import (
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    context_of,
+    convert,
+    network,
+)
 
 # the public face (ucudnn.torch); TorchFramework and default_context stay importable from here for
 # the package's own use and tests

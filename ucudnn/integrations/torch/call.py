@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod as math_prod
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ...core.problem import ConvKind, ConvProblem, default_math, lift_1d, output_size, transposed_size
 from ...core.staging import is_aligned
 from .sites import Site, autocast_dtype
+
+if TYPE_CHECKING:  # what a converted layer is to torch: torch's base of its convolution layers
+    from torch.nn.modules.conv import _ConvNd
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 INDEX_LIMIT = 2**31 - 1  # cuDNN's legacy API describes tensors with 32-bit ints
@@ -37,17 +41,17 @@ class Geometry:
         """The output size of the transposed convolution of a `size` input (problem.transposed_size)."""
         return transposed_size(size, kernel, self.pads, self.strides, self.dilations, output_padding)
 
-    def lifted(self) -> "Geometry":
+    def lifted(self) -> Geometry:
         """A 1-D convolution's geometry as the 2-D one cuDNN runs (problem.lift_1d)."""
         return Geometry(*lift_1d(self.pads, self.strides, self.dilations), self.groups)
 
 
-def spatial_dims(module: nn.Module) -> int:
+def spatial_dims(module: _ConvNd) -> int:
     """The layer's spatial dimensions: 1 (Conv1d), 2 (Conv2d) or 3 (Conv3d)."""
     return len(module.kernel_size)
 
 
-def lifts(module: nn.Module) -> bool:
+def lifts(module: _ConvNd) -> bool:
     """Whether ucudnn runs the layer as a convolution of one more spatial dimension: a 1-D layer
     runs as 2-D of height 1 (cuDNN's tensors have at least 4 dimensions; torch does the same)."""
     return spatial_dims(module) == 1
@@ -60,12 +64,12 @@ def memory_format(layout: str, ndim: int) -> torch.memory_format:
     return torch.channels_last_3d if ndim == 5 else torch.channels_last
 
 
-def geometry(module: nn.Module) -> Geometry | str:
+def geometry(module: _ConvNd) -> Geometry | str:
     """The layer's Geometry in its own dimensions, or why ucudnn cannot run it (a fallback reason)."""
     pads = module.padding
     if module.padding_mode != "zeros" or pads == "valid":
         pads = (0,) * spatial_dims(module)  # other padding modes: the input is padded by F.pad first, as torch does
-    elif pads == "same":
+    elif isinstance(pads, str):  # "same"
         totals = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size)]
         if any(t % 2 for t in totals):
             return "padding='same' with an even effective kernel size pads asymmetrically"
@@ -146,7 +150,7 @@ def _suggests_channels_last(t: Tensor) -> bool:
     return True
 
 
-def _padded_size(module: nn.Module, input: Tensor) -> tuple[int, ...]:
+def _padded_size(module: _ConvNd, input: Tensor) -> tuple[int, ...]:
     """Spatial size after the F.pad of a non-zeros padding mode (unchanged for zeros)."""
     dims = spatial_dims(module)
     size = tuple(input.shape[-dims:])
@@ -156,7 +160,7 @@ def _padded_size(module: nn.Module, input: Tensor) -> tuple[int, ...]:
     return tuple(n + pads[2 * (dims - 1 - i)] + pads[2 * (dims - 1 - i) + 1] for i, n in enumerate(size))
 
 
-def _is_valid(module: nn.Module, input: Tensor, autocast: bool, shape: Geometry | str) -> bool:
+def _is_valid(module: _ConvNd, input: Tensor, autocast: bool, shape: Geometry | str) -> bool:
     """False for calls torch itself rejects: they go to torch, which raises its usual error."""
     weight, dims = module.weight, spatial_dims(module)
     if not (input.dim() in (dims + 1, dims + 2) and input.shape[-dims - 1] == module.in_channels
@@ -167,7 +171,7 @@ def _is_valid(module: nn.Module, input: Tensor, autocast: bool, shape: Geometry 
                                                       tuple(weight.shape[2:]))) > 0
 
 
-def _output_size(module: nn.Module, shape: Geometry, size: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[int, ...]:
+def _output_size(module: _ConvNd, shape: Geometry, size: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[int, ...]:
     """The spatial size of the layer's output from its input's `size` and the `kernel` size (in
     `shape`'s dimensions: the layer's own, or lifted)."""
     if not module.transposed:
@@ -176,7 +180,7 @@ def _output_size(module: nn.Module, shape: Geometry, size: tuple[int, ...], kern
     return shape.transposed_size(size, kernel, padding)
 
 
-def _fallback_reason(module: nn.Module, input: Tensor, dtype: torch.dtype, context) -> str | None:
+def _fallback_reason(module: _ConvNd, input: Tensor, dtype: torch.dtype, context) -> str | None:
     if not context.framework.runs_on(input.device):
         return f"input on {input.device.type} (ucudnn runs CUDA tensors only)"
     if dtype not in DTYPES:
@@ -186,7 +190,7 @@ def _fallback_reason(module: nn.Module, input: Tensor, dtype: torch.dtype, conte
     return None
 
 
-def _transpose_reason(module: nn.Module) -> str | None:
+def _transpose_reason(module: _ConvNd) -> str | None:
     """Why a transposed layer is not the backward data of a convolution (else None): an
     output_padding of the stride or more (torch allows it below the dilation) makes an output
     from which that convolution gives a larger result than the layer's input."""
@@ -196,7 +200,7 @@ def _transpose_reason(module: nn.Module) -> str | None:
     return None
 
 
-def resolve(module: nn.Module, input: Tensor, context, key: tuple) -> Site | str | None:
+def resolve(module: _ConvNd, input: Tensor, context, key: tuple) -> Site | str | None:
     """The Site of this call, whose signature is `key` (sites.signature), when ucudnn runs it; a
     reason string when ucudnn cannot; None when torch should handle it because the call is
     invalid (torch raises the error users expect). Decided once per signature (see sites.py): a
@@ -204,7 +208,7 @@ def resolve(module: nn.Module, input: Tensor, context, key: tuple) -> Site | str
     return context.sites.get(key, _resolve, module, input, context)
 
 
-def pack(module: nn.Module, input: Tensor, dtype: torch.dtype,
+def pack(module: _ConvNd, input: Tensor, dtype: torch.dtype,
          fmt: torch.memory_format) -> tuple[Tensor, Tensor, Tensor | None]:
     """x, weight and bias cast to `dtype` (a site's) and packed in `fmt` (its layout's memory
     format), in the dimensions cuDNN runs (lifts): a no-op for packed tensors of that dtype, a
@@ -215,7 +219,7 @@ def pack(module: nn.Module, input: Tensor, dtype: torch.dtype,
             _weight(module).to(dtype).contiguous(memory_format=fmt), None if bias is None else bias.to(dtype))
 
 
-def unpacked(module: nn.Module, input: Tensor, y: Tensor) -> Tensor:
+def unpacked(module: _ConvNd, input: Tensor, y: Tensor) -> Tensor:
     """The layer's output from `y` of the convolution cuDNN ran: back to the layer's own
     dimensions (lifts), and unbatched where the input was."""
     if lifts(module):
@@ -249,7 +253,7 @@ def layer_kinds(transposed: bool) -> tuple[ConvKind, ConvKind]:
     return (ConvKind.BACKWARD_DATA, ConvKind.FORWARD) if transposed else (ConvKind.FORWARD, ConvKind.BACKWARD_DATA)
 
 
-def _padded(module: nn.Module, input: Tensor) -> Tensor:
+def _padded(module: _ConvNd, input: Tensor) -> Tensor:
     """The input batched, padded by F.pad for a non-zeros padding mode, and lifted (lifts)."""
     x = input if input.dim() == spatial_dims(module) + 2 else input.unsqueeze(0)
     if module.padding_mode != "zeros":
@@ -257,24 +261,25 @@ def _padded(module: nn.Module, input: Tensor) -> Tensor:
     return x.unsqueeze(-2) if lifts(module) else x
 
 
-def _weight(module: nn.Module) -> Tensor:
+def _weight(module: _ConvNd) -> Tensor:
     """The layer's weight in the dimensions cuDNN runs (lifts): a view, through which autograd
     takes the weight's gradient back."""
     return module.weight.unsqueeze(-2) if lifts(module) else module.weight
 
 
-def _resolve(module: nn.Module, input: Tensor, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
+def _resolve(module: _ConvNd, input: Tensor, context) -> tuple[Call, tuple[ConvKind, ...]] | str | None:
     """resolve()'s decision for a new signature: the Call and the kernels it runs, a fallback
     reason, or None."""
     dtype, autocast = compute_dtype(input)
-    math = math_type(DTYPES[dtype]) if dtype in DTYPES else None
     deterministic = deterministic_algorithms()
     shape = geometry(module)
     if not _is_valid(module, input, autocast, shape):
         return None
     reason = _fallback_reason(module, input, dtype, context) or _transpose_reason(module)
-    if reason or isinstance(shape, str):
-        return reason or shape
+    if reason:
+        return reason
+    if isinstance(shape, str):
+        return shape
     shape = shape.lifted() if lifts(module) else shape
     x, weight = _padded(module, input), _weight(module)
     out = _output_size(module, shape, tuple(x.shape[2:]), tuple(weight.shape[2:]))
@@ -284,5 +289,5 @@ def _resolve(module: nn.Module, input: Tensor, context) -> tuple[Call, tuple[Con
     layout = "nhwc" if _suggests_channels_last(x) or _suggests_channels_last(weight) else "nchw"
     # the convolution's x: the layer's input, or for a transposed layer its output
     conv_x = (x.shape[0], module.out_channels, *out) if module.transposed else tuple(x.shape)
-    return Call(x.device, conv_x, tuple(weight.shape), shape, DTYPES[dtype], math, layout,
+    return Call(x.device, conv_x, tuple(weight.shape), shape, DTYPES[dtype], math_type(DTYPES[dtype]), layout,
                 deterministic, module.transposed), kinds_needed(input, module.weight, module.transposed)

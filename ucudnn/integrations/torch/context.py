@@ -7,15 +7,17 @@ import contextlib
 import os
 import weakref
 from collections import Counter
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-from ...plan.config import Settings, choice, format_size
 from ...core.errors import ConfigError
-from ...plan.memory import AUTO
+from ...measure.cache import Cache
 from ...optimizers import DIVIDING, OPTIMIZERS, PER_KERNEL
+from ...plan.config import Settings, choice, format_size
+from ...plan.memory import AUTO
 from ...plan.planner import Planner
 from .kernels import TorchFramework
 from .sites import Sites
@@ -32,11 +34,15 @@ class Context(Planner):
     Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults; the
     limits' default is AUTO, see _auto)."""
 
-    def __init__(self, settings: Settings | None = None, *, framework=None, cache=None, workspace_limit=None,
-                 optimizer=None, policy=None, total_limit=None, cache_path=None, execution=None,
-                 planning=None, delegate: bool = True):
-        keywords = dict(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy, total_limit=total_limit,
-                        cache_path=cache_path, execution=execution, planning=planning)
+    framework: TorchFramework
+
+    def __init__(self, settings: Settings | None = None, *, framework: TorchFramework | None = None,
+                 cache: Cache | None = None, workspace_limit: int | str | None = None, optimizer: str | None = None,
+                 policy: str | None = None, total_limit: int | str | None = None, cache_path: str | None = None,
+                 execution: str | None = None, planning: str | None = None, delegate: bool = True) -> None:
+        keywords: dict[str, Any] = dict(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy,
+                                        total_limit=total_limit, cache_path=cache_path, execution=execution,
+                                        planning=planning)
         if settings is not None and any(v is not None for v in keywords.values()):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
         auto = settings is None and _auto(workspace_limit, total_limit, optimizer)
@@ -56,7 +62,7 @@ class Context(Planner):
         self._lead_seen: Any = None  # the site of that layer's last call examined
 
     # Converted models share their context when deep-copied, and rebuild it when unpickled.
-    def __deepcopy__(self, memo) -> "Context":
+    def __deepcopy__(self, memo) -> Context:
         return self
 
     def __reduce__(self):
@@ -97,9 +103,10 @@ class Context(Planner):
         layers retired"); not the lead's layer, whose calls start iterations and watch for change
         (saw). restore() converts it again."""
         if id(module) != self._lead_layer:
-            self._retired[module] = type(module)
+            twin: Any = type(module)  # a converted class, with its torch_class (layers.py imports this module)
+            self._retired[module] = twin
             module.__dict__.pop("_ucudnn_steady", None)
-            module.__class__ = type(module).torch_class
+            module.__class__ = twin.torch_class
 
     def saw(self, module: nn.Module, site: Any) -> None:
         """A converted layer's call was examined and routed to `site`. Where it is the lead's
@@ -121,7 +128,7 @@ class Context(Planner):
         self._retired.clear()
 
     @contextlib.contextmanager
-    def recording(self) -> Iterator["Context"]:
+    def recording(self) -> Iterator[Context]:
         """Layers only record their kernels inside; on a clean exit the kernels are planned (WD:
         the network, known kernels included, is solved once)."""
         if self.wd and self.solved():

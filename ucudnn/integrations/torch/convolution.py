@@ -11,7 +11,7 @@ which must start on the slice alignment (call.aligned; the callers align the inp
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -79,9 +79,10 @@ def bias_gradient(ctx, d_out: Tensor) -> Tensor | None:
     return None
 
 
-def _sides(site: Site, input_side: Tensor, weight: Tensor, output_side: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(x, w, y) of the site's convolution from tensors of the layer's input and output sides:
-    x is the input side, or for a transposed layer the output side."""
+def _sides(site: Site, input_side: Tensor | None, weight: Tensor,
+           output_side: Tensor | None) -> tuple[Tensor | None, Tensor, Tensor | None]:
+    """(x, w, y) of the site's convolution from tensors of the layer's input and output sides
+    (None: the side the kernel makes): x is the input side, or for a transposed layer the output side."""
     if site.call.transposed:
         return output_side, weight, input_side
     return input_side, weight, output_side

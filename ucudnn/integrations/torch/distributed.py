@@ -4,7 +4,8 @@ nodes"); the other ranks plan after it, from those measurements, timing nothing 
 timed. See docs/torch.md, "Several processes: torch.distributed"."""
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch.distributed as dist
 

@@ -6,20 +6,21 @@ import contextlib
 import functools
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ...execute.backends.base import candidate_id
-from ...plan.config import Settings
-from ...plan.delegation import OwnTiming
 from ...core.errors import CudnnError, DeviceMemoryError
 from ...core.fallback import say_once
 from ...core.measurements import TORCH
+from ...core.problem import ConvKind, ConvProblem
+from ...execute.backends.base import candidate_id
+from ...plan.config import Settings
+from ...plan.delegation import OwnTiming
 from ...plan.memory import Memory
 from ...plan.planner import UCUDNN
-from ...core.problem import ConvKind, ConvProblem
 from .call import memory_format
 from .torch_handle import torch_cudnn_handle
 
@@ -78,7 +79,7 @@ class TorchFramework:
 
     own = TORCH  # the framework whose own convolution runs where ucudnn does not
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
         self._planning_depth = 0  # planning scopes open (_planning_scope)
 
@@ -96,11 +97,11 @@ class TorchFramework:
             return torch.cuda.current_stream(device).cuda_stream
         return _raw_stream(torch.cuda.current_device() if device.index is None else device.index)
 
-    def kernel(self, problem: ConvProblem, handle, assignment) -> "UcudnnKernel":
+    def kernel(self, problem: ConvProblem, handle, assignment) -> UcudnnKernel:
         """The kernel ucudnn runs as `assignment` (a `handle`'s) plans it."""
         return UcudnnKernel(problem, handle, assignment, self)
 
-    def own_kernel(self, problem: ConvProblem) -> "TorchKernel":
+    def own_kernel(self, problem: ConvProblem) -> TorchKernel:
         """torch's own convolution of `problem`, as a kernel."""
         return TorchKernel(problem)
 
@@ -116,6 +117,7 @@ class TorchFramework:
         from ...handle import Handle
 
         torch.backends.cudnn.version()  # loads torch's libcudnn, so ucudnn's bindings use the same one
+        allocator: Callable[[int], Any]
         if settings.optimizing.divides:  # one persistent buffer for the network, divided (and late kernels)
             allocator = functools.partial(self.borrow, device=device)
         else:
@@ -399,8 +401,11 @@ class TorchKernel:
         """torch's result, written into the written operand where one is given (a copy), else
         as torch made it: no second tensor of its size at the kernel's moment."""
         p, written = self.problem, (x, w, y)[self.problem.written]
-        # BD reads only x's shape and BF only w's: torch.nn.grad.conv2d_input passes them so
-        x = y.new_empty(1).expand(p.x_shape) if x is None else x
+        # BD reads only x's shape and BF only w's: torch.nn.grad.conv2d_input passes them so. Only
+        # the written operand is None: BD's x, whose dy is given
+        if x is None:
+            assert y is not None
+            x = y.new_empty(1).expand(p.x_shape)
         w = x.new_empty(1).expand(p.w_shape) if w is None else w
         with out_of_memory_as(f"{TORCH}'s own {p.describe()}", p.written_bytes()):
             result = self._convolve(x, w, y)
@@ -428,7 +433,7 @@ def out_of_memory_as(what: str, nbytes: int):
         raise DeviceMemoryError(f"{what} ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})", nbytes) from None
 
 
-def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:
     """torch's own convolution of `problem`'s kind on (x, w, y): returns y for F, dx for BD (from
     dy = y) and dw for BF, each a new tensor, as torch's layer computes it."""
     p = problem

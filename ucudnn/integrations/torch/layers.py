@@ -3,20 +3,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ...core.errors import ConfigError
+from ...core.fallback import fall_back, say_once
 from ...plan.planner import LAYER
 from . import convolution
 from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
-from ...core.fallback import fall_back, say_once
 from .kernels import TorchFramework, is_out_of_memory
 from .sites import Site, Steady, signature
+
+if TYPE_CHECKING:  # Converted comes before one of torch's convolution layers in its classes' MRO
+    from torch.nn.modules.conv import _ConvNd as _Layer
+else:
+    _Layer = object
 
 _is_compiling = torch.compiler.is_compiling  # True while torch.compile or torch.export traces
 RETIRE_AFTER = 2  # steady calls in a row after which a delegated layer is torch's own again (Context.retire)
@@ -83,24 +89,23 @@ class _OwnConvolution(torch.autograd.Function):
 AtenArguments = tuple[list[int], list[int], list[int], bool, list[int], int]  # stride, padding, ..., groups
 
 
-def _aten_arguments(module: nn.Module, input: Tensor) -> AtenArguments | None:
+def _aten_arguments(module: _Layer, input: Tensor) -> AtenArguments | None:
     """aten.convolution's arguments after (input, weight, bias) for the layer's own convolution:
     a batched call of a convolution (not transposed) with explicit zero padding; None otherwise."""
-    dims = spatial_dims(module)
-    explicit = module.padding_mode == "zeros" and not isinstance(module.padding, str)
-    if module.transposed or not explicit or input.dim() != dims + 2:
+    dims, padding = spatial_dims(module), module.padding
+    if module.transposed or module.padding_mode != "zeros" or isinstance(padding, str) or input.dim() != dims + 2:
         return None
-    return (list(module.stride), list(module.padding), list(module.dilation), False, [0] * dims, module.groups)
+    return (list(module.stride), list(padding), list(module.dilation), False, [0] * dims, module.groups)
 
 
-class Converted:
+class Converted(_Layer):
     """What a converted layer adds to torch's layer (the class after it in the MRO: nn.Conv1d,
     nn.Conv2d or nn.Conv3d): its convolutions run micro-batched through ucudnn; same constructor,
     parameters and state_dict. Its `ucudnn_context` (set by convert(); else default_context()) holds the
     settings and plans; `torch_class` is the torch class it converts (twin_of)."""
 
     ucudnn_context: Context | None = None
-    torch_class: type = nn.Module
+    torch_class: type[nn.Module] = nn.Module
     _ucudnn_steady: Steady | None = None  # the last call, where it ran torch's layer with nothing to decide
 
     def forward(self, input: Tensor) -> Tensor:
@@ -208,7 +213,7 @@ def _when_backward_ends(module: nn.Module, input: Tensor, ended: Callable[[], No
     input's gradient is complete (after any other branch the input feeds)."""
     weight = module._parameters.get("weight")
     if weight is not None and weight.requires_grad:
-        handles = []
+        handles: list[torch.utils.hooks.RemovableHandle] = []
 
         def accumulated(_: Tensor) -> None:
             handles.pop().remove()
@@ -260,8 +265,9 @@ class ConvTranspose3d(ConvertedTranspose, nn.ConvTranspose3d):
 
 
 # Every torch layer ucudnn runs, and its converted twin: what convert() turns them into, in place
-TWINS: dict[type, type] = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d, nn.ConvTranspose1d: ConvTranspose1d,
-                           nn.ConvTranspose2d: ConvTranspose2d, nn.ConvTranspose3d: ConvTranspose3d}
+TWINS: dict[type[nn.Module], type[Converted]] = {
+    nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d, nn.ConvTranspose1d: ConvTranspose1d,
+    nn.ConvTranspose2d: ConvTranspose2d, nn.ConvTranspose3d: ConvTranspose3d}
 for _torch_class, _twin in TWINS.items():
     _twin.torch_class = _torch_class
 

@@ -17,14 +17,13 @@ process's registry of traced sites (handle()), which keeps the site and its Cont
 graph holding a handle runs in the process that traced it.
 """
 import threading
-from typing import Optional
 
 import torch
 from torch import Tensor
 
 from ...core.errors import ConfigError
-from .convolution import backward, bias_gradient, forward, gradient, output
 from .call import aligned
+from .convolution import backward, bias_gradient, forward, gradient, output
 from .sites import Site
 
 _traced: list[tuple[object, Site]] = []  # handle -> (its Context, the site)
@@ -50,13 +49,13 @@ def traced(handle: int) -> tuple[object, Site]:
 
 
 @torch.library.custom_op("ucudnn::convolution", mutates_args=())
-def _convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], site: int) -> Tensor:
+def _convolution(x: Tensor, weight: Tensor, bias: Tensor | None, site: int) -> Tensor:
     context, traced_site = traced(site)
     return forward(context, traced_site, aligned(x, traced_site.memory_format), weight, bias)
 
 
 @_convolution.register_fake
-def _convolution_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor], site: int) -> Tensor:
+def _convolution_fake(x: Tensor, weight: Tensor, bias: Tensor | None, site: int) -> Tensor:
     return output(traced(site)[1], x)
 
 
@@ -77,7 +76,7 @@ def _convolution_backward_fake(d_out: Tensor, x: Tensor, weight: Tensor, site: i
             _or_empty(gradient(traced_site, weight) if weight_grad else None, weight))
 
 
-def _or_empty(gradient: Optional[Tensor], like: Tensor) -> Tensor:
+def _or_empty(gradient: Tensor | None, like: Tensor) -> Tensor:
     """A custom op returns tensors: a gradient not asked for comes back as an empty one."""
     return like.new_empty(0) if gradient is None else gradient
 

@@ -16,20 +16,31 @@ has sites of its own; layers of one shape share their kernels' plans through the
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.nn.modules.conv import _ConvNd
 
 MAX_SITES = 4096  # per Context: beyond it (inputs of ever new shapes) the cache starts afresh
-_UNSEEN = object()  # Sites.get's miss: None is a site's value (a call torch must reject)
 
 
-def signature(module: nn.Conv2d, input: Tensor) -> tuple:
+class _Unseen(Enum):
+    UNSEEN = 0
+
+
+_UNSEEN = _Unseen.UNSEEN  # Sites.get's miss: None is a site's value (a call torch must reject)
+
+
+def signature(module: _ConvNd, input: Tensor) -> tuple:
     """What resolve() reads of `module`, `input` and torch's global state (autocast, TF32,
     determinism, grad mode), as a cheap key: raw state only, so that a steady-state call derives
     nothing (the dtype, math and kernels are derived from it once, on a miss)."""
-    weight = module._parameters.get("weight")  # nn.Module.__getattr__ costs 0.4 us a call
+    weight: Tensor | None = module._parameters.get("weight")  # nn.Module.__getattr__ costs 0.4 us a call
     if weight is None:  # a parametrized weight (torch.nn.utils.parametrize) is a property
         weight = module.weight
     device = input.device
@@ -137,18 +148,21 @@ class Steady:
 
     __slots__ = ("site", "owner", "weight", "device_type", "key", "runs", "counted", "held")
 
-    def __init__(self, module: nn.Module, input: Tensor, site: Site, runs: Counter, counted: tuple):
-        self.site, self.owner, self.weight = site, module.ucudnn_context, module._parameters["weight"]
+    def __init__(self, module: _ConvNd, input: Tensor, site: Site, runs: Counter, counted: tuple):
+        weight = module._parameters["weight"]
+        assert weight is not None  # the layer's own parameter (Converted._forward keeps a Steady for no other)
+        self.site, self.weight = site, weight
+        self.owner: Any = module.ucudnn_context  # the layer's Context (context.py imports this module)
         self.device_type, self.runs, self.counted = site.call.device.type, runs, counted
         self.key = self._key(module, input)
         self.held = 0  # later calls it held for (the layer retires after RETIRE_AFTER: Context.retire)
 
-    def holds(self, module: nn.Module, input: Tensor) -> bool:
+    def holds(self, module: _ConvNd, input: Tensor) -> bool:
         """Whether calling `module` on `input` is this call again, with its site still steady."""
         return (self.site.steady and module.ucudnn_context is self.owner
                 and module._parameters.get("weight") is self.weight and self.key == self._key(module, input))
 
-    def _key(self, module: nn.Module, input: Tensor) -> tuple:
+    def _key(self, module: _ConvNd, input: Tensor) -> tuple:
         return (input.shape, input.stride(), input.dtype, input.requires_grad, self.weight.requires_grad, module.padding,
                 module.stride, module.dilation, module.groups, module.padding_mode, torch.is_grad_enabled(),
                 autocast_dtype(self.device_type), _cudnn_allow_tf32(), _deterministic(), _cudnn_deterministic())

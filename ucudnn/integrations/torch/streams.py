@@ -22,7 +22,8 @@ tests/test_gpu_streams.py checks outputs against one stream on a GPU; docs/resul
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.fx
@@ -159,7 +160,8 @@ class Streamed(nn.Module):
         self._senders = {u for u, _ in self.plan.events}
 
     def forward(self, *args):
-        values, recorded = _bind(self.graph, args), {}
+        values = _bind(self.graph, args)
+        recorded: dict[str, Any] = {}  # node -> the event recorded after it
         self.ops.fork()
         for name, placement in self.plan.placements.items():  # the order the schedule placed them in
             stream = placement.stream
@@ -209,12 +211,13 @@ def _call(graph: torch.fx.GraphModule, node: torch.fx.Node, values: Mapping[str,
     """The node's computation on the `values` of its inputs, as torch.fx.Interpreter runs it."""
     args = torch.fx.node.map_arg(node.args, lambda n: values[n.name])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: values[n.name])
-    if node.op == "call_module":
-        module = graph.get_submodule(node.target)
-        return lambda: module(*args, **kwargs)
-    if node.op == "call_method":
-        return lambda: getattr(args[0], node.target)(*args[1:], **kwargs)
-    return lambda: node.target(*args, **kwargs)
+    target = node.target  # a name (call_module, call_method), or call_function's function
+    if isinstance(target, str):
+        if node.op == "call_module":
+            module = graph.get_submodule(target)
+            return lambda: module(*args, **kwargs)
+        return lambda: getattr(args[0], target)(*args[1:], **kwargs)
+    return lambda: target(*args, **kwargs)
 
 
 def _attribute(graph: torch.fx.GraphModule, target: str) -> Any:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from ...execute.bindings import library
 

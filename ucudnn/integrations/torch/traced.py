@@ -19,10 +19,10 @@ constants to hand over: the graph breaks at the layer (eager), which then runs e
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils._python_dispatch import _disable_current_modes
@@ -30,14 +30,17 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ...core.fallback import fall_back
 from . import ops
 from .call import pack, resolve, unpacked
-from .context import default_context
+from .context import Context, default_context
 from .kernels import TorchFramework
 from .sites import Site, signature
+
+if TYPE_CHECKING:
+    from torch.nn.modules.conv import _ConvNd
 
 Decision = tuple[int, torch.dtype, torch.memory_format]  # ucudnn runs it: the site's handle, dtype, format
 
 
-def decision(module: nn.Module, input: Tensor) -> Optional[Decision]:
+def decision(module: _ConvNd, input: Tensor) -> Decision | None:
     """How a traced call of `module` on `input` runs: None for torch's own layer, else ucudnn's op
     on the site its Decision names. Under dynamo, for an input of constant sizes (sizes_known)."""
     if torch.compiler.is_dynamo_compiling():
@@ -58,12 +61,12 @@ def sizes_known(input: Tensor) -> bool:
 
 
 @torch.compiler.disable  # a graph break: the layer runs eagerly, planned for the sizes it meets
-def eager(module: nn.Module, input: Tensor) -> Tensor:
+def eager(module: _ConvNd, input: Tensor) -> Tensor:
     """The layer's eager call, for an input whose sizes dynamo traces as symbols (sizes_known)."""
     return module(input)
 
 
-def run(module: nn.Module, input: Tensor, decided: Decision) -> Tensor:
+def run(module: _ConvNd, input: Tensor, decided: Decision) -> Tensor:
     """The layer's output through ucudnn's op, as the graph records it."""
     handle, dtype, fmt = decided
     x, weight, bias = pack(module, input, dtype, fmt)
@@ -72,7 +75,7 @@ def run(module: nn.Module, input: Tensor, decided: Decision) -> Tensor:
 
 @torch._dynamo.assume_constant_result
 def _decided_on_stand_in(layer: int, shape: tuple, stride: tuple, dtype: torch.dtype, device: torch.device,
-                         requires_grad: bool, *guarded: bool) -> Optional[Decision]:
+                         requires_grad: bool, *guarded: bool) -> Decision | None:
     """_decided, called by dynamo with a traced layer's id and its input's metadata: on a fake
     tensor of it (`guarded`: global flags handed over for dynamo to guard on, read again where they
     are used). Dynamo calls it while tracing the layer, which is alive then: its id is its address."""
@@ -82,11 +85,12 @@ def _decided_on_stand_in(layer: int, shape: tuple, stride: tuple, dtype: torch.d
     return _decided(module, stand_in)
 
 
-def _decided(module: nn.Module, input: Tensor) -> Optional[Decision]:
+def _decided(module: _ConvNd, input: Tensor) -> Decision | None:
     """The call's site (resolved as an eager call's), decided now (Planner.settle), with every
     tracing mode set aside: nothing it does is recorded, and planning meets real tensors."""
     with _disable_current_modes():
-        context = module.ucudnn_context or default_context()
+        own = module.ucudnn_context  # convert()'s, or None
+        context = own if isinstance(own, Context) else default_context()
         site = resolve(module, input, context, signature(module, input))
         if isinstance(site, str):
             fall_back(TorchFramework.own, site)

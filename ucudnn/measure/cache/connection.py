@@ -16,8 +16,9 @@ from __future__ import annotations
 import random
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

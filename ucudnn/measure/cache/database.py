@@ -9,22 +9,22 @@ import sqlite3
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TextIO, TypeVar
+from typing import TextIO, TypeVar
 
 import sqlite_utils
 
-from ...execute.backends import split_id
 from ...core.device import Provenance
 from ...core.errors import CacheError, DamagedDatabaseError, InterruptedWriteError
 from ...core.fallback import say_once
 from ...core.measurements import KernelTable, Measurement, ShapeTable
 from ...core.problem import ConvProblem
+from ...execute.backends import split_id
 from . import rows, schema
-from .connection import (BUSY_SLICE_S, connect, in_read_transaction, in_write_transaction, interrupted, journal,
-                         retrying)
+from .connection import BUSY_SLICE_S, connect, in_read_transaction, in_write_transaction, interrupted, journal, retrying
 from .faults import is_full, named
 from .paths import default_path, recorded_path, recorded_paths, shard_path
 
@@ -327,7 +327,7 @@ class BenchmarkDatabase:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> "BenchmarkDatabase":
+    def __enter__(self) -> BenchmarkDatabase:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -414,17 +414,16 @@ class BenchmarkDatabase:
         stream); returns the number of measurements. `import_json` reads it back. The file is
         written whole or not at all (`write_whole`), never over a database, and over another
         existing file only with `force` (`check_export_path`)."""
-        stream = hasattr(path, "write")
-        if not stream:
+        if isinstance(path, (str, os.PathLike)):
             check_export_path(Path(path), self._file, force)
         kernels, measurements = self._dump()
         document = {"format": EXPORT_FORMAT, "schema_version": schema.SCHEMA_VERSION,
                     "kernels": kernels, "measurements": measurements}
         text = json.dumps(document, indent=1)
-        if stream:
-            path.write(text + "\n")
-        else:
+        if isinstance(path, (str, os.PathLike)):
             write_whole(Path(path), text)
+        else:
+            path.write(text + "\n")
         return len(measurements)
 
     def import_json(self, path: str | os.PathLike) -> Added:

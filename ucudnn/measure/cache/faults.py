@@ -54,7 +54,7 @@ def advice(error: Exception) -> str:
     return next(advice for words, advice in _ADVICE if any(word in message for word in words))
 
 
-def describe(path: Path, error: Exception, verb: str) -> str:
+def describe(path: Path | None, error: Exception, verb: str) -> str:
     """One sentence: the file, what could not be done (`verb`: opened, read, written), why,
     and the fix. Named errors already say all of that."""
     if isinstance(error, CacheError):

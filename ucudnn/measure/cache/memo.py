@@ -11,16 +11,17 @@ import contextlib
 import os
 import sqlite3
 import threading
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Iterable, TypeVar
+from typing import TypeVar
 
 from ...core.device import Provenance
 from ...core.errors import CacheError
 from ...core.fallback import say_once
 from ...core.measurements import KernelTable, Measurement, ShapeTable
-from ...optimizers.configuration import Configuration
 from ...core.problem import ConvProblem
+from ...optimizers.configuration import Configuration
 from .database import BenchmarkDatabase
 from .faults import describe
 from .paths import cache_path, own_shard
@@ -54,16 +55,17 @@ class Cache:
     def __init__(self, path: str | os.PathLike | None = None, *, use_file: bool = True,
                  readonly: bool = False, timeout_s: float = 60.0):
         self.stats = CacheStats()
-        self.path = resolve_path(path) if use_file else None
+        file = resolve_path(path) if use_file else None
+        self.path = file
         self._tables: dict[tuple, ShapeTable] = {}  # (device.reuse_key, shape key) -> its measurements
         self._configurations: dict[Hashable, Configuration] = {}
         self._lock = threading.RLock()
         self._warned = False
         self._file: BenchmarkDatabase | None = None
         self._writable = use_file and not readonly
-        if use_file:
-            self._file = self._guard(lambda: BenchmarkDatabase(self.path, timeout_s=timeout_s,
-                                                               readonly=readonly), None, "opened")
+        if file is not None:
+            self._file = self._guard(lambda: BenchmarkDatabase(file, timeout_s=timeout_s, readonly=readonly),
+                                     None, "opened")
 
     @property
     def using_file(self) -> bool:
@@ -125,9 +127,10 @@ class Cache:
 
     def _from_file(self, shape_keys: list[str], device: Provenance) -> dict[str, ShapeTable]:
         empty = {key: ShapeTable() for key in shape_keys}
-        if not shape_keys or self._file is None:
+        file = self._file
+        if not shape_keys or file is None:
             return empty
-        return self._guard(lambda: self._file.lookup(shape_keys, device), empty)
+        return self._guard(lambda: file.lookup(shape_keys, device), empty)
 
     def record(self, problem: ConvProblem, device: Provenance, measurements: Iterable[Measurement]) -> None:
         """Keep new measurements in memory and store them in the file. Never raises on file faults."""
@@ -139,8 +142,9 @@ class Cache:
             # with nothing in memory yet, start from what the file has
             old = self._tables[key] if key in self._tables else self._from_file([key[1]], device)[key[1]]
             self._tables[key] = ShapeTable([*old, *measurements])
-            if self._writable and self._file is not None:
-                self._guard(lambda: self._file.record(problem, device, measurements), None, "written")
+            file = self._file
+            if self._writable and file is not None:
+                self._guard(lambda: file.record(problem, device, measurements), None, "written")
 
     # --- optimized configurations (memory only: they depend on limits and policies) ---
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Literal, overload
 
 from ...core.errors import ConfigError
 from ...core.fallback import say_once
@@ -23,6 +24,16 @@ CACHE_VARIABLE = "UCUDNN_CACHE"  # the one variable that chooses the database
 MISNAMED_VARIABLE = "UCUDNN_CACHE_PATH"
 SHARDS = "shards"  # the shard folder beside the default file, used where that is on a network filesystem
 _said: set[Path] = set()  # the shard folders default_location has said it uses
+
+
+@overload
+def cache_path(path: str | os.PathLike | None = None, *, readonly: Literal[False] = False,
+               env: Mapping[str, str] | None = None) -> Path: ...
+
+
+@overload
+def cache_path(path: str | os.PathLike | None = None, *, readonly: bool,
+               env: Mapping[str, str] | None = None) -> Path | None: ...
 
 
 def cache_path(path: str | os.PathLike | None = None, *, readonly: bool = False,

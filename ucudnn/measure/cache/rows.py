@@ -14,11 +14,11 @@ import functools
 import json
 import sqlite3
 
-from ...execute.backends import BACKENDS
 from ...core.device import EXECUTIONS, TIMING_PRESETS
 from ...core.errors import CacheError
 from ...core.measurements import OK, STATUSES, TORCH
 from ...core.problem import ConvProblem
+from ...execute.backends import BACKENDS
 from .schema import MEASUREMENT_COLUMNS
 
 KERNEL_FUNCTION = "ucudnn_kernel"  # the SQL function `describes` is registered as

@@ -9,17 +9,17 @@ measurement is never replaced by a `quick` one, whatever their order.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import sqlite_utils
 
 from ...core.accumulation import route
-from ...execute.bindings.enums import algo_name
 from ...core.device import TIMING_PRESETS
 from ...core.errors import CacheError
 from ...core.measurements import TAKEN
 from ...core.problem import HALF_TYPES, ConvProblem
+from ...execute.bindings.enums import algo_name
 
 SCHEMA_VERSION = 5
 # A file this old or newer is read without migrating it (a read-only file cannot be): v5 keeps
@@ -173,14 +173,14 @@ def _to_v1(db: sqlite_utils.Database) -> None:
     file gets the current table at once)."""
     if not db["measurements"].exists():
         _create_measurements(db, "measurements")
-    _add_missing_columns(db["measurements"], MEASUREMENT_COLUMNS)
-    db["kernels"].create(KERNEL_COLUMNS, pk="shape_key", not_null=KERNEL_COLUMNS, if_not_exists=True)
+    _add_missing_columns(db.table("measurements"), MEASUREMENT_COLUMNS)
+    db.table("kernels").create(KERNEL_COLUMNS, pk="shape_key", not_null=KERNEL_COLUMNS, if_not_exists=True)
 
 
 def _to_v2(db: sqlite_utils.Database) -> None:
     """v1 to v2: `execution` joins the primary key (SQLite cannot change a key in place, so the
     table is copied); v1 rows were all timed for direct execution (the column's default)."""
-    if "execution" in db["measurements"].pks:
+    if "execution" in db.table("measurements").pks:
         return  # made by _to_v1 just now
     _create_measurements(db, "measurements_v2")
     old = db["measurements"].columns_dict
@@ -192,7 +192,7 @@ def _to_v2(db: sqlite_utils.Database) -> None:
 
 def _to_v3(db: sqlite_utils.Database) -> None:
     """v2 to v3: the `timing` provenance column; v2 rows were all timed with the default preset."""
-    _add_missing_columns(db["measurements"], {"timing": str})
+    _add_missing_columns(db.table("measurements"), {"timing": str})
 
 
 def legacy_row(row: dict) -> dict:
@@ -245,13 +245,12 @@ def v4_accumulates(rows: list[dict], problems: dict[str, ConvProblem]) -> list[d
     kept = []
     for r in rows:
         problem = problems.get(r["shape_key"])
-        summed = (problem is not None and problem.kind.value == "BF"
-                  and r["batch"] < kernel[group(r), r["recorded_at"]])
-        if summed and r["backend"] == "legacy" and problem.dtype in HALF_TYPES:
-            continue
-        if summed and r["backend"] != "legacy":
-            buffers = route(problem.with_batch(r["batch"]), 1, 3, 1.0, 0.0, blends=False).buffer_bytes
-            summed = r["workspace"] >= buffers
+        summed = False
+        if problem is not None and problem.kind.value == "BF" and r["batch"] < kernel[group(r), r["recorded_at"]]:
+            if r["backend"] == "legacy" and problem.dtype in HALF_TYPES:
+                continue
+            summed = r["backend"] == "legacy" or r["workspace"] >= route(
+                problem.with_batch(r["batch"]), 1, 3, 1.0, 0.0, blends=False).buffer_bytes
         kept.append({**r, "accumulates": int(summed)})
     return kept
 

@@ -15,15 +15,51 @@ Modules: `tasks` (tasks, their partition and the retrying sweep), `devices` (GPU
 timing presets), `pool` (one worker process per GPU, shard files), `mpi` (the ranks of an MPI
 job). Their public names are re-exported here.
 """
-from .devices import (DEVICES_VARIABLE, TIMINGS, Factory, backend_setting, bench_devices, check_devices,
-                      check_one_model, cuda_benchmarker, cuda_device_count, cuda_probe, default_factory, parse_devices,
-                      timing_settings)
+from .devices import (
+    DEVICES_VARIABLE,
+    TIMINGS,
+    Factory,
+    backend_setting,
+    bench_devices,
+    check_devices,
+    check_one_model,
+    cuda_benchmarker,
+    cuda_device_count,
+    cuda_probe,
+    default_factory,
+    parse_devices,
+    timing_settings,
+)
 from .mpi import LAUNCHER_SIZE_VARIABLES, bench_with_mpi, check_ranks_fit, check_world, mpi_world, on_root
-from .pool import (EXIT_GRACE_S, PoolRound, WorkerJob, bench_on_devices, exit_reason, merge_shards, new_shard_dir,
-                   remove_if_empty, run_worker)
-from .tasks import (BACKEND_WEIGHTS, ENGINE_TASK_WEIGHT, RETRIES, SIZES_PER_CALL, TASK_OVERHEAD_FLOPS,
-                    KernelProgress, MeasureCall, Progress, SizesFor, Task, calls, measure_share, missing_message,
-                    partition, split_tasks, sweep)
+from .pool import (
+    EXIT_GRACE_S,
+    PoolRound,
+    WorkerJob,
+    bench_on_devices,
+    exit_reason,
+    merge_shards,
+    new_shard_dir,
+    remove_if_empty,
+    run_worker,
+)
+from .tasks import (
+    BACKEND_WEIGHTS,
+    ENGINE_TASK_WEIGHT,
+    RETRIES,
+    SIZES_PER_CALL,
+    TASK_OVERHEAD_FLOPS,
+    KernelProgress,
+    MeasureCall,
+    Progress,
+    SizesFor,
+    Task,
+    calls,
+    measure_share,
+    missing_message,
+    partition,
+    split_tasks,
+    sweep,
+)
 
 __all__ = [
     # tasks

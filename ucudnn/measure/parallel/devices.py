@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import os
 from collections import Counter
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from ..benchmark import TIMINGS, Benchmarker, TimingSettings
 from ...core.device import Provenance, check_execution, check_timing
 from ...core.errors import ConfigError
+from ..benchmark import TIMINGS, Benchmarker, TimingSettings
 
 Factory = Callable[[int], Benchmarker]
 

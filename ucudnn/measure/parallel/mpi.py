@@ -5,17 +5,17 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
+from ...core.device import Provenance
+from ...core.errors import ConfigError, GpuUnavailableError, UcudnnError, install_extra
+from ...core.problem import ConvProblem
 from ...execute.backends import resolve as resolve_backends
 from ..benchmark import Benchmarker, TimingSettings
 from ..cache.database import BenchmarkDatabase
 from ..cache.memo import resolve_path
 from ..cache.paths import shard_path
-from ...core.device import Provenance
-from ...core.errors import ConfigError, GpuUnavailableError, UcudnnError, install_extra
-from ...core.problem import ConvProblem
 from .devices import Factory, backend_setting, check_one_model, cuda_device_count, default_factory
 from .pool import merge_shards, new_shard_dir, remove_if_empty
 from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep
@@ -54,7 +54,8 @@ def check_world(size: int, environ=os.environ) -> None:
 
 def on_root(comm, action: Callable[[], object]):
     """action() on rank 0, its result (or error) broadcast, so every rank returns (or raises) alike."""
-    outcome, error = (None, None), None
+    outcome: tuple[object, Exception | None] = (None, None)
+    error = None
     if comm.Get_rank() == 0:
         try:
             outcome = (action(), None)
@@ -137,6 +138,7 @@ def bench_with_mpi(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: in
         failure = None
         try:
             if mine:
+                assert benchmarker is not None  # a rank with tasks is alive: it has one
                 where = target if folder is None else shard_path(folder, hosts[rank], pid=rank)
                 with BenchmarkDatabase(where) as database:
                     measure_share(mine, benchmarker, database, cap, lambda p, n: tracker.advance(p.key, n))

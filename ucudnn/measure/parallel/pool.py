@@ -9,21 +9,28 @@ import os
 import re
 import signal
 import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
+from ...core.device import Provenance
+from ...core.errors import ConfigError
+from ...core.log import LOGGER
+from ...core.problem import ConvProblem
 from ...execute.backends import resolve as resolve_backends
 from ..benchmark import Benchmarker, TimingSettings, ensure_tables
 from ..cache.database import BenchmarkDatabase, leftovers, merge
 from ..cache.memo import Cache, resolve_path
 from ..cache.paths import shard_path
-from ...core.device import Provenance
-from ...core.errors import ConfigError
-from ...core.log import LOGGER
-from ...core.problem import ConvProblem
-from .devices import (DEVICES_VARIABLE, Factory, backend_setting, check_devices, check_one_model, cuda_probe,
-                      default_factory)
+from .devices import (
+    DEVICES_VARIABLE,
+    Factory,
+    backend_setting,
+    check_devices,
+    check_one_model,
+    cuda_probe,
+    default_factory,
+)
 from .tasks import RETRIES, KernelProgress, Progress, SizesFor, Task, measure_share, partition, split_tasks, sweep
 
 EXIT_GRACE_S = 60  # how long a worker that closed its pipe may take to exit before it is terminated
@@ -154,8 +161,8 @@ class PoolRound:
                 writer.close()  # the worker's copy stays open: its end (or death) is our end of file
                 readers[reader] = job.device
             while readers:
-                for reader in multiprocessing.connection.wait(list(readers)):
-                    self._receive(reader, readers)
+                for ready in multiprocessing.connection.wait(list(readers)):
+                    self._receive(ready, readers)
             for process in processes.values():  # pipes close before the interpreter has exited
                 process.join(EXIT_GRACE_S)
         finally:

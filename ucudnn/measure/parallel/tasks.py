@@ -5,18 +5,18 @@ from __future__ import annotations
 import functools
 import heapq
 from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Iterable, NamedTuple, Sequence, TypeVar
+from typing import NamedTuple, TypeVar
 
 from ...core.accumulation import accumulates
-from ...execute.backends import BACKENDS
-from ...execute.backends import module as backend_module
-from ..benchmark import Benchmarker
 from ...core.device import Provenance
 from ...core.errors import ConfigError, MissingMeasurementsError
 from ...core.problem import ConvProblem
+from ...execute.backends import BACKENDS, module as backend_module
 from ...optimizers.search import FULL
+from ..benchmark import Benchmarker
 
 W = TypeVar("W", bound=Hashable)
 SizesFor = Callable[[ConvProblem], Sequence[int]]
@@ -62,7 +62,7 @@ def split_tasks(problems: Iterable[ConvProblem], sizes_for: SizesFor, cap: int |
     GPU model within `cap`, each (shape, size, backend) once."""
     problems = list({p.key: p for p in problems}.values())
     tables = database.tables(problems, device)
-    tasks: dict[tuple[str, int, str], Task] = {}
+    tasks: dict[tuple[str, int, bool, str], Task] = {}
     for p in problems:
         for backend in backends:
             for b in FULL.missing(tables[p.key], sizes_for(p), cap, [backend]):
