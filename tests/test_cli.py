@@ -1226,7 +1226,6 @@ def test_sigterm_stops_a_command_after_its_cleanup_with_the_shells_status(capsys
     """`timeout` and schedulers send SIGTERM: the command's `finally` blocks run (a sweep merges
     what its workers measured) and it exits 143, as a command the signal ends would."""
     import argparse
-    import signal
 
     from ucudnn.cli import MEASURED, _run
 
@@ -1325,31 +1324,37 @@ def measurements_in(path: Path) -> int | None:
     return count
 
 
+# A command whose process sends itself SIGINT once an import has written every row and before it
+# commits: Ctrl-C at the moment that loses the most, whatever the machine's speed. (Sent from outside
+# at a size the file reached, the signal could land in the COMMIT on a fast machine.)
+INTERRUPTED_IMPORT = """
+import os, signal, sys, time
+from ucudnn.cli import main
+from ucudnn.measure.cache.database import BenchmarkDatabase
+upsert = BenchmarkDatabase._upsert
+def interrupted(self, kernels, measurements):
+    upsert(self, kernels, measurements)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)  # KeyboardInterrupt arrives here, inside the write transaction
+BenchmarkDatabase._upsert = interrupted
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.parametrize("into", ["existing", "new"])
 def test_ctrl_c_during_an_import_leaves_the_database_as_it_was(copy_of_db, large_export, tmp_path, into):
     """Ctrl-C during an import of 86,000 rows kept part of it (9,000-58,000 rows in a new file,
-    34,205 or 81,034 in one that held 26,158) and said "what was measured is kept". The import is
-    stopped in the middle of its write: while the journal SQLite keeps beside the file during a
-    write is there, and the file has grown by 4 MiB of the 86,000 rows (SQLite writes what its
-    page cache, 2 MiB, cannot hold before the write commits)."""
+    34,205 or 81,034 in one that held 26,158) and said "what was measured is kept". A real SIGINT
+    reaches the command's process with every row written and not committed (INTERRUPTED_IMPORT)."""
     target = copy_of_db if into == "existing" else tmp_path / "new.db"
     journal = target.with_name(target.name + "-journal")
-    before, grown = measurements_in(target), (target.stat().st_size if target.exists() else 0) + 4 * MIB
-    process = subprocess.Popen([sys.executable, "-m", "ucudnn", "cache", "import", str(large_export), "--cache",
-                                str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=environment())
-    try:
-        while not (journal.exists() and target.exists() and target.stat().st_size >= grown):
-            assert process.poll() is None, process.communicate()
-            time.sleep(0.001)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
-    finally:
-        process.kill()
+    before = measurements_in(target)
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT, "cache", "import", str(large_export), "--cache",
+                           str(target)], capture_output=True, text=True, env=environment(), timeout=120)
     assert measurements_in(target) == before and not journal.exists()
-    assert process.returncode == 130 and out == "", err
-    assert one_line_naming(err, "stopped by Ctrl-C; an import is one transaction"), err
-    assert "measured" not in err
+    assert done.returncode == 130 and done.stdout == "", done.stderr
+    assert one_line_naming(done.stderr, "stopped by Ctrl-C; an import is one transaction"), done.stderr
+    assert "measured" not in done.stderr
 
 
 def test_a_database_with_overwritten_pages_is_one_line_and_verify_details_lists_them(capsys, exported, copy_of_db,
