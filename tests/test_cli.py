@@ -1325,10 +1325,12 @@ def measurements_in(path: Path) -> int | None:
 
 
 # A command whose process sends itself SIGINT once an import has written every row and before it
-# commits: Ctrl-C at the moment that loses the most, whatever the machine's speed. (Sent from outside
-# at a size the file reached, the signal could land in the COMMIT on a fast machine.)
+# commits: Ctrl-C at the moment that loses the most, whatever the machine's speed. SIGINT is
+# Python's KeyboardInterrupt there, as at a terminal, even where the suite runs as a background job
+# (whose commands inherit SIGINT ignored).
 INTERRUPTED_IMPORT = """
 import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ucudnn.cli import main
 from ucudnn.measure.cache.database import BenchmarkDatabase
 upsert = BenchmarkDatabase._upsert

@@ -52,8 +52,8 @@ def _environment(args) -> dict[str, str]:
         del env[variable]
         if args.command == "optimize" and args.workspace is None and args.total_workspace is None:
             say_once(f"ucudnn: {variable}=auto asks for limits from the memory timeline of a training step "
-                          f"(ucudnn.torch), which `ucudnn optimize` has not: it plans at the default, "
-                          f"{format_size(Settings.workspace_limit)} per kernel (--workspace SIZE sets another)")
+                     f"(ucudnn.torch), which `ucudnn optimize` has not: it plans at the default, "
+                     f"{format_size(Settings.workspace_limit)} per kernel (--workspace SIZE sets another)")
     return env
 
 

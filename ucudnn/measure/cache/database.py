@@ -313,8 +313,8 @@ class BenchmarkDatabase:
         self._warned = True
         found = self.bad_rows()
         say_once(f"ucudnn: benchmark database {self.path}: skipped rows that break the rules of a "
-                      f"benchmark database ({'; '.join(found)}); `ucudnn cache verify --cache {self.path}` lists "
-                      f"them, `ucudnn cache prune --cache {self.path}` deletes them")
+                 f"benchmark database ({'; '.join(found)}); `ucudnn cache verify --cache {self.path}` lists "
+                 f"them, `ucudnn cache prune --cache {self.path}` deletes them")
 
     def _upsert(self, kernels: list[dict], measurements: list[dict]) -> None:
         self._conn.executemany(schema.INSERT_KERNEL, kernels)

@@ -91,7 +91,7 @@ class Cache:
         if not self._warned:
             self._warned = True
             say_once(f"ucudnn: {describe(self.path, error, verb)}. Carrying on with results in "
-                          f"memory, so kernels may be benchmarked again")
+                     f"memory, so kernels may be benchmarked again")
 
     def close(self) -> None:
         """Stop using the file (the memo stays)."""

@@ -79,9 +79,9 @@ def default_location() -> Path:
     if folder not in _said:
         _said.add(folder)
         say_once(f"ucudnn: the default benchmark database's folder {path.parent} is on a network filesystem "
-                      f"({kind}), whose file locks SQLite cannot trust across nodes: each process writes its own "
-                      f"shard in {folder} instead of sharing {path.name}, and reading commands given --cache "
-                      f"{folder} merge them; set {CACHE_VARIABLE} to choose (`ucudnn cache --help`)")
+                 f"({kind}), whose file locks SQLite cannot trust across nodes: each process writes its own "
+                 f"shard in {folder} instead of sharing {path.name}, and reading commands given --cache "
+                 f"{folder} merge them; set {CACHE_VARIABLE} to choose (`ucudnn cache --help`)")
     return folder
 
 
