@@ -131,14 +131,15 @@ class GraphedProgram:
 
     def _graph(self, addresses: tuple) -> Any:
         """The graph to launch for these addresses: the one kept, one captured now on their
-        second sight, or None (run directly)."""
+        second sight while GRAPH_MEMORY admits one (summed only then: a capture costs far more),
+        or None (run directly)."""
         graph = self.graphs.get(addresses)
-        if graph is None and self._second_sight(addresses):
+        if graph is None and self._second_sight(addresses) and GRAPH_MEMORY.admits():
             graph = self._capture(addresses)
         return graph
 
     def _second_sight(self, addresses: Hashable) -> bool:
-        if self.capture_failure is not None or self._churning() or not GRAPH_MEMORY.admits():
+        if self.capture_failure is not None or self._churning():
             return False
         if addresses in self._seen:
             del self._seen[addresses]

@@ -769,8 +769,6 @@ class Planner:
         with self._lock:
             if device not in self._handles:
                 if self._cache is None:
-                    from ..measure.cache import Cache
-
                     self._cache = Cache(self.settings.cache_path)
                 with self.framework.device_guard(device):
                     self._handles[device] = self.framework.make_handle(self.settings, self._cache, device)
