@@ -24,8 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import ALLOC_CONF, MiB, child_env, first_line
+from bench.common import ALLOC_CONF, MiB, block, child_env, first_line
 from bench.pressure import MODELS, build, trainer
+from ucudnn.plan.config import parse_size
 
 VARIANTS = ("torch", "ucudnn")
 STEADY = 4  # the last steps whose median is a probe's steady step
@@ -39,9 +40,7 @@ def probe(args) -> dict:
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     torch.empty(1, device=device)
-    torch.cuda.synchronize()
-    blocker = torch.empty(max(0, torch.cuda.mem_get_info(device)[0] - args.budget) // (2 * MiB) * (2 * MiB),
-                          dtype=torch.uint8, device=device)
+    blocker = block(device, args.budget, 0, {})  # leaves the budget free: torch's benchmark mode meets it too
     model, x, amp = build(args.model, device, args.batch)
     if args.variant == "ucudnn":
         import ucudnn.torch as ut
@@ -128,8 +127,6 @@ def parent(args) -> None:
     deadline = time.perf_counter() + args.deadline
     for entry in args.models.split(","):
         model, _, size = entry.partition(":")
-        from ucudnn.plan.config import parse_size
-
         budget = parse_size(size) if size else args.need_of[model] + HEADROOM
         for variant in VARIANTS:
             def try_batch(batch: int) -> bool | None:
