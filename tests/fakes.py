@@ -79,24 +79,26 @@ def slower(monkeypatch, kind, factor: float) -> None:
     monkeypatch.setattr(FakeBenchmarker, "measure", slowed)
 
 
+def ranked(problem) -> list[Candidate]:
+    """The legacy candidates as the fakes rank them, as cuDNN's heuristic would: fastest first at
+    the whole batch, each with its workspace there."""
+    work, b = problem.flops() / problem.batch / 1e6, problem.batch
+    return [Candidate(algo, int(ALGORITHMS[algo][2] * b * max(work, 1e-3)), OK)
+            for algo in sorted(ALGORITHMS, key=lambda a: ALGORITHMS[a][0] * b + ALGORITHMS[a][1])]
+
+
 def favourite(problem) -> Candidate:
-    """cuDNN's favourite as the fakes rate it: the legacy candidate fastest at the whole batch,
-    with its workspace there."""
-    work = problem.flops() / problem.batch / 1e6
-    b = problem.batch
-    algo = min(ALGORITHMS, key=lambda a: ALGORITHMS[a][0] * b + ALGORITHMS[a][1])
-    return Candidate(algo, int(ALGORITHMS[algo][2] * b * max(work, 1e-3)), OK)
+    """cuDNN's favourite as the fakes rate it: the first ranked."""
+    return ranked(problem)[0]
 
 
 def heuristic(problem, limit: int):
-    """Handle.heuristic as the fakes rate it: the legacy candidates fastest first at the whole
-    batch, the first whose workspace there fits `limit`, undivided; NoAlgorithmError where none does."""
-    work, b = problem.flops() / problem.batch / 1e6, problem.batch
-    for algo in sorted(ALGORITHMS, key=lambda a: ALGORITHMS[a][0] * b + ALGORITHMS[a][1]):
-        workspace = int(ALGORITHMS[algo][2] * b * max(work, 1e-3))
-        if workspace <= limit:
-            return Assignment(Configuration((MicroConfig(algo, b, math.nan, workspace),)), 0, workspace)
-    raise NoAlgorithmError(f"no fake candidate within {limit} bytes")
+    """Handle.heuristic as the fakes rate it: the first ranked candidate whose workspace fits
+    `limit`, undivided; NoAlgorithmError where none does."""
+    fits = next((c for c in ranked(problem) if c.workspace <= limit), None)
+    if fits is None:
+        raise NoAlgorithmError(f"no fake candidate within {limit} bytes")
+    return Assignment(Configuration((MicroConfig(fits.id, problem.batch, math.nan, fits.workspace),)), 0, fits.workspace)
 
 
 def favourite_ms(problem) -> float:
