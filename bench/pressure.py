@@ -302,7 +302,7 @@ def run_variant(args) -> dict:
 
         context = ut.context_of(model)
         summary = context.summary()
-        result.update(graph_mib=GRAPH_MEMORY.held / MiB, graph_budget=GRAPH_MEMORY.budget, pressed=context.pressed)
+        result.update(graph_mib=GRAPH_MEMORY.held / MiB, graph_budget=GRAPH_MEMORY.budget, pressed=context.planner.pressed)
         result.update(kernels=summary["kernels"], shrinks=summary["shrinks"], runs=summary["runs"],
                       planning_s=summary["planning_s"], pending=summary["pending"],
                       flush_watch=summary.get("flush_watch"),

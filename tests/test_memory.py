@@ -193,7 +193,7 @@ from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.integrations.torch import TorchFramework  # noqa: E402
-from ucudnn.plan.delegation import OwnTiming  # noqa: E402
+from ucudnn.plan.framework import OwnTiming  # noqa: E402
 from ucudnn.plan.memory import RECORDED_CALLS, WATCHED_STEPS, Memory, quantized, workspace_limit  # noqa: E402
 
 from test_torch_cpu import assert_matches, run_step  # noqa: E402
@@ -498,9 +498,9 @@ def test_a_workspace_that_flushes_torchs_cache_is_planned_within_half_and_result
 def test_a_kernel_whose_smaller_plan_costs_more_than_a_flush_keeps_its_workspace(tmp_path, monkeypatch):
     """A flush costs a step FLUSH_MS; a plan within half predicted slower by more is no trade:
     the kernel stays as planned, watched no more."""
-    from ucudnn.plan import planner
+    from ucudnn.plan import flushes
 
-    monkeypatch.setattr(planner, "FLUSH_MS", -float("inf"))  # any smaller plan costs more than a flush
+    monkeypatch.setattr(flushes, "FLUSH_MS", -float("inf"))  # any smaller plan costs more than a flush
     framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
     framework.flush_at = 0
     with warnings.catch_warnings():
@@ -518,13 +518,13 @@ def test_kernels_are_not_watched_for_flushes_while_layers_wait_for_their_plan(tm
     """Planning gives torch's cache back between its slices: a flush then says nothing of the
     steady step, and would spend the watch's steps."""
     framework, model, ours, context, x, _ = planned_two_layers(tmp_path)
-    monkeypatch.setattr(context, "plan_pending", lambda budget_s=None: 0)
-    context._pending[object()] = None  # a layer waiting for its plan
+    monkeypatch.setattr(context.planner, "plan_pending", lambda budget_s=None: 0)
+    context.planner.pending._sites[object()] = None  # a layer waiting for its plan
     framework.flush_at = 0
     for _ in range(WATCHED_STEPS + 1):
         run_step(ours, x)
     assert framework.flushed and not context.summary()["shrinks"]
-    context._pending.clear()
+    context.planner.pending._sites.clear()
     with pytest.warns(UcudnnWarning, match="flushing the framework's cache"):
         for _ in range(2):  # the first watched, the second starts weighing what flushed
             run_step(ours, x)
@@ -558,10 +558,10 @@ class FlushingOwn(NumpyFramework):
 def test_torchs_own_kernel_that_flushes_gives_way_to_ucudnns_plan_it_replaced(tmp_path, monkeypatch, flush_ms, via):
     """A faster own kernel plus a flush a step is slower than ucudnn's plan it was put in place of
     (unless that plan is slower still by more than a flush costs)."""
-    from ucudnn.plan import planner
+    from ucudnn.plan import flushes
 
     if flush_ms is not None:
-        monkeypatch.setattr(planner, "FLUSH_MS", flush_ms)
+        monkeypatch.setattr(flushes, "FLUSH_MS", flush_ms)
     torch.manual_seed(0)
     plain = nn.Conv2d(3, 4, 3)
     context = ut.Context(framework=FlushingOwn(), cache=Cache(tmp_path / "bench.db"), planning="first_call")
@@ -680,14 +680,14 @@ def test_a_flushed_kernel_is_weighed_as_the_next_step_starts_not_in_the_middle_o
 def test_kernels_that_flushed_are_weighed_a_planning_slice_a_step(tmp_path, monkeypatch):
     """Weighing measures: like planning between iterations, it takes about PLANNING_SLICE_S as a
     step starts (at least one kernel), and the rest wait for the next step."""
-    from ucudnn.plan import planner
+    from ucudnn.plan import flushes
 
     framework, model, ours, context, x, borrowing = planned_two_layers(tmp_path)
     framework.flush_at = 0
     run_step(ours, x)  # not watched
     run_step(ours, x)  # watched: every borrowing kernel flushes
     framework.flush_at = float("inf")
-    monkeypatch.setattr(planner, "PLANNING_SLICE_S", 0.0)
+    monkeypatch.setattr(flushes, "PLANNING_SLICE_S", 0.0)
     shrunk = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UcudnnWarning)
@@ -695,7 +695,7 @@ def test_kernels_that_flushed_are_weighed_a_planning_slice_a_step(tmp_path, monk
             assert_matches(run_step(ours, x), run_step(model, x))
             shrunk.append(len(context.summary()["shrinks"]))
     assert shrunk[0] == 1 and all(b - a <= 1 for a, b in zip(shrunk, shrunk[1:])), shrunk
-    assert shrunk[-1] == len(borrowing) and not context._flushed_kernels
+    assert shrunk[-1] == len(borrowing) and not context.planner.flushes.flushed
 
 
 def test_the_flush_watch_opens_after_a_flushing_step_and_closes_for_good_after_its_steps():
@@ -733,4 +733,4 @@ def test_the_watch_and_the_weighing_settle_a_step_that_flushed_into_one_that_doe
             flushes.append(framework.flushed - before)
     assert flushes[0] > 0 and flushes[-4:] == [0] * 4, flushes
     assert all(k["workspace"] <= framework.flush_at for k in context.summary()["kernels"] if k["via"] == "ucudnn")
-    assert context._watch.spent and not context._watch.open
+    assert context.planner.flushes.watch.spent and not context.planner.flushes.watch.open

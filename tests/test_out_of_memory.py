@@ -85,7 +85,7 @@ def test_torch_s_call_out_of_memory_while_a_layer_waits_runs_ucudnn_s_within_wha
         got = run_step(ours, x)
     assert_matches(got, want)
     assert set(raised) == set(kinds) and context.summary()["pending"] == 2  # still waiting: nothing planned
-    assert framework.releases == 1 and framework.bounds == [0] and context.pressed
+    assert framework.releases == 1 and framework.bounds == [0] and context.planner.pressed
     raised.clear()
     assert_matches(run_step(ours, x), want)  # planned now; nothing of torch's own runs out again
     assert not raised
@@ -93,7 +93,7 @@ def test_torch_s_call_out_of_memory_while_a_layer_waits_runs_ucudnn_s_within_wha
 
 def test_a_rescued_kernel_serves_the_layer_s_later_calls_without_asking_torch_again(tmp_path, monkeypatch):
     plain, ours, context, framework = waiting_model(tmp_path, delegate=False)
-    monkeypatch.setattr(context, "plan_pending", lambda budget_s=None: len(context._pending))  # never planned
+    monkeypatch.setattr(context.planner, "plan_pending", lambda budget_s=None: len(context.planner.pending))  # never planned
     x = torch.randn(4, 3, 8, 8)
     want = run_step(plain, x)
     raised = torch_runs_out(monkeypatch, ("F",))
@@ -194,7 +194,7 @@ def test_under_auto_graphs_hold_nothing_while_layers_wait_and_their_budget_once_
     for _ in range(5):
         run_step(model, x)
     assert context.summary()["pending"] == 0
-    least = min(room for _, _, rooms in context._delegated for room in rooms)
+    least = min(room for _, _, rooms in context.planner.delegation.decided for room in rooms)
     assert framework.bounds == [0, graph_budget([least])] and 0 < framework.bounds[-1] < 300 * MiB // 4
 
 

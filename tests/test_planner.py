@@ -16,9 +16,12 @@ from ucudnn.core.problem import ConvKind, ConvProblem
 from ucudnn.core.transposition import as_forward
 from ucudnn.measure.cache import Cache
 from ucudnn.plan.config import Settings
-from ucudnn.plan.delegation import IN_STEP_HOLD_S, SWEPT_UNDER_PRESSURE_MS, OwnTiming, as_fast_as_favourites
+from ucudnn.plan.delegation import SWEPT_UNDER_PRESSURE_MS, as_fast_as_favourites
+from ucudnn.plan.framework import LAYER, UCUDNN, Framework, OwnTiming
 from ucudnn.plan.memory import RECORDED_CALLS, Memory, quantized
-from ucudnn.plan.planner import LAYER, UCUDNN, Framework, Planner
+from ucudnn.plan.moments import IN_STEP_HOLD_S
+from ucudnn.plan.planner import Planner
+from ucudnn.reports.summary import summary as summary_of
 
 import reference
 from fakes import favourite_ms, slower
@@ -196,7 +199,7 @@ def test_a_layer_the_framework_cannot_run_fast_is_micro_batched_and_equals_the_r
     site = Site(Call(ConvProblem(F, (16, 8, 10, 10), (16, 8, 3, 3), pads=1)))
     for kind, (got, want) in step(plans, site, rng).items():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
-    kernels = plans.summary()["kernels"]
+    kernels = summary_of(plans)["kernels"]
     assert framework.timed == [F, BD, BF]  # its own kernels timed first, then swept
     assert [k["via"] for k in kernels] == [UCUDNN] * 3 and all(k["parts"] > 1 for k in kernels), kernels
     assert {kind: n for (via, kind), n in plans.runs.items() if via == UCUDNN} == {"F": 1, "BD": 1, "BF": 1}
@@ -232,7 +235,7 @@ def test_a_slow_data_gradient_runs_as_a_forward_convolution_of_dy(tmp_path, rng,
     site = Site(Call(ConvProblem(F, (6, 4, 9, 9), (8, 2, 3, 3), pads=1, groups=2)))
     for kind, (got, want) in step(plans, site, rng).items():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
-    described = {k["kind"]: k for k in plans.summary()["kernels"]}
+    described = {k["kind"]: k for k in summary_of(plans)["kernels"]}
     assert ("as_forward" in described["BD"]) == runs_as_forward, described["BD"]
     if runs_as_forward:
         assert described["BD"]["as_forward"].startswith("F x=(6, 8, 9, 9) w=(4, 4, 3, 3)")
@@ -250,7 +253,7 @@ def test_wd_keeps_the_data_gradient_its_division_planned(tmp_path, rng, monkeypa
     plans.finalize()
     for kind, (got, want) in step(plans, site, rng).items():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
-    assert all("as_forward" not in k for k in plans.summary()["kernels"])
+    assert all("as_forward" not in k for k in summary_of(plans)["kernels"])
 
 
 def test_with_the_setting_off_or_with_strides_the_data_gradient_stays_a_data_gradient(tmp_path, rng, monkeypatch):
@@ -260,7 +263,7 @@ def test_with_the_setting_off_or_with_strides_the_data_gradient_stays_a_data_gra
         site = Site(Call(ConvProblem(F, (6, 4, 9, 9), (8, 4, 3, 3), pads=1, strides=strides)))
         for kind, (got, want) in step(plans, site, rng).items():
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
-        assert all("as_forward" not in k for k in plans.summary()["kernels"])
+        assert all("as_forward" not in k for k in summary_of(plans)["kernels"])
 
 
 class Short(NumpyArrays):
@@ -290,7 +293,7 @@ def as_forward_short(tmp_path, monkeypatch, *also_short, workspace_limit="100KiB
                     bd_as_forward=True)
     site = Site(Call(layer))
     assert plans.route(site) is False  # planned: BD as a forward convolution
-    assert "as_forward" in {k["kind"]: k for k in plans.summary()["kernels"]}["BD"]
+    assert "as_forward" in {k["kind"]: k for k in summary_of(plans)["kernels"]}["BD"]
     return plans, site
 
 
@@ -303,7 +306,7 @@ def test_a_forward_plan_whose_workspace_cannot_be_borrowed_gives_way_to_the_data
     plans, site = as_forward_short(tmp_path, monkeypatch, workspace_limit=workspace_limit)
     for kind, (got, want) in step(plans, site, rng).items():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
-    summary = plans.summary()
+    summary = summary_of(plans)
     described = {k["kind"]: k for k in summary["kernels"]}["BD"]
     assert "as_forward" not in described and described["via"] == UCUDNN, described
     assert site.kernels[BD].via == UCUDNN and site.kernels[BD].problem == site.call.problem(BD)
@@ -317,7 +320,7 @@ def test_where_the_data_gradients_own_kernel_cannot_borrow_its_workspace_either_
     plans, site = as_forward_short(tmp_path, monkeypatch, layer.with_kind(BD))
     for kind, (got, want) in step(plans, site, rng).items():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=kind)
-    summary = plans.summary()
+    summary = summary_of(plans)
     described = {k["kind"]: k for k in summary["kernels"]}["BD"]
     assert "as_forward" not in described and described["via"] == UCUDNN, described
     [shrink] = summary["shrinks"]
@@ -335,7 +338,7 @@ def test_under_pressure_a_long_own_layer_is_swept_though_the_favourite_fits(tmp_
                     Cache(tmp_path / "bench.db"), auto=True)
     site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
     step(plans, site, rng)
-    kernels = plans.summary()["kernels"]
+    kernels = summary_of(plans)["kernels"]
     assert all(k["swept"] == swept for k in kernels), kernels
     assert framework.pressures == [quantized(64 * 2**20 - site.call.problem(k).written_bytes()) for k in (F, BD, BF)]
 
@@ -353,7 +356,7 @@ def test_under_pressure_a_long_layer_as_fast_as_cuDNNs_favourites_is_not_swept(t
     plans = Planner(Settings.load(env={}, planning="first_call", progress=False), framework,
                     Cache(tmp_path / "bench.db"), auto=True)
     step(plans, site, rng)
-    kernels = plans.summary()["kernels"]
+    kernels = summary_of(plans)["kernels"]
     assert all(k["swept"] == swept for k in kernels), kernels
     assert all(k["delegated"] != swept for k in kernels)
     assert {k["favourite_ms"] for k in kernels} == favourites  # reported beside torch's
@@ -374,7 +377,7 @@ def test_a_site_s_moments_are_frozen_after_recorded_calls_while_it_waits(tmp_pat
     spread over several slices is made for the rooms it started with."""
     framework = NumpyArrays(free=64 * 2**20)
     plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
-    monkeypatch.setattr(plans, "plan_pending", lambda budget_s=None: len(plans._pending))
+    monkeypatch.setattr(plans, "plan_pending", lambda budget_s=None: len(plans.pending))
     site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
     seen = []
     for call in range(RECORDED_CALLS + 2):
@@ -430,7 +433,7 @@ def test_a_layer_s_own_kernels_are_reported_as_they_ran_in_its_observed_calls(tm
     for forward_ms, backward_ms in [(3.0, 9.0)] + [(2.0, 11.0)] * (RECORDED_CALLS - 1):
         observed_call(plans, framework, site, forward_ms, backward_ms)
     plans.plan_pending()
-    got = {k["kind"]: k["in_step_ms"] for k in plans.summary()["kernels"]}
+    got = {k["kind"]: k["in_step_ms"] for k in summary_of(plans)["kernels"]}
     assert got == {"F": 2.0, "BD": 9.0, "BF": 9.0}
     assert framework.holds == [IN_STEP_HOLD_S, 0.0] * 2 * RECORDED_CALLS  # (start, end) of F and of BD+BF, each call
 
@@ -447,7 +450,7 @@ def test_layers_of_one_call_are_judged_on_the_least_window_any_of_them_took(tmp_
         for site, forward_ms, backward_ms in ((first, 0.97, 0.63), (second, 0.41, 0.59)):
             observed_call(plans, framework, site, forward_ms, backward_ms)
     plans.plan_pending()
-    got = {k["kind"]: k["in_step_ms"] for k in plans.summary()["kernels"]}
+    got = {k["kind"]: k["in_step_ms"] for k in summary_of(plans)["kernels"]}
     assert got == {"F": pytest.approx(0.41), "BD": pytest.approx(0.59), "BF": pytest.approx(0.59)}
     assert framework.timed == []
 
@@ -464,7 +467,7 @@ def test_a_layer_is_judged_on_its_third_call_where_the_pool_has_stopped_growing(
     for forward_ms, backward_ms in ((40.0, 60.0), (0.3, 0.4), (0.06, 0.05)):
         observed_call(plans, framework, site, forward_ms, backward_ms)
     plans.plan_pending()
-    kernels = plans.summary()["kernels"]
+    kernels = summary_of(plans)["kernels"]
     assert all(k["delegated"] for k in kernels), kernels
     assert {k["kind"]: k["in_step_ms"] for k in kernels} == {"F": pytest.approx(0.06), "BD": pytest.approx(0.05),
                                                             "BF": pytest.approx(0.05)}
@@ -483,7 +486,7 @@ def test_a_layer_slow_in_the_step_is_judged_on_that_across_slices_of_planning(tm
     while plans.plan_pending(0.0):  # a slice runs out after each kernel planned
         slices += 1
     assert slices > 1 and framework.timed == []
-    assert not any(k["delegated"] for k in plans.summary()["kernels"])
+    assert not any(k["delegated"] for k in summary_of(plans)["kernels"])
 
 
 def test_rooms_are_lessened_by_what_the_process_took_beside_the_pool_since_they_were_observed(tmp_path, rng):
@@ -506,7 +509,7 @@ def test_rooms_are_lessened_by_what_the_process_took_beside_the_pool_since_they_
     assert slices == 2  # one a site
     for site, before in zip(sites, observed):
         assert site.free == {kind: free - 40 * MiB for kind, free in before.items()}
-    rooms = {(k["kind"], k["room"]) for k in plans.summary()["kernels"]}
+    rooms = {(k["kind"], k["room"]) for k in summary_of(plans)["kernels"]}
     assert ("F", quantized(observed[0][F] - 40 * MiB)) in rooms
 
 
@@ -529,20 +532,20 @@ def test_each_observed_window_is_reported_with_what_the_allocator_did_inside_it(
     for _ in range(RECORDED_CALLS - 1):
         observed_call(plans, framework, site, 2.0, 11.0)
     plans.plan_pending()
-    got = {k["kind"]: k["in_step_windows"] for k in plans.summary()["kernels"]}
+    got = {k["kind"]: k["in_step_windows"] for k in summary_of(plans)["kernels"]}
     later = RECORDED_CALLS - 1
     assert got == {"F": [[3.0, 1, 0]] + [[2.0, 0, 0]] * later, "BD": [[9.0, 0, 2]] + [[11.0, 0, 0]] * later,
                    "BF": [[9.0, 0, 2]] + [[11.0, 0, 0]] * later}
     from ucudnn.reports import kernels
-    table = kernels.table(plans.summary())
+    table = kernels.table(summary_of(plans))
     assert "| 3.00 (1, 0), 2.00" in table and "| 9.00 (0, 2), 11.00" in table
-    assert "| 3.00 (1, 0), 2.00 |" in kernels.table({"kernels": [dict(plans.summary()["kernels"][0],
+    assert "| 3.00 (1, 0), 2.00 |" in kernels.table({"kernels": [dict(summary_of(plans)["kernels"][0],
                                                                       in_step_windows=[[3.0, 1], [2.0, 0]])]})
 
 
 def test_a_window_missing_a_mark_is_no_window():
     """No mark while a CUDA graph is captured (None): that call's window is left out."""
-    from ucudnn.plan.delegation import InStep, least
+    from ucudnn.plan.moments import InStep, least
 
     in_step = InStep()
     in_step.start((F,), 1.0)
@@ -564,7 +567,7 @@ def test_where_the_time_goes_reads_the_summary_kernel_by_kernel(tmp_path, rng):
     for _ in range(RECORDED_CALLS):
         observed_call(plans, framework, site, 5.0, 9.0)
     plans.plan_pending()
-    summary = plans.summary()
+    summary = summary_of(plans)
     rows = kernels.table(summary).splitlines()
     assert rows[0].startswith("| kind | kernel | room MiB | limit MiB | ucudnn plan |")
     body = [r for r in rows[2:] if r.startswith("| ")]

@@ -25,7 +25,7 @@ from ucudnn.integrations import torch as integration  # noqa: E402
 from ucudnn.integrations.torch import call as calls, layers as ut_layers  # noqa: E402
 from ucudnn.integrations.torch.sites import Sites  # noqa: E402
 from ucudnn.measure.cache import Cache  # noqa: E402
-from ucudnn.plan.delegation import OwnTiming  # noqa: E402
+from ucudnn.plan.framework import OwnTiming  # noqa: E402
 from ucudnn.plan.memory import Memory  # noqa: E402
 
 from torch_doubles import NumpyFramework  # noqa: E402
@@ -33,12 +33,12 @@ from torch_doubles import NumpyFramework  # noqa: E402
 
 @pytest.fixture
 def numpy_context(tmp_path):
-    def make(database: str = "bench.db", **settings):
+    def make(database: str = "bench.db", framework=None, **settings):
         settings.setdefault("workspace_limit", "64KiB")  # small: the fake fast algorithms split the batch
         # a layer planned on its first call: what these tests check of a plan then holds from the
         # first step (the default plans between iterations: its own tests pass planning=None)
         settings.setdefault("planning", "first_call")
-        return ut.Context(framework=NumpyFramework(), cache=Cache(tmp_path / database), **settings)
+        return ut.Context(framework=framework or NumpyFramework(), cache=Cache(tmp_path / database), **settings)
     return make
 
 
@@ -486,8 +486,8 @@ def test_a_concurrent_backward_runs_bf_beside_bd_and_joins_before_returning(conc
     plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
     model = ut.convert(copy.deepcopy(plain), context=context)
     ran = []
-    run = context.run
-    context.run = lambda site, kind, *operands: ran.append((kind.value, framework.aside)) or run(site, kind, *operands)
+    run = context.planner.run
+    context.planner.run = lambda site, kind, *operands: ran.append((kind.value, framework.aside)) or run(site, kind, *operands)
     x = torch.randn(4, 3, 8, 8)
     assert_matches(run_step(model, x), run_step(plain, x))
     backward = [r for r in ran if r[0] != "F"]
@@ -822,7 +822,8 @@ def test_convert_errors_name_its_own_keywords(keyword, value, named):
 # --- delegation: layers ucudnn would not speed up run torch's own convolution ----------------------
 
 def test_worth_delegating_rule():
-    from ucudnn.plan.delegation import OwnTiming as T, worth_delegating
+    from ucudnn.plan.delegation import worth_delegating
+    from ucudnn.plan.framework import OwnTiming as T
     limit = 64 * 2**20
     assert worth_delegating([1.0, 1.0], [T(1.0, 0), T(1.02, limit)], [limit, limit], host_cost_ms=0.05)
     assert worth_delegating([0.5], [T(1.0, 0)], [limit], host_cost_ms=0.6)  # saves less than the host cost
@@ -833,9 +834,7 @@ def test_worth_delegating_rule():
 
 
 def delegating_context(numpy_context, torch_timing, **settings):
-    context = numpy_context(**settings)
-    context.framework = NumpyFramework(torch_timing)
-    return context
+    return numpy_context(framework=NumpyFramework(torch_timing), **settings)
 
 
 def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context):
@@ -855,7 +854,7 @@ def test_a_layer_torch_runs_as_fast_within_the_limit_is_delegated(numpy_context)
     assert {k["kind"] for k in kernels} == {"F", "BD", "BF"}
     assert all(k["delegated"] and k["via"] == "torch" and k["own_ms"] == 0.0 for k in kernels)
     # torch's kernels and cuDNN's favourites fit the limit: no sweep of ucudnn's candidates at all
-    assert not any(k["swept"] for k in kernels) and not context._kernels
+    assert not any(k["swept"] for k in kernels) and not context.planner.kernels.planned
     assert all(k["planning_s"] > 0 for k in kernels) and context.summary()["planning_s"] > 0
 
 
@@ -879,7 +878,7 @@ def test_a_later_process_reads_torchs_timings_from_the_database_and_decides_alik
     assert decided[0][1] == 3 and decided[1] == (decided[0][0], 0)  # the second timed nothing
     with BenchmarkDatabase(tmp_path / "bench.db") as db:
         db.check()
-        problem = next(iter(context._own_timings))[1].problem(ConvKind.BACKWARD_DATA)
+        problem = next(iter(context.planner.delegation.own_timings))[1].problem(ConvKind.BACKWARD_DATA)
         table = db.table(problem, context.handle(torch.device("cpu")).assignments.benchmarker.device)
     kept = [m for m in table if m.algo.startswith("torch:")]
     assert [(m.time_ms, m.workspace) for m in kept] == [(0.5, 2**40)]
@@ -926,12 +925,13 @@ def test_a_layer_planned_over_several_slices_asks_cudnns_favourite_once(numpy_co
     model, x = ut.convert(nn.Conv2d(3, 4, 3), context=context), torch.randn(4, 3, 6, 6)
     for _ in range(5):
         run_step(model, x)
-    assert context.summary()["pending"] == 0 and len(context._kernels) == 3
+    assert context.summary()["pending"] == 0 and len(context.planner.kernels.planned) == 3
     assert asked == ["F"] and [p.kind.value for p in context.framework.timed] == ["F", "BD", "BF"]
 
 
 def test_settled_by_own_rule():
-    from ucudnn.plan.delegation import ROOMY_BYTES, OwnTiming as T, settled_by_own
+    from ucudnn.plan.delegation import ROOMY_BYTES, settled_by_own
+    from ucudnn.plan.framework import OwnTiming as T
 
     limit, asked = 8 * 2**20, []
 
@@ -964,7 +964,8 @@ def test_a_layer_ucudnn_speeds_up_or_torch_cannot_fit_is_not_delegated(torch_ms,
 def test_a_kernel_torch_runs_faster_within_the_limit_runs_torchs_own_in_a_layer_ucudnn_keeps(numpy_context):
     """torch's F and BD cannot run within the limit; its BF can and is faster than ucudnn's plan:
     the layer stays with ucudnn, its BF runs torch's own convolution."""
-    from ucudnn.plan.delegation import OwnTiming as T, own_kernels_faster
+    from ucudnn.plan.delegation import own_kernels_faster
+    from ucudnn.plan.framework import OwnTiming as T
 
     apart = [[0], [1], [2]]  # timed one by one
     assert own_kernels_faster([2.0], [T(1.0, 512)], [1024], [[0]]) == {0}
@@ -1057,7 +1058,7 @@ def test_planning_between_iterations_runs_torch_until_the_plan_is_ready(numpy_co
     model = ut.convert(copy.deepcopy(plain), context=context)
     x = torch.randn(4, 3, 8, 8)
     assert_matches(run_step(model, x), run_step(plain, x))
-    assert dict(context.runs) == {("torch", "layer"): 2} and not context._kernels
+    assert dict(context.runs) == {("torch", "layer"): 2} and not context.planner.kernels.planned
     assert context.summary()["pending"] == 2 and context.summary()["planning"] == "between_iterations"
     assert_matches(run_step(model, x), run_step(plain, x))  # planned at the first layer's call
     assert context.summary()["pending"] == 0
@@ -1073,12 +1074,12 @@ def test_planning_between_iterations_keeps_to_its_budget_and_plan_pending_finish
     model = ut.convert(nn.Sequential(*[nn.Conv2d(3 + i, 4 + i, 3, padding=1) for i in range(3)]), context=context)
     x = torch.randn(2, 3, 6, 6)
     run_step(model, x)  # torch's own everywhere, nothing planned
-    assert context.summary()["pending"] == 3 and not context._kernels
+    assert context.summary()["pending"] == 3 and not context.planner.kernels.planned
     run_step(model, x)  # the first layer's F: the slice is spent after one kernel
-    assert context.summary()["pending"] == 3 and len(context._kernels) == 1 and not context.runs["ucudnn", "F"]
+    assert context.summary()["pending"] == 3 and len(context.planner.kernels.planned) == 1 and not context.runs["ucudnn", "F"]
     run_step(model, x)
     run_step(model, x)  # its BF completes the layer, which runs through ucudnn in this iteration
-    assert context.summary()["pending"] == 2 and len(context._kernels) == 3 and context.runs["ucudnn", "F"] == 1
+    assert context.summary()["pending"] == 2 and len(context.planner.kernels.planned) == 3 and context.runs["ucudnn", "F"] == 1
     assert context.plan_pending() == 0
     run_step(model, x)
     assert context.runs["ucudnn", "F"] == 1 + 3

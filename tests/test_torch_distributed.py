@@ -11,7 +11,8 @@ from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.measure.cache import Cache  # noqa: E402
-from ucudnn.plan.delegation import ROOMY_BYTES, OwnTiming  # noqa: E402
+from ucudnn.plan.delegation import ROOMY_BYTES  # noqa: E402
+from ucudnn.plan.framework import OwnTiming  # noqa: E402
 
 from torch_doubles import NumpyFramework  # noqa: E402
 

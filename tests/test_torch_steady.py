@@ -16,7 +16,7 @@ import ucudnn.torch as ut  # noqa: E402
 from ucudnn.core import progress  # noqa: E402
 from ucudnn.integrations.torch import call as calls, layers  # noqa: E402
 from ucudnn.measure.cache import Cache  # noqa: E402
-from ucudnn.plan.delegation import OwnTiming  # noqa: E402
+from ucudnn.plan.framework import OwnTiming  # noqa: E402
 
 from torch_doubles import NumpyFramework  # noqa: E402
 
@@ -58,7 +58,7 @@ def count_examinations(monkeypatch, context) -> dict:
 
     monkeypatch.setattr(calls, "_resolve", counting("resolve", calls._resolve))
     monkeypatch.setattr(context.sites, "get", counting("lookup", context.sites.get))
-    monkeypatch.setattr(context, "route", counting("route", context.route))
+    monkeypatch.setattr(context.planner, "route", counting("route", context.planner.route))
     return counts
 
 

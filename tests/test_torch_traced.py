@@ -20,7 +20,7 @@ from ucudnn.core.errors import ConfigError, UcudnnWarning  # noqa: E402
 from ucudnn.integrations.torch import ops  # noqa: E402
 from ucudnn.integrations.torch.call import pack  # noqa: E402
 from ucudnn.measure.cache import Cache  # noqa: E402
-from ucudnn.plan.delegation import OwnTiming  # noqa: E402
+from ucudnn.plan.framework import OwnTiming  # noqa: E402
 
 from torch_doubles import NumpyFramework  # noqa: E402
 
@@ -42,13 +42,14 @@ def torch_without_mkldnn():
         yield
 
 
-def context(tmp_path, torch_timing=lambda problem: SLOW, **settings) -> ut.Context:
-    """A context on the NumPy doubles: torch's kernels 'take' torch_timing(problem); by default
-    forever, so that ucudnn runs every layer."""
+def context(tmp_path, torch_timing=lambda problem: SLOW, framework=None, **settings) -> ut.Context:
+    """A context on the NumPy doubles (or `framework`): torch's kernels 'take' torch_timing(problem);
+    by default forever, so that ucudnn runs every layer."""
     tmp_path.mkdir(exist_ok=True)
     settings.setdefault("workspace_limit", "64KiB")
     settings.setdefault("planning", "first_call")
-    return ut.Context(framework=NumpyFramework(torch_timing), cache=Cache(tmp_path / "bench.db"), **settings)
+    return ut.Context(framework=framework or NumpyFramework(torch_timing), cache=Cache(tmp_path / "bench.db"),
+                      **settings)
 
 
 def two_layers() -> nn.Module:
@@ -175,8 +176,7 @@ def test_planning_while_traced_meets_real_tensors_and_adds_nothing_to_the_graph(
 
     x = torch.randn(4, 3, 8, 8)
     for trace in ("export", "compile"):
-        ctx = context(tmp_path / trace)  # a database each: torch's timings are kept there
-        ctx.framework = Timing(lambda problem: SLOW)
+        ctx = context(tmp_path / trace, framework=Timing(lambda problem: SLOW))  # a database each: torch's timings kept there
         ours = ut.convert(two_layers(), context=ctx)
         if trace == "export":
             called = targets(torch.export.export(ours, (x,)).graph)

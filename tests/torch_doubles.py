@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from ucudnn.integrations.torch import TorchFramework
-from ucudnn.plan.delegation import OwnTiming
+from ucudnn.plan.framework import OwnTiming
 from ucudnn.plan.memory import Memory
 
 from handle_doubles import NumpyHandle

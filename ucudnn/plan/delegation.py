@@ -25,11 +25,13 @@ cuDNN version, not the moment. A later process then decides delegation as the fi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Hashable, Sequence
 
-from ..core.measurements import Measurement
-from ..core.problem import ConvProblem
+from ..core.measurements import OK, Measurement
+from ..core.problem import ConvKind, ConvProblem
+from .framework import UCUDNN, OwnTiming, Slice
+from .kernels import Kernels, Key
+from .moments import Moments
 
 # What a converted F+BD+BF step costs the host beyond torch's own layer, in ms: 0.35-0.49 ms
 # synced vs torch's 0.04-0.17 ms per AlexNet layer, and 4.6 ms over ResNet-50's 53 layers in AMP
@@ -45,81 +47,6 @@ HOST_COST_MS = 0.15
 # plan asking more than this for one convolution would be kept from torch unnoticed
 # (docs/results.md, "Cold start on models nobody planned", says what is not yet measured).
 ROOMY_BYTES = 4 * 2**30
-
-
-class OwnTiming(NamedTuple):
-    """The framework's own convolution of a kernel, as measured in this process: its median GPU
-    time, the bytes it allocates beyond its result (the workspace of the plan it chose) and the
-    bytes that could be had when it chose (device free plus its cached blocks; 0: unknown)."""
-
-    ms: float
-    workspace: int
-    free: int = 0
-
-
-class AllocatorCounts(NamedTuple):
-    """What the framework's allocator has done so far (Framework.flushes, Framework.grown): how
-    often it gave its whole cache back to serve an allocation, and how often it took memory from
-    the device (a cudaMalloc, or pages mapped); one minus another is what it did between them."""
-
-    flushes: int = 0
-    grown: int = 0
-
-    def __sub__(self, other: AllocatorCounts) -> AllocatorCounts:
-        return AllocatorCounts(self.flushes - other.flushes, self.grown - other.grown)
-
-
-class Window(NamedTuple):
-    """One observed call of a group of kernels (InStep.each): its milliseconds, and the
-    allocator's flushes and memory taken from the device inside it."""
-
-    ms: float
-    flushes: int = 0
-    grown: int = 0
-
-
-# A window's start mark first holds the device this long (Framework.mark's hold_s): where the step
-# is host-paced the device would otherwise wait between the mark and the kernel, and the window
-# would time the host. Unheld, densenet121's 1x1 convolutions took 0.19-0.41 ms a window against
-# 0.03-0.05 ms timed apart, and 102 of its 298 kernels were swept for it (docs/results-archive.md, "Six
-# models"). A window's host time (a mark, torch's dispatch, an autograd node) is 0.05-0.3 ms.
-IN_STEP_HOLD_S = 0.5e-3
-
-
-class InStep:
-    """A layer's own kernels as they ran in its observed calls (ucudnn.plan.memory): per group of
-    kernels (the forward kernel; the backward kernels together, one autograd node), the marks
-    (Planner.Framework.mark) where it started, after holding the device (IN_STEP_HOLD_S), and
-    ended in each call, and what the framework's allocator did between them (AllocatorCounts: its
-    flushes and the memory it took from the device), read beside them. What the step itself paid,
-    at its moment."""
-
-    def __init__(self) -> None:
-        self._open: dict[tuple, tuple[Any, AllocatorCounts]] = {}
-        self._windows: dict[tuple, list[tuple[Any, Any, AllocatorCounts]]] = {}
-
-    def start(self, kinds: tuple, mark: Any, counts: AllocatorCounts | None = None) -> None:
-        self._open[kinds] = mark, counts or AllocatorCounts()
-
-    def end(self, kinds: tuple, mark: Any, counts: AllocatorCounts | None = None) -> None:
-        """A window from the group's open start to `mark`, with what the allocator did between;
-        none where either mark is missing (None: no mark could be taken, e.g. while a CUDA graph
-        is captured)."""
-        start, before = self._open.pop(kinds, (None, AllocatorCounts()))
-        if start is not None and mark is not None:
-            self._windows.setdefault(kinds, []).append((start, mark, (counts or AllocatorCounts()) - before))
-
-    def each(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, list[Window]]:
-        """Per group of kinds, each call's window in call order: its milliseconds and what the
-        allocator did in it (a flush is a cost the step pays each time its moment comes; memory
-        taken from the device, as the pool grows to the step's peak, is paid once)."""
-        return {kinds: [Window(elapsed_ms(a, b), *counts) for a, b, counts in windows]
-                for kinds, windows in self._windows.items()}
-
-
-def least(windows: dict[tuple, list[Window]]) -> dict[tuple, float]:
-    """Per group of kinds, the least milliseconds of its windows (InStep.each)."""
-    return {kinds: min(w.ms for w in each) for kinds, each in windows.items()}
 
 
 # Under pressure, torch's benchmark mode may settle for a slow plan although cuDNN's favourite
@@ -217,3 +144,142 @@ def keep_timing(assignments, problem: ConvProblem, timing: OwnTiming, candidate:
     if timing.free >= ROOMY_BYTES and math.isfinite(timing.ms):
         assignments.cache.record(problem, assignments.benchmarker.device,
                                  [Measurement(candidate, problem.batch, timing.ms, timing.workspace)])
+
+
+class Delegation:
+    """Each layer's decision, by what it depends on (key(): its call, kernels and their rooms):
+    whether it runs the framework's own convolution, made on the rules above. The framework's own
+    kernels are judged first, as they ran in the step (Moments.seen) or else timed apart
+    (`own_timings`, by (kind, call, room)), and where they settle the layer (settled_by_own) it
+    runs them with no sweep (`unswept`); else ucudnn's kernels are swept (Kernels) and weighed
+    against the same timings. With `delegate` off every layer is ucudnn's, and nothing is timed."""
+
+    def __init__(self, kernels: Kernels, moments: Moments, delegate: bool) -> None:
+        self.kernels, self.moments, self.delegate = kernels, moments, delegate
+        self.decided: dict[tuple, bool] = {}
+        self.unswept: set[Hashable] = set()
+        self.own_timings: dict[Key, OwnTiming] = {}
+        self._favourites: dict[tuple[ConvKind, Hashable], float] = {}  # the workspace of cuDNN's favourite, asked once
+        self.favourite_times: dict[tuple[ConvKind, Hashable], float] = {}  # ... and its time, where a layer is pressed
+
+    def key(self, site) -> tuple:
+        """What a layer's decision depends on: its call, kernels and their rooms."""
+        return site.call, site.kinds, tuple(self.kernels.room(site, kind) for kind in site.kinds)
+
+    def decide(self, site) -> bool:
+        """Whether the site's layer runs the framework's own convolution: as decided for its key,
+        else planned now, with no slice to run out (plan())."""
+        delegated = self.plan(site, Slice())
+        assert delegated is not None  # only a slice runs out
+        return delegated
+
+    def plan(self, site, budget: Slice) -> bool | None:
+        """Whether the site's layer runs the framework's own convolution: as decided for its key,
+        else planned within `budget` and kept. With delegation on, its own kernels decide first,
+        and where they settle the layer (_settled) it runs them with no sweep; else its kernels
+        are swept (_swept). None: the budget ran out between two of its kernels (the next slice
+        goes on)."""
+        key = self.key(site)
+        if key in self.decided:  # decided for another layer of the same call and rooms
+            return self.decided[key]
+        rooms = list(key[2])
+        seen = self.moments.seen(site, rooms)
+        own = (seen or [self._own_timing(site, kind) for kind in site.kinds]) if self.delegate else []
+        groups = [[0], list(range(1, len(site.kinds)))] if seen and len(site.kinds) > 1 else [[i] for i in range(len(own))]
+        delegated: bool | None
+        if self.delegate and self._settled(site, own, rooms, groups):
+            self.unswept.add(site.call)
+            delegated = True
+        else:
+            delegated = self._swept(site, own, rooms, groups, budget)
+        if delegated is not None:
+            self.decided[key] = delegated
+        return delegated
+
+    def _settled(self, site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]]) -> bool:
+        """Whether the framework's own kernels settle the layer with no sweep (settled_by_own).
+        With `auto`, a layer whose own kernels took long under pressure (pressed; torch's benchmark
+        mode may have settled for a slow plan there) only where they ran about as fast as cuDNN's
+        favourites, timed once at the whole batch (as_fast_as_favourites)."""
+        call = site.call
+        if not settled_by_own(own, rooms, lambda: all(self._favourite(call, kind) <= room
+                                                      for kind, room in zip(site.kinds, rooms))):
+            return False
+        if not (self.kernels.auto and pressed(own)):
+            return True
+        return as_fast_as_favourites(own, [self._favourite_ms(call, kind) for kind in site.kinds], groups)
+
+    def _swept(self, site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]], budget: Slice) -> bool | None:
+        """Plan the site's kernels; whether its layer runs the framework's own convolution after
+        all (worth_delegating, on its own timings `own`; never with delegation off, where `own` is
+        empty). Where the layer stays, a group of kernels timed together (`groups`) whose own
+        kernels are faster runs those (own_kernels_faster). None where the budget ran out before
+        one of its kernels."""
+        kernels = []
+        for kind in site.kinds:
+            planned = self.kernels.key(site, kind) in self.kernels.planned
+            if not planned and budget.spent():
+                return None
+            kernels.append(self.kernels.site_kernel(site, kind))
+            budget.worked |= not planned
+        if not own or not all(k.via == UCUDNN for k in kernels):
+            return False
+        ucudnn_ms = [k.assignment.configuration.time_ms for k in kernels]
+        if worth_delegating(ucudnn_ms, own, rooms):
+            return True
+        for i in own_kernels_faster(ucudnn_ms, own, rooms, groups):
+            self.kernels.put_aside(site, site.kinds[i], kernels[i], own[i].ms)
+        return False
+
+    def _own_timing(self, site, kind: ConvKind) -> OwnTiming:
+        """The framework's own kernel as the database keeps it (stored_timing), else timed now and
+        kept; with `auto` under the pressure of its moment (the bytes its room leaves free), as it
+        runs there."""
+        kernels, framework = self.kernels, self.kernels.framework
+        call, room = site.call, kernels.room(site, kind)
+        if (kind, call, room) not in self.own_timings:
+            problem, assignments = call.problem(kind), kernels.handle(call.device).assignments
+            candidate, free = framework.own_candidate(), room if kernels.auto else None
+            with kernels.lock, framework.device_guard(call.device):
+                timing = stored_timing(assignments, problem, framework.free_bytes(call.device) if free is None else free,
+                                       candidate)
+                if timing is None:
+                    # in a planning scope: its operands go back to the device afterwards rather than
+                    # staying cached in odd sizes in the pool the step runs in
+                    with framework.planning(call.device), kernels.working(kind, call, f"timing {framework.own}'s own"):
+                        timing = framework.time_own(problem, call.device, free)
+                        keep_timing(assignments, problem, timing, candidate)
+                self.own_timings[kind, call, room] = timing
+        return self.own_timings[kind, call, room]
+
+    def _favourite(self, call, kind: ConvKind) -> float:
+        """The workspace of cuDNN's heuristic favourite for the kernel (Handle.favourite);
+        infinite where it cannot run."""
+        if (kind, call) not in self._favourites:
+            kernels = self.kernels
+            with kernels.lock, kernels.framework.device_guard(call.device), \
+                    kernels.working(kind, call, "asking cuDNN's favourite of"):
+                favourite = kernels.handle(call.device).favourite(call.problem(kind))
+            self._favourites[kind, call] = favourite.workspace if favourite.status == OK else math.inf
+        return self._favourites[kind, call]
+
+    def _favourite_ms(self, call, kind: ConvKind) -> float:
+        """cuDNN's favourite for the kernel, run on the whole batch and timed (Handle.favourite_ms),
+        once; inf where it cannot run."""
+        if (kind, call) not in self.favourite_times:
+            kernels, device = self.kernels, call.device
+            with kernels.lock, kernels.framework.device_guard(device), kernels.framework.planning(device), \
+                    kernels.working(kind, call, "timing cuDNN's favourite of"):
+                self.favourite_times[kind, call] = kernels.handle(device).favourite_ms(call.problem(kind))
+        return self.favourite_times[kind, call]
+
+    def delegated(self) -> set[Key]:
+        """The kernels, at their rooms, of the layers decided to run the framework's own convolution."""
+        return {(kind, call, room) for (call, kinds, rooms), yes in self.decided.items() if yes
+                for kind, room in zip(kinds, rooms)}
+
+    def reset(self) -> None:
+        """Forget every decision and timing (cuDNN's favourites stay)."""
+        self.decided.clear()
+        self.unswept.clear()
+        self.own_timings.clear()

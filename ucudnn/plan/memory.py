@@ -15,7 +15,7 @@ A room observed before planning is lessened, as the layer's planning begins, by 
 came to hold outside the framework's pool since (cuDNN's handle and the code of the kernels
 planning timed: Moments.lessen). The margin covers what the converted call allocates around the
 kernel that the framework's did not, the allocator's rounding and blocks it cannot merge; a
-workspace that still cannot be had is planned again within less (ucudnn.plan.planner.Planner._shrink).
+workspace that still cannot be had is planned again within less (ucudnn.plan.kernels.Kernels.shrink).
 A workspace that can be had only by the framework's allocator giving all its cached blocks back
 to the device (a flush: a device sync, then pages mapped again; 3.9 ms or more a flush in
 wav2vec2's step, docs/results-archive.md, "Flushes") costs more than a smaller plan, up to
@@ -60,7 +60,7 @@ GRAPH_SHARE = 4
 
 
 class FlushWatch:
-    """Which steps' kernel runs are watched for flushes (Planner._run): of the first WATCHED_STEPS
+    """Which steps' kernel runs are watched for flushes (Planner.run, Flushes): of the first WATCHED_STEPS
     steps after planning, the first and each one after a step that flushed; the step after them
     closes the watch. Reading the framework's count costs tens of microseconds, so the rest go
     unwatched; kernels whose smaller plan would cost more than a flush are `kept` out of it."""
@@ -110,7 +110,7 @@ def graph_budget(rooms: list[int]) -> int:
     """What CUDA graphs may hold beside the framework's pool once a step's kernels are planned
     within `rooms` (their moments' free bytes): a graph holds its bytes for the whole step, so
     they come out of the least room, of which GRAPH_SHARE at most, less the margin; the kernel
-    whose workspace then cannot be had is planned within less (Planner._shrink). Graphs hold
+    whose workspace then cannot be had is planned within less (Kernels.shrink). Graphs hold
     nothing where no room is known."""
     if not rooms:
         return 0

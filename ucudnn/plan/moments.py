@@ -1,14 +1,80 @@
 """A layer's observed calls, with limits from the memory timeline (ucudnn.plan.memory): the room
 each of its kernels' moments left, and the framework's own kernels as they ran there
-(delegation.InStep), judged on the least time any layer of the same call took. The Planner
+(InStep), judged on the least time any layer of the same call took. The Planner
 observes through `Moments` while a layer waits for its plan and judges the layer on what it saw."""
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, NamedTuple
 
 from ..core.problem import ConvKind
-from .delegation import IN_STEP_HOLD_S, AllocatorCounts, InStep, OwnTiming, Window, least
+from .framework import OwnTiming
+
+
+class AllocatorCounts(NamedTuple):
+    """What the framework's allocator has done so far (Framework.flushes, Framework.grown): how
+    often it gave its whole cache back to serve an allocation, and how often it took memory from
+    the device (a cudaMalloc, or pages mapped); one minus another is what it did between them."""
+
+    flushes: int = 0
+    grown: int = 0
+
+    def __sub__(self, other: AllocatorCounts) -> AllocatorCounts:
+        return AllocatorCounts(self.flushes - other.flushes, self.grown - other.grown)
+
+
+class Window(NamedTuple):
+    """One observed call of a group of kernels (InStep.each): its milliseconds, and the
+    allocator's flushes and memory taken from the device inside it."""
+
+    ms: float
+    flushes: int = 0
+    grown: int = 0
+
+
+# A window's start mark first holds the device this long (Framework.mark's hold_s): where the step
+# is host-paced the device would otherwise wait between the mark and the kernel, and the window
+# would time the host. Unheld, densenet121's 1x1 convolutions took 0.19-0.41 ms a window against
+# 0.03-0.05 ms timed apart, and 102 of its 298 kernels were swept for it (docs/results-archive.md, "Six
+# models"). A window's host time (a mark, torch's dispatch, an autograd node) is 0.05-0.3 ms.
+IN_STEP_HOLD_S = 0.5e-3
+
+
+class InStep:
+    """A layer's own kernels as they ran in its observed calls (ucudnn.plan.memory): per group of
+    kernels (the forward kernel; the backward kernels together, one autograd node), the marks
+    (Framework.mark) where it started, after holding the device (IN_STEP_HOLD_S), and
+    ended in each call, and what the framework's allocator did between them (AllocatorCounts: its
+    flushes and the memory it took from the device), read beside them. What the step itself paid,
+    at its moment."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple, tuple[Any, AllocatorCounts]] = {}
+        self._windows: dict[tuple, list[tuple[Any, Any, AllocatorCounts]]] = {}
+
+    def start(self, kinds: tuple, mark: Any, counts: AllocatorCounts | None = None) -> None:
+        self._open[kinds] = mark, counts or AllocatorCounts()
+
+    def end(self, kinds: tuple, mark: Any, counts: AllocatorCounts | None = None) -> None:
+        """A window from the group's open start to `mark`, with what the allocator did between;
+        none where either mark is missing (None: no mark could be taken, e.g. while a CUDA graph
+        is captured)."""
+        start, before = self._open.pop(kinds, (None, AllocatorCounts()))
+        if start is not None and mark is not None:
+            self._windows.setdefault(kinds, []).append((start, mark, (counts or AllocatorCounts()) - before))
+
+    def each(self, elapsed_ms: Callable[[Any, Any], float]) -> dict[tuple, list[Window]]:
+        """Per group of kinds, each call's window in call order: its milliseconds and what the
+        allocator did in it (a flush is a cost the step pays each time its moment comes; memory
+        taken from the device, as the pool grows to the step's peak, is paid once)."""
+        return {kinds: [Window(elapsed_ms(a, b), *counts) for a, b, counts in windows]
+                for kinds, windows in self._windows.items()}
+
+
+def least(windows: dict[tuple, list[Window]]) -> dict[tuple, float]:
+    """Per group of kinds, the least milliseconds of its windows (InStep.each)."""
+    return {kinds: min(w.ms for w in each) for kinds, each in windows.items()}
+
 
 Key = tuple[ConvKind, Hashable, int]  # (kind, call, room), as the Planner keys kernels
 
@@ -18,10 +84,14 @@ class Moments:
     (planner.Framework): the least room of each kernel (on the site: `site.free`), the windows
     of its own kernels, and what the process held outside the framework's pool at the latest
     observation of each device. `in_step_ms` and `in_step_windows` keep, per (kind, call, room),
-    what a layer was judged on, for Planner.summary()."""
+    what a layer was judged on, for ucudnn.reports.summary."""
 
     def __init__(self, framework) -> None:
         self.framework = framework
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every observation."""
         self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
         self._least: dict[tuple[Hashable, tuple], float] = {}  # (call, kinds) -> least ms of any of its sites
         self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest start()

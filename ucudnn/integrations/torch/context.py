@@ -19,6 +19,7 @@ from ...optimizers import DIVIDING, OPTIMIZERS, PER_KERNEL
 from ...plan.config import Settings, choice, format_size
 from ...plan.memory import AUTO
 from ...plan.planner import Planner
+from ...reports.summary import summary
 from .kernels import TorchFramework
 from .sites import Sites
 
@@ -26,10 +27,11 @@ _UNCHANGED = contextlib.nullcontext()  # reusable: entering it does nothing
 _SERIAL = contextlib.nullcontext(lambda *tensors: _UNCHANGED)  # Context.beside with one stream
 
 
-class Context(Planner):
-    """What converted layers share: settings, one ucudnn.Handle per GPU, planned kernels (the
-    Planner's), the sites of layer calls (sites.py) and, for WD, the recording of the network's
-    kernels before the one solve.
+class Context:
+    """What converted layers share: settings, the Planner of their calls (`planner`: one
+    ucudnn.Handle per GPU, the planned kernels), the sites of layer calls (sites.py) and, for WD,
+    the recording of the network's kernels before the one solve. What a user reads of it:
+    summary(), runs, recording(), reset(), plan_pending(), handle().
 
     Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults; the
     limits' default is AUTO, see _auto)."""
@@ -50,16 +52,42 @@ class Context(Planner):
             keywords.update(workspace_limit=None, total_limit=None, optimizer=PER_KERNEL.name)
             settings = Settings.load({k: v for k, v in os.environ.items() if k not in _LIMIT_VARIABLES}, **keywords)
         # WR layers that ucudnn would not speed up run torch's own convolution (ucudnn.plan.delegation)
-        super().__init__(settings or Settings.load(**keywords), framework or TorchFramework(), cache, delegate, auto)
+        settings = settings or Settings.load(**keywords)
+        self.settings, self.framework = settings, framework or TorchFramework()
+        self.planner = Planner(settings, self.framework, cache, delegate, auto)
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._recording = False
         # WD without a sample input: the first pass runs through torch while recording (see learn_call()).
-        self._learn_first_pass = self.wd
+        self._learn_first_pass = settings.optimizing.divides
         self._seen: set[int] = set()
         self.fallbacks: Counter = Counter()  # reason -> layer calls that went to torch entirely
         self._retired: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> its converted class
         self._lead_layer: int | None = None  # id() of the layer of the lead site (Planner.is_lead)
         self._lead_seen: Any = None  # the site of that layer's last call examined
+
+    @property
+    def auto(self) -> bool:
+        """Whether the limits come from the memory timeline (ucudnn.plan.memory)."""
+        return self.planner.auto
+
+    @property
+    def delegate(self) -> bool:
+        """Whether layers ucudnn would not speed up run torch's own convolution."""
+        return self.planner.delegate
+
+    @property
+    def runs(self) -> Counter:
+        """Kernel calls by (via, kind), layer calls that ran torch's own by ("torch", "layer")."""
+        return self.planner.runs
+
+    def handle(self, device: torch.device) -> Any:
+        """The ucudnn.Handle of `device`, made on first use."""
+        return self.planner.handle(device)
+
+    def plan_pending(self, budget_s: float | None = None) -> int:
+        """Plan the layers waiting for their plan now (planning 'between_iterations'), for about
+        `budget_s` seconds (None: all of them); how many still wait."""
+        return self.planner.plan_pending(budget_s)
 
     # Converted models share their context when deep-copied, and rebuild it when unpickled.
     def __deepcopy__(self, memo) -> Context:
@@ -92,7 +120,7 @@ class Context(Planner):
             return True
         self._learn_first_pass = False
         self._seen.clear()
-        self.finalize()
+        self.planner.finalize()
         return False
 
     # Retired layers: delegated layers made torch's own again, so that their calls cost what torch's do
@@ -112,7 +140,7 @@ class Context(Planner):
         """A converted layer's call was examined and routed to `site`. Where it is the lead's
         layer and its site changed (a new batch shape, grad mode, autocast, precision: the whole
         step's calls change with it), retired layers are restored to examine theirs afresh."""
-        if self.is_lead(site):
+        if self.planner.is_lead(site):
             self._lead_layer = id(module)
         if id(module) == self._lead_layer:
             if site is not self._lead_seen:
@@ -131,7 +159,7 @@ class Context(Planner):
     def recording(self) -> Iterator[Context]:
         """Layers only record their kernels inside; on a clean exit the kernels are planned (WD:
         the network, known kernels included, is solved once)."""
-        if self.wd and self.solved():
+        if self.planner.wd and self.planner.solved():
             self.reset()  # learning again: solve the known kernels and the new ones together
         self.restore()
         self.sites.reroute()  # every layer's calls record, steady ones too
@@ -140,20 +168,21 @@ class Context(Planner):
             yield self
         finally:
             self._recording = False
-        self.finalize()
+        self.planner.finalize()
 
     def reset(self) -> None:
         """Forget every assignment and site: kernels are planned again on next use (WD: as one
         network), retired layers restored. Waits for the GPUs first, since running kernels may still
         use the old workspaces."""
-        super().reset()
+        self.planner.reset()
         self.restore()
         self.sites.clear()
 
     def summary(self) -> dict:
-        """Planner.summary() (its `runs` count the calls ucudnn saw: a retired layer's are torch's
-        alone), the layer calls that went to torch entirely, by reason, and the retired layers."""
-        return {**super().summary(), "fallbacks": dict(self.fallbacks), "retired": len(self._retired)}
+        """The planner's summary (ucudnn.reports.summary; its `runs` count the calls ucudnn saw: a
+        retired layer's are torch's alone), the layer calls that went to torch entirely, by
+        reason, and the retired layers."""
+        return {**summary(self.planner), "fallbacks": dict(self.fallbacks), "retired": len(self._retired)}
 
     @property
     def limit_name(self) -> str:
@@ -196,7 +225,7 @@ def _divides(optimizer: str) -> bool:
 
 def _rebuild_context(settings: Settings, delegate: bool = True, auto: bool = False) -> Context:
     context = Context(settings, delegate=delegate)
-    context.auto = auto
+    context.planner = Planner(settings, context.framework, None, delegate, auto)
     return context
 
 

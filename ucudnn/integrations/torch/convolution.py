@@ -37,7 +37,7 @@ def forward(context, site: Site, input: Tensor, weight: Tensor, bias: Tensor | N
     """The layer's output on an aligned `input`: its forward kernel (which makes the output:
     Planner.run), plus the bias."""
     with as_torch_out_of_memory():
-        out = context.run(site, layer_kinds(site.call.transposed)[0], *_sides(site, input, weight, None))
+        out = context.planner.run(site, layer_kinds(site.call.transposed)[0], *_sides(site, input, weight, None))
     if bias is not None:
         out.add_(bias.view(1, -1, *[1] * (out.dim() - 2)))
     return out
@@ -54,9 +54,9 @@ def backward(context, site: Site, input: Tensor, weight: Tensor, d_out: Tensor, 
         if weight_grad:
             dw = gradient(site, weight)
             with aside(input, dw, d_out):
-                context.run(site, ConvKind.BACKWARD_FILTER, *_sides(site, input, dw, d_out))
+                context.planner.run(site, ConvKind.BACKWARD_FILTER, *_sides(site, input, dw, d_out))
         if input_grad:
-            d_input = context.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, None, weight, d_out))
+            d_input = context.planner.run(site, layer_kinds(site.call.transposed)[1], *_sides(site, None, weight, d_out))
     return d_input, dw
 
 

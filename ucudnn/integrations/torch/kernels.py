@@ -18,9 +18,8 @@ from ...core.measurements import TORCH
 from ...core.problem import ConvKind, ConvProblem
 from ...execute.backends.base import candidate_id
 from ...plan.config import Settings
-from ...plan.delegation import OwnTiming
+from ...plan.framework import UCUDNN, OwnTiming
 from ...plan.memory import Memory
-from ...plan.planner import UCUDNN
 from .call import memory_format
 from .torch_handle import torch_cudnn_handle
 
@@ -214,7 +213,7 @@ class TorchFramework:
         cached blocks go back to the device: the operands and workspaces of the benchmark, and of
         timing torch's own kernels for delegation, would otherwise stay cached in odd sizes and
         fragment the pool the step runs in. Once per outermost scope, not per kernel
-        (Planner.plan_pending opens one around its slice), so that each kernel's blocker
+        (Pending.plan opens one around its slice), so that each kernel's blocker
         (time_own) reuses the last one's cached block rather than being mapped afresh: timing
         torch's kernels went from 57-69 to 47-50 ms a kernel (docs/results-archive.md, "Six models")."""
         self._planning_depth += 1

@@ -12,7 +12,7 @@ from torch.autograd.function import once_differentiable
 
 from ...core.errors import ConfigError
 from ...core.fallback import fall_back, say_once
-from ...plan.planner import LAYER
+from ...plan.framework import LAYER
 from . import convolution
 from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
@@ -134,20 +134,20 @@ class Converted(_Layer):
         if not isinstance(site, Site):
             return super().forward(input)
         if context.learn_call(self):
-            context.record(site.call, site.kinds)
+            context.planner.record(site.call, site.kinds)
             return super().forward(input)
-        delegated = context.route(site)
+        delegated = context.planner.route(site)
         context.saw(self, site)
         if delegated:
             if site.steady and "weight" in self._parameters and not context.settings.concurrent_backward:
                 self._ucudnn_steady = Steady(self, input, site, context.runs, (context.framework.own, LAYER))
-            out = self._own_forward_waiting(input, context, site) if context.waits(site) else \
+            out = self._own_forward_waiting(input, context, site) if context.planner.waits(site) else \
                 self._own_forward(input, context)
-            if context.observing(site):  # its moments (ucudnn.plan.memory) and its kernels' time in the step
-                context.observed_end(site, site.kinds[:1])
+            if context.planner.observing(site):  # its moments (ucudnn.plan.memory) and its kernels' time in the step
+                context.planner.observed_end(site, site.kinds[:1])
                 if out.requires_grad:
                     out.register_hook(functools.partial(_backward_starts, context, site))
-                    _when_backward_ends(self, input, functools.partial(context.observed_end, site, site.kinds[1:]))
+                    _when_backward_ends(self, input, functools.partial(context.planner.observed_end, site, site.kinds[1:]))
             return out
         return self._through_ucudnn(input, context, site)
 
@@ -157,7 +157,7 @@ class Converted(_Layer):
         of device memory, the call through the Planner, which runs ucudnn's kernel within what
         is free in its place (Planner.run); once the device has run out of memory, through the
         Planner at once."""
-        if context.pressed:
+        if context.planner.pressed:
             return self._through_ucudnn(input, context, site)
         try:
             return self._own_forward(input, context)
@@ -204,7 +204,7 @@ class Converted(_Layer):
 
 def _backward_starts(context: Context, site: Site, grad: Tensor) -> None:
     """A hook on a delegated layer's output, whose gradient is ready: the layer's backward kernels start."""
-    context.observe(site, site.kinds[1:])
+    context.planner.observe(site, site.kinds[1:])
 
 
 def _when_backward_ends(module: nn.Module, input: Tensor, ended: Callable[[], None]) -> None:

@@ -94,6 +94,6 @@ def _decided(module: _ConvNd, input: Tensor) -> Decision | None:
         site = resolve(module, input, context, signature(module, input))
         if isinstance(site, str):
             fall_back(TorchFramework.own, site)
-        if not isinstance(site, Site) or context.settle(site):
+        if not isinstance(site, Site) or context.planner.settle(site):
             return None
         return ops.handle(context, site), site.dtype, site.memory_format
