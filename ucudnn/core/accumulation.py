@@ -4,7 +4,8 @@ One design for every backend, owned by dispatch (a part may run on any backend):
 
 - Backward-filter micro-batches are parts of one sum, dw = alpha * (sum of the parts) + beta * dw.
   Half types (float16, bfloat16) sum in a float32 accumulator and round once into dw, as torch
-  does: summing in the half output costs 8x its error (../shared/design/engines.md, section 1).
+  does: summing in the half output costs accuracy (docs/results.md, "The engine backend: against
+  what PyTorch users run"; ../shared/design/engines.md, section 1).
   Every part's plan writes its partial (alpha 1, beta 0), a Combine adds the partial into the
   accumulator (the first part's sets it), and the last part writes alpha * accumulator + beta * dw.
   float32 and float64 dw are their own sum: a backend whose calls blend (legacy cuDNN takes alpha

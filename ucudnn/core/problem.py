@@ -28,8 +28,8 @@ class ConvKind(str, Enum):
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": None, "float64": np.float64}
 MATH_TYPES = ("default", "tensor_op", "tensor_op_allow_conversion", "fma")
 # Half types run on tensor cores only with tensor-op math: with `default` math cuDNN picks
-# non-tensor-core kernels, 10-28x slower than torch's on an H100 (docs/results.md). float32
-# keeps `default`, which allows TF32 where cuDNN may use it.
+# non-tensor-core kernels, many times slower than torch's (docs/results.md, "Half precision on
+# tensor cores"). float32 keeps `default`, which allows TF32 where cuDNN may use it.
 HALF_TYPES = ("float16", "bfloat16")
 TRAINING_DTYPES = ("float32", *HALF_TYPES)  # what networks are planned in (float64 is for checks)
 LAYOUTS = ("nchw", "nhwc")

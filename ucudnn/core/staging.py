@@ -4,7 +4,7 @@ Every measurement is taken on buffers that start where a fresh allocation does, 
 SLICE_ALIGNMENT bytes. Samples [s, s + b) of x start s * sample_bytes(x) bytes into x, so a
 sample whose size is not a multiple of 256 bytes puts most slices off that boundary: a 3x227x227
 fp16 sample is 309,174 bytes, and only every 128th sample starts aligned. Off it, a plan may run
-far slower than measured (a legacy algorithm on a 4-byte aligned slice: 280x, docs/results.md) or,
+far slower than measured (docs/results.md, "Micro-batches at any sample") or,
 where it declares an alignment the slice lacks (the graph API's tensors), be wrong.
 
 So dispatch never hands a plan a slice off the boundary. A part whose x or y slice starts off it

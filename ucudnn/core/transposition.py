@@ -8,9 +8,9 @@ Flipping them rather than cuDNN's mode keeps the F one that the layer's own forw
 often is already (C = K, padding that keeps the size): measured once, and as fast (cuDNN's two
 modes ran the same engines at the same times). Where a layer's fast data-gradient engines need
 more workspace than the limit at every micro-batch size but a forward one fits, the data
-gradient is planned as that F, where that is faster: on an H100, a 3-D UNet layer at batch 2
-went from 16.66 to 14.8 ms a training step, Conv3d 128 at 8 MiB from 11.84 to 10.27
-(docs/results.md, "Stop 44: both limits in one run").
+gradient is planned as that F, where that is faster (on an H100, the training steps of a 3-D
+UNet layer and of a Conv3d layer under a small limit: docs/results.md, "both limits in one run,
+and a shrink that steps below the allocator's rounding").
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Graph execution: a kernel's micro-batch calls replayed as one CUDA graph.
 
-A legacy cuDNN call costs 50-100 µs of host time. A configuration of many small micro-batches
+A legacy cuDNN call costs host time. A configuration of many small micro-batches
 issues calls shorter than that, so run directly the GPU waits for the host and the kernel runs
 slower than its measurements predict (docs/results.md, "Many small micro-batches are host-bound").
 Captured into a graph, the calls cost one launch and run back to back at the GPU's pace.
@@ -28,16 +28,16 @@ from .gpu import cupy
 
 # per kernel: address sets in use at once. A kernel shared by several layers (ResNet-50's repeated
 # blocks), each with its own tensors and borrowed workspace, cycles through more than 8 per
-# iteration: at 8, ResNet-50 in AMP re-captured ~20 graphs every iteration (docs/results-archive.md,
-# "PyTorch: delegating layers ucudnn would not speed up").
+# iteration, and a kernel kept to fewer than it cycles through re-captures graphs every iteration
+# (docs/results-archive.md, "PyTorch: delegating layers ucudnn would not speed up").
 MAX_GRAPHS = 32
 MAX_SEEN = 64  # per kernel: address sets seen once, waiting for a second sight
 # A kernel whose address sets come back once and then never again (tensors the caching allocator
-# places anew each iteration) would capture a graph, at a few hundred us of host time, for each:
+# places anew each iteration) would capture a graph, at a cost in host time, for each:
 # after CHURN_CAPTURES captures with fewer than CHURN_REPLAYS launches per capture (the launch
 # right after a capture counts), new address sets run directly until replays catch up. (ResNet-50
-# in AMP, every layer converted: ~20 captures and 22 direct runs an iteration, against 136
-# replays: docs/results-archive.md, "PyTorch: delegating layers ucudnn would not speed up".)
+# in AMP with every layer converted has such kernels beside replayed ones: docs/results-archive.md,
+# "PyTorch: delegating layers ucudnn would not speed up".)
 CHURN_CAPTURES = MAX_GRAPHS
 CHURN_REPLAYS = 2
 

@@ -12,8 +12,8 @@
   none is getting closer to fitting); where the cap keeps nothing out at the whole batch, the
   whole batch alone. WD measures every size of the policy (`named(..., walk=False)`): its cap,
   the network's total, says nothing of one kernel's share. torch's benchmark mode times at most 10
-  heuristic plans a convolution; the engines backend lists 30-90 a micro-batch, and building them
-  all was most of a cold start (docs/results.md, "Cold start").
+  heuristic plans a convolution; the engines backend lists several times as many a micro-batch, and
+  building them all is most of a cold start (docs/results.md, "Cold start").
 - `full`: every candidate of every backend at every size of the policy, PRUNED rows measured
   again: what `ucudnn bench` records for a shipped or shared database.
 

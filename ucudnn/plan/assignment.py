@@ -33,9 +33,9 @@ from .config import Settings
 from .solve import Measure, plan
 
 # The step by which device memory is handed out for large blocks: torch's caching allocator
-# rounds them up to it, and the driver maps memory in pages of it. A workspace that did not fit
-# the bytes free was rounded above them (docs/results.md, "Stop 44: both limits in one run":
-# 63.3 MiB failed with 64.2 MiB free).
+# rounds them up to it, and the driver maps memory in pages of it. A workspace below the bytes
+# free does not fit where it rounds up above them (docs/results.md, "both limits in one run, and a
+# shrink that steps below the allocator's rounding").
 ALLOCATION_GRANULE = 2 * 2**20
 NO_MEMORY = "no GPU memory for"  # shrink()'s reason where a workspace could not be allocated
 

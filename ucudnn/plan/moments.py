@@ -120,9 +120,9 @@ class Moments:
     def lessen(self, site) -> None:
         """Once, as an observed site's planning begins: its rooms less what the process came to
         hold outside the framework's pool since the latest observation on its device (planning
-        loads cuDNN's handle and the code of every kernel it times: a process that planned
-        wav2vec2 held 20 MiB more there than torch's own, docs/results-archive.md, "Torch's
-        kernels judged as they ran in the step"), which the step's moments no longer have free."""
+        loads cuDNN's handle and the code of every kernel it times: a process that plans holds more
+        there than torch's own, docs/results-archive.md, "Torch's kernels judged as they ran in
+        the step"), which the step's moments no longer have free."""
         device = site.call.device
         if site in self._lessened or device not in self._outside_seen:
             return
@@ -138,8 +138,8 @@ class Moments:
         The framework runs one plan for a call wherever its sites are (torch's benchmark mode
         keeps a plan per problem, not per moment), so a group's time is the least any site of the
         call took (_least_of_call): one window can hold a stall of the host's (r3d_18's first
-        64-channel layer: 0.97 ms a forward in its window, 0.41 ms in the next layer's, 0.30 ms
-        steady; docs/results.md, "Forty steps"). [] where a group was not seen whole (no backward
+        64-channel layer's forward took several times its steady time in its own window:
+        docs/results.md, "Forty steps"). [] where a group was not seen whole (no backward
         ran in the observed calls) or a mark cannot be read: then they are timed apart."""
         windows, room_of = self._windows(site), dict(zip(site.kinds, rooms))
         groups = self._least_of_call(site, least(windows))

@@ -1,6 +1,6 @@
 """torchvision models as Networks: conv shapes traced from one dummy input with forward hooks.
 
-Tracing needs torch and torchvision (~12 s of imports on the H100 host), so the tables of common
+Tracing needs torch and torchvision (seconds of imports), so the tables of common
 models ship traced (torchvision.json, written by `python3 -m ucudnn.core.nets.torchvision` where torch
 and torchvision are installed; a test checks them against a fresh trace there). Other models are
 traced on demand."""

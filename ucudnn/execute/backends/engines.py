@@ -3,10 +3,10 @@
 Each micro-batch kernel is one frontend graph. Its candidates are every engine configuration
 that heuristics modes A, B and FALLBACK list, in their order, without those the numerics forbid,
 named by engine id and knobs (`get_plan_name_at_index`). Listing a candidate's workspace needs its
-plan built (0.05-1.5 s per graph for all of them), so plans are built one by one as asked for: a
+plan built, the costly part of a sweep, so plans are built one by one as asked for: a
 handle builds only the plans it runs, a pruned search (ucudnn.optimizers.search) only those it may time, and
-the benchmarker drops the graphs of each kernel it has measured (`release`). Building on 8 threads,
-a handle each, was slower than in line (3.6 vs 2.9 s for 45 graphs, docs/results-archive.md, "The engine backend's remaining bars").
+the benchmarker drops the graphs of each kernel it has measured (`release`). Plans are built in line:
+on threads, a handle each, building is slower (docs/results-archive.md, "The engine backend's remaining bars").
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from ..dispatch import OUTPUT, Plan, Step
 from .base import Candidate, candidate_id, split_id
 
 NAME = "engines"
-# An engines task costs this many legacy tasks of the same flops: the AlexNet engine sweep of
-# docs/results.md measured 29-36 candidates per (kernel, size) (each a plan built, then timed
-# coarse), legacy lists at most 8 algorithms. Only the balance of GPUs' shares depends on it.
+# An engines task costs this many legacy tasks of the same flops: an engine sweep times about
+# this many times as many candidates per (kernel, size) as legacy lists algorithms (at most 8),
+# each a plan built, then timed coarse (docs/results.md, "The engine backend: against what
+# PyTorch users run", its AlexNet sweep). Only the balance of GPUs' shares depends on it.
 TASK_WEIGHT = 4
 NO_CANDIDATE = candidate_id(NAME, "none")  # recorded where the graph API has no plan at all
 
@@ -152,7 +153,8 @@ def _data_type(fe, dtype: str):
 class EnginesBackend:
     """Candidates and calls of the graph API, on `cudnn_handle` (the legacy backend's) where the
     frontend runs the same libcudnn as ucudnn's bindings, else on a frontend handle of its own.
-    (A cuDNN handle holds ~10 MiB of device memory: under memory pressure each one counts.)
+    (A cuDNN handle holds device memory of its own: under memory pressure each one counts;
+    docs/results-archive.md, "One cuDNN handle, and the frontier of pressure".)
     Graph API calls write out = conv: dispatch blends and sums around them (ucudnn.core.accumulation)."""
 
     name = NAME

@@ -25,7 +25,7 @@ from .torch_handle import torch_cudnn_handle
 
 F_, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
 
-# The current stream's address without building a torch.cuda.Stream: ~10x cheaper per call.
+# The current stream's address without building a torch.cuda.Stream: far cheaper per call.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 TORCH_REPEATS = 10  # timed calls of torch's own convolution per kernel, after warm-up ...
@@ -112,7 +112,7 @@ class TorchFramework:
 
     def make_handle(self, settings: Settings, cache, device: torch.device):
         """A ucudnn.Handle on torch's own cuDNN handle where it can be borrowed (torch_handle.py),
-        else on one of its own (with a warning: it costs ~10 MiB of device memory)."""
+        else on one of its own (with a warning: it costs device memory, torch_handle.py)."""
         from ...handle import Handle
 
         torch.backends.cudnn.version()  # loads torch's libcudnn, so ucudnn's bindings use the same one
@@ -214,8 +214,8 @@ class TorchFramework:
         timing torch's own kernels for delegation, would otherwise stay cached in odd sizes and
         fragment the pool the step runs in. Once per outermost scope, not per kernel
         (Pending.plan opens one around its slice), so that each kernel's blocker
-        (time_own) reuses the last one's cached block rather than being mapped afresh: timing
-        torch's kernels went from 57-69 to 47-50 ms a kernel (docs/results-archive.md, "Six models")."""
+        (time_own) reuses the last one's cached block rather than being mapped afresh, which makes
+        timing torch's kernels faster (docs/results-archive.md, "Six models")."""
         self._planning_depth += 1
         try:
             with allocator_scope:

@@ -40,7 +40,7 @@ def signature(module: _ConvNd, input: Tensor) -> tuple:
     """What resolve() reads of `module`, `input` and torch's global state (autocast, TF32,
     determinism, grad mode), as a cheap key: raw state only, so that a steady-state call derives
     nothing (the dtype, math and kernels are derived from it once, on a miss)."""
-    weight: Tensor | None = module._parameters.get("weight")  # nn.Module.__getattr__ costs 0.4 us a call
+    weight: Tensor | None = module._parameters.get("weight")  # nn.Module.__getattr__ costs more
     if weight is None:  # a parametrized weight (torch.nn.utils.parametrize) is a property
         weight = module.weight
     device = input.device

@@ -139,8 +139,8 @@ class Streamed(nn.Module):
     `timer` (cuda_timer: CUDA events), and scheduled by the critical path. `ops` issues the
     streams and events (CudaStreams by default; tests pass doubles). With `critical_first` (the
     default), the stream that runs most of the critical path has a high priority: inside one CUDA
-    graph on an H100 it was as fast or faster in every model measured, 1.33x -> 1.54x over one
-    stream for Inception-v3 at B = 8 (docs/results.md, "Independent work on several streams").
+    graph on an H100 it is as fast or faster in every model measured (docs/results.md,
+    "Independent work on several streams").
     `times`: the nodes' milliseconds, measured already (kept as `times` either way)."""
 
     def __init__(self, model: nn.Module, example: Any, streams: int, *, timer=cuda_timer, ops=None,

@@ -1,11 +1,11 @@
 """torch's own cuDNN handle, lent to ucudnn.torch so that it makes none of its own.
 
-A cuDNN handle holds ~10 MiB of device memory (H100, cuDNN 9.19: docs/results.md). Where
-memory is short, every MiB outside torch's pool is one that torch's backward cannot have
-(docs/torch.md, "Under memory pressure"). torch keeps a handle per device and thread but does not
-give it to Python. libtorch_cuda exports the C++ function that hands it out,
-at::native::getCudnnHandle() (ATen/cudnn/Handle.h): the calling thread's handle of the current
-device, set to torch's current stream.
+A cuDNN handle holds device memory of its own (docs/results-archive.md, "One cuDNN handle, and
+the frontier of pressure"). Where memory is short, every MiB outside torch's pool is one that
+torch's backward cannot have (docs/torch.md, "Under memory pressure"). torch keeps a handle per
+device and thread but does not give it to Python. libtorch_cuda exports the C++ function that
+hands it out, at::native::getCudnnHandle() (ATen/cudnn/Handle.h): the calling thread's handle of
+the current device, set to torch's current stream.
 
 ucudnn borrows it only where all of these hold; otherwise it makes its own and warns once why:
 - the process has one libcudnn (a handle belongs to the library that made it, and ucudnn's bindings
