@@ -33,12 +33,9 @@ from .framework import UCUDNN, OwnTiming, Slice
 from .kernels import Kernels, Key
 from .moments import Moments
 
-# What a converted F+BD+BF step costs the host beyond torch's own layer, in ms: 0.35-0.49 ms
-# synced vs torch's 0.04-0.17 ms per AlexNet layer, and 4.6 ms over ResNet-50's 53 layers in AMP
-# (~0.09 ms a layer) on the H100's host (docs/torch.md); about 0.2-0.3 ms a layer under cProfile
-# in r3d_18's host-paced step on the H200's, where layers taken for savings of 0.1-0.15 ms made
-# the step slower than torch's (docs/results.md, "Forty steps"). A layer is kept where its
-# kernels save more than this.
+# What a converted F+BD+BF step costs the host beyond torch's own layer, in ms (docs/torch.md;
+# docs/results.md, "Forty steps": in a host-paced step, layers taken for savings below it made the
+# step slower than torch's). A layer is kept where its kernels save more than this.
 HOST_COST_MS = 0.15
 
 
@@ -50,10 +47,9 @@ ROOMY_BYTES = 4 * 2**30
 
 
 # Under pressure, torch's benchmark mode may settle for a slow plan although cuDNN's favourite
-# fits what is free (wav2vec2's second layer on an H200 with 704 MiB free: a 4.65 ms data gradient
-# whose favourite fitted), so there the favourite is no evidence: a layer whose own kernels take
-# this long together is swept. A sweep costs 0.1-3 s of planning per kernel (docs/results.md,
-# "Whole models where memory is short"); shorter layers can save little and keep their own.
+# fits what is free, so there the favourite is no evidence: a layer whose own kernels take this
+# long together is swept. A sweep costs seconds of planning per kernel (docs/results.md, "Whole
+# models where memory is short"); shorter layers can save little and keep their own.
 SWEPT_UNDER_PRESSURE_MS = 0.5
 
 
@@ -74,9 +70,9 @@ def settled_by_own(own: Sequence[OwnTiming], rooms: Sequence[int], favourites_fi
 
 # Under pressure a long layer is swept only where torch's kernels in the step ran slower than
 # cuDNN's favourites (fitting their rooms) timed once at the whole batch by more than this factor:
-# a sweep costs 0.3-6.7 s a kernel, and fcn_resnet50's 15 such sweeps all ended delegated
-# (docs/results-archive.md, "Torch's kernels judged as they ran in the step"), where wav2vec2's found
-# plans 5-10x faster than torch's kernels in the step.
+# sweeps of layers whose kernels ran as fast as the favourites ended delegated, where those of
+# slower ones found faster plans (docs/results-archive.md, "Torch's kernels judged as they ran in
+# the step").
 FAVOURITE_SLACK = 1.25
 
 

@@ -1,9 +1,8 @@
 """Workspace limits from the memory timeline (workspace_limit="auto", ucudnn.torch's default).
 
 In a training step the memory free changes tens of times over as activations are made and
-freed: on an H100, wav2vec2's feature extractor under a blocker had 4068 MiB free at its first
-forward convolution and 105 MiB at its last one's backward (docs/results.md, "Whole models where
-memory is short"). A fixed per-kernel limit throws away gigabytes where the heaviest kernels run
+freed: gigabytes at a model's first forward convolution, a hundred MiB or so at its last one's
+backward (docs/results.md, "Whole models where memory is short"). A fixed per-kernel limit throws away gigabytes where the heaviest kernels run
 and is still more than is free at the peak. So a layer first runs the framework's own
 convolution for RECORDED_CALLS calls while the bytes free as each of its kernels starts are
 recorded (its `room`: the least seen, less what the kernel itself writes), and each kernel is
@@ -17,8 +16,8 @@ planning timed: Moments.lessen). The margin covers what the converted call alloc
 kernel that the framework's did not, the allocator's rounding and blocks it cannot merge; a
 workspace that still cannot be had is planned again within less (ucudnn.plan.kernels.Kernels.shrink).
 A workspace that can be had only by the framework's allocator giving all its cached blocks back
-to the device (a flush: a device sync, then pages mapped again; 3.9 ms or more a flush in
-wav2vec2's step, docs/results-archive.md, "Flushes") costs more than a smaller plan, up to
+to the device (a flush: a device sync, then pages mapped again; docs/results-archive.md,
+"Flushes") costs more than a smaller plan, up to
 FLUSH_MS: once planning is done, the planned kernels are watched (Framework.flushes) in the first
 step and in each step after one that flushed, over the next WATCHED_STEPS steps (FlushWatch); one
 that flushed is planned within half its workspace as the next step starts, unless that plan is
@@ -49,13 +48,11 @@ RECORDED_CALLS = 3
 MARGIN_BYTES = 16 * 2**20
 MARGIN_DIVISOR = 16
 WATCHED_STEPS = 16  # steps after planning in which kernels are watched for flushes (FlushWatch)
-# What a flush costs a step, the least measured: wav2vec2 at 64 MiB, torch 48.5 ms with none a step
-# against 68.0 with 5 (docs/results-archive.md, "Flushes")
+# What a flush costs a step: the least measured (docs/results-archive.md, "Flushes")
 FLUSH_MS = 3.9
 _STEPS = 8  # grid steps per power of two
 # The share of the step's least room that CUDA graphs may hold (graph_budget): graphs accumulated
-# beyond the room ran wav2vec2's step out of memory at 64 MiB (docs/results.md, "Training wherever
-# the tensors fit")
+# beyond the room run a step out of memory (docs/results.md, "Training wherever the tensors fit")
 GRAPH_SHARE = 4
 
 

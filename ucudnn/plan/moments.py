@@ -34,9 +34,8 @@ class Window(NamedTuple):
 
 # A window's start mark first holds the device this long (Framework.mark's hold_s): where the step
 # is host-paced the device would otherwise wait between the mark and the kernel, and the window
-# would time the host. Unheld, densenet121's 1x1 convolutions took 0.19-0.41 ms a window against
-# 0.03-0.05 ms timed apart, and 102 of its 298 kernels were swept for it (docs/results-archive.md, "Six
-# models"). A window's host time (a mark, torch's dispatch, an autograd node) is 0.05-0.3 ms.
+# would time the host, and short kernels would be swept for it (docs/results-archive.md, "Six
+# models"). The hold outlasts a window's host time (a mark, torch's dispatch, an autograd node).
 IN_STEP_HOLD_S = 0.5e-3
 
 
