@@ -10,7 +10,7 @@ issue's bars):
     streams graph is Streamed's default (the stream that runs most of the critical path at a high
     priority); beside it, the same schedule with every stream at one priority, in turns.
 (b) the concurrent backward: ResNet-50 AMP channels_last B = 32 training steps with every layer
-    through ucudnn (delegation off, 64 MiB), BF beside BD (settings.concurrent_backward) against
+    through ucudnn (delegation off, 64 MiB), BF beside BD (concurrent_backward) against
     the same copy without, and a second serial copy (the A/A control), taking turns (train_ab's
     interleave), medians. Bar: >= 1.05x.
 
@@ -281,8 +281,8 @@ def converted_beside(model):
     import ucudnn.torch as ut
     from ucudnn.plan.config import Settings
 
-    settings = Settings.load(workspace_limit="256MiB", planning="first_call", concurrent_backward=True)
-    return ut.convert(model, context=ut.Context(settings))
+    settings = Settings.load(workspace_limit="256MiB", planning="first_call")
+    return ut.convert(model, context=ut.Context(settings, concurrent_backward=True))
 
 
 def delegated_kernels(model) -> tuple[int, int]:
@@ -304,8 +304,9 @@ def backward_variants(module, delegated: bool = False):
     variants = [("serial", False, False), ("concurrent", True, False), ("control", False, False)]
     variants += [("serial_delegated", False, True), ("concurrent_delegated", True, True)] if delegated else []
     for name, concurrent, delegate in variants:
-        settings = Settings.load(workspace_limit="64MiB", planning="first_call", concurrent_backward=concurrent)
-        yield name, ut.convert(copy.deepcopy(module), context=ut.Context(settings, delegate=delegate))
+        settings = Settings.load(workspace_limit="64MiB", planning="first_call")
+        yield name, ut.convert(copy.deepcopy(module),
+                               context=ut.Context(settings, delegate=delegate, concurrent_backward=concurrent))
 
 
 def backward_row(rounds: int = 5, iters: int = 10) -> dict:

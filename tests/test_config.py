@@ -192,9 +192,12 @@ def test_env_sets_every_value():
 
 
 def test_kwargs_win_over_env():
+    """Every setting's argument at once, but for the per-kernel limit, which beside a total is an
+    error (test_both_limits_given_are_an_error_naming_both); the per-kernel one's test_precedence_per_setting."""
     env = {var: raw for var, raw, *_ in CASES.values()}
-    kwargs = {name: case[3] for name, case in CASES.items()}
-    assert _values(Settings.load(env=env, **kwargs)) == {name: case[4] for name, case in CASES.items()}
+    kwargs = {name: case[3] for name, case in CASES.items() if name != "workspace_limit"}
+    expected = {name: case[4] for name, case in CASES.items()} | {"workspace_limit": 8 * MiB}
+    assert _values(Settings.load(env=env, **kwargs)) == expected
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -392,3 +395,88 @@ def test_the_solver_setting_names_an_ilp_solver_or_none():
     assert Settings.load(env={"UCUDNN_SOLVER": "glpk"}, solver="cbc").solver == "cbc"
     with pytest.raises(ConfigError, match="UCUDNN_SOLVER='gurobi' is unknown; use one of cbc, highs, glpk"):
         Settings.load(env={"UCUDNN_SOLVER": "gurobi"})
+
+
+# ------------------------------------------------ limits from a memory timeline, delegation
+
+@pytest.mark.parametrize("env, kwargs, expected", [
+    # (auto, optimizer, workspace_limit, total_limit) as ucudnn.torch reads them (timeline=True)
+    ({}, {}, (True, "wr", 64 * MiB, None)),  # the default: limits from the timeline
+    ({"UCUDNN_WORKSPACE_LIMIT": "AUTO", "UCUDNN_TOTAL_LIMIT": "auto"}, {}, (True, "wr", 64 * MiB, None)),
+    ({}, {"total_limit": "auto", "optimizer": "wd"}, (True, "wr", 64 * MiB, None)),  # WD's division is the same
+    ({}, {"workspace_limit": "auto", "total_limit": "auto"}, (True, "wr", 64 * MiB, None)),
+    ({"UCUDNN_TOTAL_LIMIT": "1GiB"}, {"workspace_limit": "auto"}, (True, "wr", 64 * MiB, None)),
+    ({"UCUDNN_WORKSPACE_LIMIT": "32MiB"}, {"total_limit": "auto"}, (True, "wr", 64 * MiB, None)),
+    ({"UCUDNN_OPTIMIZER": "wr"}, {"total_limit": "auto"}, (True, "wr", 64 * MiB, None)),  # the argument wins
+    ({}, {"workspace_limit": "8MiB"}, (False, "wr", 8 * MiB, None)),  # a size is a fixed limit
+    ({"UCUDNN_WORKSPACE_LIMIT": "32MiB"}, {}, (False, "wr", 32 * MiB, None)),
+    ({"UCUDNN_WORKSPACE_LIMIT": "auto"}, {"workspace_limit": "8MiB"}, (False, "wr", 8 * MiB, None)),
+    ({}, {"optimizer": "wd"}, (False, "wd", 64 * MiB, None)),  # the paper's WD: a total of limits
+    ({"UCUDNN_WORKSPACE_LIMIT": "auto"}, {"optimizer": "wd"}, (False, "wd", 64 * MiB, None)),
+    ({"UCUDNN_WORKSPACE_LIMIT": "auto", "UCUDNN_TOTAL_LIMIT": "1GiB"}, {}, (False, "wd", 64 * MiB, GiB)),
+])
+def test_with_a_timeline_limits_come_from_it_where_asked_or_by_default(env, kwargs, expected):
+    s = Settings.load(env=env, timeline=True, **kwargs)
+    assert (s.auto, s.optimizer, s.workspace_limit, s.total_limit) == expected
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"total_limit": "auto", "optimizer": "wr"},
+     "total_limit='auto' is the WD optimizer's limit, but optimizer='wr' plans each kernel alone"),
+    ({"total_limit": "auto", "workspace_limit": "64MiB"}, "workspace_limit is not used beside total_limit"),
+    ({"total_limit": "1GiB", "workspace_limit": "auto"}, "give one of them"),
+])
+def test_auto_limits_refuse_what_contradicts_them_as_sizes_do(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Settings.load(env={}, timeline=True, **kwargs)
+
+
+def test_without_a_timeline_a_limit_variable_of_auto_is_unset_and_an_argument_an_error():
+    """The handle and the CLI have no training step: UCUDNN_*_LIMIT=auto (ucudnn.torch's default,
+    set for a whole job) leaves their defaults; workspace_limit='auto' given is an error naming it."""
+    env = {"UCUDNN_WORKSPACE_LIMIT": "auto", "UCUDNN_TOTAL_LIMIT": "auto"}
+    assert Settings.load(env=env) == Settings()
+    for name in ("workspace_limit", "total_limit"):
+        with pytest.raises(ConfigError, match=f"{name}='auto' asks for limits from the memory timeline.*give a size"):
+            Settings.load(env={}, **{name: "auto"})
+
+
+def test_auto_and_delegate_are_settings_no_variable_sets():
+    from ucudnn.plan.config import variables
+
+    assert (Settings().auto, Settings().delegate) == (False, True)
+    assert Settings.load(env={"UCUDNN_DELEGATE": "0", "UCUDNN_AUTO": "1"}) == Settings()
+    assert Settings.load(env={}, delegate="off").delegate is False
+    assert not {"UCUDNN_AUTO", "UCUDNN_DELEGATE"} & set(variables())
+    with pytest.raises(ConfigError, match="auto is what the limits say: pass workspace_limit='auto'"):
+        Settings.load(env={}, auto=True)
+
+
+def test_a_torch_option_given_to_settings_names_where_it_goes():
+    with pytest.raises(ConfigError, match=r"concurrent_backward is ucudnn.torch's .*convert\(\)"):
+        Settings.load(env={}, concurrent_backward=True)
+
+
+def test_settings_load_without_sqlite_utils(tmp_path):
+    """A size parser and the settings need no SQLite library: `import ucudnn` and Settings.load work
+    where sqlite_utils cannot be imported (the cache's variable lives apart: ucudnn.measure.variables)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.modules['sqlite_utils'] = None\n"
+            "import ucudnn\n"
+            "from ucudnn.plan.config import Settings, parse_size\n"
+            "assert parse_size('64MiB') == 2**26\n"
+            "assert Settings.load(env={'UCUDNN_CACHE': '/tmp/x.db'}, policy='all').cache_path == '/tmp/x.db'\n"
+            "assert 'ucudnn.measure.cache' not in sys.modules, 'the cache package was imported'\n"
+            "try:\n"
+            "    import sqlite_utils\n"
+            "except ImportError:\n"
+            "    print('refused')\n")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused"

@@ -252,7 +252,7 @@ def test_a_one_channel_layers_data_gradient_as_a_forward_convolution_matches_flo
 
 def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):
     """ResNet-18 AMP channels_last B=32 with every layer through ucudnn (delegation off, 8 MiB):
-    with BF on a side stream beside BD (settings.concurrent_backward), every weight and input
+    with BF on a side stream beside BD (concurrent_backward), every weight and input
     gradient equals the serial run's (the same plans from the same database, other streams)."""
     from ucudnn.plan.config import Settings
 
@@ -262,9 +262,9 @@ def test_a_concurrent_backward_gives_the_gradients_of_a_serial_one(cache_path):
     x = torch.randn(32, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
     grads = []
     for concurrent in (False, True):
-        settings = Settings.load(workspace_limit="8MiB", planning="first_call", cache_path=cache_path,
-                                 concurrent_backward=concurrent)
-        ours = ut.convert(copy.deepcopy(model), context=ut.Context(settings, delegate=False))
+        settings = Settings.load(workspace_limit="8MiB", planning="first_call", cache_path=cache_path)
+        ours = ut.convert(copy.deepcopy(model),
+                          context=ut.Context(settings, delegate=False, concurrent_backward=concurrent))
         for _ in range(2):  # the first plans; the second runs as planned
             xi = x.detach().clone().requires_grad_()
             ours.zero_grad(set_to_none=True)
@@ -290,9 +290,8 @@ def test_a_concurrent_backward_of_layers_left_to_torch_gives_torchs_gradients(ca
     model = torchvision.models.googlenet(weights=None, aux_logits=False, init_weights=True).cuda()
     model = model.to(memory_format=torch.channels_last)
     x = torch.randn(16, 3, 224, 224, device="cuda").contiguous(memory_format=torch.channels_last)
-    settings = Settings.load(workspace_limit="256MiB", planning="first_call", cache_path=cache_path,
-                             concurrent_backward=True)
-    context = ut.Context(settings)
+    settings = Settings.load(workspace_limit="256MiB", planning="first_call", cache_path=cache_path)
+    context = ut.Context(settings, concurrent_backward=True)
     ours = ut.convert(copy.deepcopy(model), context=context)
     sides, side_stream = [], TorchFramework.side_stream
     monkeypatch.setattr(TorchFramework, "side_stream",
@@ -320,11 +319,11 @@ def test_a_side_stream_outlives_the_context_that_made_it(cache_path):
     from ucudnn.integrations.torch import kernels
     from ucudnn.plan.config import Settings
 
-    settings = Settings.load(workspace_limit="8MiB", planning="first_call", cache_path=cache_path,
-                             concurrent_backward=True)
+    settings = Settings.load(workspace_limit="8MiB", planning="first_call", cache_path=cache_path)
 
     def weight_gradient():
-        layer = ut.convert(nn.Conv2d(8, 8, 3, padding=1).cuda(), context=ut.Context(settings, delegate=False))
+        layer = ut.convert(nn.Conv2d(8, 8, 3, padding=1).cuda(),
+                           context=ut.Context(settings, delegate=False, concurrent_backward=True))
         layer(torch.randn(4, 8, 16, 16, device="cuda", requires_grad=True)).sum().backward()
         return layer.weight.grad
     kept = weight_gradient()  # its layer and context are gone
@@ -346,9 +345,8 @@ def test_a_training_step_captured_by_torch_after_its_warm_up_replays_the_eager_s
 
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, padding=1, device="cuda").half().to(memory_format=torch.channels_last)
-    settings = Settings.load(workspace_limit="64MiB", planning="first_call", cache_path=cache_path,
-                             concurrent_backward=concurrent)
-    twin = ut.convert(copy.deepcopy(conv), context=ut.Context(settings, delegate=False))
+    settings = Settings.load(workspace_limit="64MiB", planning="first_call", cache_path=cache_path)
+    twin = ut.convert(copy.deepcopy(conv), context=ut.Context(settings, delegate=False, concurrent_backward=concurrent))
 
     def new_input():
         return torch.randn(32, 64, 28, 28, device="cuda", dtype=torch.float16).contiguous(
@@ -693,7 +691,7 @@ def test_training_under_memory_pressure(settings, tmp_path):
     assert peak <= budget
     assert cupy.get_default_memory_pool().total_bytes() == 0
     assert not summary["fallbacks"]
-    if context.auto:  # every kernel within what its moment left (ucudnn.plan.memory), and seen in the step
+    if context.settings.auto:  # every kernel within what its moment left (ucudnn.plan.memory), and seen in the step
         assert all(k["workspace"] <= k["limit"] <= k["room"] for k in summary["kernels"] if k["via"] == "ucudnn")
         assert all(k["in_step_ms"] > 0 for k in summary["kernels"]), summary["kernels"]
         assert not any(m.weight._post_accumulate_grad_hooks for m in ours.modules() if isinstance(m, nn.Conv2d))

@@ -328,16 +328,16 @@ def by_room(context) -> dict:
 def test_auto_is_convert_s_default_and_a_limit_given_anywhere_is_fixed(tmp_path, monkeypatch):
     monkeypatch.delenv("UCUDNN_WORKSPACE_LIMIT", raising=False)
     monkeypatch.delenv("UCUDNN_TOTAL_LIMIT", raising=False)
-    assert ut.Context(framework=NumpyFramework()).auto
-    assert ut.Context(framework=NumpyFramework(), total_limit="auto").auto
+    assert ut.Context(framework=NumpyFramework()).settings.auto
+    assert ut.Context(framework=NumpyFramework(), total_limit="auto").settings.auto
     assert ut.Context(framework=NumpyFramework(), optimizer="wd", total_limit="auto").settings.optimizer == "wr"
-    assert not ut.Context(framework=NumpyFramework(), workspace_limit="64MiB").auto
-    assert not ut.Context(framework=NumpyFramework(), optimizer="wd").auto  # the paper's WD: a total of limits
+    assert not ut.Context(framework=NumpyFramework(), workspace_limit="64MiB").settings.auto
+    assert not ut.Context(framework=NumpyFramework(), optimizer="wd").settings.auto  # the paper's WD: a total of limits
     monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "32MiB")
-    assert not ut.Context(framework=NumpyFramework()).auto
+    assert not ut.Context(framework=NumpyFramework()).settings.auto
     monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "auto")
     context = ut.Context(framework=NumpyFramework())
-    assert context.auto and "auto" in repr(context)
+    assert context.settings.auto and "auto" in repr(context)
 
 
 def test_auto_limits_refuse_what_contradicts_them():

@@ -188,7 +188,7 @@ def test_under_auto_graphs_hold_nothing_while_layers_wait_and_their_budget_once_
     framework = NumpyFramework()
     framework.memory_now = framework.memory_now._replace(free=300 * MiB)
     context = ut.Context(framework=framework, cache=Cache(tmp_path / "bench.db"), planning="between_iterations")
-    assert context.auto
+    assert context.settings.auto
     model = ut.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3)), context=context)
     x = torch.randn(2, 3, 8, 8)
     for _ in range(5):

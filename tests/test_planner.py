@@ -334,8 +334,8 @@ def test_under_pressure_a_long_own_layer_is_swept_though_the_favourite_fits(tmp_
     may have settled for a slow plan: a layer whose own kernels take SWEPT_UNDER_PRESSURE_MS or
     more is swept (then kept where ucudnn is faster); a shorter one keeps its own with no sweep."""
     framework = NumpyArrays(own_ms=own_ms / 3, free=64 * 2**20)
-    plans = Planner(Settings.load(env={}, planning="first_call", progress=False), framework,
-                    Cache(tmp_path / "bench.db"), auto=True)
+    plans = Planner(Settings.load(env={}, timeline=True, planning="first_call", progress=False), framework,
+                    Cache(tmp_path / "bench.db"))
     site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
     step(plans, site, rng)
     kernels = summary_of(plans)["kernels"]
@@ -353,8 +353,8 @@ def test_under_pressure_a_long_layer_as_fast_as_cuDNNs_favourites_is_not_swept(t
     favourites = {favourite_ms(site.call.problem(kind)) for kind in site.kinds}  # the fakes time the three alike
     assert len(favourites) == 1 and 3 * min(favourites) >= SWEPT_UNDER_PRESSURE_MS  # a long layer
     framework = NumpyArrays(own_ms=own_of_favourite * min(favourites), free=2 * 2**30)  # under ROOMY_BYTES
-    plans = Planner(Settings.load(env={}, planning="first_call", progress=False), framework,
-                    Cache(tmp_path / "bench.db"), auto=True)
+    plans = Planner(Settings.load(env={}, timeline=True, planning="first_call", progress=False), framework,
+                    Cache(tmp_path / "bench.db"))
     step(plans, site, rng)
     kernels = summary_of(plans)["kernels"]
     assert all(k["swept"] == swept for k in kernels), kernels
@@ -376,7 +376,7 @@ def test_a_site_s_moments_are_frozen_after_recorded_calls_while_it_waits(tmp_pat
     """A layer still waiting for its plan after RECORDED_CALLS calls observes no more: a plan
     spread over several slices is made for the rooms it started with."""
     framework = NumpyArrays(free=64 * 2**20)
-    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    plans = Planner(Settings.load(env={}, timeline=True, progress=False), framework, Cache(tmp_path / "bench.db"))
     monkeypatch.setattr(plans, "plan_pending", lambda budget_s=None: len(plans.pending))
     site = Site(Call(ConvProblem(F, (4, 3, 8, 8), (4, 3, 3, 3))))
     seen = []
@@ -393,7 +393,7 @@ def test_a_slice_of_planning_holds_one_planning_scope_around_its_kernels(tmp_pat
     kernel's planning cached (torch: a blocker's gigabytes) is not given back and taken again
     kernel by kernel; the kernels' own scopes nest inside it."""
     framework = NumpyArrays(own_ms=0.0, free=64 * 2**20)
-    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    plans = Planner(Settings.load(env={}, timeline=True, progress=False), framework, Cache(tmp_path / "bench.db"))
     sites = [Site(Call(ConvProblem(F, (4, c, 8, 8), (4, c, 3, 3)))) for c in (3, 5)]
     for _ in range(RECORDED_CALLS):
         for site in sites:
@@ -409,7 +409,7 @@ def on_a_clock(tmp_path) -> tuple[NumpyArrays, Planner]:
     memory timeline over it."""
     framework = NumpyArrays(own_ms=0.0, free=64 * 2**20)
     framework.now = 0.0
-    return framework, Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    return framework, Planner(Settings.load(env={}, timeline=True, progress=False), framework, Cache(tmp_path / "bench.db"))
 
 
 def observed_call(plans, framework, site, forward_ms: float, backward_ms: float) -> None:
@@ -496,7 +496,7 @@ def test_rooms_are_lessened_by_what_the_process_took_beside_the_pool_since_they_
     MiB = 2**20
     sites = [Site(Call(ConvProblem(F, (4, c, 8, 8), (4, c, 3, 3)))) for c in (3, 5)]
     framework = NumpyArrays(own_ms=0.0, free=256 * MiB)
-    plans = Planner(Settings.load(env={}, progress=False), framework, Cache(tmp_path / "bench.db"), auto=True)
+    plans = Planner(Settings.load(env={}, timeline=True, progress=False), framework, Cache(tmp_path / "bench.db"))
     for _ in range(RECORDED_CALLS):
         for site in sites:
             assert plans.route(site)

@@ -68,14 +68,13 @@ def test_readme_layout_table_matches_the_tree():
 
 
 def _variables_read() -> set[str]:
-    """Every UCUDNN_* variable ucudnn reads: one per setting (ucudnn.plan.config.Settings; the cache's is
-    UCUDNN_CACHE) and those the code names as string literals (UCUDNN_BENCH_DEVICES, ...)."""
+    """Every UCUDNN_* variable ucudnn reads: those Settings.load reads (ucudnn.plan.config.variables)
+    and those the code names as string literals (UCUDNN_BENCH_DEVICES, ucudnn.torch's options, ...)."""
     import re
-    from dataclasses import fields
 
-    from ucudnn.plan.config import Settings
+    from ucudnn.plan.config import variables
 
-    settings = {f"UCUDNN_{f.name.upper()}" for f in fields(Settings) if f.name != "cache_path"}
+    settings = set(variables())
     named = {name for path in (ROOT / "ucudnn").rglob("*.py")
              for name in re.findall(r"""["'](UCUDNN_[A-Z_]+)["']""", path.read_text())}
     return settings | named

@@ -127,11 +127,11 @@ def test_convert_leaves_subclasses_alone_and_says_so():
 
 
 def test_convert_settings_and_their_errors():
-    model = ut.convert(nn.Conv2d(1, 1, 1), workspace_limit="8MiB", optimizer="WD", policy="all",
-                       total_limit="1GiB")
+    model = ut.convert(nn.Conv2d(1, 1, 1), optimizer="WD", policy="all", total_limit="1GiB")
     s = model.ucudnn_context.settings
-    assert (s.workspace_limit, s.optimizer, s.policy, s.total_limit) == \
-        (8 * 2**20, "wd", "all", 2**30)
+    assert (s.optimizer, s.policy, s.total_limit, s.auto) == ("wd", "all", 2**30, False)
+    with pytest.raises(ConfigError, match="workspace_limit is not used beside total_limit"):
+        ut.convert(nn.Conv2d(1, 1, 1), workspace_limit="8MiB", total_limit="1GiB")
     with pytest.raises(ConfigError, match="optimizer"):
         ut.convert(nn.Conv2d(1, 1, 1), optimizer="fastest")
     with pytest.raises(ConfigError, match="not both"):
@@ -179,6 +179,64 @@ def test_converted_models_pickle_and_deepcopy():
     assert isinstance(revived.stem, ut.Conv2d)
     assert revived.stem.ucudnn_context.settings == model.stem.ucudnn_context.settings
     assert revived.stem.ucudnn_context is revived.named["down"].ucudnn_context
+
+
+def test_auto_delegate_and_options_round_trip_through_pickle(monkeypatch):
+    """`auto` and `delegate` are settings (what the Planner is built with), concurrent_backward a
+    torch option: an unpickled model's context has all three as pickled, whatever the variables
+    of the process that unpickles it say."""
+    monkeypatch.delenv("UCUDNN_WORKSPACE_LIMIT", raising=False)
+    monkeypatch.delenv("UCUDNN_TOTAL_LIMIT", raising=False)
+    monkeypatch.delenv("UCUDNN_CONCURRENT_BACKWARD", raising=False)
+    model = ut.convert(Net(), delegate=False, concurrent_backward=True)  # auto: the default
+    context = model.stem.ucudnn_context
+    assert (context.settings.auto, context.settings.delegate, context.options.concurrent_backward) == \
+        (True, False, True)
+    assert (context.planner.auto, context.planner.delegate) == (True, False)  # settings the Planner reads
+    pickled = pickle.dumps(model)
+    monkeypatch.setenv("UCUDNN_WORKSPACE_LIMIT", "32MiB")  # would make a new context's limit fixed
+    monkeypatch.setenv("UCUDNN_CONCURRENT_BACKWARD", "0")
+    revived = pickle.loads(pickled).stem.ucudnn_context
+    assert revived is not context and revived.settings == context.settings
+    assert revived.options == context.options
+    assert (revived.settings.auto, revived.settings.delegate, revived.limit_name) == (True, False, "auto")
+    fixed = pickle.loads(pickle.dumps(ut.convert(Net(), workspace_limit="2MiB"))).stem.ucudnn_context
+    assert (fixed.settings.auto, fixed.planner.auto, fixed.planner.delegate, fixed.options.concurrent_backward) == \
+        (False, False, True, False)
+
+
+@pytest.mark.parametrize("argv, keywords, message", [
+    (["--total-workspace", "1GiB", "--optimizer", "wr"], dict(total_limit="1GiB", optimizer="wr"),
+     ("--total-workspace 1073741824 is the WD optimizer's limit, but --optimizer wr plans each kernel alone; "
+      "drop one of them, or use --optimizer wd",
+      "total_limit='1GiB' is the WD optimizer's limit, but optimizer='wr' plans each kernel alone; "
+      "drop one of them, or use optimizer='wd'")),
+    (["--total-workspace", "1GiB", "--workspace", "8MiB"], dict(total_limit="1GiB", workspace_limit="8MiB"),
+     ("--workspace is not used beside --total-workspace", "workspace_limit is not used beside total_limit")),
+])
+def test_one_rule_says_a_total_limit_means_wd_to_the_cli_and_to_torch(monkeypatch, argv, keywords, message):
+    """`ucudnn optimize`'s flags and a torch Context's keywords reach one rule (plan.config's
+    _one_meaning), which names each value as its user gave it; and a total alone means WD in both."""
+    from ucudnn.cli import build_parser, commands
+    from ucudnn.plan import config
+
+    for variable in ("UCUDNN_TOTAL_LIMIT", "UCUDNN_WORKSPACE_LIMIT", "UCUDNN_OPTIMIZER"):
+        monkeypatch.delenv(variable, raising=False)
+    calls = []
+    rule = config._one_meaning
+    monkeypatch.setattr(config, "_one_meaning", lambda *args: calls.append(args) or rule(*args))
+    args = build_parser().parse_args(["optimize", "--net", "alexnet", *argv])
+    with pytest.raises(ConfigError) as cli:
+        commands._settings(args)
+    with pytest.raises(ConfigError) as torch_context:
+        ut.Context(framework=NumpyFramework(), **keywords)
+    assert message[0] in str(cli.value) and message[1] in str(torch_context.value)
+    assert len(calls) == 2  # one rule, reached once from each
+    cli_settings = commands._settings(build_parser().parse_args(["optimize", "--net", "alexnet", "--total-workspace",
+                                                                 "1GiB"]))
+    torch_settings = ut.Context(framework=NumpyFramework(), total_limit="1GiB").settings
+    assert (cli_settings.optimizer, cli_settings.total_limit) == (torch_settings.optimizer,
+                                                                   torch_settings.total_limit) == ("wd", 2**30)
 
 
 # --- fallback to torch -------------------------------------------------------------------------------
@@ -474,15 +532,16 @@ def test_a_subclass_that_keeps_torchs_forward_is_converted_and_matches_torch(num
 
 @pytest.mark.parametrize("concurrent", [False, True])
 def test_a_concurrent_backward_runs_bf_beside_bd_and_joins_before_returning(concurrent, tmp_path):
-    """settings.concurrent_backward: in each layer's backward, BF runs on the framework's side
+    """concurrent_backward (TorchOptions): in each layer's backward, BF runs on the framework's side
     stream (its operands marked as used there) while BD runs on the current one, and the current
     stream waits for the side one before the backward returns; results equal torch's either way."""
     from ucudnn.plan.config import Settings
 
     torch.manual_seed(0)
     framework = NumpyFramework()
-    settings = Settings.load(workspace_limit="64KiB", planning="first_call", concurrent_backward=concurrent)
-    context = ut.Context(settings, framework=framework, cache=Cache(tmp_path / "bench.db"))
+    settings = Settings.load(workspace_limit="64KiB", planning="first_call")
+    context = ut.Context(settings, framework=framework, cache=Cache(tmp_path / "bench.db"),
+                         concurrent_backward=concurrent)
     plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
     model = ut.convert(copy.deepcopy(plain), context=context)
     ran = []
@@ -1173,9 +1232,9 @@ def concurrent_delegating_context(tmp_path) -> ut.Context:
     """Every layer left to torch (its kernels timed as instant), concurrent_backward on."""
     from ucudnn.plan.config import Settings
 
-    settings = Settings.load(workspace_limit="64KiB", planning="first_call", concurrent_backward=True)
+    settings = Settings.load(workspace_limit="64KiB", planning="first_call")
     return ut.Context(settings, framework=NumpyFramework(lambda problem: OwnTiming(0.0, 0)),
-                      cache=Cache(tmp_path / "bench.db"))
+                      cache=Cache(tmp_path / "bench.db"), concurrent_backward=True)
 
 
 @pytest.mark.parametrize("name", list(OWN_LAYERS))

@@ -17,7 +17,6 @@ from ..core.staging import slices_of
 from ..execute import gpu
 from ..measure.cache.paths import cache_path
 from ..measure.parallel import bench_devices, bench_on_devices, bench_with_mpi
-from ..optimizers import OPTIMIZERS
 from ..optimizers.pareto import desirable_set
 from ..paper import CANDIDATES, FIGURES, Executed, Predicted, write_figures
 from ..plan.config import Settings, format_size, timeline_limits
@@ -28,33 +27,32 @@ from ..reports.plots import plot_report
 from ..reports.report import Report, make_report
 from .output import ProgressBar, device_json, dims, print_json, render_report, table
 
+# The flag of each setting a command takes, as errors name it (Settings.load's labels)
+FLAGS = {"workspace_limit": "--workspace", "total_limit": "--total-workspace", "optimizer": "--optimizer",
+         "policy": "--policy", "cache_path": "--cache", "execution": "--execution", "backend": "--backend",
+         "search": "--search", "solver": "--solver"}
+
 
 def _settings(args) -> Settings:
-    optimizer = getattr(args, "optimizer", None)
-    total = getattr(args, "total_workspace", None)
-    if total is not None and optimizer is not None and not OPTIMIZERS[optimizer].divides:
-        raise ConfigError("--total-workspace is the WD limit; drop it or use --optimizer wd")
-    if total is not None and getattr(args, "workspace", None) is not None:
-        raise ConfigError("--workspace is not used beside --total-workspace: WD divides the total, and --workspace "
-                          "only sets a total where none is given (the kernels times it); drop one of them")
-    return Settings.load(_environment(args), policy=args.policy, workspace_limit=getattr(args, "workspace", None),
-                         total_limit=total, optimizer=optimizer,
+    """The settings of `optimize` and `bench`, from their flags (Settings.load's rules, a total
+    limit meaning WD among them), then the UCUDNN_* variables."""
+    _say_no_timeline(args)
+    return Settings.load(labels=FLAGS, policy=args.policy, workspace_limit=getattr(args, "workspace", None),
+                         total_limit=getattr(args, "total_workspace", None), optimizer=getattr(args, "optimizer", None),
                          cache_path=args.cache, execution=args.execution, backend=getattr(args, "backend", None),
                          search=getattr(args, "search", None), solver=getattr(args, "solver", None))
 
 
-def _environment(args) -> dict[str, str]:
-    """The UCUDNN_* variables as a command reads them: a limit of auto (config.timeline_limits) is
-    unset, as no training step gives a memory timeline here. `optimize`, which plans at the limit,
-    says so in a line, unless a flag sets the limit."""
-    env = dict(os.environ)
-    for variable in timeline_limits(env):
-        del env[variable]
-        if args.command == "optimize" and args.workspace is None and args.total_workspace is None:
-            say_once(f"ucudnn: {variable}=auto asks for limits from the memory timeline of a training step "
-                     f"(ucudnn.torch), which `ucudnn optimize` has not: it plans at the default, "
-                     f"{format_size(Settings.workspace_limit)} per kernel (--workspace SIZE sets another)")
-    return env
+def _say_no_timeline(args) -> None:
+    """A limit variable of auto (config.timeline_limits) reads as unset, as no training step gives a
+    memory timeline here: `optimize`, which plans at the limit, says so in a line, unless a flag
+    sets the limit."""
+    if args.command != "optimize" or args.workspace is not None or args.total_workspace is not None:
+        return
+    for variable in timeline_limits(os.environ):
+        say_once(f"ucudnn: {variable}=auto asks for limits from the memory timeline of a training step "
+                 f"(ucudnn.torch), which `ucudnn optimize` has not: it plans at the default, "
+                 f"{format_size(Settings.workspace_limit)} per kernel (--workspace SIZE sets another)")
 
 
 def kernels_of(args) -> tuple[Network, list[Kernel]]:
@@ -173,7 +171,7 @@ def _plot(args, network: Network, report: Report, tables, settings: Settings) ->
 
 
 def paper(args) -> int:
-    settings = Settings.load(_environment(args), cache_path=args.cache, solver=args.solver)
+    settings = Settings.load(labels=FLAGS, cache_path=args.cache, solver=args.solver)
     numbers = list(FIGURES) if args.figure == "all" else [args.figure]
     if not args.measure and not args.execute:
         raise ConfigError("--no-measure says what --execute measures; add --execute, or leave --no-measure out")

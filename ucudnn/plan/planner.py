@@ -55,9 +55,9 @@ class Planner:
     the settings' per-kernel limit. `runs` counts kernel calls by (via, kind) and delegated layer
     calls by (framework.own, LAYER); `pressed`: whether the device ran out of memory in a kernel."""
 
-    def __init__(self, settings: Settings, framework: Framework, cache: Cache | None = None, delegate: bool = True,
-                 auto: bool = False) -> None:
-        self.settings, self.framework, self.delegate, self.auto = settings, framework, delegate, auto
+    def __init__(self, settings: Settings, framework: Framework, cache: Cache | None = None) -> None:
+        self.settings, self.framework = settings, framework
+        auto, delegate = self.auto, self.delegate = settings.auto, settings.delegate
         self.runs: Counter = Counter()
         self._delegated_run = (framework.own, LAYER)
         self.progress = Progress(settings.progress)

@@ -8,6 +8,7 @@ import os
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -15,12 +16,12 @@ from torch import nn
 
 from ...core.errors import ConfigError
 from ...measure.cache import Cache
-from ...optimizers import DIVIDING, OPTIMIZERS, PER_KERNEL
-from ...plan.config import Settings, choice, format_size
+from ...plan.config import Settings, format_size
 from ...plan.memory import AUTO
 from ...plan.planner import Planner
 from ...reports.summary import summary
 from .kernels import TorchFramework
+from .options import TorchOptions
 from .sites import Sites
 
 _UNCHANGED = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -34,27 +35,28 @@ class Context:
     summary(), runs, recording(), reset(), plan_pending(), handle().
 
     Keyword arguments as `convert` takes them (None: UCUDNN_* variables, then defaults; the
-    limits' default is AUTO, see _auto)."""
+    limits' default is AUTO: Settings.load with a timeline); `delegate` beside `settings` too, and
+    `concurrent_backward` (options.TorchOptions)."""
 
     framework: TorchFramework
 
     def __init__(self, settings: Settings | None = None, *, framework: TorchFramework | None = None,
                  cache: Cache | None = None, workspace_limit: int | str | None = None, optimizer: str | None = None,
                  policy: str | None = None, total_limit: int | str | None = None, cache_path: str | None = None,
-                 execution: str | None = None, planning: str | None = None, delegate: bool = True) -> None:
-        keywords: dict[str, Any] = dict(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy,
-                                        total_limit=total_limit, cache_path=cache_path, execution=execution,
-                                        planning=planning)
-        if settings is not None and any(v is not None for v in keywords.values()):
+                 execution: str | None = None, planning: str | None = None, delegate: bool | None = None,
+                 concurrent_backward: bool | None = None) -> None:
+        given: dict[str, Any] = dict(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy,
+                                     total_limit=total_limit, cache_path=cache_path, execution=execution,
+                                     planning=planning)
+        if settings is not None and any(v is not None for v in given.values()):
             raise ConfigError("pass either settings= or keyword settings (workspace_limit, ...) to Context, not both")
-        auto = settings is None and _auto(workspace_limit, total_limit, optimizer)
-        if auto:  # limits from the memory timeline, planned per kernel (ucudnn.plan.memory says why WD's is the same)
-            keywords.update(workspace_limit=None, total_limit=None, optimizer=PER_KERNEL.name)
-            settings = Settings.load({k: v for k, v in os.environ.items() if k not in _LIMIT_VARIABLES}, **keywords)
-        # WR layers that ucudnn would not speed up run torch's own convolution (ucudnn.plan.delegation)
-        settings = settings or Settings.load(**keywords)
+        if settings is None:  # with torch's memory timeline: limits from it by default (Settings.load)
+            settings = Settings.load(os.environ, timeline=True, delegate=delegate, **given)
+        elif delegate is not None:
+            settings = replace(settings, delegate=delegate)
+        self.options = TorchOptions.load(os.environ, concurrent_backward=concurrent_backward)
         self.settings, self.framework = settings, framework or TorchFramework()
-        self.planner = Planner(settings, self.framework, cache, delegate, auto)
+        self.planner = Planner(settings, self.framework, cache)
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._recording = False
         # WD without a sample input: the first pass runs through torch while recording (see learn_call()).
@@ -64,16 +66,6 @@ class Context:
         self._retired: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> its converted class
         self._lead_layer: int | None = None  # id() of the layer of the lead site (Planner.is_lead)
         self._lead_seen: Any = None  # the site of that layer's last call examined
-
-    @property
-    def auto(self) -> bool:
-        """Whether the limits come from the memory timeline (ucudnn.plan.memory)."""
-        return self.planner.auto
-
-    @property
-    def delegate(self) -> bool:
-        """Whether layers ucudnn would not speed up run torch's own convolution."""
-        return self.planner.delegate
 
     @property
     def runs(self) -> Counter:
@@ -89,19 +81,20 @@ class Context:
         `budget_s` seconds (None: all of them); how many still wait."""
         return self.planner.plan_pending(budget_s)
 
-    # Converted models share their context when deep-copied, and rebuild it when unpickled.
+    # Converted models share their context when deep-copied, and rebuild it from its settings and
+    # options when unpickled.
     def __deepcopy__(self, memo) -> Context:
         return self
 
     def __reduce__(self):
-        return (_rebuild_context, (self.settings, self.delegate, self.auto))
+        return (_rebuild_context, (self.settings, self.options))
 
     def beside(self, device: torch.device) -> contextlib.AbstractContextManager[Callable[..., Any]]:
         """For a layer's backward: inside, `with aside(*tensors):` runs its kernels on a side
-        stream that first waits for the current one (settings.concurrent_backward; else on the
+        stream that first waits for the current one (options.concurrent_backward; else on the
         current stream, at no cost beyond two reused no-op contexts), the tensors kept from reuse
         until that stream is done with them; on the way out the current stream waits for it."""
-        if not self.settings.concurrent_backward:
+        if not self.options.concurrent_backward:
             return _SERIAL
         return self.framework.side_stream(device)
 
@@ -187,46 +180,15 @@ class Context:
     @property
     def limit_name(self) -> str:
         """The per-kernel limit in words: 'auto' (from the memory timeline) or a size."""
-        return AUTO if self.auto else format_size(self.settings.workspace_limit)
+        return AUTO if self.settings.auto else format_size(self.settings.workspace_limit)
 
     def __repr__(self) -> str:
         s = self.settings
         return f"ucudnn.torch.Context(optimizer={s.optimizer!r}, workspace_limit={self.limit_name}, policy={s.policy!r})"
 
 
-_LIMIT_VARIABLES = ("UCUDNN_WORKSPACE_LIMIT", "UCUDNN_TOTAL_LIMIT")
-
-
-def _auto(workspace_limit, total_limit, optimizer) -> bool:
-    """Whether the limits come from the memory timeline (ucudnn.plan.memory): asked for by AUTO as
-    either limit (total_limit=AUTO with optimizer WD or unnamed), or by default, where no limit,
-    no optimizer dividing a total, and no UCUDNN_* limit (other than AUTO) is given."""
-    if workspace_limit == AUTO or total_limit == AUTO:
-        named = optimizer if optimizer is not None else os.environ.get("UCUDNN_OPTIMIZER")
-        if total_limit == AUTO and named is not None and not _divides(named):
-            raise ConfigError(f"total_limit='auto' is WD's total from the memory timeline, but optimizer={named!r}; "
-                              f"use workspace_limit='auto' (the default) or optimizer={DIVIDING.name!r}")
-        if AUTO in (workspace_limit, total_limit) and {workspace_limit, total_limit} - {AUTO, None}:
-            raise ConfigError(f"workspace_limit={workspace_limit!r} and total_limit={total_limit!r}: "
-                              "'auto' plans every kernel from the memory timeline; give one of them")
-        return True
-    if workspace_limit is not None or total_limit is not None:
-        return False
-    named = optimizer if optimizer is not None else os.environ.get("UCUDNN_OPTIMIZER", PER_KERNEL.name)
-    if _divides(named):
-        return False
-    return all(os.environ.get(v, AUTO).strip().lower() == AUTO for v in _LIMIT_VARIABLES)
-
-
-def _divides(optimizer: str) -> bool:
-    """Whether the optimizer named `optimizer` (in any case) divides a total: WD."""
-    return OPTIMIZERS[choice(optimizer, tuple(OPTIMIZERS), "optimizer")].divides
-
-
-def _rebuild_context(settings: Settings, delegate: bool = True, auto: bool = False) -> Context:
-    context = Context(settings, delegate=delegate)
-    context.planner = Planner(settings, context.framework, None, delegate, auto)
-    return context
+def _rebuild_context(settings: Settings, options: TorchOptions) -> Context:
+    return Context(settings, **asdict(options))
 
 
 _default: Context | None = None

@@ -139,7 +139,7 @@ class Converted(_Layer):
         delegated = context.planner.route(site)
         context.saw(self, site)
         if delegated:
-            if site.steady and "weight" in self._parameters and not context.settings.concurrent_backward:
+            if site.steady and "weight" in self._parameters and not context.options.concurrent_backward:
                 self._ucudnn_steady = Steady(self, input, site, context.runs, (context.framework.own, LAYER))
             out = self._own_forward_waiting(input, context, site) if context.planner.waits(site) else \
                 self._own_forward(input, context)
@@ -189,7 +189,7 @@ class Converted(_Layer):
         the input and the weight take gradients (two kernels to overlap) and _aten_arguments has
         the call's, through _OwnConvolution (BF beside BD), in the dtype autocast picks."""
         both = torch.is_grad_enabled() and input.requires_grad and self.weight.requires_grad
-        arguments = _aten_arguments(self, input) if context.settings.concurrent_backward and both else None
+        arguments = _aten_arguments(self, input) if context.options.concurrent_backward and both else None
         if arguments is None:
             return super().forward(input)
         dtype, _ = compute_dtype(input)
@@ -296,7 +296,7 @@ def twin_of(cls: type) -> type | None:
 def convert(model: nn.Module, workspace_limit: int | str | None = None, optimizer: str | None = None,
             policy: str | None = None, total_limit: int | str | None = None, *, sample_input: Any = None,
             cache_path: str | None = None, execution: str | None = None, planning: str | None = None,
-            context: Context | None = None, delegate: bool = True) -> nn.Module:
+            context: Context | None = None, delegate: bool = True, concurrent_backward: bool | None = None) -> nn.Module:
     """Turn every torch.nn.Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d and
     ConvTranspose3d of `model` (nested ones too, and `model` itself) into its ucudnn twin (TWINS:
     ucudnn.torch.Conv2d, ...) in place, and return `model`.
@@ -320,14 +320,15 @@ def convert(model: nn.Module, workspace_limit: int | str | None = None, optimize
     time (see ucudnn.plan.delegation); False runs every layer through ucudnn. A layer left to
     torch whose calls hold steady takes torch's class back (Context.retire: it then costs what
     torch's layer costs) until the model's calls change or the context is reset.
-    Subclasses of those layers are left alone (they may change forward)."""
-    settings = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning)
-    if context is not None and (any(v is not None for v in settings) or not delegate):
+    `concurrent_backward` (None: UCUDNN_CONCURRENT_BACKWARD, else off): each layer's BF on a side
+    stream beside its BD (Context.beside). Subclasses of those layers are left alone (they may change forward)."""
+    given = (workspace_limit, optimizer, policy, total_limit, cache_path, execution, planning, concurrent_backward)
+    if context is not None and (any(v is not None for v in given) or not delegate):
         raise ConfigError("pass either context= or settings (workspace_limit, optimizer, delegate, ...) "
                           "to convert(), not both")
     context = context or Context(workspace_limit=workspace_limit, optimizer=optimizer, policy=policy,
                                  total_limit=total_limit, cache_path=cache_path, execution=execution,
-                                 planning=planning, delegate=delegate)
+                                 planning=planning, delegate=delegate, concurrent_backward=concurrent_backward)
     skipped = set()
     for module in model.modules():
         if isinstance(module, tuple(TWINS)) and not isinstance(module, Converted):

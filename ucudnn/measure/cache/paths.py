@@ -11,17 +11,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal, overload
 
-from ...core.errors import ConfigError
 from ...core.fallback import say_once
 from ...core.ranks import current_rank
+from ..variables import CACHE_VARIABLE, refuse_misnamed
 from . import filesystems
 
 RECORDINGS_PACKAGE = "ucudnn.recorded"  # the repository's cache/ folder, once installed
 _CHECKOUT_RECORDINGS = Path(__file__).resolve().parents[3] / "cache"
-CACHE_VARIABLE = "UCUDNN_CACHE"  # the one variable that chooses the database
-# A variable named as the `cache_path` setting's would be, which is not read: refused wherever set
-# (`refuse_misnamed`), so that no one takes it to choose the database
-MISNAMED_VARIABLE = "UCUDNN_CACHE_PATH"
 SHARDS = "shards"  # the shard folder beside the default file, used where that is on a network filesystem
 _said: set[Path] = set()  # the shard folders default_location has said it uses
 
@@ -47,14 +43,6 @@ def cache_path(path: str | os.PathLike | None = None, *, readonly: bool = False,
     if chosen:
         return Path(chosen).expanduser()
     return recorded_path() if readonly else default_location()
-
-
-def refuse_misnamed(env: Mapping[str, str]) -> None:
-    """ConfigError where `env` sets MISNAMED_VARIABLE, naming CACHE_VARIABLE."""
-    if MISNAMED_VARIABLE in env:
-        raise ConfigError(f"{MISNAMED_VARIABLE}={env[MISNAMED_VARIABLE]!r} is not read: the benchmark "
-                          f"database's variable is {CACHE_VARIABLE}; set {CACHE_VARIABLE} instead and unset "
-                          f"{MISNAMED_VARIABLE}")
 
 
 def default_path() -> Path:
