@@ -21,6 +21,7 @@ from ucudnn.measure.cache import Cache
 from ucudnn.measure.cache.database import BenchmarkDatabase
 from ucudnn.optimizers.configuration import Configuration, MicroConfig
 from ucudnn.plan.config import Settings
+from ucudnn.plan.sources import recorded_tables
 
 import reference
 from fakes import FAKE_DEVICE, FakeBackend
@@ -281,11 +282,10 @@ def test_offline_tables_use_the_backends_asked_for(tmp_path):
     with BenchmarkDatabase(path) as db:
         db.record(p, FAKE_DEVICE, [Measurement("legacy:x", b, 1.0, 0) for b in (1, 2, 4, 8)])
     with BenchmarkDatabase(path, readonly=True) as db:
-        found = ensure_tables([p], Settings().sizes_for, None, db, None, device=FAKE_DEVICE,
-                              backends=("legacy", "engines"))
+        found = recorded_tables([p], Settings(backend="all"), None, db, FAKE_DEVICE)
         assert len(found[p.key]) == 4
         with pytest.raises(MissingMeasurementsError, match="of backend engines"):
-            ensure_tables([p], Settings().sizes_for, None, db, None, device=FAKE_DEVICE, backends=("engines",))
+            recorded_tables([p], Settings(backend="engines"), None, db, FAKE_DEVICE)
 
 
 def test_the_key_holds_the_backend_and_the_row_the_frontend_version(tmp_path):

@@ -867,12 +867,12 @@ BAD_VALUES = [("gpu_name", ""), ("gpu_name", None), ("cudnn_version", "nine"), (
 @pytest.mark.parametrize("column, value", BAD_VALUES)
 def test_each_bad_value_breaks_its_columns_rule_alone(column, value):
     from ucudnn.measure.cache import rows
-    from ucudnn.measure.cache.database import _kernel_row, _measurement_row
+    from ucudnn.measure.cache.adding import kernel_row, measurement_row
 
     problem = conv(8, 8, 8)
-    good = _measurement_row(H100, problem.shape_key(), Measurement("legacy:A0", 4, 0.5, 64, OK, 3), "then")
-    assert rows.problems(rows.staged([_kernel_row(problem)], [good])) == []
-    found = rows.problems(rows.staged([_kernel_row(problem)], [{**good, column: value}]))
+    good = measurement_row(H100, problem.shape_key(), Measurement("legacy:A0", 4, 0.5, 64, OK, 3), "then")
+    assert rows.problems(rows.staged([kernel_row(problem)], [good])) == []
+    found = rows.problems(rows.staged([kernel_row(problem)], [{**good, column: value}]))
     shown = value.decode() if isinstance(value, bytes) else repr(value)
     assert len(found) == 1 and found[0].startswith(f"1 measurement(s) whose {column} {shown} is not "), found
 

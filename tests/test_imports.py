@@ -3,6 +3,7 @@ functions too (a lazy import still ties two modules' designs together)."""
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -132,11 +133,36 @@ def test_every_layer_is_a_package_with_its_rule():
         assert "May import:" in doc, name
 
 
-def calls_up_to_the_tables(argv: list[str]) -> tuple[list[str], set[str]]:
-    """`ucudnn` run with `argv` until plan.sources.tables_for returns (its arguments followed to
-    the tables): each first call from a ucudnn module into one that imports it, transitively (a
-    call back up the import graph: a callback), and the modules entered."""
+@dataclass(frozen=True)
+class Walk:
+    """What running `ucudnn` did until plan.sources.tables_for returned, each function's first
+    call only (later calls of a function repeat a way already walked): `up`, each call from a
+    ucudnn module into one that imports it, transitively (a call back up the import graph: a
+    callback); `files`, the modules whose functions were called; `below`, those called between
+    tables_for's call and its return; `bodies`, the modules whose bodies ran on the way (a lazy
+    import of a module not imported yet); `lazy`, the functions called that hold an import of a
+    ucudnn module (run whether or not it was imported yet); `stays`, the modules control was in,
+    in order, once per stay (a call enters the callee's module, a return goes back to the
+    caller's)."""
+
+    up: list[str]
+    files: set[str]
+    below: set[str]
+    bodies: set[str]
+    lazy: set[str]
+    stays: list[str]
+
+    @property
+    def reentries(self) -> int:
+        """How many times control came back into a module it had left."""
+        return len(self.stays) - len(set(self.stays))
+
+
+def walk_to_the_tables(argv: list[str]) -> Walk:
+    """`ucudnn` run with `argv` until plan.sources.tables_for returns: its arguments followed to
+    the tables (`Walk`)."""
     import contextlib
+    import dis
     import io
     import sys
 
@@ -152,21 +178,64 @@ def calls_up_to_the_tables(argv: list[str]) -> tuple[list[str], set[str]]:
                 below(target, seen)
         return seen
     imported = {module: below(module, set()) for module in graph}
-    up, entered, seen, done = [], set(), set(), []
+    up: list[str] = []
+    files: set[str] = set()
+    inside: set[str] = set()
+    bodies: set[str] = set()
+    lazy: set[str] = set()
+    stays: list[str] = []
+    seen: set = set()
+    entered: set = set()
+    state = {"inside": False, "done": False}
+
+    def ours(frame) -> str:
+        """The module of the nearest ucudnn frame from `frame` outwards ('' if none)."""
+        while frame is not None and not frame.f_globals.get("__name__", "").startswith("ucudnn"):
+            frame = frame.f_back
+        return frame.f_globals["__name__"] if frame is not None else ""
+
+    def imports_ours(code) -> bool:
+        """Whether `code` holds an import of a ucudnn module (relative: its level, pushed two
+        instructions before IMPORT_NAME, is above 0)."""
+        found = list(dis.get_instructions(code))
+        return any(i.opname == "IMPORT_NAME" and (found[k - 2].argval or i.argval.startswith("ucudnn"))
+                   for k, i in enumerate(found))
+
+    def stay(module: str) -> None:
+        if module and (not stays or stays[-1] != module):
+            stays.append(module)
 
     def profile(frame, event, arg):
         module = frame.f_globals.get("__name__", "")
-        if done or not module.startswith("ucudnn"):
+        if state["done"] or not module.startswith("ucudnn") or event not in ("call", "return"):
             return
-        if event == "return" and frame.f_code is sources.tables_for.__code__:
-            done.append(True)
-        if event != "call" or frame.f_code in seen:
+        code = frame.f_code
+        if event == "return":
+            if code is sources.tables_for.__code__:
+                state["done"] = True
+            if frame in entered:
+                entered.discard(frame)
+                stay(ours(frame.f_back))
             return
-        seen.add(frame.f_code)
-        entered.add(module)
+        if code is sources.tables_for.__code__:
+            state["inside"] = True
+        if code in seen:
+            return
+        seen.add(code)
+        entered.add(frame)
+        stay(module)
+        if code.co_name == "<module>":
+            bodies.add(module)
+            return
+        files.add(module)
+        if state["inside"]:
+            inside.add(module)
+        name = f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
+        if imports_ours(code):
+            lazy.add(name)
         caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
         if caller in imported.get(module, ()):
-            up.append(f"{caller} -> {module}.{frame.f_code.co_name}")
+            up.append(f"{caller} -> {module}.{code.co_name}")
 
     sys.setprofile(profile)
     try:
@@ -174,17 +243,35 @@ def calls_up_to_the_tables(argv: list[str]) -> tuple[list[str], set[str]]:
             main(argv)
     finally:
         sys.setprofile(None)
-    return up, entered
+    return Walk(up, files, inside, bodies, lazy, stays)
 
 
-def test_optimize_s_arguments_reach_the_tables_calling_back_up_at_most_four_times():
+OPTIMIZE = ["optimize", "--net", "alexnet", "--batch", "256", "--workspace", "64MiB"]
+
+
+def test_walk_counts_a_module_left_and_entered_again():
+    walk = Walk([], set(), set(), set(), set(), ["a", "b", "a", "c", "b"])
+    assert walk.reentries == 2
+
+
+def test_optimize_s_arguments_reach_the_tables_going_down():
     """One place decides where measurements come from (plan.sources) and the rest receives what it
-    opened: lower layers call back up only through what they are handed (docs/architecture.md)."""
+    opened: lower layers call back up only through what they are handed (docs/architecture.md).
+    Offline, the tables are read from the recording without the benchmark: measurements, rows,
+    plans, one way. The files before tables_for are the command's own (arguments, settings and
+    the variables they read, the network, the request a report names); those below it are plan.sources, the database and its
+    connection, schema, rules and paths, the problem model (problem, device, measurements,
+    accuracy, accumulation), the settings and the search."""
     from ucudnn.measure.cache import recorded_path
 
     if recorded_path() is None:
         pytest.skip("no recorded measurements are shipped in cache/ yet")
-    up, entered = calls_up_to_the_tables(["optimize", "--net", "alexnet", "--batch", "256", "--workspace", "64MiB"])
-    assert len(up) <= 4, up
-    assert "ucudnn.measure.benchmark -> ucudnn.plan.sources.<lambda>" in up  # the sizes a policy times, handed down
-    assert "ucudnn.plan.sources" in entered and len(entered) < 30, sorted(entered)
+    walk = walk_to_the_tables(OPTIMIZE)
+    assert len(walk.up) <= 2, walk.up
+    assert not [call for call in walk.up if ".measure." in call.split(" -> ")[0]
+                and ".plan." in call.split(" -> ")[1]], walk.up  # measure calls nothing of plan
+    assert "ucudnn.measure.benchmark" not in walk.files
+    assert "ucudnn.plan.sources" in walk.below and len(walk.below) <= 13, sorted(walk.below)
+    assert len(walk.files) <= 26, sorted(walk.files)
+    assert walk.reentries <= 99, walk.stays
+    assert not walk.bodies, walk.bodies  # every module it runs is imported before main runs

@@ -129,7 +129,7 @@ def fake_probe(device: int) -> Provenance:
 def rows(path: Path) -> tuple[set, set]:
     """Kernels and measurements of a database, without the time they were recorded."""
     with BenchmarkDatabase(path, readonly=True) as db:
-        kernels, measurements = db._dump()
+        kernels, measurements = db.dump()
     return ({tuple(k.values()) for k in kernels},
             {tuple(v for c, v in m.items() if c != "recorded_at") for m in measurements})
 

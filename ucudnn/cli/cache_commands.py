@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..core.errors import CacheError, DamagedDatabaseError, MissingMeasurementsError
 from ..core.nets import find_kernel
-from ..measure.cache.database import merge, read_export, writing
+from ..measure.cache.interchange import read_export
+from ..measure.cache.merging import merge, writing
 from ..measure.cache.paths import cache_path
 from ..measure.cache.schema import UPGRADE, ForeignFileError, NewerSchemaError
 from ..plan.config import format_size

@@ -11,20 +11,12 @@ from typing import Any, Protocol
 
 from ..core.accumulation import accumulates
 from ..core.device import TIMING_PRESETS, Provenance, check_execution, check_timing
-from ..core.errors import ConfigError, DeviceMemoryError, GraphCaptureError, MissingMeasurementsError
-from ..core.measurements import (
-    FAILED,
-    OK,
-    OUT_OF_MEMORY,
-    OVER_CAP,
-    PRUNED,
-    KernelTable,
-    Measurement,
-    describe_sizes,
-    failure_status,
-)
+from ..core.errors import ConfigError, DeviceMemoryError, GraphCaptureError
+from ..core.measurements import FAILED, OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, failure_status
 from ..core.problem import ConvProblem
 from ..execute import gpu
+from ..execute.backends import frontend_version, open_backends
+from ..execute.bindings import cudnn
 from ..execute.dispatch import Program, Step, compile_program, step
 from ..execute.graphs import GraphCapturer, GraphedProgram
 from ..optimizers.search import FULL, Search
@@ -118,19 +110,18 @@ class CudnnBenchmarker:
     Coarse, then precise: each candidate is first timed on one call, its first, or its second
     where it is short (COLD_WEIGHS_MS); only those that can still be chosen at that size
     (`worth_timing_again`) are then timed with the full TimingSettings. No warm-up call precedes
-    a slow candidate: the slow ones, run once each, were most of a sweep's GPU time. The engine
-    backend lists 30-90 candidates per kernel, most of them dominated by far. A backward-filter
-    micro-batch smaller than the kernel's batch is timed accumulating, as dispatch runs all of a
-    configuration's BF calls but the first (legacy: beta = 1, which can cost 2.8x,
-    docs/results.md; engines: the partial and its sum). Failures (unsupported, errors, out
-    of memory) are recorded, not raised."""
+    a slow candidate: the slow ones, run once each, are most of a sweep's GPU time. The engine
+    backend lists dozens of candidates per kernel, most of them dominated by far. A
+    backward-filter micro-batch smaller than the kernel's batch is timed accumulating, as
+    dispatch runs all of a configuration's BF calls but the first (legacy: beta = 1, which can
+    cost a multiple of beta = 0, docs/results.md, "Many small micro-batches are host-bound,
+    unless replayed as a graph"; engines: the partial and its sum). Failures (unsupported,
+    errors, out of memory) are recorded, not raised."""
 
     def __init__(self, handle=None, timing: TimingSettings = TimingSettings(), stream: int | None = None,
                  execution: str = "graph", backend: str = "", make_room: Callable[[], None] | None = None):
         self.handle, self.stream, self.backends = _open(handle, stream, backend)
         self.timing = timing
-        from ..execute.backends import frontend_version
-
         frontend = frontend_version() if "engines" in self.backends.names else ""  # the engines run through it
         self.device = gpu.device_info(frontend_version=frontend).for_execution(execution).for_timing(timing.name)
         self.calls = 0  # (candidate, size) pairs measured: what a warm cache saves
@@ -263,10 +254,7 @@ class ConfigurationTimer:
 
 def _open(handle, stream: int | None, backend: str) -> tuple[Any, int, Any]:
     """(cuDNN handle, stream, backends) to measure with: on `handle` where one is given (a
-    ucudnn.Handle's own: one handle, not two, as each holds ~10 MiB of device memory)."""
-    from ..execute.backends import open_backends
-    from ..execute.bindings import cudnn
-
+    ucudnn.Handle's own: one handle, not two, as each holds device memory of its own)."""
     handle = handle if handle is not None else cudnn.create_handle()
     stream = gpu.current_stream() if stream is None else stream
     with _stream_kept(handle):
@@ -277,8 +265,6 @@ def _open(handle, stream: int | None, backend: str) -> tuple[Any, int, Any]:
 def _stream_kept(handle):
     """Inside, measuring may point `handle` at its own stream; on the way out the handle is back
     on the stream it was on (its owner, a ucudnn.Handle, queues its calls there)."""
-    from ..execute.bindings import cudnn
-
     before = cudnn.get_stream(handle)
     try:
         yield
@@ -306,10 +292,9 @@ def _time(run, timing: TimingSettings, stream: int, capturer: GraphCapturer | No
 
     With a `capturer` (graph execution), run() is timed as graph execution runs it: about
     SWEEP_MS of calls (at most SWEEP_CALLS) captured back to back into one CUDA graph, each
-    launch timed with the host hidden and divided by the calls. Timing single calls instead
-    overstated 30 µs calls by 8-19%, and sweeps on a stream by up to 14%: graphs launch
-    dependent kernels with shorter gaps (docs/results.md, "Many small micro-batches are host-bound,
-    unless replayed as a graph")."""
+    launch timed with the host hidden and divided by the calls: single calls, and sweeps on a
+    stream, overstate short calls, as graphs launch dependent kernels with shorter gaps
+    (docs/results.md, "Many small micro-batches are host-bound, unless replayed as a graph")."""
     if estimate is None:
         estimate = min(gpu.time_calls(run, timing.warmup, stream))
     if capturer is None:
@@ -326,30 +311,20 @@ def _time(run, timing: TimingSettings, stream: int, capturer: GraphCapturer | No
 
 
 def ensure_tables(problems: Iterable[ConvProblem], sizes_for: Callable[[ConvProblem], Sequence[int]],
-                  cap: int | None, cache, benchmarker: Benchmarker | None,
+                  cap: int | None, cache, benchmarker: Benchmarker,
                   progress: Callable[[int, int, ConvProblem], None] | None = None, *,
-                  device: Provenance | None = None, backends: Sequence[str] | None = None,
-                  search: Search = FULL) -> dict[str, KernelTable]:
-    """Tables (by problem.key) of the candidates of `backends` (default: the benchmarker's;
-    offline, None: any stored), complete as `search` needs them (ucudnn.optimizers.search) at the sizes the
-    policy gives and within `cap`; only what the cache lacks is measured, backend by backend. With
-    no benchmarker, tables come from the cache's measurements on `device`, and missing ones raise
-    MissingMeasurementsError."""
+                  backends: Sequence[str] | None = None, search: Search = FULL) -> dict[str, KernelTable]:
+    """Tables (by problem.key) of the candidates of `backends` (default: the benchmarker's),
+    complete as `search` needs them (ucudnn.optimizers.search) at the sizes the policy gives and
+    within `cap`; only what the cache lacks is measured, backend by backend. (Tables read from a
+    recording alone, with no GPU to measure: plan.sources.recorded_tables.)"""
     problems = list({p.key: p for p in problems}.values())
-    device = benchmarker.device if benchmarker else device
-    if device is None:
-        raise ValueError("ensure_tables needs a benchmarker or the device whose measurements to use")
     tables = {}
     for done, p in enumerate(problems):
         if progress:
             progress(done, len(problems), p)
-        if benchmarker is None:
-            table = tables[p.key] = cache.table(p, device).only(backends)
-            if search.missing(table, sizes_for(p), cap):  # named as `ucudnn bench` would fill them
-                _check_offline(p, FULL.missing(table, sizes_for(p), cap), device, backends)
-        else:
-            tables[p.key] = _measured(p, sizes_for(p), cap, cache, benchmarker,
-                                      benchmarker.backends.names if backends is None else backends, search)
+        tables[p.key] = _measured(p, sizes_for(p), cap, cache, benchmarker,
+                                  benchmarker.backends.names if backends is None else backends, search)
     if progress and problems:
         progress(len(problems), len(problems), problems[-1])
     return tables
@@ -375,14 +350,3 @@ def _measured(p: ConvProblem, sizes: Sequence[int], cap: int | None, cache, benc
             cache.record(p, benchmarker.device,
                          benchmarker.measure(p, missing, cap, backend=name, best=search.best, skip=skip))
 
-
-def _check_offline(p: ConvProblem, missing: Sequence[int], device: Provenance,
-                   backends: Sequence[str] | None) -> None:
-    if missing:
-        missing = sorted(missing)
-        which = f" of backend {'/'.join(backends)}" if backends else ""
-        raise MissingMeasurementsError(
-            f"no measurements{which} of {p.describe()} at {describe_sizes(missing)} on "
-            f"{device.describe()} in the cache, and no GPU to measure them; run `ucudnn bench` "
-            "for this network on such a GPU, or point --cache at a database that has them",
-            problem=p, missing=missing)

@@ -10,13 +10,15 @@ from pathlib import Path
 
 from ..core.device import Provenance
 from ..core.errors import CacheError, MissingMeasurementsError
-from ..core.measurements import KernelTable
+from ..core.measurements import KernelTable, describe_sizes
 from ..core.problem import ConvProblem
 from ..execute.bindings import gpu_available
 from ..measure.benchmark import Benchmarker, CudnnBenchmarker, ensure_tables
-from ..measure.cache.database import BenchmarkDatabase, merge
+from ..measure.cache.database import BenchmarkDatabase
 from ..measure.cache.memo import Cache
+from ..measure.cache.merging import merge
 from ..measure.cache.paths import cache_path, shard_paths
+from ..optimizers.search import FULL
 from .config import Settings
 
 Progress = Callable[[int, int, ConvProblem], None]
@@ -38,13 +40,47 @@ def complete_tables(problems: Sequence[ConvProblem], settings: Settings, cap: in
                     device: Provenance | None = None) -> dict[str, KernelTable]:
     """Tables of the settings' backends complete for the policy's sizes within `cap` bytes and
     for the whole batch with no cap (the unlimited reference); `source` (a Cache or database)
-    lacks only what is measured."""
-    backends = settings.backends(gpu=benchmarker is not None)
-    search = settings.searching
-    ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress, device=device, backends=backends,
-                  search=search)
-    return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, device=device, backends=backends,
-                         search=search)
+    lacks only what the benchmarker measures. With no benchmarker, the tables of `device`'s
+    recording in `source` (`recorded_tables`)."""
+    if benchmarker is None:
+        if device is None:
+            raise ValueError("complete_tables needs a benchmarker or the device whose measurements to use")
+        return recorded_tables(problems, settings, cap, source, device, progress)
+    backends, search = settings.backends(gpu=True), settings.searching
+    ensure_tables(problems, settings.sizes_for, cap, source, benchmarker, progress, backends=backends, search=search)
+    return ensure_tables(problems, lambda p: (p.batch,), None, source, benchmarker, backends=backends, search=search)
+
+
+def recorded_tables(problems: Sequence[ConvProblem], settings: Settings, cap: int | None, source,
+                    device: Provenance, progress: Progress | None = None) -> dict[str, KernelTable]:
+    """The tables (by problem.key) of `device`'s recording in `source` (a Cache or database), of
+    the settings' backends (offline: any stored), read in one query; MissingMeasurementsError
+    unless each is complete as the settings' search needs it for the policy's sizes within `cap`
+    and for the whole batch with no cap, naming what `ucudnn bench` would measure."""
+    problems = list({p.key: p for p in problems}.values())
+    backends, search = settings.backends(gpu=False), settings.searching
+    tables = {key: table.only(backends) for key, table in source.tables(problems, device).items()}
+    for sizes_for, limit, heard in ((settings.sizes_for, cap, progress), (lambda p: (p.batch,), None, None)):
+        for done, p in enumerate(problems):
+            if heard:
+                heard(done, len(problems), p)
+            if search.missing(tables[p.key], sizes_for(p), limit):  # named as `ucudnn bench` would fill them
+                _refuse_missing(p, FULL.missing(tables[p.key], sizes_for(p), limit), device, backends)
+        if heard and problems:
+            heard(len(problems), len(problems), problems[-1])
+    return tables
+
+
+def _refuse_missing(p: ConvProblem, missing: Sequence[int], device: Provenance, backends: Sequence[str]) -> None:
+    """MissingMeasurementsError naming the `missing` sizes of `p` on `device`, if any."""
+    if missing:
+        missing = sorted(missing)
+        which = f" of backend {'/'.join(backends)}" if backends else ""
+        raise MissingMeasurementsError(
+            f"no measurements{which} of {p.describe()} at {describe_sizes(missing)} on "
+            f"{device.describe()} in the cache, and no GPU to measure them; run `ucudnn bench` "
+            "for this network on such a GPU, or point --cache at a database that has them",
+            problem=p, missing=missing)
 
 
 def open_database(path: str | Path | None, check: bool = True) -> BenchmarkDatabase:

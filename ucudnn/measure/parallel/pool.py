@@ -19,8 +19,10 @@ from ...core.log import LOGGER
 from ...core.problem import ConvProblem
 from ...execute.backends import resolve as resolve_backends
 from ..benchmark import Benchmarker, TimingSettings, ensure_tables
-from ..cache.database import BenchmarkDatabase, leftovers, merge
+from ..cache.database import BenchmarkDatabase
+from ..cache.files import leftovers
 from ..cache.memo import Cache, resolve_path
+from ..cache.merging import merge
 from ..cache.paths import shard_path
 from .devices import (
     DEVICES_VARIABLE,
