@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 import ucudnn.torch
 from bench.common import MiB, block, median_ms, relative_error
-from ucudnn.integrations.torch import TorchFramework
+from ucudnn.integrations.torch import TorchPool
 from ucudnn.integrations.torch.layers import TWINS
 from ucudnn.plan.config import Settings
 
@@ -186,7 +186,7 @@ def measured(case: Case, free: int, cache: str, result: dict) -> dict:
     result["torch_beyond_tensors_mib"] = (step_peak(case, case.module) - peak) / MiB
     result["torch_workspace_mib"] = max(0, *(t - z for t, z in zip(phase_peaks(case, case.module), zero))) / MiB
     result["control_pressure_ms"] = step_ms(case, copy.deepcopy(case.module))
-    settled = functools.partial(TorchFramework().settled_memory, torch.device("cuda"))
+    settled = functools.partial(TorchPool.settled_memory, torch.device("cuda"))
     before = settled()
     start = time.perf_counter()
     module = converted(case, free, cache)

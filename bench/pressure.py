@@ -199,7 +199,7 @@ def run_need(args) -> dict:
     import torch
 
     import ucudnn.torch as ut
-    from ucudnn.integrations.torch import TorchFramework as Torch
+    from ucudnn.integrations.torch import TorchPool as Torch
 
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
@@ -226,7 +226,7 @@ def run_need(args) -> dict:
 def run_variant(args) -> dict:
     import torch
 
-    from ucudnn.integrations.torch import TorchFramework as Torch
+    from ucudnn.integrations.torch import TorchPool as Torch
 
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
@@ -331,14 +331,14 @@ def _usage() -> dict:
 
 def flushes_by_kernel(step, device) -> dict:
     """One more step with each of ucudnn's kernel runs watched (Planner.run): per kernel (as
-    summary() names it), the allocator's flushes running it made (TorchFramework.flushes), and the
+    summary() names it), the allocator's flushes running it made (TorchPool.flushes), and the
     step's in all (those outside ucudnn's kernels included)."""
     import torch
 
-    from ucudnn.integrations.torch import TorchFramework
+    from ucudnn.integrations.torch import TorchPool
     from ucudnn.plan.planner import Planner
 
-    flushes = TorchFramework.flushes
+    flushes = TorchPool.flushes
     by_kernel: dict[str, int] = {}
     run = Planner.run
 

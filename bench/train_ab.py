@@ -214,7 +214,7 @@ def settled_copies(net: str, batch: int, precision: str, args) -> tuple[dict, di
 def measure(net: str, batch: int, precision: str, args) -> dict:
     import torch
 
-    from ucudnn.integrations.torch import TorchFramework
+    from ucudnn.integrations.torch import TorchPool
 
     models, steps, x = settled_copies(net, batch, precision, args)
     specs = args.limits.split(",")
@@ -244,7 +244,7 @@ def measure(net: str, batch: int, precision: str, args) -> dict:
         notes[name] = kernels_note(summaries[name], {k: after[k] - before[name][k] for k in after})
     row = summarise(net, batch, precision, iteration_ms(marks), notes,
                     dict(first_losses=first_losses, warmup_s=warm_s, ucudnn=summaries,
-                         outside_pool_mib=TorchFramework.outside_bytes() / MiB, failed=failed), watch.rounds)
+                         outside_pool_mib=TorchPool.outside_bytes() / MiB, failed=failed), watch.rounds)
     del models, steps, contexts
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

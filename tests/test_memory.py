@@ -192,7 +192,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import ucudnn.torch as ut  # noqa: E402
-from ucudnn.integrations.torch import TorchFramework  # noqa: E402
+from ucudnn.integrations.torch import TorchFramework, TorchPool  # noqa: E402
 from ucudnn.plan.framework import OwnTiming  # noqa: E402
 from ucudnn.plan.memory import RECORDED_CALLS, WATCHED_STEPS, Memory, quantized, workspace_limit  # noqa: E402
 
@@ -292,7 +292,7 @@ def test_cuda_backend_turns_torchs_out_of_memory_into_device_memory_error(monkey
 
     monkeypatch.setattr(torch, "empty", no_memory)
     with pytest.raises(DeviceMemoryError, match="2048.0 MiB for a convolution workspace"):
-        TorchFramework().borrow(2**31, torch.device("cpu"))
+        TorchPool.borrow(2**31, torch.device("cpu"))
 
 
 class Timeline(NumpyFramework):
@@ -652,10 +652,10 @@ def test_torch_gets_its_cached_blocks_back_as_the_outermost_planning_scope_ends(
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(using_allocator=lambda allocate: contextlib.nullcontext()))
     monkeypatch.setattr(gpu, "cupy", lambda: fake)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    framework, device = TorchFramework(), torch.device("cpu")
-    with framework.planning(device):
+    pool, device = TorchPool(), torch.device("cpu")
+    with pool.planning_scope(device):
         for _ in range(3):
-            with framework.planning(device):
+            with pool.planning_scope(device):
                 pass
         assert emptied == []
     assert emptied == [True]

@@ -15,7 +15,7 @@ from torch import nn  # noqa: E402
 import ucudnn.torch as ut  # noqa: E402
 from ucudnn.core import fallback  # noqa: E402
 from ucudnn.core.errors import DeviceMemoryError, UcudnnWarning  # noqa: E402
-from ucudnn.integrations.torch import TorchFramework, kernels  # noqa: E402
+from ucudnn.integrations.torch import TorchPool, kernels  # noqa: E402
 from ucudnn.measure.cache import Cache  # noqa: E402
 from ucudnn.plan.memory import MARGIN_BYTES, graph_budget  # noqa: E402
 
@@ -210,9 +210,9 @@ def fake_cuda(monkeypatch, *, free, total, reserved, allocated, inactive):
 def test_free_bytes_is_the_device_s_free_memory_and_torch_s_cached_blocks_less_inactive_splits(monkeypatch):
     fake_cuda(monkeypatch, free=100 * MiB, total=80_000 * MiB, reserved=900 * MiB, allocated=700 * MiB,
               inactive=30 * MiB)
-    assert TorchFramework().free_bytes(torch.device("cuda", 0)) == (100 + 200 - 30) * MiB
+    assert TorchPool().free_bytes(torch.device("cuda", 0)) == (100 + 200 - 30) * MiB
 
 
 def test_outside_bytes_is_what_the_process_holds_beyond_torch_s_pool(monkeypatch):
     fake_cuda(monkeypatch, free=100 * MiB, total=80_000 * MiB, reserved=900 * MiB, allocated=700 * MiB, inactive=0)
-    assert TorchFramework.outside_bytes(torch.device("cuda", 0)) == (80_000 - 100 - 900) * MiB
+    assert TorchPool.outside_bytes(torch.device("cuda", 0)) == (80_000 - 100 - 900) * MiB

@@ -84,9 +84,14 @@ class OwnKernel:
 
 
 class NumpyArrays:
-    """A Framework of NumPy arrays on one pretend device; its own convolution 'takes' own_ms."""
+    """A Framework of NumPy arrays on one pretend device, and its own Pool; its own convolution
+    'takes' own_ms."""
 
     own = OWN
+
+    @property
+    def pool(self):
+        return self
 
     def __init__(self, own_ms: float = math.inf, free: int = 0):
         self.cudnn_handles, self.own_ms, self.timed = {}, own_ms, []
@@ -120,7 +125,7 @@ class NumpyArrays:
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def planning(self, device):
+    def planning_scope(self, device):
         self.scopes.append(device)  # scopes open now
         try:
             yield

@@ -16,12 +16,14 @@ from handle_doubles import NumpyHandle
 class NumpyFramework(TorchFramework):
     """Runs 'ucudnn' kernels on CPU tensors: operands are flat NumPy views of their memory.
     torch's own kernels 'take' `torch_timing(problem)`: by default forever, so that layers are
-    never delegated to torch unless a test says otherwise; `timed` lists the kernels timed."""
+    never delegated to torch unless a test says otherwise; `timed` lists the kernels timed. It is
+    its own pool (`pool`: free_bytes, settled_memory, borrow, ...)."""
 
     handle_class = NumpyHandle
 
     def __init__(self, torch_timing=lambda problem: OwnTiming(float("inf"), 0), memory=Memory(2**40, 0)):
         super().__init__()
+        self.pool = self
         self.torch_timing = torch_timing
         self.timed = []
         self.pressures = []  # per timing of torch's kernels: the bytes left free for it (None: no blocker)
@@ -33,7 +35,7 @@ class NumpyFramework(TorchFramework):
         self.releases, self.bounds = 0, []  # release() calls, bound_beside() budgets
 
     @contextlib.contextmanager
-    def planning(self, device):
+    def planning_scope(self, device):
         self._planning += 1
         try:
             yield

@@ -237,12 +237,12 @@ class Delegation:
             problem, assignments = call.problem(kind), kernels.handle(call.device).assignments
             candidate, free = framework.own_candidate(), room if kernels.auto else None
             with kernels.lock, framework.device_guard(call.device):
-                timing = stored_timing(assignments, problem, framework.free_bytes(call.device) if free is None else free,
+                timing = stored_timing(assignments, problem, framework.pool.free_bytes(call.device) if free is None else free,
                                        candidate)
                 if timing is None:
                     # in a planning scope: its operands go back to the device afterwards rather than
                     # staying cached in odd sizes in the pool the step runs in
-                    with framework.planning(call.device), kernels.working(kind, call, f"timing {framework.own}'s own"):
+                    with framework.pool.planning_scope(call.device), kernels.working(kind, call, f"timing {framework.own}'s own"):
                         timing = framework.time_own(problem, call.device, free)
                         keep_timing(assignments, problem, timing, candidate)
                 self.own_timings[kind, call, room] = timing
@@ -264,7 +264,7 @@ class Delegation:
         once; inf where it cannot run."""
         if (kind, call) not in self.favourite_times:
             kernels, device = self.kernels, call.device
-            with kernels.lock, kernels.framework.device_guard(device), kernels.framework.planning(device), \
+            with kernels.lock, kernels.framework.device_guard(device), kernels.framework.pool.planning_scope(device), \
                     kernels.working(kind, call, "timing cuDNN's favourite of"):
                 self.favourite_times[kind, call] = kernels.handle(device).favourite_ms(call.problem(kind))
         return self.favourite_times[kind, call]

@@ -57,6 +57,38 @@ class Engine(Protocol):
     def shrinks(self) -> list[Shrink]: ...
 
 
+class Pool(Protocol):
+    """The framework's memory as the Planner reads it: its allocator's pool (what can be had,
+    its flushes and growth), the device beyond it, what ucudnn holds beside it, and the scope in
+    which planning allocates from it."""
+
+    def free_bytes(self, device: Device) -> int:
+        """What the framework could allocate now in one block, at the least."""
+
+    def outside_bytes(self, device: Device) -> int:
+        """What the process holds on the device outside the framework's pool (code, handles)."""
+
+    def settled_memory(self, device: Device) -> Memory:
+        """The device's free memory and the bytes tensors hold, the framework's cache given back."""
+
+    def flushes(self, device: Device) -> int:
+        """How often the framework's allocator has given its whole cache back to serve an allocation."""
+
+    def grown(self, device: Device) -> int:
+        """How often the framework's allocator has taken memory from the device (allocated, or pages mapped)."""
+
+    def release(self, device: Device) -> int:
+        """Give back what ucudnn holds beside the framework's pool that it can make again (CUDA
+        graphs, cached blocks), and the framework's cached blocks; the graphs' bytes."""
+
+    def bound_beside(self, nbytes: int | None) -> None:
+        """What ucudnn may hold beside the framework's pool in CUDA graphs from now on (None: unbounded)."""
+
+    def planning_scope(self, device: Device) -> contextlib.AbstractContextManager:
+        """Inside, planning's device memory comes from the framework; on the way out of the
+        outermost such scope what it cached goes back to the device."""
+
+
 @runtime_checkable
 class Framework(Protocol):
     """What a framework integration gives the Planner (ucudnn.integrations.torch.kernels.TorchFramework
@@ -65,6 +97,10 @@ class Framework(Protocol):
 
     own: str  # the framework's name: its own convolution's kernels count as (own, kind) in runs
     cudnn_handles: dict  # device -> whose cuDNN handle its ucudnn.Handle runs on (for summary())
+
+    @property
+    def pool(self) -> Pool:
+        """Its memory."""
 
     def make_handle(self, settings: Settings, cache, device: Device) -> Engine:
         """A ucudnn.Handle for `device`: the Planner's engine there."""
@@ -82,12 +118,6 @@ class Framework(Protocol):
     def result_for(self, problem: ConvProblem, like: Any) -> Any:
         """A new tensor for what `problem`'s kernel writes, like `like` (dtype, device)."""
 
-    def flushes(self, device: Device) -> int:
-        """How often the framework's allocator has given its whole cache back to serve an allocation."""
-
-    def grown(self, device: Device) -> int:
-        """How often the framework's allocator has taken memory from the device (allocated, or pages mapped)."""
-
     def time_own(self, problem: ConvProblem, device: Device, free: int | None = None) -> OwnTiming:
         """The framework's own convolution of `problem` timed on new operands; with `free`, with
         only that many bytes free beyond its result (the rest held while it runs)."""
@@ -98,28 +128,8 @@ class Framework(Protocol):
     def device_guard(self, device: Device) -> contextlib.AbstractContextManager:
         """Inside, `device` is the current device."""
 
-    def planning(self, device: Device) -> contextlib.AbstractContextManager:
-        """Inside, planning's device memory comes from the framework; on the way out of the
-        outermost such scope what it cached goes back to the device."""
-
-    def settled_memory(self, device: Device) -> Memory:
-        """The device's free memory and the bytes tensors hold, the framework's cache given back."""
-
-    def free_bytes(self, device: Device) -> int:
-        """What the framework could allocate now in one block, at the least."""
-
-    def outside_bytes(self, device: Device) -> int:
-        """What the process holds on the device outside the framework's pool (code, handles)."""
-
     def synchronize(self, device: Device) -> None:
         """Wait for the device's work."""
-
-    def release(self, device: Device) -> int:
-        """Give back what ucudnn holds beside the framework's pool that it can make again (CUDA
-        graphs, cached blocks), and the framework's cached blocks; the graphs' bytes."""
-
-    def bound_beside(self, nbytes: int | None) -> None:
-        """What ucudnn may hold beside the framework's pool in CUDA graphs from now on (None: unbounded)."""
 
     def mark(self, device: Device, hold_s: float = 0.0) -> Any:
         """A point in the device's work queued so far (a recorded CUDA event); with `hold_s`, the
@@ -137,7 +147,7 @@ class Framework(Protocol):
 
 @contextlib.contextmanager
 def scopes(framework: Framework) -> Iterator[Callable[[Hashable], None]]:
-    """One planning scope a device (Framework.planning) for a stretch of planning, entered by
+    """One planning scope a device (Pool.planning_scope) for a stretch of planning, entered by
     the function yielded as the stretch first meets the device, all left at its end: the
     framework's cache is given back once a stretch, not after every kernel."""
     with contextlib.ExitStack() as stack:
@@ -146,7 +156,7 @@ def scopes(framework: Framework) -> Iterator[Callable[[Hashable], None]]:
         def planning(device: Hashable) -> None:
             if device not in devices:
                 devices.add(device)
-                stack.enter_context(framework.planning(device))
+                stack.enter_context(framework.pool.planning_scope(device))
         yield planning
 
 

@@ -57,7 +57,7 @@ class Kernels:
         if not self.auto:
             return self.settings.workspace_limit
         if kind not in site.free:
-            site.free[kind] = self.framework.free_bytes(site.call.device) - site.call.problem(kind).written_bytes()
+            site.free[kind] = self.framework.pool.free_bytes(site.call.device) - site.call.problem(kind).written_bytes()
         return quantized(site.free[kind])
 
     def key(self, site, kind: ConvKind) -> Key:
@@ -85,7 +85,7 @@ class Kernels:
         key, limit = (kind, call, room), workspace_limit(room) if self.auto else None
         with self.lock, self.framework.device_guard(call.device):
             if key not in self.planned:
-                with self.framework.planning(call.device), self.working(kind, call, "timing ucudnn's candidates of"):
+                with self.framework.pool.planning_scope(call.device), self.working(kind, call, "timing ucudnn's candidates of"):
                     kernel = self._plan(call, kind, _assigned if limit is None else _within(limit))
                     if kind is ConvKind.BACKWARD_DATA and self.settings.bd_as_forward and not self.settings.optimizing.divides:
                         kernel = self._as_forward(call, kernel, limit)
@@ -148,10 +148,10 @@ class Kernels:
             if kernel is failed and isinstance(failed, AsForward):
                 kernel = self.planned[key] = failed.backward
             elif kernel is failed:
-                available = None if flushed else self.framework.settled_memory(call.device).free
+                available = None if flushed else self.framework.pool.settled_memory(call.device).free
                 why = FLUSHED if flushed else NO_MEMORY
                 plan = failed.assignment if self.auto else None
-                with self.framework.planning(call.device):
+                with self.framework.pool.planning_scope(call.device):
                     kernel = self.planned[key] = self._plan(
                         call, kind, lambda handle, problem: handle.shrink(problem, available, plan, why))
             site.kernels[kind] = kernel

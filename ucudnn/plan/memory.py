@@ -18,7 +18,7 @@ workspace that still cannot be had is planned again within less (ucudnn.plan.ker
 A workspace that can be had only by the framework's allocator giving all its cached blocks back
 to the device (a flush: a device sync, then pages mapped again; docs/results-archive.md,
 "Flushes") costs more than a smaller plan, up to
-FLUSH_MS: once planning is done, the planned kernels are watched (Framework.flushes) in the first
+FLUSH_MS: once planning is done, the planned kernels are watched (Pool.flushes) in the first
 step and in each step after one that flushed, over the next WATCHED_STEPS steps (FlushWatch); one
 that flushed is planned within half its workspace as the next step starts, unless that plan is
 predicted to be slower by more than a flush costs. Each plan that changes moves the cached blocks

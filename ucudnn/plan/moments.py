@@ -12,7 +12,7 @@ from .framework import OwnTiming
 
 
 class AllocatorCounts(NamedTuple):
-    """What the framework's allocator has done so far (Framework.flushes, Framework.grown): how
+    """What the framework's allocator has done so far (Pool.flushes, Pool.grown): how
     often it gave its whole cache back to serve an allocation, and how often it took memory from
     the device (a cudaMalloc, or pages mapped); one minus another is what it did between them."""
 
@@ -93,7 +93,7 @@ class Moments:
         """Forget every observation."""
         self._in_step: dict[Any, InStep] = {}  # site -> its own kernels' marks in its observed calls
         self._least: dict[tuple[Hashable, tuple], float] = {}  # (call, kinds) -> least ms of any of its sites
-        self._outside_seen: dict[Hashable, int] = {}  # device -> Framework.outside_bytes at its latest start()
+        self._outside_seen: dict[Hashable, int] = {}  # device -> Pool.outside_bytes at its latest start()
         self._lessened: set = set()  # sites whose rooms were lessened as their planning began (lessen)
         self.in_step_ms: dict[Key, float] = {}
         self.in_step_windows: dict[Key, list[Window]] = {}  # the site's own windows
@@ -103,10 +103,10 @@ class Moments:
         less what those kernels write (their outputs, made before they run), the least seen kept;
         their window opens (the allocator's counts read before the mark: no host time inside the window)."""
         call = site.call
-        room = self.framework.free_bytes(call.device) - sum(call.problem(k).written_bytes() for k in kinds)
+        room = self.framework.pool.free_bytes(call.device) - sum(call.problem(k).written_bytes() for k in kinds)
         for kind in kinds:
             site.free[kind] = min(site.free.get(kind, room), room)
-        self._outside_seen[call.device] = self.framework.outside_bytes(call.device)
+        self._outside_seen[call.device] = self.framework.pool.outside_bytes(call.device)
         counts = self._counts(call.device)
         self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), counts)
 
@@ -126,7 +126,7 @@ class Moments:
         if site in self._lessened or device not in self._outside_seen:
             return
         self._lessened.add(site)
-        grown = max(0, self.framework.outside_bytes(device) - self._outside_seen[device])
+        grown = max(0, self.framework.pool.outside_bytes(device) - self._outside_seen[device])
         for kind in site.free:
             site.free[kind] -= grown
 
@@ -166,7 +166,7 @@ class Moments:
         return {kinds: self._least[site.call, kinds] for kinds in own}
 
     def _counts(self, device: Hashable) -> AllocatorCounts:
-        return AllocatorCounts(self.framework.flushes(device), self.framework.grown(device))
+        return AllocatorCounts(self.framework.pool.flushes(device), self.framework.pool.grown(device))
 
     def _windows(self, site) -> dict[tuple, list[Window]]:
         """The site's windows per group of kinds (InStep.each); none where a mark cannot be read."""

@@ -107,17 +107,17 @@ class Planner:
         if ours and operands[written] is None:  # made before the watch: only borrowing the workspace counts
             operands[written] = self.framework.result_for(kernel.problem, x if x is not None else y)
         watched = self.flushes.watching(site, kind, kernel)
-        before = self.framework.flushes(site.call.device) if watched else 0
+        before = self.framework.pool.flushes(site.call.device) if watched else 0
         result = kernel(*operands)
-        if watched and self.framework.flushes(site.call.device) > before:
+        if watched and self.framework.pool.flushes(site.call.device) > before:
             self.flushes.saw_flush(site, kind, kernel)
         return operands[written] if ours else result
 
     def _release(self, device: Hashable, exc: DeviceMemoryError) -> bool:
         """Memory ran out with no workspace to shrink: what ucudnn holds beside the framework's
         pool (CUDA graphs, cached blocks) goes back, and no graph is captured from then on."""
-        held = self.framework.release(device)
-        self.framework.bound_beside(0)
+        held = self.framework.pool.release(device)
+        self.framework.pool.bound_beside(0)
         self.pressed = True
         say_once(f"ucudnn: {exc}; gave back {held / 2**20:.1f} MiB of CUDA graphs and the cached blocks, "
                  "and runs every kernel directly from now on")
@@ -134,7 +134,7 @@ class Planner:
             return self.kernels.shrink(site, kind, failed)
         if failed.via == UCUDNN and not failed.assignment.workspace_size:
             raise exc
-        limit = 0 if failed.via == UCUDNN else workspace_limit(self.framework.settled_memory(site.call.device).free)
+        limit = 0 if failed.via == UCUDNN else workspace_limit(self.framework.pool.settled_memory(site.call.device).free)
         kernel = self.kernels.rescued(site.call, kind, limit, exc)
         if waiting:
             self.pending.rescue(site, kind, kernel)
@@ -178,11 +178,11 @@ class Planner:
             return
         if self.auto and self._graphs_bounded is False and not self.pressed:
             self._graphs_bounded = True
-            self.framework.bound_beside(graph_budget([room for _, _, rooms in self.delegation.decided for room in rooms]))
+            self.framework.pool.bound_beside(graph_budget([room for _, _, rooms in self.delegation.decided for room in rooms]))
         if self.flushes.flushed:
             self.flushes.weigh()
         if self.auto:  # read after weighing: its measuring may flush
-            self.flushes.step(lambda: self.framework.flushes(lead.call.device))
+            self.flushes.step(lambda: self.framework.pool.flushes(lead.call.device))
 
     def steady(self, site) -> bool:
         """Whether the site's calls may skip route() while their signature holds: decided as
@@ -241,7 +241,7 @@ class Planner:
         self.pending.wait(site)
         if self.auto and not self.pressed and self._graphs_bounded is not False:
             self._graphs_bounded = False
-            self.framework.bound_beside(0)
+            self.framework.pool.bound_beside(0)
 
     def observing(self, site) -> bool:
         """Whether this call's moments are observed: with `auto`, in the first RECORDED_CALLS calls
@@ -281,7 +281,7 @@ class Planner:
         """WD: solve every recorded kernel as one network now."""
         with self.kernels.lock:
             for device, handle in self.kernels.handles.items():
-                with self.framework.device_guard(device), self.framework.planning(device):
+                with self.framework.device_guard(device), self.framework.pool.planning_scope(device):
                     handle.finalize()
 
     def reset(self) -> None:

@@ -40,6 +40,7 @@ from .layers import (
     convert,
     network,
 )
+from .pool import TorchPool  # noqa: F401  (the package's own use and tests)
 
 # the public face (ucudnn.torch); TorchFramework and default_context stay importable from here for
 # the package's own use and tests

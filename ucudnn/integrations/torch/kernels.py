@@ -12,15 +12,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...core.errors import CudnnError, DeviceMemoryError
+from ...core.errors import CudnnError
 from ...core.fallback import say_once
 from ...core.measurements import TORCH
 from ...core.problem import ConvKind, ConvProblem
 from ...execute.backends.base import candidate_id
 from ...plan.config import Settings
 from ...plan.framework import UCUDNN, OwnTiming
-from ...plan.memory import Memory
 from .call import memory_format
+from .pool import TorchPool, out_of_memory_as
 from .torch_handle import torch_cudnn_handle
 
 F_, BD, BF = ConvKind.FORWARD, ConvKind.BACKWARD_DATA, ConvKind.BACKWARD_FILTER
@@ -80,7 +80,7 @@ class TorchFramework:
 
     def __init__(self) -> None:
         self.cudnn_handles: dict[str, str] = {}  # device -> whose cuDNN handle its ucudnn.Handle runs on
-        self._planning_depth = 0  # planning scopes open (_planning_scope)
+        self.pool = TorchPool()
 
     def runs_on(self, device: torch.device) -> bool:
         return device.type == "cuda"
@@ -118,7 +118,7 @@ class TorchFramework:
         torch.backends.cudnn.version()  # loads torch's libcudnn, so ucudnn's bindings use the same one
         allocator: Callable[[int], Any]
         if settings.optimizing.divides:  # one persistent buffer for the network, divided (and late kernels)
-            allocator = functools.partial(self.borrow, device=device)
+            allocator = functools.partial(self.pool.borrow, device=device)
         else:
             allocator = _no_persistent_workspace
         lent = torch_cudnn_handle(device)
@@ -144,86 +144,6 @@ class TorchFramework:
         with out_of_memory_as(f"the result of {problem.describe()}", problem.written_bytes()):
             return torch.empty(shape, dtype=like.dtype, device=like.device,
                                memory_format=memory_format(problem.layout, len(shape)))
-
-    @staticmethod
-    def release(device: torch.device) -> int:
-        """Give back what ucudnn holds beside torch's pool that it can make again (CUDA graphs,
-        CuPy's cached blocks) and torch's cached blocks; the graphs' bytes."""
-        from ...execute import gpu
-        from ...execute.graphs import GRAPH_MEMORY
-
-        held = GRAPH_MEMORY.release()
-        if gpu.loaded():
-            gpu.free_pool()
-        torch.cuda.synchronize(device)  # graphs in flight free their memory once they end
-        torch.cuda.empty_cache()
-        return held
-
-    @staticmethod
-    def bound_beside(nbytes: int | None) -> None:
-        """What ucudnn may hold beside torch's pool in CUDA graphs from now on (None: unbounded)."""
-        from ...execute.graphs import GRAPH_MEMORY
-
-        GRAPH_MEMORY.budget = nbytes
-
-    @staticmethod
-    def flushes(device: torch.device) -> int:
-        """How often torch's caching allocator has given all its cached blocks back to the device
-        to serve an allocation (num_alloc_retries: a device sync, and pages mapped again). The
-        nested statistics: torch.cuda.memory_stats would flatten them all first."""
-        return torch.cuda.memory.memory_stats_as_nested_dict(device).get("num_alloc_retries", 0)
-
-    @staticmethod
-    def grown(device: torch.device) -> int:
-        """How often torch's caching allocator has taken memory from the device (num_device_alloc:
-        cudaMalloc calls, or pages mapped into an expandable segment)."""
-        return torch.cuda.memory.memory_stats_as_nested_dict(device).get("num_device_alloc", 0)
-
-    def borrow(self, nbytes: int, device: torch.device) -> Tensor:
-        """Workspace from torch's caching allocator, on the current stream; where it cannot be
-        had, DeviceMemoryError (a MemoryError), on which ucudnn plans within less."""
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, device=device)
-        except torch.cuda.OutOfMemoryError:
-            raise DeviceMemoryError("a convolution workspace", nbytes) from None
-
-    def planning(self, device: torch.device):
-        """Inside: ucudnn's own allocations (benchmark operands and workspaces, made through
-        CuPy) come from torch's caching allocator, so that one pool serves the training step and
-        the benchmark: freed scratch goes back to torch, torch's peak statistics count it, and
-        memory pressure is the same for both. Out of memory there is CuPy's, which the benchmark
-        records as data."""
-        from ...execute import gpu
-
-        cupy = gpu.cupy()
-
-        def allocate(nbytes: int):
-            try:
-                block = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-            except torch.cuda.OutOfMemoryError:
-                raise cupy.cuda.memory.OutOfMemoryError(nbytes, torch.cuda.memory_reserved(device)) from None
-            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.data_ptr(), block.nbytes, block,
-                                                                   block.device.index), 0)
-
-        return self._planning_scope(cupy.cuda.using_allocator(allocate))
-
-    @contextlib.contextmanager
-    def _planning_scope(self, allocator_scope):
-        """CuPy allocating from torch inside; on the way out of the outermost scope torch's unused
-        cached blocks go back to the device: the operands and workspaces of the benchmark, and of
-        timing torch's own kernels for delegation, would otherwise stay cached in odd sizes and
-        fragment the pool the step runs in. Once per outermost scope, not per kernel
-        (Pending.plan opens one around its slice), so that each kernel's blocker
-        (time_own) reuses the last one's cached block rather than being mapped afresh, which makes
-        timing torch's kernels faster (docs/results-archive.md, "Six models")."""
-        self._planning_depth += 1
-        try:
-            with allocator_scope:
-                yield
-        finally:
-            self._planning_depth -= 1
-            if not self._planning_depth:
-                torch.cuda.empty_cache()
 
     @contextlib.contextmanager
     def side_stream(self, device: torch.device):
@@ -263,14 +183,6 @@ class TorchFramework:
         _MADE_STREAMS.append(made)
         return torch.cuda.ExternalStream(made.ptr, device=torch.device("cuda", index))
 
-    def settled_memory(self, device: torch.device) -> Memory:
-        """The device's free memory and the bytes torch's tensors hold, after torch's unused
-        cached blocks went back to the device (a device sync): what torch still holds beyond its
-        tensors is then fragments it cannot hand out as one large block."""
-        torch.cuda.empty_cache()
-        free, _ = torch.cuda.mem_get_info(device)
-        return Memory(free, torch.cuda.memory_allocated(device))
-
     def operand(self, tensor: Tensor) -> Any:
         return tensor.data_ptr()
 
@@ -304,26 +216,8 @@ class TorchFramework:
         swapped = w.unflatten(0, (groups, w.shape[0] // groups)).transpose(1, 2).flatten(0, 1)
         swapped = swapped.flip(list(range(2, w.dim())))
         fmt = memory_format(layout, w.dim())
-        try:
+        with out_of_memory_as("the transposed weights of a data gradient", w.nbytes):  # its own BD kernel runs instead
             return torch.empty(swapped.shape, dtype=w.dtype, device=w.device, memory_format=fmt).copy_(swapped)
-        except torch.cuda.OutOfMemoryError:  # the planner runs the data gradient's own kernel instead
-            raise DeviceMemoryError("the transposed weights of a data gradient", w.nbytes) from None
-
-    def free_bytes(self, device: torch.device) -> int:
-        """What torch could allocate now in one block, at the least: the device's free memory and
-        torch's cached blocks, less the free parts of blocks in use (inactive splits: a large
-        allocation cannot take them; torch gives the other cached blocks back to the device and
-        allocates afresh). Host counters and one cudaMemGetInfo: no device sync."""
-        stats = torch.cuda.memory_stats(device)
-        cached = stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"]
-        return torch.cuda.mem_get_info(device)[0] + cached - stats["inactive_split_bytes.all.current"]
-
-    @staticmethod
-    def outside_bytes(device: torch.device | None = None) -> int:
-        """What the process holds on the device beyond torch's pool (CUDA's context, kernels'
-        code as it is loaded, libraries' handles and buffers): one cudaMemGetInfo, no sync."""
-        free, total = torch.cuda.mem_get_info(device)
-        return total - free - torch.cuda.memory_reserved(device)
 
     def time_own(self, problem: ConvProblem, device: torch.device, free: int | None = None) -> OwnTiming:
         """Time torch's own convolution of `problem` on new operands, on the current stream:
@@ -347,9 +241,9 @@ class TorchFramework:
         convolve = torch_convolution(problem)
         blocker = None
         if free is not None:
-            blocker = torch.empty(max(0, self.free_bytes(device) - free - problem.written_bytes()), dtype=torch.uint8,
+            blocker = torch.empty(max(0, self.pool.free_bytes(device) - free - problem.written_bytes()), dtype=torch.uint8,
                                   device=device)
-        free = self.free_bytes(device) - problem.written_bytes()
+        free = self.pool.free_bytes(device) - problem.written_bytes()
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
             convolve(x, w, y)
             torch.cuda.synchronize(device)
@@ -380,7 +274,7 @@ class UcudnnKernel:
             self.handle.set_stream(stream)
         workspace, size, borrowed = self.assignment.workspace, self.assignment.workspace_size, None
         if size and not workspace:
-            borrowed = framework.borrow(size, device)  # released after the call: stream-ordered reuse is safe
+            borrowed = framework.pool.borrow(size, device)  # released after the call: stream-ordered reuse is safe
             workspace = framework.operand(borrowed)
         self.program(framework.operand(x), framework.operand(w), framework.operand(y), workspace, size)
         del borrowed
@@ -409,27 +303,6 @@ class TorchKernel:
         with out_of_memory_as(f"{TORCH}'s own {p.describe()}", p.written_bytes()):
             result = self._convolve(x, w, y)
         return result if written is None else written.copy_(result)
-
-
-# How cuDNN, called by torch, says that it could not get device memory (torch raises them as RuntimeError)
-CUDNN_OUT_OF_MEMORY = ("CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_INTERNAL_ERROR")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether torch ran out of device memory, or cuDNN failed for it (CUDNN_OUT_OF_MEMORY)."""
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or any(status in str(exc) for status in CUDNN_OUT_OF_MEMORY)
-
-
-@contextlib.contextmanager
-def out_of_memory_as(what: str, nbytes: int):
-    """Inside, torch running out of device memory (is_out_of_memory) raises DeviceMemoryError
-    for `what`, on which the Planner runs a smaller kernel."""
-    try:
-        yield
-    except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
-        if not is_out_of_memory(exc):
-            raise
-        raise DeviceMemoryError(f"{what} ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})", nbytes) from None
 
 
 def torch_convolution(problem: ConvProblem) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]:

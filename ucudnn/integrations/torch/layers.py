@@ -16,7 +16,8 @@ from ...plan.framework import LAYER
 from . import convolution
 from .call import aligned, compute_dtype, pack, resolve, spatial_dims, unpacked
 from .context import Context, default_context
-from .kernels import TorchFramework, is_out_of_memory
+from .kernels import TorchFramework
+from .pool import is_out_of_memory
 from .sites import Site, Steady, signature
 
 if TYPE_CHECKING:  # Converted comes before one of torch's convolution layers in its classes' MRO
