@@ -136,8 +136,8 @@ class Settings:
     solver: str = FIRST_INSTALLED  # WD's ILP solver; "": the first installed (ucudnn.optimizers.solvers)
     progress: bool = True  # a line on stderr while planning takes long (ucudnn.core.progress)
     planning: str = "between_iterations"  # ucudnn.plan.planner: when a framework's layer is planned (PLANNINGS)
-    # ucudnn.plan.planner, WR: a stride-1 layer's BD also planned as a forward convolution of dy, the
-    # faster plan kept (ucudnn.core.transposition; docs/results.md, "Stop 44: both limits in one run")
+    # ucudnn.plan.kernels, WR: a stride-1 layer's BD also planned as a forward convolution of dy, the
+    # faster plan kept (ucudnn.core.transposition; docs/results.md, "both limits in one run")
     bd_as_forward: bool = True
     verbose: bool = False  # each kernel's plan on stderr as it is made (ucudnn.plan.assignment)
     cache_path: str | None = None  # None: as ucudnn.measure.cache.paths.cache_path decides

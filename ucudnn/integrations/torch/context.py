@@ -120,7 +120,7 @@ class Context:
     def retire(self, module: nn.Module) -> None:
         """Give a converted layer whose calls hold steady (delegated, nothing to plan: sites.Steady)
         torch's own class back, so that its calls run torch's layer with nothing of ucudnn's in
-        between (the steady check cost host-paced steps up to 7%: docs/results.md, "Delegated
+        between (the steady check costs host-paced steps: docs/results.md, "Delegated
         layers retired"); not the lead's layer, whose calls start iterations and watch for change
         (saw). restore() converts it again."""
         if id(module) != self._lead_layer:
