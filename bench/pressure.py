@@ -1,6 +1,6 @@
 """Whole models where memory is short: torch against ucudnn.torch, each variant a fresh process.
 
-For each model (torchvision, torchaudio and timm models nobody here wrote; training steps with
+For each model (torchvision, torchaudio, timm and MONAI models nobody here wrote; training steps with
 SGD and, for AMP, a gradient scaler):
 1. `need`: the model's tensors' peak with every convolution at zero workspace (a process
    converts it so, plans it, then takes torch's peak allocated bytes over three steps), plus what
@@ -70,15 +70,25 @@ UCUDNN_VARIANTS = {"ucudnn": {}, "wd": dict(optimizer="wd", total_limit="auto")}
 SWAPS = {"imported": (0.0, "t"), "swapped": (0.5, "tuut"), "swapped_control": (0.5, "tTTt")}
 TORCH_VARIANTS = ("free", "torch", "control")
 
-# name -> (builder, batch, precision, input shape per sample, channels_last, loss)
+# name -> (builder, batch, precision, input shape per sample, channels_last, the builder's keywords).
+# unet3d: MONAI's 3-D segmentation UNet (strided Conv3d down, ConvTranspose3d up; its wheel travels
+# in .whl/, docs/gpu.md) on 96^3 patches; convtasnet: torchaudio's speech separation (Conv1d,
+# depthwise and dilated, a ConvTranspose1d decoder) on 4 s at 8 kHz.
+TORCHVISION = dict(weights=None)
 MODELS = {
-    "fcn_resnet50": ("torchvision.models.segmentation:fcn_resnet50", 8, "amp", (3, 512, 512), True),
-    "wav2vec2": ("torchaudio.models:wav2vec2_base", 16, "fp32", (128000,), False),
-    "r3d_18": ("torchvision.models.video:r3d_18", 8, "amp", (3, 16, 112, 112), False),
-    "fpn_resnet50": ("torchvision.models.detection.backbone_utils:resnet_fpn_backbone", 4, "amp", (3, 640, 640), True),
-    "efficientnet_b0": ("timm:efficientnet_b0", 64, "amp", (3, 224, 224), True),
-    "densenet121": ("torchvision.models:densenet121", 32, "fp32", (3, 224, 224), False),
-    "resnet50": ("timm:resnet50", 32, "amp", (3, 224, 224), True),
+    "fcn_resnet50": ("torchvision.models.segmentation:fcn_resnet50", 8, "amp", (3, 512, 512), True,
+                     dict(weights=None, weights_backbone=None, aux_loss=False)),
+    "wav2vec2": ("torchaudio.models:wav2vec2_base", 16, "fp32", (128000,), False, {}),
+    "r3d_18": ("torchvision.models.video:r3d_18", 8, "amp", (3, 16, 112, 112), False, TORCHVISION),
+    "fpn_resnet50": ("torchvision.models.detection.backbone_utils:resnet_fpn_backbone", 4, "amp", (3, 640, 640), True,
+                     dict(backbone_name="resnet50", weights=None, trainable_layers=5)),
+    "efficientnet_b0": ("timm:efficientnet_b0", 64, "amp", (3, 224, 224), True, {}),
+    "densenet121": ("torchvision.models:densenet121", 32, "fp32", (3, 224, 224), False, TORCHVISION),
+    "resnet50": ("timm:resnet50", 32, "amp", (3, 224, 224), True, {}),
+    "unet3d": ("monai.networks.nets:UNet", 2, "amp", (1, 96, 96, 96), False,
+               dict(spatial_dims=3, in_channels=1, out_channels=3, channels=(32, 64, 128, 256, 320),
+                    strides=(2, 2, 2, 2), num_res_units=2)),
+    "convtasnet": ("torchaudio.models:conv_tasnet_base", 4, "fp32", (1, 32000), False, dict(num_sources=2)),
 }
 
 
@@ -91,20 +101,15 @@ def build(name: str, device, batch: int | None = None):
 
     import torch
 
-    where, own_batch, precision, sample, channels_last = MODELS[name]
+    where, own_batch, precision, sample, channels_last, keywords = MODELS[name]
     batch = batch or own_batch
     module, builder = where.split(":")
-    make = None if module == "timm" else getattr(importlib.import_module(module), builder)
-    if name == "fcn_resnet50":
-        model = make(weights=None, weights_backbone=None, aux_loss=False)
-    elif name == "fpn_resnet50":
-        model = make(backbone_name="resnet50", weights=None, trainable_layers=5)
-    elif name == "wav2vec2":
-        model = make().feature_extractor
-    elif module == "timm":
+    if module == "timm":
         model = importlib.import_module("timm").create_model(builder, pretrained=False)
     else:
-        model = make(weights=None)
+        model = getattr(importlib.import_module(module), builder)(**keywords)
+    if name == "wav2vec2":
+        model = model.feature_extractor
     model = model.to(device).train()
     torch.manual_seed(0)
     x = torch.randn(batch, *sample, device=device)
@@ -591,7 +596,7 @@ def main(argv=None) -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="out")
-    p.add_argument("--models", default="wav2vec2,fcn_resnet50,r3d_18,fpn_resnet50,efficientnet_b0,densenet121")
+    p.add_argument("--models", default="wav2vec2,fcn_resnet50,r3d_18,fpn_resnet50,efficientnet_b0,densenet121,unet3d,convtasnet")
     p.add_argument("--limits", default="0,64MiB,512MiB")
     p.add_argument("--variants", default="free,torch,control,ucudnn,wd")
     p.add_argument("--iters", type=int, default=40,

@@ -291,3 +291,23 @@ def test_largest_batch_tables_each_variant_s_largest_passing_probe():
             dict(model="m", variant="torch", batch=16, budget_mib=100.0, error="OutOfMemoryError"),
             dict(model="m", variant="ucudnn", batch=16, budget_mib=100.0, samples_per_s=120.0)]
     assert module.table(rows).splitlines()[-1] == "| m | 100 MiB | 8, 80 | 16, 120 | 2.00x |"
+
+
+@pytest.mark.parametrize("name", ["unet3d", "convtasnet", "wav2vec2", "r3d_18", "densenet121"])
+def test_pressure_s_models_build_and_give_a_loss_with_their_convolutions_of_every_kind(name):
+    """Each model of bench/pressure.py that this machine's libraries hold builds from its MODELS
+    entry (keywords, input shape) and runs a forward and backward to a finite loss on the CPU, at
+    one sample, with the convolutions its family brings (3-D and transposed for unet3d, 1-D and
+    transposed for convtasnet)."""
+    torch = pytest.importorskip("torch")
+    pressure = importlib.import_module("bench.pressure")
+    pytest.importorskip(pressure.MODELS[name][0].split(":")[0].split(".")[0])
+    model, x, _ = pressure.build(name, torch.device("cpu"), batch=1)
+    kinds = {type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.modules.conv._ConvNd)}
+    expected = {"unet3d": {"Conv3d", "ConvTranspose3d"}, "convtasnet": {"Conv1d", "ConvTranspose1d"}}
+    assert expected.get(name, set()) <= kinds, kinds
+    if name == "unet3d":
+        x = x[..., :32, :32, :32]  # the same layers on a smaller patch: the CPU's time
+    loss = pressure.loss_of(pressure.forward(model, x, name))
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
