@@ -283,7 +283,7 @@ def child(args) -> dict:
     if args.child == "cold":
         out["grads"] = grad_check(model, x, target, amp)
         context = ut.context_of(model)
-        out["swept_problems"] = [call.problem(kind).to_dict() for (kind, call) in context._kernels]
+        out["swept_problems"] = [call.problem(kind).to_dict() for (kind, call, _) in context.planner.kernels.planned]
     if args.child == "warm" and args.steady:
         convs = [m for m in model.modules() if isinstance(m, ut.Conv2d)]
         steps = {"ucudnn": as_class(convs, ut.Conv2d, step), "torch": as_class(convs, torch.nn.Conv2d, step),

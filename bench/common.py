@@ -98,7 +98,7 @@ def condensed(summary: dict) -> dict:
 def program_counts(context) -> Counter:
     """Calls of every planned kernel by how they ran (GraphedProgram's counters)."""
     counts = Counter()
-    for kernel in context._kernels.values():
+    for kernel in context.planner.kernels.planned.values():
         program = getattr(kernel, "program", None)
         for name in ("replays", "captures", "direct_runs"):
             counts[name] += getattr(program, name, 0)
