@@ -19,7 +19,8 @@ class TorchOptions:
 
     # A converted layer's BF on a side stream beside its BD (each with a workspace of its own; a
     # delegated layer's torch kernels too), joined before the layer's backward returns (Context.beside).
-    # Off: it pays only where kernels leave the GPU room (docs/results.md, "what concurrency can reach, the SM carveout, and BF beside BD in layers left to torch")
+    # Off: it pays only where kernels leave the GPU room (docs/results.md, "what concurrency can
+    # reach, the SM carveout, and BF beside BD in layers left to torch")
     concurrent_backward: bool = False
 
     @classmethod
