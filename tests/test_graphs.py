@@ -270,3 +270,28 @@ def test_the_benchmarkers_capturer_makes_room_as_the_handles_does(monkeypatch):
     capturer = benchmark._capturer("graph", backends, 3, lambda: made.append(True))
     assert capturer.capture(lambda: None)._executable == 11 and made == [True]
     assert benchmark._capturer("direct", backends, 3, lambda: made.append(True)) is None
+
+
+def test_a_graph_that_cannot_get_its_memory_even_after_making_room_leaves_the_calls_direct_and_right(monkeypatch):
+    """Under memory pressure a capture can fail for its instantiation's bytes twice (room made
+    between the tries): the call that would have captured runs directly instead, with the
+    undivided result, and so do the later ones, one warning in all; nothing raises."""
+    runtime, made = FakeRuntime(failures=[2, 2]), []
+    graphs = fake_cupy(monkeypatch, runtime)
+    capturer = graphs.GraphCapturer(lambda stream: None, lambda: 3, lambda: made.append(True))
+    monkeypatch.setattr(capturer, "capturing", lambda: False)  # the caller's stream is not capturing
+    monkeypatch.setattr(capturer, "launch", lambda graph: pytest.fail("no graph was instantiated to launch"))
+    p = ConvProblem("F", (5, 3, 8, 8), (4, 3, 3, 3), pads=(1, 1), dtype="float64")
+    program = array_program(p, configuration([2, 3]), 1.0, 0.0)
+    memory = {}
+    graphed = GraphedProgram(lambda x, w, y, ws, n: program(memory[x], memory[w], memory[y], ws, n), capturer,
+                             kernel="conv/F")
+    rng = np.random.default_rng(0)
+    with pytest.warns(UcudnnWarning, match=r"conv/F cannot be captured.*status 2"):
+        for _ in range(3):  # direct, a capture that fails (run directly), direct
+            flats = make_operands(p, rng)
+            memory.update({11: flats["x"], 22: flats["w"], 33: flats["y"]})
+            graphed(11, 22, 33)
+            np.testing.assert_allclose(flats["y"], expected_output(p, flats, 1.0, 0.0), rtol=1e-12, atol=1e-12)
+    assert made == [True] and runtime.calls.count("graphInstantiate") == 2
+    assert (graphed.direct_runs, graphed.captures, graphed.replays) == (3, 0, 0)
