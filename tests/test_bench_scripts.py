@@ -293,6 +293,7 @@ def test_largest_batch_tables_each_variant_s_largest_passing_probe():
     assert module.table(rows).splitlines()[-1] == "| m | 100 MiB | 8, 80 | 16, 120 | 2.00x |"
 
 
+@pytest.mark.gpu  # its model libraries (torchvision, torchaudio, monai from .whl/) are the GPU machines'
 @pytest.mark.parametrize("name", ["unet3d", "convtasnet", "wav2vec2", "r3d_18", "densenet121"])
 def test_pressure_s_models_build_and_give_a_loss_with_their_convolutions_of_every_kind(name):
     """Each model of bench/pressure.py that this machine's libraries hold builds from its MODELS
