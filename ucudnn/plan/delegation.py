@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 from ..core.measurements import OK, Measurement
 from ..core.problem import ConvKind, ConvProblem
-from .framework import UCUDNN, OwnTiming, Slice
+from .framework import UCUDNN, Call, OwnTiming, Site, Slice
 from .kernels import Kernels, Key
 from .moments import Moments
 
@@ -158,18 +158,18 @@ class Delegation:
         self._favourites: dict[tuple[ConvKind, Hashable], float] = {}  # the workspace of cuDNN's favourite, asked once
         self.favourite_times: dict[tuple[ConvKind, Hashable], float] = {}  # ... and its time, where a layer is pressed
 
-    def key(self, site) -> tuple:
+    def key(self, site: Site) -> tuple:
         """What a layer's decision depends on: its call, kernels and their rooms."""
         return site.call, site.kinds, tuple(self.kernels.room(site, kind) for kind in site.kinds)
 
-    def decide(self, site) -> bool:
+    def decide(self, site: Site) -> bool:
         """Whether the site's layer runs the framework's own convolution: as decided for its key,
         else planned now, with no slice to run out (plan())."""
         delegated = self.plan(site, Slice())
         assert delegated is not None  # only a slice runs out
         return delegated
 
-    def plan(self, site, budget: Slice) -> bool | None:
+    def plan(self, site: Site, budget: Slice) -> bool | None:
         """Whether the site's layer runs the framework's own convolution: as decided for its key,
         else planned within `budget` and kept. With delegation on, its own kernels decide first,
         and where they settle the layer (_settled) it runs them with no sweep; else its kernels
@@ -192,7 +192,7 @@ class Delegation:
             self.decided[key] = delegated
         return delegated
 
-    def _settled(self, site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]]) -> bool:
+    def _settled(self, site: Site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]]) -> bool:
         """Whether the framework's own kernels settle the layer with no sweep (settled_by_own).
         With `auto`, a layer whose own kernels took long under pressure (pressed; torch's benchmark
         mode may have settled for a slow plan there) only where they ran about as fast as cuDNN's
@@ -205,7 +205,7 @@ class Delegation:
             return True
         return as_fast_as_favourites(own, [self._favourite_ms(call, kind) for kind in site.kinds], groups)
 
-    def _swept(self, site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]], budget: Slice) -> bool | None:
+    def _swept(self, site: Site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]], budget: Slice) -> bool | None:
         """Plan the site's kernels; whether its layer runs the framework's own convolution after
         all (worth_delegating, on its own timings `own`; never with delegation off, where `own` is
         empty). Where the layer stays, a group of kernels timed together (`groups`) whose own
@@ -227,7 +227,7 @@ class Delegation:
             self.kernels.put_aside(site, site.kinds[i], kernels[i], own[i].ms)
         return False
 
-    def _own_timing(self, site, kind: ConvKind) -> OwnTiming:
+    def _own_timing(self, site: Site, kind: ConvKind) -> OwnTiming:
         """The framework's own kernel as the database keeps it (stored_timing), else timed now and
         kept; with `auto` under the pressure of its moment (the bytes its room leaves free), as it
         runs there."""
@@ -248,7 +248,7 @@ class Delegation:
                 self.own_timings[kind, call, room] = timing
         return self.own_timings[kind, call, room]
 
-    def _favourite(self, call, kind: ConvKind) -> float:
+    def _favourite(self, call: Call, kind: ConvKind) -> float:
         """The workspace of cuDNN's heuristic favourite for the kernel (Handle.favourite);
         infinite where it cannot run."""
         if (kind, call) not in self._favourites:
@@ -259,7 +259,7 @@ class Delegation:
             self._favourites[kind, call] = favourite.workspace if favourite.status == OK else math.inf
         return self._favourites[kind, call]
 
-    def _favourite_ms(self, call, kind: ConvKind) -> float:
+    def _favourite_ms(self, call: Call, kind: ConvKind) -> float:
         """cuDNN's favourite for the kernel, run on the whole batch and timed (Handle.favourite_ms),
         once; inf where it cannot run."""
         if (kind, call) not in self.favourite_times:

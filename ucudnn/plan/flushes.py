@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from ..core.problem import ConvKind
-from .framework import PLANNING_SLICE_S, UCUDNN, Framework, Slice, scopes
+from .framework import PLANNING_SLICE_S, UCUDNN, Framework, Site, Slice, scopes
 from .kernels import AsForward, Kernels
 from .memory import FLUSH_MS, FlushWatch
 from .pending import Pending
@@ -24,7 +24,7 @@ class Flushes:
         self.watch = FlushWatch()
         self.flushed: dict[tuple, None] = {}
 
-    def watching(self, site, kind: ConvKind, kernel) -> bool:
+    def watching(self, site: Site, kind: ConvKind, kernel) -> bool:
         """Whether this run of `kernel` at the site's moment is watched for flushes: in a step the
         FlushWatch opens (with `auto`, once no layer waits for a plan: planning gives the
         framework's cache back between its slices, so the pool a step runs in is not yet the
@@ -40,7 +40,7 @@ class Flushes:
             return False
         return (site, kind, kernel) not in self.watch.kept
 
-    def saw_flush(self, site, kind: ConvKind, kernel) -> None:
+    def saw_flush(self, site: Site, kind: ConvKind, kernel) -> None:
         """A watched run of `kernel` flushed the framework's cache. The framework's own kernel
         gives way to ucudnn's plan it was put in place of where that plan is predicted to take
         less than its own time plus a flush (Kernels.put_back), else it stays and is watched no

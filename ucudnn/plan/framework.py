@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from ..core.problem import ConvProblem
+from ..core.problem import ConvKind, ConvProblem
 from ..execute.backends import Candidate
 from .assignment import Assignment, Assignments, Shrink
 from .config import Settings
@@ -55,6 +55,36 @@ class Engine(Protocol):
     def wd_limit(self) -> int | None: ...
     @property
     def shrinks(self) -> list[Shrink]: ...
+
+
+class Call(Protocol):
+    """One layer call's convolution as the Planner plans it (hashable: equal calls share plans):
+    its device and the ConvProblem of each kernel it runs."""
+
+    @property
+    def device(self) -> Device: ...
+
+    def problem(self, kind: ConvKind) -> ConvProblem: ...
+
+    def __hash__(self) -> int: ...
+
+
+class Site(Protocol):
+    """A layer call the Planner routes and runs (hashable by identity): its `call`, the kernels it
+    runs (`kinds`), those planned for it (`kernels`, by kind), whether it runs the framework's own
+    convolution (`delegated`; None: not decided yet), whether its calls may skip route()
+    (`steady`), and with limits from the memory timeline the least bytes free as each kernel
+    started (`free`, by kind) and the calls it made waiting for its plan (`observed`)."""
+
+    kinds: tuple[ConvKind, ...]
+    kernels: dict
+    delegated: bool | None
+    steady: bool
+    free: dict
+    observed: int
+
+    @property
+    def call(self) -> Call: ...
 
 
 class Pool(Protocol):

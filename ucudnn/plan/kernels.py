@@ -25,7 +25,7 @@ from ..core.transposition import as_forward, faster
 from ..measure.cache import Cache
 from .assignment import NO_MEMORY
 from .config import Settings
-from .framework import UCUDNN, Engine, Framework
+from .framework import UCUDNN, Call, Engine, Framework, Site
 from .memory import quantized, workspace_limit
 
 FLUSHED = "flushing the framework's cache to borrow"  # shrink's reason after a flush
@@ -49,7 +49,7 @@ class Kernels:
         self.rescues: set = set()  # kernels rescued() made: where their workspace cannot be had, none
         self.lock = threading.RLock()
 
-    def room(self, site, kind: ConvKind) -> int:
+    def room(self, site: Site, kind: ConvKind) -> int:
         """The bytes the kernel's own workspace may take: the per-kernel limit, or with `auto`
         what its moment leaves free beside its output (on ucudnn.plan.memory's grid). A kernel
         planned unobserved (planning 'first_call', a traced graph) takes what is free when first
@@ -60,7 +60,7 @@ class Kernels:
             site.free[kind] = self.framework.pool.free_bytes(site.call.device) - site.call.problem(kind).written_bytes()
         return quantized(site.free[kind])
 
-    def key(self, site, kind: ConvKind) -> Key:
+    def key(self, site: Site, kind: ConvKind) -> Key:
         return kind, site.call, self.room(site, kind)
 
     def handle(self, device: Hashable) -> Engine:
@@ -73,13 +73,13 @@ class Kernels:
                     self.handles[device] = self.framework.make_handle(self.settings, self._cache, device)
             return self.handles[device]
 
-    def site_kernel(self, site, kind: ConvKind):
+    def site_kernel(self, site: Site, kind: ConvKind):
         """The site's kernel of `kind` at its room, planned where it is not yet (kernel())."""
         room = self.room(site, kind)
         kernel = site.kernels[kind] = self.planned.get((kind, site.call, room)) or self.kernel(site.call, kind, room)
         return kernel
 
-    def kernel(self, call, kind: ConvKind, room: int):
+    def kernel(self, call: Call, kind: ConvKind, room: int):
         """The call's kernel for a workspace `room`, made once: the handle's assignment, or with
         `auto` a plan within the room less the margin (ucudnn.plan.memory.workspace_limit)."""
         key, limit = (kind, call, room), workspace_limit(room) if self.auto else None
@@ -92,7 +92,7 @@ class Kernels:
                     self.planned[key] = kernel
             return self.planned[key]
 
-    def _as_forward(self, call, backward, limit: int | None):
+    def _as_forward(self, call: Call, backward, limit: int | None):
         """The call's data gradient as a forward convolution of dy (ucudnn.core.transposition), where
         one exists and its plan is faster than `backward`'s, the BD kernel planned; else `backward`.
         WR only: WD divides its total among the kernels it solved, and a forward convolution
@@ -110,7 +110,7 @@ class Kernels:
             return backward
         return AsForward(backward, forward, self.framework.transposed_weights)
 
-    def _plan(self, call, kind: ConvKind, assign: Callable[[Engine, ConvProblem], Any]):
+    def _plan(self, call: Call, kind: ConvKind, assign: Callable[[Engine, ConvProblem], Any]):
         """The kernel as `assign(handle, problem)` plans it (_assigned, _within, or a shrink after
         its workspace could not be borrowed); the framework's own convolution where ucudnn cannot
         plan it."""
@@ -133,7 +133,7 @@ class Kernels:
             self.seconds[kind, call] += time.perf_counter() - started  # type: ignore[assignment]
             self.progress.finished()
 
-    def shrink(self, site, kind: ConvKind, failed, flushed: bool = False):
+    def shrink(self, site: Site, kind: ConvKind, failed, flushed: bool = False):
         """The kernel planned for the site after `failed` could not borrow its workspace (or,
         `flushed`, could only by flushing the framework's cache). A data gradient run as a forward
         convolution (AsForward) goes back to the BD kernel it replaced, as planned: nothing shrinks.
@@ -157,7 +157,7 @@ class Kernels:
             site.kernels[kind] = kernel
             return kernel
 
-    def half_slower_ms(self, call, kernel) -> float:
+    def half_slower_ms(self, call: Call, kernel) -> float:
         """How much longer the kernel's plan within half its workspace is predicted to take
         (inf where none is left)."""
         try:
@@ -166,7 +166,7 @@ class Kernels:
             return math.inf
         return half.configuration.time_ms - kernel.assignment.configuration.time_ms
 
-    def rescued(self, call, kind: ConvKind, limit: int, exc: DeviceMemoryError):
+    def rescued(self, call: Call, kind: ConvKind, limit: int, exc: DeviceMemoryError):
         """ucudnn's kernel of the call undivided, on cuDNN's heuristic favourite within `limit`
         bytes of workspace (Handle.heuristic): nothing timed; `exc` where none runs there."""
         problem = call.problem(kind)
@@ -180,20 +180,20 @@ class Kernels:
         self.rescues.add(kernel)
         return kernel
 
-    def replace(self, site, kind: ConvKind, kernel) -> None:
+    def replace(self, site: Site, kind: ConvKind, kernel) -> None:
         """`kernel` runs for the site's `kind` from now on, and for every site sharing its plan."""
         key = self.key(site, kind)
         if self.planned.get(key) is site.kernels.get(kind):
             self.planned[key] = kernel
         site.kernels[kind] = kernel
 
-    def put_aside(self, site, kind: ConvKind, planned, own_ms: float) -> None:
+    def put_aside(self, site: Site, kind: ConvKind, planned, own_ms: float) -> None:
         """The framework's own kernel runs in place of ucudnn's `planned`, faster at `own_ms`."""
         key = self.key(site, kind)
         self.set_aside[key] = planned, own_ms
         self.planned[key] = site.kernels[kind] = self.framework.own_kernel(planned.problem)
 
-    def put_back(self, site, kind: ConvKind, flush_ms: float) -> bool:
+    def put_back(self, site: Site, kind: ConvKind, flush_ms: float) -> bool:
         """Put ucudnn's plan set aside for the framework's own kernel back, where it is predicted to
         take less than the own kernel's time plus `flush_ms`; whether the site runs ucudnn's
         (another site may have put it back already)."""

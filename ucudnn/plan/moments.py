@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 from ..core.problem import ConvKind
-from .framework import OwnTiming
+from .framework import Call, OwnTiming, Site
 
 
 class AllocatorCounts(NamedTuple):
@@ -98,7 +98,7 @@ class Moments:
         self.in_step_ms: dict[Key, float] = {}
         self.in_step_windows: dict[Key, list[Window]] = {}  # the site's own windows
 
-    def start(self, site, kinds: tuple[ConvKind, ...]) -> None:
+    def start(self, site: Site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds` start now: each one's room is what the framework could allocate
         less what those kernels write (their outputs, made before they run), the least seen kept;
         their window opens (the allocator's counts read before the mark: no host time inside the window)."""
@@ -110,13 +110,13 @@ class Moments:
         counts = self._counts(call.device)
         self._in_step.setdefault(site, InStep()).start(kinds, self.framework.mark(call.device, IN_STEP_HOLD_S), counts)
 
-    def end(self, site, kinds: tuple[ConvKind, ...]) -> None:
+    def end(self, site: Site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds`, observed as they started (start), have ended now."""
         if site in self._in_step:
             mark = self.framework.mark(site.call.device)
             self._in_step[site].end(kinds, mark, self._counts(site.call.device))
 
-    def lessen(self, site) -> None:
+    def lessen(self, site: Site) -> None:
         """Once, as an observed site's planning begins: its rooms less what the process came to
         hold outside the framework's pool since the latest observation on its device (planning
         loads cuDNN's handle and the code of every kernel it times: a process that plans holds more
@@ -130,7 +130,7 @@ class Moments:
         for kind in site.free:
             site.free[kind] -= grown
 
-    def seen(self, site, rooms: Sequence[int]) -> list[OwnTiming]:
+    def seen(self, site: Site, rooms: Sequence[int]) -> list[OwnTiming]:
         """The site's own kernels as they ran in its observed calls: per kind (at its room in
         `rooms`, in site.kinds' order) its share of its group's least time (the forward kernel;
         the backward kernels together), within its room, since it ran there; kept for summary().
@@ -151,11 +151,11 @@ class Moments:
             return []
         return [OwnTiming(shares[kind], 0, room) for kind, room in zip(site.kinds, rooms)]
 
-    def forget(self, site) -> None:
+    def forget(self, site: Site) -> None:
         """The site is decided: its windows are no longer needed (the least of its call stays)."""
         self._in_step.pop(site, None)
 
-    def _least_of_call(self, site, own: dict[tuple, float]) -> dict[tuple, float]:
+    def _least_of_call(self, site: Site, own: dict[tuple, float]) -> dict[tuple, float]:
         """Per group of kinds the site saw whole in its observed calls (`own`: its least windows),
         the least time of that group over the sites of its call seen so far (those waiting now,
         and those decided before)."""
@@ -168,7 +168,7 @@ class Moments:
     def _counts(self, device: Hashable) -> AllocatorCounts:
         return AllocatorCounts(self.framework.pool.flushes(device), self.framework.pool.grown(device))
 
-    def _windows(self, site) -> dict[tuple, list[Window]]:
+    def _windows(self, site: Site) -> dict[tuple, list[Window]]:
         """The site's windows per group of kinds (InStep.each); none where a mark cannot be read."""
         in_step = self._in_step.get(site)
         try:
@@ -176,6 +176,6 @@ class Moments:
         except RuntimeError:  # a mark the device never reached
             return {}
 
-    def _keep_least(self, call, groups: dict[tuple, float]) -> None:
+    def _keep_least(self, call: Call, groups: dict[tuple, float]) -> None:
         for kinds, ms in groups.items():
             self._least[call, kinds] = min(self._least.get((call, kinds), ms), ms)

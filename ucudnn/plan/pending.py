@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .delegation import Delegation
-from .framework import Framework, Slice, scopes
+from .framework import Framework, Site, Slice, scopes
 from .moments import Moments
 
 
@@ -23,7 +23,7 @@ class Pending:
         self.lead: Any = None
         self._stand_ins: dict[tuple, Any] = {}  # (kind, call) -> what a waiting site runs
 
-    def __contains__(self, site) -> bool:
+    def __contains__(self, site: Site) -> bool:
         return site in self._sites
 
     def __len__(self) -> int:
@@ -32,23 +32,23 @@ class Pending:
     def __iter__(self) -> Iterator[Any]:
         return iter(self._sites)
 
-    def leads(self, site) -> bool:
+    def leads(self, site: Site) -> bool:
         """Whether a new site's calls start iterations from now on: the first site, or the first
         with backward kernels where the lead has none (a validation pass run before training,
         as PyTorch Lightning's sanity check does, would else start planning only at the next one)."""
         lead = self.lead
         return lead is None or (len(lead.kinds) == 1 and len(site.kinds) > 1)
 
-    def wait(self, site) -> None:
+    def wait(self, site: Site) -> None:
         """Queue the site; the lead's calls route again, to start its planning."""
         self._sites[site] = None
         self.lead.steady = False
 
-    def drop(self, site) -> None:
+    def drop(self, site: Site) -> None:
         """The site waits no more (decided elsewhere: Planner.settle)."""
         self._sites.pop(site, None)
 
-    def stand_in(self, site, kind):
+    def stand_in(self, site: Site, kind):
         """The kernel a waiting site runs: the framework's own, or what replaced it (rescue());
         one per call and kind."""
         key = kind, site.call
@@ -56,7 +56,7 @@ class Pending:
             self._stand_ins[key] = self.framework.own_kernel(site.call.problem(kind))
         return self._stand_ins[key]
 
-    def rescue(self, site, kind, kernel) -> None:
+    def rescue(self, site: Site, kind, kernel) -> None:
         """`kernel` stands in for the site's `kind` from now on (its stand-in ran out of memory)."""
         self._stand_ins[kind, site.call] = kernel
 
@@ -77,7 +77,7 @@ class Pending:
                 budget.worked = True
         return len(self._sites)
 
-    def _planned(self, site, budget: Slice) -> bool:
+    def _planned(self, site: Site, budget: Slice) -> bool:
         """Plan one waiting layer; whether it is planned (False: the budget ran out between two of
         its kernels). Its rooms are lessened first by what the process came to hold outside the
         framework's pool since they were observed (Moments.lessen)."""

@@ -42,7 +42,7 @@ from ..measure.cache import Cache
 from .config import Settings
 from .delegation import Delegation
 from .flushes import Flushes
-from .framework import LAYER, PLANNING_SLICE_S, UCUDNN, Engine, Framework
+from .framework import LAYER, PLANNING_SLICE_S, UCUDNN, Call, Engine, Framework, Site
 from .kernels import Kernels, borrows
 from .memory import RECORDED_CALLS, graph_budget, workspace_limit
 from .moments import Moments
@@ -73,7 +73,7 @@ class Planner:
     def wd(self) -> bool:
         return self.settings.optimizing.divides
 
-    def run(self, site, kind: ConvKind, x, w, y) -> Any:
+    def run(self, site: Site, kind: ConvKind, x, w, y) -> Any:
         """Run kernel `kind` of the site's call on x, w, y and return what it wrote: F writes y,
         BD x, BF w. The written operand may be None: the framework's own kernel then makes its
         result itself (no second tensor of its size at that moment), ucudnn's gets a new one.
@@ -100,7 +100,7 @@ class Planner:
                     else:
                         kernel = self._out_of_memory(site, kind, kernel, exc)
 
-    def _run(self, site, kind: ConvKind, kernel, x, w, y) -> Any:
+    def _run(self, site: Site, kind: ConvKind, kernel, x, w, y) -> Any:
         """One run of `kernel`, watched for flushes of the framework's cache where the flush
         watch says so (Flushes.watching)."""
         operands, written, ours = [x, w, y], kernel.problem.written, kernel.via == UCUDNN
@@ -123,7 +123,7 @@ class Planner:
                  "and runs every kernel directly from now on")
         return True
 
-    def _out_of_memory(self, site, kind: ConvKind, failed, exc: DeviceMemoryError):
+    def _out_of_memory(self, site: Site, kind: ConvKind, failed, exc: DeviceMemoryError):
         """The kernel that runs after `failed` ran out of memory (what ucudnn held beside the pool
         already given back, _release): a planned kernel of ucudnn's within less (Kernels.shrink);
         else ucudnn's kernel within what is free, chosen by cuDNN's heuristic with nothing timed
@@ -142,7 +142,7 @@ class Planner:
             self.kernels.replace(site, kind, kernel)
         return kernel
 
-    def route(self, site) -> bool:
+    def route(self, site: Site) -> bool:
         """Route a call of the site's layer: True where it runs the framework's own convolution.
         Its first call plans it (the decision, and the sweep where one is needed), or with planning
         'between_iterations' queues it; the lead site's call (Pending.leads) starts an iteration,
@@ -168,7 +168,7 @@ class Planner:
         site.steady = self.steady(site)
         return delegated
 
-    def _starts_step(self, lead) -> None:
+    def _starts_step(self, lead: Site) -> None:
         """An iteration starts at the lead site's call: planning where layers wait, else the
         CUDA graphs' budget set once (with `auto`), the kernels that flushed in the last step
         weighed, and the flush watch's step (with `auto`, until it is spent)."""
@@ -184,7 +184,7 @@ class Planner:
         if self.auto:  # read after weighing: its measuring may flush
             self.flushes.step(lambda: self.framework.pool.flushes(lead.call.device))
 
-    def steady(self, site) -> bool:
+    def steady(self, site: Site) -> bool:
         """Whether the site's calls may skip route() while their signature holds: decided as
         delegated, where route() has nothing else to do (no stretch of planning to close, and not
         the lead site, whose calls start planning, while it has work: _lead_has_work). A layer
@@ -192,12 +192,12 @@ class Planner:
         _wait and a reset of the sites take the flag back."""
         return site.delegated is True and not self.progress.open and not (site is self.pending.lead and self._lead_has_work())
 
-    def waits(self, site) -> bool:
+    def waits(self, site: Site) -> bool:
         """Whether `site` waits for its plan (planning 'between_iterations'): its layer runs the
         framework's own kernels through run(), which runs ucudnn's where they run out of memory."""
         return site in self.pending
 
-    def is_lead(self, site) -> bool:
+    def is_lead(self, site: Site) -> bool:
         """Whether `site` is the lead: the site whose calls start iterations (Pending.leads)."""
         return site is self.pending.lead
 
@@ -206,7 +206,7 @@ class Planner:
         the flush watch follows steps."""
         return bool(len(self.pending) or self.flushes.flushed) or (self.auto and not self.flushes.watch.spent)
 
-    def settle(self, site) -> bool:
+    def settle(self, site: Site) -> bool:
         """Decide the site's layer now, whatever settings.planning says: True where it runs the
         framework's own convolution. A decided layer keeps its decision; else it is planned as
         on its first call with planning 'first_call' (with `auto`, within the moments observed so
@@ -217,7 +217,7 @@ class Planner:
             self.moments.forget(site)
         return site.delegated
 
-    def _decide(self, site) -> bool:
+    def _decide(self, site: Site) -> bool:
         """Whether the site's layer runs the framework's own convolution, decided on its first call:
         - WD: never (one workspace divided among ucudnn's kernels);
         - with planning 'between_iterations', its own until plan_pending() plans the layer, so
@@ -235,7 +235,7 @@ class Planner:
             return True
         return self.delegation.decide(site)
 
-    def _wait(self, site) -> None:
+    def _wait(self, site: Site) -> None:
         """Queue the site for plan_pending(). With `auto`, CUDA graphs hold nothing new until
         planning is done and graph_budget is known."""
         self.pending.wait(site)
@@ -243,18 +243,18 @@ class Planner:
             self._graphs_bounded = False
             self.framework.pool.bound_beside(0)
 
-    def observing(self, site) -> bool:
+    def observing(self, site: Site) -> bool:
         """Whether this call's moments are observed: with `auto`, in the first RECORDED_CALLS calls
         of a site that runs the framework's own convolution waiting for its plan (the layer then
         calls observe() as its backward starts). Later calls change no room, so that a layer
         whose planning spans several slices is planned for the moments it started with."""
         return site.delegated is None and self.auto and site in self.pending and site.observed <= RECORDED_CALLS
 
-    def observe(self, site, kinds: tuple[ConvKind, ...]) -> None:
+    def observe(self, site: Site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds` start now (Moments.start: their rooms, their windows open)."""
         self.moments.start(site, kinds)
 
-    def observed_end(self, site, kinds: tuple[ConvKind, ...]) -> None:
+    def observed_end(self, site: Site, kinds: tuple[ConvKind, ...]) -> None:
         """The site's `kinds`, observed as they started (observe), have ended now."""
         self.moments.end(site, kinds)
 
@@ -267,7 +267,7 @@ class Planner:
         """The Engine (ucudnn.Handle) of `device`, made on first use."""
         return self.kernels.handle(device)
 
-    def record(self, call, kinds: tuple[ConvKind, ...]) -> None:
+    def record(self, call: Call, kinds: tuple[ConvKind, ...]) -> None:
         """Learn kernels ahead of their first run: WD records them for the solve, WR plans
         (benchmarks) them now."""
         for kind in kinds:
