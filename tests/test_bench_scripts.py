@@ -28,6 +28,7 @@ SCRIPTS = {
     "zero_cost": ["--sections"],
     "cold_models": ["--models", "--limits", "--torch-runs", "--no-full"],
     "largest_batch": ["--models", "--need", "--iters", "--cap", "--deadline"],
+    "host_path_cpu": ["--calls", "--profile"],
 }
 
 

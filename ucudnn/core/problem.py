@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from enum import Enum
@@ -159,11 +160,11 @@ class ConvProblem:
     def sample_bytes(self, tensor: str) -> int:
         """Bytes between consecutive samples of x or y (N is outermost in both layouts)."""
         shape = {"x": self.x_shape, "y": self.y_shape}[tensor]
-        return int(np.prod(shape[1:])) * self.itemsize
+        return math.prod(shape[1:]) * self.itemsize
 
     def operand_bytes(self) -> int:
         """Bytes of x, w and y together."""
-        return sum(int(np.prod(shape)) for shape in (self.x_shape, self.w_shape, self.y_shape)) * self.itemsize
+        return sum(math.prod(shape) for shape in (self.x_shape, self.w_shape, self.y_shape)) * self.itemsize
 
     @property
     def written(self) -> int:
@@ -176,7 +177,7 @@ class ConvProblem:
 
     def written_bytes(self) -> int:
         """Bytes of the operand the kernel writes."""
-        return int(np.prod(self.written_shape)) * self.itemsize
+        return math.prod(self.written_shape) * self.itemsize
 
     def shape_key(self) -> str:
         """Everything that changes a measurement except the batch size: measurements of
@@ -197,7 +198,7 @@ class ConvProblem:
     def flops(self) -> int:
         """Multiply-adds x 2 of the direct convolution (the same for F, BD and BF)."""
         k, cg, *kernel = self.w_shape
-        return 2 * int(np.prod(self.y_shape)) * cg * int(np.prod(kernel))
+        return 2 * math.prod(self.y_shape) * cg * math.prod(kernel)
 
     def to_dict(self) -> dict:
         """Plain JSON-able fields; `ConvProblem.from_dict` inverts it."""
@@ -220,6 +221,11 @@ class ConvProblem:
                        w_shape=(*self.w_shape[:2], 1, self.w_shape[2]), pads=pads, strides=strides, dilations=dilations)
 
     def describe(self) -> str:
+        return self._described
+
+    @functools.cached_property
+    def _described(self) -> str:
+        """describe()'s text, made once: messages name the kernel on paths run at every call."""
         return (f"{self.kind.value} x={self.x_shape} w={self.w_shape} pad={self.pads} "
                 f"stride={self.strides} dil={self.dilations} groups={self.groups} "
                 f"{self.dtype} math={self.math} {self.layout}{' deterministic' if self.deterministic else ''}")
