@@ -173,7 +173,7 @@ class Delegation:
         """Whether the site's layer runs the framework's own convolution: as decided for its key,
         else planned within `budget` and kept. With delegation on, its own kernels decide first,
         and where they settle the layer (_settled) it runs them with no sweep; else its kernels
-        are swept (_swept). None: the budget ran out between two of its kernels (the next slice
+        are swept (_sweep). None: the budget ran out between two of its kernels (the next slice
         goes on)."""
         key = self.key(site)
         if key in self.decided:  # decided for another layer of the same call and rooms
@@ -187,7 +187,7 @@ class Delegation:
             self.unswept.add(site.call)
             delegated = True
         else:
-            delegated = self._swept(site, own, rooms, groups, budget)
+            delegated = self._sweep(site, own, rooms, groups, budget)
         if delegated is not None:
             self.decided[key] = delegated
         return delegated
@@ -205,7 +205,7 @@ class Delegation:
             return True
         return as_fast_as_favourites(own, [self._favourite_ms(call, kind) for kind in site.kinds], groups)
 
-    def _swept(self, site: Site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]], budget: Slice) -> bool | None:
+    def _sweep(self, site: Site, own: list[OwnTiming], rooms: list[int], groups: list[list[int]], budget: Slice) -> bool | None:
         """Plan the site's kernels; whether its layer runs the framework's own convolution after
         all (worth_delegating, on its own timings `own`; never with delegation off, where `own` is
         empty). Where the layer stays, a group of kernels timed together (`groups`) whose own

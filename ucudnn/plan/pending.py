@@ -72,12 +72,12 @@ class Pending:
                 if budget.spent():
                     break
                 enter(site.call.device)
-                if not self._planned(site, budget):
+                if not self._plan(site, budget):
                     break
                 budget.worked = True
         return len(self._sites)
 
-    def _planned(self, site: Site, budget: Slice) -> bool:
+    def _plan(self, site: Site, budget: Slice) -> bool:
         """Plan one waiting layer; whether it is planned (False: the budget ran out between two of
         its kernels). Its rooms are lessened first by what the process came to hold outside the
         framework's pool since they were observed (Moments.lessen)."""
