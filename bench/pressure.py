@@ -181,6 +181,17 @@ def in_one_process(row: dict) -> float:
     return statistics.median([ms[i] / ms[i + 2] for i in turns] + [ms[i + 3] / ms[i + 1] for i in turns])
 
 
+def machine_order(log: str = "/tmp/ucudnn-pressure-processes") -> int:
+    """How many processes of this script ran on this machine before this one (a line each in
+    `log`): a first iteration may pay for caches the machine's first GPU process fills (cuDNN's
+    and the driver's), so a row says where it came."""
+    with open(log, "a+") as f:
+        f.seek(0)
+        before = len(f.readlines())
+        f.write(f"{os.getpid()}\n")
+    return before
+
+
 def launch_us(batches: int = 5, launches: int = 400) -> float:
     """µs the host takes to launch a tiny kernel (the median of `batches`, each of `launches`,
     fewer than the launch queue holds, synchronized between): how fast a host this process met."""
@@ -236,7 +247,7 @@ def run_variant(args) -> dict:
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     torch.empty(1, device=device)
-    result: dict = {"blocker_mib": 0}
+    result: dict = {"blocker_mib": 0, "machine_order": machine_order()}
     free_before = torch.cuda.mem_get_info(device)[0]
     wall = None if args.variant == "free" else block(device, args.need, args.limit, result)  # held to the end
     PHASE[0] = "build"
@@ -575,7 +586,10 @@ def parent(args) -> None:
             row = dict(child(args, variant, limit, need["need"], cache=caches[round_index], round_index=round_index),
                        model=model)
             rows.append(row)
-            brief = row.get("error") or f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s, free at the end {row.get('free_at_end_mib', 0):.0f} MiB"
+            brief = row.get("error") or (f"{row['steady_ms']:.1f} ms, first {args.iters}: {row['first_s']:.1f} s "
+                                         f"(iteration 1: {row['iteration_ms'][0] / 1e3:.1f} s, process "
+                                         f"{row.get('machine_order', 0) + 1} on its machine), free at the end "
+                                         f"{row.get('free_at_end_mib', 0):.0f} MiB")
             if "steady_host" in row:  # where a steady step's host time went (_usage), and how fast a host (launch_us)
                 brief += "; a steady step's host: " + ", ".join(f"{k} {v:.3g}" for k, v in row["steady_host"].items())
                 brief += "; µs a launch before, after: " + ", ".join(f"{us:.2f}" for us in row["launch_us"])

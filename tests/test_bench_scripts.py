@@ -313,3 +313,11 @@ def test_pressure_s_models_build_and_give_a_loss_with_their_convolutions_of_ever
     loss = pressure.loss_of(pressure.forward(model, x, name))
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_pressure_s_processes_say_where_they_came_on_their_machine(tmp_path):
+    """A first iteration can pay for the caches a machine's first GPU process fills: each row
+    says how many of the script's processes ran on the machine before it."""
+    pressure = importlib.import_module("bench.pressure")
+    log = str(tmp_path / "processes")
+    assert [pressure.machine_order(log) for _ in range(3)] == [0, 1, 2]
