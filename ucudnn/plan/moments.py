@@ -80,7 +80,7 @@ Key = tuple[ConvKind, Hashable, int]  # (kind, call, room), as the Planner keys 
 
 class Moments:
     """What the observed calls of the layers waiting for a plan saw, on `framework`
-    (planner.Framework): the least room of each kernel (on the site: `site.free`), the windows
+    (framework.Framework): the least room of each kernel (on the site: `site.free`), the windows
     of its own kernels, and what the process held outside the framework's pool at the latest
     observation of each device. `in_step_ms` and `in_step_windows` keep, per (kind, call, room),
     what a layer was judged on, for ucudnn.reports.summary."""
