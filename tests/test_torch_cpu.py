@@ -207,7 +207,7 @@ def test_auto_delegate_and_options_round_trip_through_pickle(monkeypatch):
 
 @pytest.mark.parametrize("argv, keywords, message", [
     (["--total-workspace", "1GiB", "--optimizer", "wr"], dict(total_limit="1GiB", optimizer="wr"),
-     ("--total-workspace 1073741824 is the WD optimizer's limit, but --optimizer wr plans each kernel alone; "
+     ("--total-workspace 1.0GiB is the WD optimizer's limit, but --optimizer wr plans each kernel alone; "
       "drop one of them, or use --optimizer wd",
       "total_limit='1GiB' is the WD optimizer's limit, but optimizer='wr' plans each kernel alone; "
       "drop one of them, or use optimizer='wd'")),

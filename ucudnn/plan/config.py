@@ -252,6 +252,12 @@ def _said(label: str, value: Any) -> str:
     return f"{label} {value}" if label.startswith("-") else f"{label}={value!r}"
 
 
+def _as_given(size: Any, label: str) -> Any:
+    """A size as a user writes one ("1.0GiB") where a command's flag (`label`) parsed it to bytes."""
+    flag = label.startswith("-") and isinstance(size, int) and not isinstance(size, bool)
+    return format_size(size).replace(" ", "") if flag else size
+
+
 def _one_meaning(parsed: dict[str, Any], said: Mapping[str, tuple], given: Mapping) -> dict[str, Any]:
     """A total workspace limit is WD's (the one home of this rule: the CLI, the handle and
     ucudnn.torch load through it): given one, the optimizer is WD; a per-kernel optimizer named
@@ -270,7 +276,7 @@ def _one_meaning(parsed: dict[str, Any], said: Mapping[str, tuple], given: Mappi
         return parsed
     if "optimizer" in parsed:
         optimizer, optimizer_label = said["optimizer"]
-        raise ConfigError(f"{_said(total_label, total)} is the WD optimizer's limit, but "
+        raise ConfigError(f"{_said(total_label, _as_given(total, total_label))} is the WD optimizer's limit, but "
                           f"{_said(optimizer_label, optimizer)} plans each kernel alone; drop one of them, or use "
                           f"{_said(optimizer_label, DIVIDING.name)}")
     return parsed | {"optimizer": DIVIDING.name}
