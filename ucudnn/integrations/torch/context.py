@@ -38,8 +38,6 @@ class Context:
     limits' default is AUTO: Settings.load with a timeline); `delegate` beside `settings` too, and
     `concurrent_backward` (options.TorchOptions)."""
 
-    framework: TorchFramework
-
     def __init__(self, settings: Settings | None = None, *, framework: TorchFramework | None = None,
                  cache: Cache | None = None, workspace_limit: int | str | None = None, optimizer: str | None = None,
                  policy: str | None = None, total_limit: int | str | None = None, cache_path: str | None = None,
@@ -55,8 +53,8 @@ class Context:
         elif delegate is not None:
             settings = replace(settings, delegate=delegate)
         self.options = TorchOptions.load(os.environ, concurrent_backward=concurrent_backward)
-        self.settings, self.framework = settings, framework or TorchFramework()
-        self.planner = Planner(settings, self.framework, cache)
+        self.settings, self._framework = settings, framework or TorchFramework()
+        self.planner = Planner(settings, self._framework, cache)
         self.sites = Sites()  # what layer calls resolve to, by signature (see sites.py)
         self._recording = False
         # WD without a sample input: the first pass runs through torch while recording (see learn_call()).
@@ -66,6 +64,11 @@ class Context:
         self._retired: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> its converted class
         self._lead_layer: int | None = None  # id() of the layer of the lead site (Planner.is_lead)
         self._lead_seen: Any = None  # the site of that layer's last call examined
+
+    @property
+    def framework(self) -> TorchFramework:
+        """torch's side of the Planner: the one its collaborators hold (given to Context, not set after)."""
+        return self._framework
 
     @property
     def runs(self) -> Counter:
