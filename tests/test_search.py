@@ -207,3 +207,62 @@ def test_the_walk_skips_below_a_size_what_was_far_slower_there(tmp_path, monkeyp
     rows = {m.batch: m.status for m in tables[P.key] if m.algo == "legacy:SLOW"}
     assert len(rows) > 1, "the cap must make the walk go below the whole batch"
     assert rows[32] == OK and all(status == PRUNED for b, status in rows.items() if b < 32)
+
+
+def _rounds(benchmarker) -> list:
+    """Each measure() call of `benchmarker` from now on, as (backend, sizes)."""
+    calls, measure = [], benchmarker.measure
+
+    def counted(problem, sizes, cap, backend=None, best=None, skip=()):
+        calls.append((backend, tuple(sizes)))
+        return measure(problem, sizes, cap, backend=backend, best=best, skip=skip)
+    benchmarker.measure = counted
+    return calls
+
+
+@pytest.mark.parametrize("search", [PRUNED_SEARCH, FULL], ids=["pruned", "full"])
+def test_a_sweep_within_a_spent_slice_ends_after_a_round_and_the_next_call_goes_on_from_the_table(tmp_path, search):
+    """Within a slice (core.budget.within) a sweep raises OutOfTime once the slice is spent after a
+    round that completed a size; the next call measures only what is left, and the table ends as
+    an uncut sweep's."""
+    from ucudnn.core.budget import OutOfTime, Slice, within
+
+    backends, cap = ("legacy", "engines"), 256 * 2**10
+    uncut = FakeBenchmarker(backends=backends)
+    whole = _rounds(uncut)
+    want = ensure_tables([P], Settings().sizes_for, cap, Cache(tmp_path / "uncut.db"), uncut, search=search)[P.key]
+    cache, cut = Cache(tmp_path / "cut.db"), []
+    for _ in range(len(whole) + 1):
+        benchmarker = FakeBenchmarker(backends=backends)
+        calls = _rounds(benchmarker)
+        try:
+            with within(Slice(deadline=0.0)):  # spent as soon as a round completes a size
+                got = ensure_tables([P], Settings().sizes_for, cap, cache, benchmarker, search=search)[P.key]
+            cut.append(calls)
+            break
+        except OutOfTime:
+            cut.append(calls)
+    assert len(cut) > 1 and all(len(calls) <= len(backends) for calls in cut)  # a round (a call a backend) a slice
+    assert sorted(c for calls in cut for c in calls) == sorted(whole)  # each round once, none again
+    assert sorted(got, key=str) == sorted(want, key=str)
+
+
+def test_a_round_that_completes_nothing_ends_no_slice(tmp_path, monkeypatch):
+    """A size left out of memory stays incomplete (a circumstance, measured again where it could
+    fit): a round of only such sizes does not end the call within a spent slice, which would else
+    measure it again at every slice's start; the call ends as an uncut one does (each size once)."""
+    from ucudnn.core.budget import Slice, within
+
+    benchmarker = FakeBenchmarker()
+    measure = benchmarker.measure
+
+    def out_of_memory(problem, sizes, cap, backend=None, best=None, skip=()):
+        return [dataclasses.replace(m, time_ms=None, status=OUT_OF_MEMORY) for m in
+                measure(problem, sizes, cap, backend=backend, best=best, skip=skip)]
+    benchmarker.measure = out_of_memory
+    calls = _rounds(benchmarker)
+    budget = Slice(deadline=0.0)
+    with within(budget):
+        ensure_tables([P], Settings().sizes_for, 256 * 2**10, Cache(tmp_path / "db.sqlite"), benchmarker,
+                      search=PRUNED_SEARCH)
+    assert calls and not budget.worked  # measured, completed nothing, and not cut

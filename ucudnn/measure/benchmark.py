@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..core.accumulation import accumulates
+from ..core.budget import OutOfTime, current
 from ..core.device import TIMING_PRESETS, Provenance, check_execution, check_timing
 from ..core.errors import ConfigError, DeviceMemoryError, GraphCaptureError
 from ..core.measurements import FAILED, OK, OUT_OF_MEMORY, OVER_CAP, PRUNED, KernelTable, Measurement, failure_status
@@ -334,7 +335,10 @@ def _measured(p: ConvProblem, sizes: Sequence[int], cap: int | None, cache, benc
               backends: Sequence[str], search: Search) -> KernelTable:
     """`p`'s table once what `search` finds missing is measured, backend by backend, asking again
     after each round (a pruned search walks down the sizes); each size of each backend is measured
-    at most once, so one left out of memory ends the loop."""
+    at most once, so one left out of memory ends the loop. Within a slice (core.budget), OutOfTime
+    once it is spent after a round that completed a size: the table is the state, so a later call
+    goes on where this one ended (a round that completed nothing, a size left out of memory, ends
+    no call, which would else measure it again at every start)."""
     tried: set[tuple[str, int]] = set()
     while True:
         table = cache.table(p, benchmarker.device).only(backends)
@@ -349,4 +353,19 @@ def _measured(p: ConvProblem, sizes: Sequence[int], cap: int | None, cache, benc
             skip = search.skipped(table.only([name]), max(missing))
             cache.record(p, benchmarker.device,
                          benchmarker.measure(p, missing, cap, backend=name, best=search.best, skip=skip))
+        _spend(p, todo, cap, cache, benchmarker, backends, search)
+
+
+def _spend(p: ConvProblem, done: dict[str, list[int]], cap: int | None, cache, benchmarker: Benchmarker,
+           backends: Sequence[str], search: Search) -> None:
+    """A round of _measured ended: where a slice is in force (core.budget.current) and the round
+    completed a size of a backend, the slice has worked; OutOfTime where it is spent."""
+    budget = current()
+    if budget is None:
+        return
+    table = cache.table(p, benchmarker.device).only(backends)
+    if any(search.complete_at(table, b, cap, [name]) for name, sizes in done.items() for b in sizes):
+        budget.worked = True
+        if budget.spent():
+            raise OutOfTime(f"{p.describe()}: the slice ended between two rounds of its sweep")
 

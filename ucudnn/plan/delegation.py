@@ -27,9 +27,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 
+from ..core.budget import OutOfTime, Slice
 from ..core.measurements import OK, Measurement
 from ..core.problem import ConvKind, ConvProblem
-from .framework import UCUDNN, Call, OwnTiming, Site, Slice
+from .framework import UCUDNN, Call, OwnTiming, Site
 from .kernels import Kernels, Key
 from .moments import Moments
 
@@ -210,13 +211,17 @@ class Delegation:
         all (worth_delegating, on its own timings `own`; never with delegation off, where `own` is
         empty). Where the layer stays, a group of kernels timed together (`groups`) whose own
         kernels are faster runs those (own_kernels_faster). None where the budget ran out before
-        one of its kernels."""
+        one of its kernels, or between two rounds of its sweep (OutOfTime: the rounds measured are
+        kept, and the next budget goes on from there)."""
         kernels = []
         for kind in site.kinds:
             planned = self.kernels.key(site, kind) in self.kernels.planned
             if not planned and budget.spent():
                 return None
-            kernels.append(self.kernels.site_kernel(site, kind))
+            try:
+                kernels.append(self.kernels.site_kernel(site, kind))
+            except OutOfTime:
+                return None
             budget.worked |= not planned
         if not own or not all(k.via == UCUDNN for k in kernels):
             return False

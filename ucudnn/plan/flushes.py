@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ..core.budget import Slice
 from ..core.problem import ConvKind
-from .framework import PLANNING_SLICE_S, UCUDNN, Framework, Site, Slice, scopes
+from .framework import PLANNING_SLICE_S, UCUDNN, Framework, Site, scopes
 from .kernels import AsForward, Kernels
 from .memory import FLUSH_MS, FlushWatch
 from .pending import Pending

@@ -1,11 +1,9 @@
 """What the Planner works with: a framework integration (`Framework`: its tensors, its own
 convolution, its memory) and one engine per device (`Engine`: ucudnn.Handle as planning uses it),
-and a stretch of planning: its planning scopes (`scopes`) and time budget (`Slice`)."""
+and a stretch of planning's scopes (`scopes`; its time budget is ucudnn.core.budget.Slice)."""
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -17,7 +15,7 @@ from .memory import Memory
 
 UCUDNN = "ucudnn"  # how ucudnn's kernels count in Planner.runs: (UCUDNN, kind)
 LAYER = "layer"  # (framework.own, LAYER): layer calls that ran the framework's own convolution
-# planning="between_iterations": planning at the start of an iteration, at most about this (Slice)
+# planning="between_iterations": planning at the start of an iteration, at most about this (core.budget.Slice)
 PLANNING_SLICE_S = 1.0
 Device = Any  # what a framework names a device by (hashable): its own type, torch.device for torch
 
@@ -189,19 +187,3 @@ def scopes(framework: Framework) -> Iterator[Callable[[Hashable], None]]:
                 stack.enter_context(framework.pool.planning_scope(device))
         yield planning
 
-
-class Slice:
-    """A stretch of planning's time budget: spent once its deadline (time.perf_counter()) has
-    passed and something was planned in it (a kernel, or a layer decided: `worked`), so that every
-    slice makes progress; a deadline of math.inf is never spent."""
-
-    def __init__(self, deadline: float = math.inf):
-        self.deadline, self.worked = deadline, False
-
-    @classmethod
-    def lasting(cls, seconds: float | None) -> Slice:
-        """A slice of `seconds` from now (None: unbounded)."""
-        return cls(math.inf if seconds is None else time.perf_counter() + seconds)
-
-    def spent(self) -> bool:
-        return self.worked and time.perf_counter() >= self.deadline

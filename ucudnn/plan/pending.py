@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ..core.budget import Slice, within
 from .delegation import Delegation
-from .framework import Framework, Site, Slice, scopes
+from .framework import Framework, Site, scopes
 from .moments import Moments
 
 
@@ -63,11 +64,12 @@ class Pending:
     def plan(self, budget_s: float | None = None) -> int:
         """Plan the waiting layers, oldest first, until `budget_s` seconds have gone (None: all of
         them), checked between kernels: each call plans something (a kernel, or a layer decided)
-        either way, and a sweep is never cut. Only layers observed `observations` times are
-        planned. A layer runs as planned from its next call once all its kernels are. Returns how
-        many layers still wait. Between iterations only."""
+        either way; a sweep in force (core.budget.within) ends between two of its rounds once the
+        slice is spent, and the next slice goes on from what it measured. Only layers observed
+        `observations` times are planned. A layer runs as planned from its next call once all its
+        kernels are. Returns how many layers still wait. Between iterations only."""
         budget = Slice.lasting(budget_s)
-        with scopes(self.framework) as enter:
+        with scopes(self.framework) as enter, within(budget):
             for site in [s for s in self._sites if s.observed >= self.observations]:
                 if budget.spent():
                     break
