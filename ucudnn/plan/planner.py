@@ -25,8 +25,9 @@ runs each kernel call. Its collaborators each own their state:
   next step starts.
 WD records every kernel and solves them as one network (`record`, `finalize`).
 
-What a layer calls, and nothing else: route, run, settle, waits, observing, observe,
-observed_end, steady, is_lead, record, finalize, reset, and `runs`, `pressed`, `settings`.
+What a framework's integration calls, and nothing else: route, run, settle, waits, observing,
+observe, observed_end, is_lead, record, finalize, solved, reset, plan_pending, handle, and `runs`,
+`pressed`, `wd`, `settings` (docs/architecture.md).
 """
 from __future__ import annotations
 
