@@ -101,18 +101,17 @@ class GraphedProgram:
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self.capture_failure: str | None = None
         self.direct_runs = self.captures = self.replays = 0
-        self._bytes: dict[Hashable, int] = {}  # addresses -> its graph's device bytes
         GRAPH_MEMORY.track(self)
 
     @property
     def graph_bytes(self) -> int:
-        """The device bytes this program's graphs hold (GraphMemory)."""
-        return sum(self._bytes.values())
+        """The device bytes this program's graphs hold (GraphMemory): each graph's, as measured
+        when it was instantiated."""
+        return sum(getattr(graph, "nbytes", 0) for graph in self.graphs.values())
 
     def drop(self) -> None:
         """Forget every graph (freed once any replay in flight ends); the next sights capture anew."""
         self.graphs.clear()
-        self._bytes.clear()
         self._seen.clear()
 
     def __call__(self, x: int, w: int, y: int, workspace: int = 0, workspace_size: int = 0) -> None:
@@ -164,10 +163,8 @@ class GraphedProgram:
             return None
         self.captures += 1
         self.graphs[addresses] = graph
-        self._bytes[addresses] = getattr(graph, "nbytes", 0)
         if len(self.graphs) > self.max_graphs:
-            oldest, _ = self.graphs.popitem(last=False)  # the graph is freed once any replay in flight ends
-            self._bytes.pop(oldest, None)
+            self.graphs.popitem(last=False)  # the graph is freed once any replay in flight ends
         return graph
 
 
