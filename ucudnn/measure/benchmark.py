@@ -340,8 +340,10 @@ def _measured(p: ConvProblem, sizes: Sequence[int], cap: int | None, cache, benc
     goes on where this one ended (a round that completed nothing, a size left out of memory, ends
     no call, which would else measure it again at every start)."""
     tried: set[tuple[str, int]] = set()
+    done: dict[str, list[int]] = {}  # the last round's sizes, by backend
     while True:
         table = cache.table(p, benchmarker.device).only(backends)
+        _spend(p, table, done, cap, search)
         wanted = search.sizes(table, sizes, cap, backends)
         todo = {name: missing for name in backends
                 if (missing := [b for b in wanted if (name, b) not in tried
@@ -353,19 +355,17 @@ def _measured(p: ConvProblem, sizes: Sequence[int], cap: int | None, cache, benc
             skip = search.skipped(table.only([name]), max(missing))
             cache.record(p, benchmarker.device,
                          benchmarker.measure(p, missing, cap, backend=name, best=search.best, skip=skip))
-        _spend(p, todo, cap, cache, benchmarker, backends, search)
+        done = todo
 
 
-def _spend(p: ConvProblem, done: dict[str, list[int]], cap: int | None, cache, benchmarker: Benchmarker,
-           backends: Sequence[str], search: Search) -> None:
-    """A round of _measured ended: where a slice is in force (core.budget.current) and the round
-    completed a size of a backend, the slice has worked; OutOfTime where it is spent."""
+def _spend(p: ConvProblem, table: KernelTable, done: dict[str, list[int]], cap: int | None, search: Search) -> None:
+    """After a round of _measured (`table` as it left it, `done` its sizes; none before the first):
+    where a slice is in force (core.budget.current) and the round completed a size of a backend,
+    the slice has worked; OutOfTime where it is spent."""
     budget = current()
-    if budget is None:
+    if budget is None or not any(search.complete_at(table, b, cap, [name]) for name, sizes in done.items() for b in sizes):
         return
-    table = cache.table(p, benchmarker.device).only(backends)
-    if any(search.complete_at(table, b, cap, [name]) for name, sizes in done.items() for b in sizes):
-        budget.worked = True
-        if budget.spent():
-            raise OutOfTime(f"{p.describe()}: the slice ended between two rounds of its sweep")
+    budget.worked = True
+    if budget.spent():
+        raise OutOfTime(f"{p.describe()}: the slice ended between two rounds of its sweep")
 
