@@ -4,7 +4,6 @@ waits for its plan, and planned within less, or put back to the framework's own 
 as the next step starts."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from ..core.budget import Slice
@@ -60,7 +59,7 @@ class Flushes:
         (Kernels.shrink) where the plan within half is predicted to take at most FLUSH_MS longer,
         else kept as planned and watched no more. Oldest first, for about PLANNING_SLICE_S (at
         least one); the rest wait for the next step. One planning scope a device (scopes)."""
-        budget = Slice(time.perf_counter() + PLANNING_SLICE_S)
+        budget = Slice.lasting(PLANNING_SLICE_S)
         with scopes(self.framework) as enter:
             while self.flushed and not budget.spent():
                 site, kind, kernel = key = next(iter(self.flushed))
