@@ -151,8 +151,9 @@ class Delegation:
     runs them with no sweep (`unswept`); else ucudnn's kernels are swept (Kernels) and weighed
     against the same timings. With `delegate` off every layer is ucudnn's, and nothing is timed."""
 
-    def __init__(self, kernels: Kernels, moments: Moments, delegate: bool) -> None:
-        self.kernels, self.moments, self.delegate = kernels, moments, delegate
+    def __init__(self, kernels: Kernels, moments: Moments) -> None:
+        self.kernels, self.moments = kernels, moments
+        self.delegate = kernels.settings.delegate
         self.decided: dict[tuple, bool] = {}
         self.unswept: set[Hashable] = set()
         self.own_timings: dict[Key, OwnTiming] = {}

@@ -38,9 +38,10 @@ class Kernels:
     call) took (`seconds`, timings of the framework's own kernels included: working()); one Engine
     a device (`handles`). `progress` shows each planning step, with `so_far()` after it."""
 
-    def __init__(self, settings: Settings, framework: Framework, cache: Cache | None, auto: bool,
-                 progress: Progress, so_far: Callable[[], str]) -> None:
-        self.settings, self.framework, self.auto, self.progress, self.so_far = settings, framework, auto, progress, so_far
+    def __init__(self, settings: Settings, framework: Framework, cache: Cache | None, progress: Progress,
+                 so_far: Callable[[], str]) -> None:
+        self.settings, self.framework, self.progress, self.so_far = settings, framework, progress, so_far
+        self.auto = settings.auto
         self._cache = cache
         self.handles: dict[Hashable, Engine] = {}
         self.planned: dict[Key, Any] = {}

@@ -58,14 +58,14 @@ class Planner:
 
     def __init__(self, settings: Settings, framework: Framework, cache: Cache | None = None) -> None:
         self.settings, self.framework = settings, framework
-        auto, delegate = self.auto, self.delegate = settings.auto, settings.delegate
+        self.auto, self.delegate = settings.auto, settings.delegate
         self.runs: Counter = Counter()
         self._delegated_run = (framework.own, LAYER)
         self.progress = Progress(settings.progress)
         self.moments = Moments(framework)  # what the observed calls saw (with `auto`)
-        self.kernels = Kernels(settings, framework, cache, auto, self.progress, self._so_far)
-        self.delegation = Delegation(self.kernels, self.moments, delegate)
-        self.pending = Pending(framework, self.delegation, self.moments, RECORDED_CALLS if auto else 0)
+        self.kernels = Kernels(settings, framework, cache, self.progress, self._so_far)
+        self.delegation = Delegation(self.kernels, self.moments)
+        self.pending = Pending(framework, self.delegation, self.moments, RECORDED_CALLS if self.auto else 0)
         self.flushes = Flushes(framework, self.kernels, self.pending)
         self.pressed = False
         self._graphs_bounded: bool | None = None  # with `auto`: False while planning, True once graph_budget is set
