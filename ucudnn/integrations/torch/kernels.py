@@ -289,6 +289,7 @@ class TorchKernel:
         self.problem = problem
         self.counted = (self.via, problem.kind.value)
         self._convolve = torch_convolution(problem)
+        self._running = f"{TORCH}'s own {problem.describe()}", problem.written_bytes()  # out_of_memory_as's
 
     def __call__(self, x: Tensor | None, w: Tensor | None, y: Tensor | None) -> Tensor:
         """torch's result, written into the written operand where one is given (a copy), else
@@ -300,7 +301,7 @@ class TorchKernel:
             assert y is not None
             x = y.new_empty(1).expand(p.x_shape)
         w = x.new_empty(1).expand(p.w_shape) if w is None else w
-        with out_of_memory_as(f"{TORCH}'s own {p.describe()}", p.written_bytes()):
+        with out_of_memory_as(*self._running):
             result = self._convolve(x, w, y)
         return result if written is None else written.copy_(result)
 
