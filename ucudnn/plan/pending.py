@@ -4,7 +4,6 @@ iterations, at the lead site's call, so that the first iteration runs as the fra
 and no iteration carries all of it."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from ..core.budget import Slice, within
@@ -29,9 +28,6 @@ class Pending:
 
     def __len__(self) -> int:
         return len(self._sites)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._sites)
 
     def leads(self, site: Site) -> bool:
         """Whether a new site's calls start iterations from now on: the first site, or the first
